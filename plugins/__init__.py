@@ -1,0 +1,1 @@
+"""Custom kernels and their TensorRT / torch wrappers (ships as trtllm_dflash.plugins)."""

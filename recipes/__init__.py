@@ -1,0 +1,1 @@
+"""Recipe YAMLs shipped with the package (trtllm_dflash.recipes); see README."""
