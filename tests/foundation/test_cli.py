@@ -1,0 +1,59 @@
+"""The CLI contract: subcommands, exit codes, one-line errors, JSON output."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "trtllm_dflash", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_help_lists_subcommands():
+    out = cli("--help").stdout
+    for name in ("recipes", "check", "plan"):
+        assert name in out
+
+
+def test_check_all_recipes_ok():
+    for path in sorted(RECIPES.glob("*/*.yaml")):
+        r = cli("check", str(path))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("ok: ")
+
+
+def test_invalid_recipe_exits_2_with_one_line(tmp_path):
+    raw = yaml.safe_load((RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml").read_text())
+    raw["quantization"]["target_weights"] = "nvfp4"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    r = cli("check", str(bad))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"error: {bad}: quantization.target_weights:")
+
+
+def test_plan_json_for_the_headline_deployment():
+    r = cli("plan", str(RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml"), "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["device"] == "b300" and p["tp"] == 8 and p["fits"] is True
+    assert p["max_concurrency"] >= 256
+    assert {row["component"] for row in p["rows"]} >= {"target weights", "target KV cache", "drafter context cache"}
+
+
+def test_plan_table_names_per_device_memory():
+    r = cli("plan", str(RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "max concurrency that fits" in r.stdout and "target KV cache" in r.stdout
+
+
+def test_recipes_lists_everything_as_json():
+    r = cli("recipes", "--json")
+    names = {row["name"] for row in json.loads(r.stdout)}
+    assert "b300x8-gpt-oss-120b-nvfp4" in names and "cpu-tiny-pystd" in names

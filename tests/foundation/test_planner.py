@@ -1,0 +1,84 @@
+"""Memory planner formulas, checked against hand arithmetic from the model cards."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash.hardware import GiB
+from trtllm_dflash.models import catalog_facts
+from trtllm_dflash.planner import plan
+from trtllm_dflash.recipe import load_recipe
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+LLAMA_H100 = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
+GPT_OSS_B300 = RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml"
+
+
+def row(p, name):
+    return next(r for r in p.rows if r.component == name).bytes
+
+
+def test_param_counts_match_published_sizes():
+    llama = catalog_facts("llama-3.1-8b-instruct", "t")
+    # perf-anchors Appendix A: linear = 32 * (2*4096^2 + 2*4096*1024 + 3*4096*14336) = 6.979B
+    assert llama.linear_params == 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    assert llama.total_params == pytest.approx(8.03e9, rel=2e-3)
+    oss = catalog_facts("gpt-oss-120b", "t")
+    assert oss.total_params == pytest.approx(116.8e9, rel=5e-3)  # published 116.8B
+    assert catalog_facts("qwen3-8b-dflash-b16", "t").total_params == pytest.approx(1.05e9, rel=1e-2)
+    assert catalog_facts("gpt-oss-120b-dflash", "t").total_params == pytest.approx(0.78e9, rel=1e-2)
+
+
+def test_llama_fp8_h100_plan_by_hand():
+    p = plan(load_recipe(LLAMA_H100))
+    # Target: 6.979B linear params at 1 byte (FP8) + embedding and LM head (2 x 128256 x 4096) in BF16.
+    linear = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    assert row(p, "target weights") == linear * 1 + 2 * 128256 * 4096 * 2
+    # KV per sequence: 32 layers x (4096 + block 10) tokens x K,V x 8 heads x 128 x 1 byte.
+    assert row(p, "target KV cache") == 32 * 4106 * 2 * 8 * 128 * 1
+    # Engine backend keeps the drafter context in FP8 when the KV cache is FP8.
+    assert row(p, "drafter context cache") == 5 * 4106 * 2 * 8 * 128 * 1
+    assert row(p, "verify logits") == 10 * 128256 * 4
+    assert p.capacity_bytes == 80e9 * 0.95
+    assert p.max_concurrency == math.floor((p.capacity_bytes - p.fixed_bytes) / p.per_sequence_bytes)
+    assert p.fits and p.total_bytes == p.fixed_bytes + 64 * p.per_sequence_bytes
+    # Batch-1 bandwidth floor: 8.03 GB read per step at 3.35 TB/s = 2.40 ms (perf-anchors 4.2).
+    assert p.bandwidth_floor_ms == pytest.approx(2.40, abs=0.01)
+
+
+def test_max_concurrency_is_the_exact_fit_boundary():
+    p = plan(load_recipe(LLAMA_H100))
+    n = p.max_concurrency
+    # Same max_num_tokens (it sizes the fixed activation buffers), only the batch changes.
+    at = plan(load_recipe(LLAMA_H100, [f"build.max_batch_size={n}"], check_rules=False))
+    over = plan(load_recipe(LLAMA_H100, [f"build.max_batch_size={n + 1}"], check_rules=False))
+    assert at.fits and not over.fits
+
+
+def test_gpt_oss_b300_tp8_plan():
+    p = plan(load_recipe(GPT_OSS_B300))
+    t = catalog_facts("gpt-oss-120b", "t")
+    # NVFP4 = 4.5 bits per weight; embedding + LM head in BF16; all split over 8 ranks.
+    assert row(p, "target weights") == pytest.approx((t.linear_params * 0.5625 + 2 * 201088 * 2880 * 2) / 8)
+    # 8 KV heads over 8 ranks = 1 per rank; 18 full layers hold 8192+10 tokens, 18 sliding layers 128+10.
+    assert row(p, "target KV cache") == (18 * 8202 + 18 * 138) * 2 * 1 * 64 * 1
+    # pytorch backend: BF16 draft context for 8 drafter layers, plus one dummy slot.
+    assert row(p, "drafter context cache") == 8 * 8202 * 2 * 1 * 64 * 2
+    assert row(p, "drafter dummy slot") == row(p, "drafter context cache")
+    assert p.fits and p.max_concurrency >= 256
+    assert p.rows[0].bytes / GiB == pytest.approx(7.8, abs=0.2)
+
+
+def test_tp_splits_weights_and_kv():
+    one = plan(load_recipe(None))
+    two = plan(load_recipe(None, ["parallel.tp=2"]))
+    assert row(two, "target weights") == pytest.approx(row(one, "target weights") / 2)
+    assert row(two, "target KV cache") == pytest.approx(row(one, "target KV cache") / 2)
+
+
+def test_kv_heads_are_replicated_beyond_their_count():
+    # Qwen3-Coder-30B-A3B has 4 KV heads: at tp=8 each rank still holds one whole head.
+    base = load_recipe(RECIPES / "hopper" / "h200-qwen3-coder-30b-a3b-fp8.yaml")
+    eight = plan(load_recipe(base.file, ["hardware.count=8", "parallel.tp=8"]))
+    assert row(eight, "target KV cache") == 48 * (8192 + 16) * 2 * 1 * 128 * 1

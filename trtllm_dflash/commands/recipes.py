@@ -1,0 +1,70 @@
+"""`trtllm-dflash recipes`: list the shipped recipes (and with --models, the model catalog)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("recipes", help="list the shipped recipes and the model / hardware catalogs")
+    p.add_argument("--models", action="store_true", help="list the model catalog instead")
+    p.add_argument("--hardware", action="store_true", help="list the hardware catalog instead")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trtllm_dflash.hardware import hardware_catalog
+    from trtllm_dflash.models import model_catalog
+    from trtllm_dflash.recipe import list_recipes, load_recipe, recipes_root
+
+    console = Console()
+    if args.models:
+        cat = model_catalog()
+        if args.json:
+            print(json.dumps({k: v.model_dump() for k, v in cat.items()}, indent=2))
+            return 0
+        t = Table(title="model catalog")
+        for col in ("name", "source", "family", "layers", "hidden", "heads/kv", "params"):
+            t.add_column(col)
+        for name, e in cat.items():
+            t.add_row(name, e.hf_id, e.family, str(e.num_layers), str(e.hidden_size),
+                      f"{e.num_attention_heads}/{e.num_kv_heads}", f"{e.total_params / 1e9:.3f}B")
+        console.print(t)
+        return 0
+    if args.hardware:
+        cat = hardware_catalog()
+        if args.json:
+            print(json.dumps({k: v.model_dump() for k, v in cat.items()}, indent=2))
+            return 0
+        t = Table(title="hardware catalog")
+        for col in ("name", "SM", "memory GB", "HBM TB/s", "BF16/FP8/FP4 TFLOPS", "formats"):
+            t.add_column(col)
+        for name, g in cat.items():
+            rates = "/".join("-" if x is None else f"{x:g}" for x in (g.bf16_tflops, g.fp8_tflops, g.fp4_tflops))
+            t.add_row(name, str(g.sm or "-"), f"{g.memory_gb:g}", str(g.hbm_bandwidth_tbs or "-"), rates, ", ".join(g.formats))
+        console.print(t)
+        return 0
+
+    rows = []
+    for path in list_recipes():
+        r = load_recipe(path, check_rules=False)
+        rows.append(dict(
+            recipe=str(path.relative_to(recipes_root())), name=r.name, hardware=f"{r.hardware.count}x {r.hardware.gpu}",
+            target=r.target.source, drafter=r.drafter.source, weights=r.quantization.target_weights,
+            tp=r.parallel.tp, backend=r.backend.name,
+        ))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(title=f"recipes ({recipes_root()})")
+    for col in ("recipe", "hardware", "target", "weights", "tp", "backend"):
+        t.add_column(col)
+    for row in rows:
+        t.add_row(row["recipe"], row["hardware"], row["target"], row["weights"], str(row["tp"]), row["backend"])
+    console.print(t)
+    return 0

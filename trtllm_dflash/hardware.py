@@ -1,0 +1,68 @@
+"""Hardware catalog: the per-device facts that validation and planning use.
+
+Code never sniffs GPU names; it asks a `GpuSpec` (SM, memory, bandwidth, peak rates,
+supported number formats). Unknown numbers are None, never a guess.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+Format = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "mxfp4"]
+
+# Bytes per element of each storage format, including block scales:
+# NVFP4 = 4-bit E2M1 value + one E4M3 scale per 16 values = 4.5 bits;
+# MXFP4 = 4-bit value + one E8M0 scale per 32 values = 4.25 bits.
+BYTES_PER_ELEMENT: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "nvfp4": 4.5 / 8,
+    "mxfp4": 4.25 / 8,
+}
+
+GB = 1e9
+GiB = 2**30
+
+
+class GpuSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    sm: int | None = Field(description="CUDA compute capability x10 (90 Hopper, 100/103 Blackwell); None for cpu")
+    memory_gb: float = Field(gt=0)
+    hbm_bandwidth_tbs: float | None
+    bf16_tflops: float | None
+    fp8_tflops: float | None
+    fp4_tflops: float | None
+    nvlink_gbs: float | None
+    formats: list[Format]
+    max_per_node: int = Field(gt=0)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.sm is None
+
+    @property
+    def is_blackwell(self) -> bool:
+        return self.sm is not None and self.sm >= 100
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * GB
+
+    def supports(self, fmt: str) -> bool:
+        return fmt in self.formats
+
+
+@lru_cache(maxsize=1)
+def hardware_catalog() -> dict[str, GpuSpec]:
+    text = resources.files("trtllm_dflash.catalog").joinpath("hardware.yaml").read_text()
+    return {name: GpuSpec(name=name, **facts) for name, facts in yaml.safe_load(text).items()}

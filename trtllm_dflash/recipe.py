@@ -1,0 +1,527 @@
+"""The recipe: one typed YAML that drives every stage.
+
+Loading is two steps:
+1. schema: pydantic models with unknown keys rejected (`extra="forbid"`);
+2. rules: cross-field checks that save a wasted GPU hour (formats the hardware
+   supports, tp that divides the heads, drafter/target agreement, backend support,
+   memory fit).
+Every problem becomes a `RecipeError` naming the file and the dotted field, the bad
+value and what is allowed. `load_recipe` raises on the first schema error and on all
+rule errors at once (one line each).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.hardware import Format, GpuSpec, hardware_catalog
+from trtllm_dflash.models import ArchFacts, catalog_facts, facts_from_config
+
+BackendName = Literal["reference", "engine", "pytorch"]
+
+BUILTIN_PREFIX = "builtin:"
+DEFAULT_RECIPE = "cpu/tiny-pystd.yaml"
+
+
+class RecipeError(UserError):
+    """One or more problems in a recipe; the message has one line per problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hardware(_Section):
+    gpu: str = Field(description="device from the hardware catalog: h100-sxm, h200, b200, b300, cpu")
+    count: int = Field(default=1, ge=1, description="devices used by this deployment (one node)")
+
+
+class ModelSource(_Section):
+    source: str = Field(
+        description="local directory (relative to the recipe), 'builtin:NAME' for shipped assets, or an HF id"
+    )
+    arch: str | ArchFacts | None = Field(
+        default=None,
+        description="catalog name, inline facts, or omitted to read config.json from a local source",
+    )
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def is_local(self) -> bool:
+        s = self.source
+        return s.startswith((BUILTIN_PREFIX, "/", "./", "../", "~")) or Path(self._base_dir, s).exists()
+
+    @property
+    def path(self) -> Path | None:
+        """The resolved local directory, or None when the source is an HF id."""
+        s = self.source
+        if s.startswith(BUILTIN_PREFIX):
+            return Path(str(resources.files("trtllm_dflash").joinpath("assets", s[len(BUILTIN_PREFIX) :])))
+        if not self.is_local:
+            return None
+        return (self._base_dir / Path(s).expanduser()).resolve()
+
+
+class Quantization(_Section):
+    target_weights: Format = Field(default="bf16", description="target linear-layer weights")
+    activations: Format = Field(default="bf16", description="target GEMM inputs")
+    kv_cache: Format = Field(default="bf16", description="target KV cache (and the engine drafter's context cache)")
+    drafter: Format = Field(default="bf16", description="drafter linear-layer weights")
+
+
+class Parallel(_Section):
+    tp: int = Field(default=1, ge=1, description="tensor parallel ranks (on cpu: worker processes)")
+    pp: int = Field(default=1, ge=1, description="pipeline parallel stages")
+
+
+class Backend(_Section):
+    name: BackendName = Field(description="reference (PyTorch, CPU or GPU), engine (TensorRT-LLM 1.2.x engines + our plugin), pytorch (TensorRT-LLM >= 1.3 native DFlash)")
+    trtllm_version: str | None = Field(
+        default=None, description="TensorRT-LLM version in the container (engine: 1.2.x; pytorch: >= 1.3)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+
+class Build(_Section):
+    max_batch_size: int = Field(default=64, ge=1, description="largest number of sequences in flight")
+    max_input_len: int = Field(default=4096, ge=1, description="longest prompt, tokens")
+    max_seq_len: int = Field(default=8192, ge=2, description="longest prompt + output, tokens")
+    max_num_tokens: int = Field(default=8192, ge=1, description="tokens per forward pass (prefill chunks + drafts)")
+
+
+class DraftBand(_Section):
+    max_concurrency: int = Field(ge=1, description="band applies up to this many sequences in flight")
+    draft_len: int = Field(ge=0, description="draft tokens per round in this band (0 = speculation off)")
+
+
+class Speculative(_Section):
+    block_size: int = Field(default=16, ge=2, le=32, description="DFlash block: anchor + block_size-1 drafts")
+    draft_len: list[DraftBand] = Field(
+        default_factory=list, description="draft length per concurrency band; empty = block_size-1 everywhere"
+    )
+    ddtree_budget: int | None = Field(default=None, ge=1, le=1024, description="DDTree node budget (optional)")
+
+    def draft_len_at(self, concurrency: int) -> int:
+        for band in self.draft_len:
+            if concurrency <= band.max_concurrency:
+                return band.draft_len
+        return self.draft_len[-1].draft_len if self.draft_len else self.block_size - 1
+
+
+class Serve(_Section):
+    model_name: str = Field(default="dflash", pattern=r"^[A-Za-z0-9_.-]+$", description="Triton model name")
+    host: str = Field(default="127.0.0.1", description="bind address")
+    http_port: int = Field(default=8000, ge=1, le=65535, description="Triton HTTP port")
+    grpc_port: int = Field(default=8001, ge=1, le=65535, description="Triton gRPC port")
+    metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton Prometheus metrics port")
+    instances: int = Field(default=1, ge=1, description="model instances")
+    decoupled: bool = Field(default=True, description="decoupled (streaming) transaction policy")
+
+
+class Sweep(_Section):
+    concurrency: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1, description="concurrency levels, increasing"
+    )
+    input_len: int = Field(default=1024, ge=1, description="prompt tokens (random dataset)")
+    output_len: int = Field(default=1024, ge=1, description="output tokens per request")
+    dataset: str = Field(default="random", description="'random', 'builtin:NAME' or a JSONL of prompts")
+    requests_factor: int = Field(default=5, ge=5, description="requests per level = factor x concurrency")
+    min_requests: int = Field(default=8, ge=1, description="at least this many requests per level")
+    warmup_requests: int = Field(default=2, ge=0, description="per level, excluded from the metrics")
+    seed: int = Field(default=0, description="seed for prompts and sampling")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v) or v != sorted(set(v)):
+            raise ValueError(f"must be strictly increasing positive integers, got {v}")
+        return v
+
+    def requests_at(self, concurrency: int) -> int:
+        return max(self.min_requests, self.requests_factor * concurrency)
+
+
+class Recipe(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="deployment name (letters, digits, _ . -)")
+    description: str = Field(default="", description="one line for humans")
+    hardware: Hardware
+    target: ModelSource
+    drafter: ModelSource
+    quantization: Quantization = Quantization()
+    parallel: Parallel = Parallel()
+    backend: Backend
+    build: Build = Build()
+    speculative: Speculative = Speculative()
+    serve: Serve = Serve()
+    sweep: Sweep = Sweep()
+
+    _file: Path | None = PrivateAttr(default=None)
+    _target_facts: ArchFacts | None = PrivateAttr(default=None)
+    _drafter_facts: ArchFacts | None = PrivateAttr(default=None)
+
+    @property
+    def file(self) -> Path | None:
+        return self._file
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return hardware_catalog()[self.hardware.gpu]
+
+    @property
+    def target_facts(self) -> ArchFacts:
+        assert self._target_facts is not None, "load the recipe with load_recipe()"
+        return self._target_facts
+
+    @property
+    def drafter_facts(self) -> ArchFacts:
+        assert self._drafter_facts is not None, "load the recipe with load_recipe()"
+        return self._drafter_facts
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.tp * self.parallel.pp
+
+    def sha256(self) -> str:
+        """Content hash of the validated recipe (for stage manifests)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def recipes_root() -> Path:
+    return Path(str(resources.files("trtllm_dflash.recipes")))
+
+
+def default_recipe_path() -> Path:
+    return recipes_root() / DEFAULT_RECIPE
+
+
+def list_recipes() -> list[Path]:
+    return sorted(recipes_root().glob("*/*.yaml"))
+
+
+def apply_overrides(raw: dict, overrides: list[str], file: str) -> dict:
+    """Apply `section.key=value` overrides (value parsed as YAML) to a raw recipe dict."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"{file}: override {item!r}: expected KEY=VALUE, e.g. parallel.tp=2")
+        key, value = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise RecipeError(f"{file}: override {key}: {p!r} is not a section")
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def _allowed_keys(loc: tuple) -> list[str] | None:
+    """Field names allowed at the parent of `loc` (for 'unknown key' messages)."""
+    model: Any = Recipe
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *get_args(ann)]
+        if get_origin(ann) is list:
+            candidates = list(get_args(ann))
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return list(getattr(model, "model_fields", {}))
+
+
+def _schema_error(file: str, e: ValidationError) -> RecipeError:
+    lines = []
+    for err in e.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        # Unions (str | ArchFacts) add the member type name to the location; drop it.
+        loc = tuple(p for p in loc if p not in ("str", "ArchFacts", "none", "literal['reference','engine','pytorch']"))
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc)
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            lines.append(f"{file}: {field}: unknown key{hint}")
+        elif err["type"] == "missing":
+            lines.append(f"{file}: {field}: required field is missing")
+        else:
+            value = err.get("input")
+            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            lines.append(f"{file}: {field}: {err['msg']}{shown}")
+    # The same location can fail several union members; keep each line once.
+    return RecipeError("\n".join(dict.fromkeys(lines)))
+
+
+def _resolve_facts(src: ModelSource, field: str, file: str) -> ArchFacts:
+    if isinstance(src.arch, ArchFacts):
+        return src.arch
+    if isinstance(src.arch, str):
+        return catalog_facts(src.arch, f"{file}: {field}.arch")
+    path = src.path
+    if path is None or not (path / "config.json").exists():
+        raise RecipeError(
+            f"{file}: {field}.arch: required when {field}.source ({src.source!r}) is not a local "
+            "directory with config.json; give a catalog name (see `trtllm-dflash recipes --models`) "
+            "or inline facts"
+        )
+    return facts_from_config(path / "config.json")
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, check_rules: bool = True) -> Recipe:
+    """Load, schema-check and rule-check a recipe. `path=None` loads the embedded default."""
+    p = Path(path) if path is not None else default_recipe_path()
+    file = str(path) if path is not None else f"(default) {DEFAULT_RECIPE}"
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise RecipeError(f"{file}: recipe file not found") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{file}: is a directory, expected a recipe YAML file") from None
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{file}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{file}: expected a mapping of sections at the top level")
+    raw = apply_overrides(raw, overrides or [], file)
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise _schema_error(file, e) from None
+
+    base = p.resolve().parent
+    recipe._file = p
+    recipe.target._base_dir = base
+    recipe.drafter._base_dir = base
+    if recipe.hardware.gpu not in hardware_catalog():
+        raise RecipeError(
+            f"{file}: hardware.gpu: unknown device {recipe.hardware.gpu!r}; "
+            f"allowed: {', '.join(hardware_catalog())}"
+        )
+    recipe._target_facts = _resolve_facts(recipe.target, "target", file)
+    recipe._drafter_facts = _resolve_facts(recipe.drafter, "drafter", file)
+    if check_rules:
+        problems = [i for i in check(recipe) if i.level == "error"]
+        if problems:
+            raise RecipeError("\n".join(f"{file}: {i.field}: {i.message}" for i in problems))
+    return recipe
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True)
+class Issue:
+    level: Literal["error", "warning"]
+    field: str
+    message: str
+
+
+# Architectures each backend runs, and the TensorRT-LLM versions it needs.
+BACKEND_FAMILIES: dict[str, set[str]] = {
+    "reference": {"llama", "qwen3", "qwen3_moe"},
+    # TensorRT-LLM 1.2.x engine path: dense decoder models; gpt-oss is PyTorch-backend only.
+    "engine": {"llama", "qwen3"},
+    "pytorch": {"llama", "qwen3", "qwen3_moe", "gpt_oss"},
+}
+DEFAULT_TRTLLM_VERSION = {"engine": "1.2.1", "pytorch": "1.3.0"}
+
+
+def _version_tuple(v: str) -> tuple[int, ...] | None:
+    head = v.split("rc")[0].split("+")[0].rstrip(".")
+    try:
+        return tuple(int(x) for x in head.split("."))
+    except ValueError:
+        return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check(recipe: Recipe) -> list[Issue]:
+    """All rule violations (errors) and notes (warnings) of a loaded recipe."""
+    from trtllm_dflash.planner import plan  # planner imports recipe types
+
+    issues: list[Issue] = []
+
+    def err(field: str, msg: str) -> None:
+        issues.append(Issue("error", field, msg))
+
+    def warn(field: str, msg: str) -> None:
+        issues.append(Issue("warning", field, msg))
+
+    gpu, t, d = recipe.gpu, recipe.target_facts, recipe.drafter_facts
+    q, par, b, spec = recipe.quantization, recipe.parallel, recipe.build, recipe.speculative
+    backend = recipe.backend.name
+
+    # Hardware and formats.
+    if recipe.hardware.count > gpu.max_per_node:
+        err("hardware.count", f"{recipe.hardware.count} > {gpu.max_per_node} {gpu.name} per node")
+    for field, fmt in q.model_dump().items():
+        if not gpu.supports(fmt):
+            why = " (NVFP4 needs Blackwell: b200 or b300)" if fmt == "nvfp4" else ""
+            err(f"quantization.{field}", f"{fmt} is not supported on {gpu.name}{why}; allowed: {', '.join(gpu.formats)}")
+    if q.activations == "nvfp4" and q.target_weights != "nvfp4":
+        err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
+    if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
+        err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
+    if q.target_weights == "mxfp4" and t.family != "gpt_oss":
+        err("quantization.target_weights", "mxfp4 is only the native format of gpt-oss checkpoints")
+
+    # Parallelism.
+    if not gpu.is_cpu and recipe.world_size > recipe.hardware.count:
+        err("parallel.tp", f"tp*pp = {recipe.world_size} > hardware.count {recipe.hardware.count}")
+    if par.pp != 1:
+        err("parallel.pp", "pipeline parallelism is not supported with speculative decoding (use tp); allowed: 1")
+    for who, f in (("target", t), ("drafter", d)):
+        if f.num_attention_heads % par.tp:
+            allowed = [x for x in _divisors(f.num_attention_heads) if x <= max(8, par.tp)]
+            err("parallel.tp", f"{par.tp} does not divide {who} num_attention_heads {f.num_attention_heads}; allowed: {allowed}")
+            break
+        elif f.num_kv_heads % par.tp and par.tp % f.num_kv_heads:
+            err("parallel.tp", f"{par.tp} and {who} num_kv_heads {f.num_kv_heads}: one must divide the other")
+            break
+        elif par.tp > f.num_kv_heads:
+            warn("parallel.tp", f"tp {par.tp} > {who} num_kv_heads {f.num_kv_heads}: KV heads are replicated")
+
+    # Drafter against target.
+    if d.hidden_size != t.hidden_size:
+        err("drafter", f"hidden_size {d.hidden_size} != target hidden_size {t.hidden_size}")
+    if d.vocab_size != t.vocab_size:
+        err("drafter", f"vocab_size {d.vocab_size} != target vocab_size {t.vocab_size}")
+    bad_ids = [i for i in d.target_layer_ids or [] if not 0 <= i < t.num_layers]
+    if bad_ids:
+        err("drafter", f"target_layer_ids {bad_ids} outside the target's layers 0..{t.num_layers - 1}")
+    if d.mask_token_id is not None and d.mask_token_id >= t.vocab_size:
+        err("drafter", f"mask_token_id {d.mask_token_id} outside the target vocabulary (size {t.vocab_size})")
+    if d.mask_token_id is None:
+        warn("drafter", "mask_token_id unknown in the catalog: read from the checkpoint's dflash_config at convert time")
+
+    # Speculative settings.
+    if d.block_size is not None and spec.block_size > d.block_size:
+        err("speculative.block_size", f"{spec.block_size} > {d.block_size}, the block size the drafter was trained with; allowed: 2..{d.block_size}")
+    prev = 0
+    for i, band in enumerate(spec.draft_len):
+        if band.max_concurrency <= prev:
+            err(f"speculative.draft_len.{i}.max_concurrency", f"{band.max_concurrency} must be greater than the previous band's {prev}")
+        if band.draft_len > spec.block_size - 1:
+            err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > block_size-1 = {spec.block_size - 1}")
+        prev = band.max_concurrency
+    if spec.ddtree_budget is not None and backend != "reference":
+        err("speculative.ddtree_budget", f"DDTree runs only on the reference backend, not {backend}")
+
+    # Backend support and versions.
+    if t.family not in BACKEND_FAMILIES[backend]:
+        ok = [k for k, fams in BACKEND_FAMILIES.items() if t.family in fams]
+        err("backend", f"{backend} does not support {t.family} targets; use one of: {', '.join(ok)}")
+    version = recipe.backend.trtllm_version
+    if backend == "reference":
+        if version is not None:
+            err("backend.trtllm_version", "the reference backend does not use TensorRT-LLM; remove it")
+        if q.activations not in ("bf16", "fp16", "fp32"):
+            warn("quantization.activations", "the reference backend emulates quantized weights; activations stay in high precision")
+    elif version is not None:
+        vt = _version_tuple(version)
+        if vt is None:
+            err("backend.trtllm_version", f"{version!r} is not a version like 1.2.1")
+        elif backend == "engine" and vt[:2] != (1, 2):
+            err("backend.trtllm_version", f"{version}: the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last release with trtllm-build")
+        elif backend == "pytorch" and vt < (1, 3):
+            err("backend.trtllm_version", f"{version}: the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)")
+    if backend == "pytorch" and q.drafter != "bf16":
+        err("quantization.drafter", f"{q.drafter}: TensorRT-LLM's native DFlash loads only BF16 drafters; allowed: bf16")
+    if backend != "reference" and gpu.is_cpu:
+        err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
+
+    # Build limits.
+    if b.max_input_len >= b.max_seq_len:
+        err("build.max_input_len", f"{b.max_input_len} must be < max_seq_len {b.max_seq_len}")
+    if t.max_position_embeddings and b.max_seq_len > t.max_position_embeddings:
+        err("build.max_seq_len", f"{b.max_seq_len} > target max_position_embeddings {t.max_position_embeddings}")
+    tokens_per_step = b.max_batch_size * spec.block_size
+    if b.max_num_tokens < tokens_per_step:
+        err("build.max_num_tokens", f"{b.max_num_tokens} < max_batch_size x block_size = {tokens_per_step}: a full batch of verify blocks would not fit one step")
+    if max(recipe.sweep.concurrency) > b.max_batch_size:
+        err("sweep.concurrency", f"level {max(recipe.sweep.concurrency)} > build.max_batch_size {b.max_batch_size}")
+    if recipe.sweep.input_len + recipe.sweep.output_len > b.max_seq_len:
+        err("sweep.output_len", f"input_len + output_len = {recipe.sweep.input_len + recipe.sweep.output_len} > build.max_seq_len {b.max_seq_len}")
+
+    # Serving.
+    ports = [recipe.serve.http_port, recipe.serve.grpc_port, recipe.serve.metrics_port]
+    if len(set(ports)) != 3:
+        err("serve", f"http_port, grpc_port and metrics_port must differ, got {ports}")
+
+    # Local sources.
+    for who in ("target", "drafter"):
+        src: ModelSource = getattr(recipe, who)
+        if src.path is not None and not src.path.exists():
+            warn(f"{who}.source", f"{src.source} does not exist yet; stages that load weights will need it")
+
+    # Memory.
+    if not any(i.level == "error" for i in issues):
+        p = plan(recipe)
+        if not p.fits:
+            err(
+                "build.max_batch_size",
+                f"{b.max_batch_size} sequences of {b.max_seq_len} tokens need {p.total_gib:.1f} GiB per device, "
+                f"{p.capacity_gib:.1f} GiB available; largest that fits: {p.max_concurrency}",
+            )
+    return issues
+
+
+# ----------------------------------------------------------------------------- docs
+
+
+def _type_name(annotation: Any) -> str:
+    if get_origin(annotation) is Literal:
+        return " \\| ".join(f"`{a}`" for a in get_args(annotation))
+    args = get_args(annotation)
+    if get_origin(annotation) is list:
+        return f"list[{_type_name(args[0])}]"
+    if args:
+        return " \\| ".join(_type_name(a) for a in args if a is not type(None)) + (" \\| null" if type(None) in args else "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def recipe_reference_markdown() -> str:
+    """The README's recipe reference, generated from the typed sections (one source of truth)."""
+    lines = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    top = Recipe.model_fields
+    for name, field in top.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and ann is not ModelSource:
+            for sub, f in ann.model_fields.items():
+                default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+                lines.append(f"| `{name}.{sub}` | {_type_name(f.annotation)} | `{default}` | {f.description or ''} |")
+        elif ann is ModelSource:
+            for sub, f in ModelSource.model_fields.items():
+                default = "required" if f.is_required() else repr(f.get_default())
+                kind = "str \\| facts" if sub == "arch" else "str"
+                lines.append(f"| `{name}.{sub}` | {kind} | `{default}` | {f.description or ''} |")
+        else:
+            default = "required" if field.is_required() else repr(field.get_default())
+            lines.append(f"| `{name}` | {_type_name(ann)} | `{default}` | {field.description or ''} |")
+    return "\n".join(lines)
