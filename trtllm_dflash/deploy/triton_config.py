@@ -1,0 +1,127 @@
+"""Triton model configurations, built as typed protobuf messages and rendered to config.pbtxt.
+
+The messages are Triton's own `ModelConfig` schema (shipped with tritonclient), so field names
+and enum values are checked by protobuf, not by string templates.
+
+Two request interfaces:
+- `dflash` (reference and engine backends): TensorRT-LLM ensemble / BLS names, so existing
+  clients work: `text_input`, `max_tokens`, optional `temperature`, `top_p`, `top_k`, `seed`,
+  `stop_words`, `stream`, `exclude_input_in_output`; output `text_output` (generated text only,
+  streamed as deltas) plus acceptance statistics.
+- `tensorrt_llm` LLM-API model (pytorch backend): the names TensorRT-LLM's `llmapi` Triton
+  model reads (`sampling_param_*`, `streaming`), served by the model.py of the container.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtllm_dflash.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: int  # a model_config_pb2.DataType value
+    dims: tuple[int, ...] = (1,)
+    optional: bool = False
+
+
+# Requests of the dflash model (one prompt per request; Triton batching off, the engine batches in flight).
+DFLASH_INPUTS = (
+    Tensor("text_input", mc.TYPE_STRING),
+    Tensor("max_tokens", mc.TYPE_INT32),
+    Tensor("temperature", mc.TYPE_FP32, optional=True),
+    Tensor("top_p", mc.TYPE_FP32, optional=True),
+    Tensor("top_k", mc.TYPE_INT32, optional=True),
+    Tensor("seed", mc.TYPE_UINT64, optional=True),
+    Tensor("stop_words", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("stream", mc.TYPE_BOOL, optional=True),
+    Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
+)
+DFLASH_OUTPUTS = (
+    Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response
+    Tensor("output_token_count", mc.TYPE_INT32),  # tokens committed in this response
+    Tensor("total_output_tokens", mc.TYPE_INT32),  # tokens generated so far
+    Tensor("rounds", mc.TYPE_INT32),  # target verify passes so far
+    Tensor("total_draft_tokens", mc.TYPE_INT32),
+    Tensor("total_accepted_draft_tokens", mc.TYPE_INT32),
+    Tensor("acceptance_length", mc.TYPE_FP32),  # tau so far: committed tokens per verify pass
+    Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
+)
+
+# The LLM-API model of TensorRT-LLM >= 1.3 (all_models/llmapi/tensorrt_llm).
+LLMAPI_INPUTS = (
+    Tensor("text_input", mc.TYPE_STRING, (-1,)),
+    Tensor("streaming", mc.TYPE_BOOL, optional=True),
+    Tensor("sampling_param_temperature", mc.TYPE_FP32, optional=True),
+    Tensor("sampling_param_top_k", mc.TYPE_INT32, optional=True),
+    Tensor("sampling_param_top_p", mc.TYPE_FP32, optional=True),
+    Tensor("sampling_param_max_tokens", mc.TYPE_INT32, optional=True),
+    Tensor("sampling_param_stop", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("sampling_param_seed", mc.TYPE_UINT64, optional=True),
+    Tensor("sampling_param_exclude_input_from_output", mc.TYPE_BOOL, optional=True),
+    Tensor("sampling_param_return_perf_metrics", mc.TYPE_BOOL, optional=True),
+    Tensor("return_finish_reason", mc.TYPE_BOOL, optional=True),
+    Tensor("stop", mc.TYPE_BOOL, optional=True),
+)
+LLMAPI_OUTPUTS = (
+    Tensor("text_output", mc.TYPE_STRING, (-1,)),
+    Tensor("finish_reason", mc.TYPE_STRING, (-1,)),
+    Tensor("arrival_time_ns", mc.TYPE_INT64),
+    Tensor("first_token_time_ns", mc.TYPE_INT64),
+    Tensor("last_token_time_ns", mc.TYPE_INT64),
+    Tensor("acceptance_rate", mc.TYPE_FP32),
+    Tensor("total_accepted_draft_tokens", mc.TYPE_INT32),
+    Tensor("total_draft_tokens", mc.TYPE_INT32),
+)
+
+
+def _model_config(
+    name: str,
+    inputs: tuple[Tensor, ...],
+    outputs: tuple[Tensor, ...],
+    *,
+    instances: int,
+    decoupled: bool | None,
+    parameters: dict[str, str],
+) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=0)
+    for t in inputs:
+        cfg.input.add(name=t.name, data_type=t.dtype, dims=list(t.dims), optional=t.optional)
+    for t in outputs:
+        cfg.output.add(name=t.name, data_type=t.dtype, dims=list(t.dims))
+    # Python-backend models run on the CPU side; the engine inside picks its GPUs.
+    cfg.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
+    if decoupled is not None:
+        cfg.model_transaction_policy.decoupled = decoupled
+    for key, value in sorted(parameters.items()):
+        cfg.parameters[key].string_value = value
+    return cfg
+
+
+def dflash_model_config(recipe: Recipe, parameters: dict[str, str]) -> mc.ModelConfig:
+    """The public `dflash` model (reference and engine backends)."""
+    return _model_config(
+        recipe.serve.model_name,
+        DFLASH_INPUTS,
+        DFLASH_OUTPUTS,
+        instances=recipe.serve.instances,
+        decoupled=recipe.serve.decoupled,
+        parameters=parameters,
+    )
+
+
+def llmapi_model_config(recipe: Recipe) -> mc.ModelConfig:
+    """The LLM-API model for the pytorch backend; batching and decoupling come from model.yaml."""
+    return _model_config(
+        recipe.serve.model_name, LLMAPI_INPUTS, LLMAPI_OUTPUTS, instances=1, decoupled=None, parameters={}
+    )
+
+
+def render(cfg: mc.ModelConfig, header: str) -> str:
+    lines = "".join(f"# {line}\n" for line in header.splitlines())
+    return lines + text_format.MessageToString(cfg)
