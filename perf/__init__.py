@@ -1,0 +1,1 @@
+"""Benchmarks, serving metrics, sweeps and plots (ships as trtllm_dflash.perf)."""

@@ -1,0 +1,182 @@
+"""Serving metrics: one definition everywhere (DESIGN.md, "Metrics").
+
+All functions are pure: they take timestamps recorded by a client and return numbers.
+Times are integer nanoseconds from `time.perf_counter_ns()`; results are in seconds.
+
+- TTFT = first chunk arrival - request start
+- TPOT = (E2E - TTFT) / (output tokens - 1)          (undefined for a single output token)
+- tokens/s/user = 1 / TPOT
+- inter-chunk latency = gaps between consecutive chunk arrivals (speculative decoding streams
+  several tokens per chunk, so this is not per token)
+- output tokens/s per GPU = all output tokens of a level / level wall time / GPUs
+- tau (acceptance length) = tokens committed per target verify pass, bonus token included
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+NS = 1e-9
+
+
+@dataclass
+class RequestRecord:
+    """What the load generator saw for one request."""
+
+    request_id: int
+    concurrency: int
+    start_ns: int
+    chunk_ns: list[int] = field(default_factory=list)  # arrival time of every non-empty chunk
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens carried by each chunk
+    end_ns: int = 0
+    text: str = ""
+    rounds: int = 0  # target verify passes reported by the server
+    error: str | None = None
+    warmup: bool = False
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.output_tokens > 0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(ttft_s=ttft(self), tpot_s=tpot(self), e2e_s=e2e(self), output_tokens=self.output_tokens)
+        return d
+
+
+def ttft(r: RequestRecord) -> float | None:
+    return (r.chunk_ns[0] - r.start_ns) * NS if r.chunk_ns else None
+
+
+def e2e(r: RequestRecord) -> float | None:
+    return (r.end_ns - r.start_ns) * NS if r.end_ns else None
+
+
+def tpot(r: RequestRecord) -> float | None:
+    n, first, total = r.output_tokens, ttft(r), e2e(r)
+    if n < 2 or first is None or total is None:
+        return None
+    return (total - first) / (n - 1)
+
+
+def tokens_per_s_per_user(r: RequestRecord) -> float | None:
+    t = tpot(r)
+    return 1.0 / t if t else None
+
+
+def inter_chunk_latencies(r: RequestRecord) -> list[float]:
+    return [(b - a) * NS for a, b in zip(r.chunk_ns, r.chunk_ns[1:])]
+
+
+def request_tau(r: RequestRecord) -> float | None:
+    return r.output_tokens / r.rounds if r.rounds else None
+
+
+@dataclass(frozen=True)
+class Distribution:
+    n: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+
+    @staticmethod
+    def of(values: list[float]) -> "Distribution | None":
+        xs = sorted(v for v in values if v is not None and not math.isnan(v))
+        if not xs:
+            return None
+        return Distribution(
+            n=len(xs),
+            mean=sum(xs) / len(xs),
+            p50=percentile(xs, 50),
+            p90=percentile(xs, 90),
+            p99=percentile(xs, 99),
+            min=xs[0],
+            max=xs[-1],
+        )
+
+
+def percentile(sorted_xs: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    if not sorted_xs:
+        raise ValueError("percentile of an empty list")
+    pos = (len(sorted_xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+DISTRIBUTIONS = ("ttft_s", "tpot_s", "tok_s_user", "inter_chunk_s", "e2e_s")
+
+
+@dataclass(frozen=True)
+class LevelSummary:
+    concurrency: int
+    requests: int
+    failed: int
+    wall_s: float
+    output_tokens: int
+    output_tok_s: float
+    output_tok_s_per_gpu: float
+    tau: float | None  # pooled: all committed tokens / all verify passes
+    ttft_s: Distribution | None
+    tpot_s: Distribution | None
+    tok_s_user: Distribution | None
+    inter_chunk_s: Distribution | None
+    e2e_s: Distribution | None
+
+    def flat(self) -> dict:
+        """One CSV row: scalars plus mean/p50/p90/p99 of each distribution."""
+        scalars = ("concurrency", "requests", "failed", "wall_s", "output_tokens", "output_tok_s", "output_tok_s_per_gpu", "tau")
+        row = {k: getattr(self, k) for k in scalars}
+        for name in DISTRIBUTIONS:
+            dist = getattr(self, name)
+            for stat in ("mean", "p50", "p90", "p99"):
+                row[f"{name}_{stat}"] = getattr(dist, stat) if dist else None
+        return row
+
+
+def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int) -> LevelSummary:
+    """Metrics of one concurrency level; warm-up requests are excluded."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    if ok:
+        wall = (max(r.end_ns for r in ok) - min(r.start_ns for r in ok)) * NS
+    else:
+        wall = 0.0
+    tokens = sum(r.output_tokens for r in ok)
+    rounds = sum(r.rounds for r in ok)
+    tok_s = tokens / wall if wall > 0 else 0.0
+    return LevelSummary(
+        concurrency=concurrency,
+        requests=len(measured),
+        failed=len(measured) - len(ok),
+        wall_s=wall,
+        output_tokens=tokens,
+        output_tok_s=tok_s,
+        output_tok_s_per_gpu=tok_s / gpus,
+        tau=tokens / rounds if rounds else None,
+        ttft_s=Distribution.of([ttft(r) for r in ok]),
+        tpot_s=Distribution.of([tpot(r) for r in ok]),
+        tok_s_user=Distribution.of([tokens_per_s_per_user(r) for r in ok]),
+        inter_chunk_s=Distribution.of([g for r in ok for g in inter_chunk_latencies(r)]),
+        e2e_s=Distribution.of([e2e(r) for r in ok]),
+    )
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (higher is better on both)."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any(
+            (x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i
+        )
+        if not dominated:
+            front.append(i)
+    return front
