@@ -1,0 +1,69 @@
+"""Tiny random models for the reference-backend tests.
+
+Targets are real HF models (transformers configs + save_pretrained); drafters are our
+DFlashDraft saved in the z-lab layout with save_drafter. Weights use a larger init
+(std 0.1 instead of HF's 0.02) so that logits are peaked: greedy argmax then has clear
+margins (no near-ties that fp32 rounding could flip) and random models produce varied text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+
+from trtllm_dflash.reference import DFlashDraft, DraftConfig, load_target, save_drafter
+
+COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def hf_config(arch: str, vocab: int = 256, layers: int = 4, **kw):
+    if arch == "qwen3":
+        return Qwen3Config(vocab_size=vocab, num_hidden_layers=layers, **{**COMMON, **kw})
+    if arch == "llama":
+        # Llama 3.1-style RoPE scaling with a short original context, so that it matters
+        # at the positions the tests reach.
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+        return LlamaConfig(vocab_size=vocab, num_hidden_layers=layers, rope_parameters=rope, **{**COMMON, **kw})
+    if arch == "qwen3_moe":
+        moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        return Qwen3MoeConfig(vocab_size=vocab, num_hidden_layers=layers, **{**COMMON, **moe, **kw})
+    raise ValueError(arch)
+
+
+def make_target(directory: Path, arch: str = "qwen3", seed: int = 0, std: float = 0.1, **kw) -> Path:
+    sharded = kw.pop("sharded", False)
+    torch.manual_seed(seed)
+    cfg = hf_config(arch, **kw)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0, std)
+    model.save_pretrained(directory, **({"max_shard_size": "100KB"} if sharded else {}))
+    return directory
+
+
+def hf_model(directory: Path):
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def make_drafter(directory: Path, target_dir: Path, seed: int = 0, layers: int = 2, block_size: int = 8,
+                 target_layer_ids=(0, 2), std: float = 0.1, **kw) -> Path:
+    tcfg = load_target(target_dir).cfg
+    torch.manual_seed(seed)
+    cfg = DraftConfig(
+        hidden_size=tcfg.hidden_size, intermediate_size=96, num_layers=layers, num_heads=4, num_kv_heads=2,
+        head_dim=16, rms_norm_eps=1e-6, rope=tcfg.rope.__class__(10000.0), max_position_embeddings=4096,
+        block_size=block_size, target_layer_ids=tuple(target_layer_ids), mask_token_id=tcfg.vocab_size - 1,
+        num_target_layers=tcfg.num_layers, **kw,
+    )
+    model = DFlashDraft(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, std) if not name.endswith("norm.weight") else p.fill_(1.0)
+    return save_drafter(model, directory)
+
+

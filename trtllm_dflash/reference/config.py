@@ -1,0 +1,358 @@
+"""Typed configs for the target and the DFlash drafter, read from their config.json.
+
+`TargetConfig.from_dict` reads an HF config.json of a Qwen3, Llama or Qwen3-MoE model
+(transformers 4.x layout with `rope_theta` / `rope_scaling`, or 5.x with
+`rope_parameters`). `DraftConfig.from_dict` reads a z-lab DFlash drafter config.json
+(Qwen3 keys plus `block_size`, `num_target_layers` and `dflash_config`), and
+`DraftConfig.to_dict` writes that same layout back.
+
+Every problem raises `UserError` naming the file and the field. Features we do not
+implement (other RoPE types, sliding-window targets, DFlash2 drafters...) are refused
+loudly here, before any weight is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from trtllm_dflash.errors import UserError
+
+Arch = Literal["qwen3", "llama", "qwen3_moe"]
+ARCHS: tuple[str, ...] = ("qwen3", "llama", "qwen3_moe")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+class _Fields:
+    """Typed reads from one config dict; errors name `where` (e.g. 'target config.json')."""
+
+    def __init__(self, raw: dict[str, Any], where: str):
+        self.raw, self.where = raw, where
+
+    def fail(self, msg: str) -> UserError:
+        return UserError(f"{self.where}: {msg}")
+
+    def int(self, key: str, default: Any = ..., lo: int = 1, src: dict | None = None) -> int:
+        src = self.raw if src is None else src
+        if key not in src or src[key] is None:
+            if default is ...:
+                raise self.fail(f"missing required field '{key}'")
+            return default
+        v = src[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise self.fail(f"'{key}' is {v!r}, expected an integer >= {lo}")
+        return v
+
+    def float(self, key: str, default: Any = ..., src: dict | None = None) -> float:
+        src = self.raw if src is None else src
+        if key not in src or src[key] is None:
+            if default is ...:
+                raise self.fail(f"missing required field '{key}'")
+            return default
+        v = src[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise self.fail(f"'{key}' is {v!r}, expected a positive number")
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.raw.get(key, default)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.fail(f"'{key}' is {v!r}, expected true or false")
+        return v
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding: NeoX rotate-half over the whole head_dim.
+
+    `scaling` is None (plain), ("linear", factor) or ("llama3", factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings)."""
+
+    theta: float
+    scaling: tuple | None = None
+
+    def inv_freq(self, head_dim: int) -> torch.Tensor:  # [head_dim // 2] fp32
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv = 1.0 / (self.theta**exponent)
+        if self.scaling is None:
+            return inv
+        if self.scaling[0] == "linear":
+            return inv / self.scaling[1]
+        # Llama 3.1 frequency-dependent scaling: long wavelengths are divided by `factor`,
+        # short ones kept, the band in between interpolated smoothly.
+        _, factor, low, high, old_len = self.scaling
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled)
+
+    @staticmethod
+    def from_dict(f: _Fields, head_dim_default_theta: float = 10000.0) -> RopeConfig:
+        raw = f.raw
+        params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if not isinstance(params, dict):
+            raise f.fail(f"'rope_parameters' / 'rope_scaling' is {params!r}, expected an object")
+        theta = f.float("rope_theta", default=None, src=params) or f.float("rope_theta", default=head_dim_default_theta)
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise f.fail("partial_rotary_factor != 1 is not supported by the reference backend")
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind == "default":
+            return RopeConfig(theta)
+        if kind == "linear":
+            return RopeConfig(theta, ("linear", f.float("factor", src=params)))
+        if kind == "llama3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor")
+            vals = tuple(f.float(k, src=params) for k in keys)
+            old = params.get("original_max_position_embeddings") or raw.get("max_position_embeddings")
+            if vals[2] <= vals[1]:
+                raise f.fail("llama3 rope: high_freq_factor must be greater than low_freq_factor")
+            return RopeConfig(theta, ("llama3", *vals, float(old)))
+        raise f.fail(
+            f"rope type {kind!r} is not supported by the reference backend (supported: default, linear, llama3)"
+        )
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    num_experts: int
+    top_k: int  # num_experts_per_tok
+    intermediate_size: int  # moe_intermediate_size
+    norm_topk_prob: bool
+    sparse_layers: tuple[bool, ...]  # per decoder layer: MoE block (True) or dense MLP
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    arch: Arch
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3 family: per-head RMSNorm on q and k
+    eos_token_ids: tuple[int, ...]
+    moe: MoeConfig | None = None
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any], where: str = "target config.json") -> TargetConfig:
+        f = _Fields(raw, where)
+        arch = raw.get("model_type")
+        if arch not in ARCHS:
+            raise f.fail(f"model_type {arch!r} is not supported (supported: {', '.join(ARCHS)})")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise f.fail(f"hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
+        hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
+        kv_heads, layers = f.int("num_key_value_heads", heads), f.int("num_hidden_layers")
+        if heads % kv_heads:
+            raise f.fail(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        head_dim = f.int("head_dim", hidden // heads)
+        layer_types = raw.get("layer_types") or ["full_attention"] * layers
+        if raw.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
+            raise f.fail("sliding-window target layers are not supported by the reference backend")
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        moe = None
+        if arch == "qwen3_moe":
+            experts = f.int("num_experts", default=None) or f.int("num_local_experts")
+            step = f.int("decoder_sparse_step", 1)
+            dense = set(raw.get("mlp_only_layers") or [])
+            moe = MoeConfig(
+                num_experts=experts,
+                top_k=f.int("num_experts_per_tok"),
+                intermediate_size=f.int("moe_intermediate_size"),
+                norm_topk_prob=f.bool("norm_topk_prob", False),
+                sparse_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(layers)),
+            )
+            if moe.top_k > experts:
+                raise f.fail(f"num_experts_per_tok {moe.top_k} exceeds the number of experts {experts}")
+        return TargetConfig(
+            arch=arch,
+            vocab_size=f.int("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=f.int("intermediate_size"),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=f.float("rms_norm_eps", 1e-6),
+            rope=RopeConfig.from_dict(f),
+            max_position_embeddings=f.int("max_position_embeddings", 32768),
+            tie_word_embeddings=f.bool("tie_word_embeddings", False),
+            attention_bias=f.bool("attention_bias", False),
+            mlp_bias=f.bool("mlp_bias", False),
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
+            eos_token_ids=eos_ids,
+            moe=moe,
+        )
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's rule when dflash_config.target_layer_ids is absent: the middle layer for one
+    draft layer, else `num_draft_layers` ids spread evenly over 1 .. num_target_layers-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+# config.json keys of drafter variants this backend does not implement, with the value that
+# means "feature off". A drafter using any of them is refused rather than run wrongly.
+_UNSUPPORTED_DRAFT_KEYS = {
+    "input_embedding_scale": 1.0,
+    "output_multiplier": 1.0,
+    "final_logit_softcapping": None,
+    "conv_kernel_size": None,  # DFlash2 causal convolutions
+    "selector_rank": None,  # DFlash2 candidate selector
+    "attention_sink_bias": None,
+    "use_aux_hidden_state": None,
+}
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """A DFlash drafter: Qwen3 decoder layers, no embedding and no LM head."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    block_size: int  # tokens per draft block: anchor + block_size-1 mask slots
+    target_layer_ids: tuple[int, ...]  # target decoder layers whose outputs are fused (HF hidden_states[id+1])
+    mask_token_id: int  # a row of the target's embedding
+    num_target_layers: int
+    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" per draft layer
+    sliding_window: int | None = None
+    causal: tuple[bool, ...] = ()  # per layer: causal inside the block
+    attention_bias: bool = False
+
+    def __post_init__(self):
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", ("full_attention",) * self.num_layers)
+        if not self.causal:
+            # Convention of z-lab's later code, vLLM and SGLang: sliding layers are causal
+            # inside the block, full layers bidirectional.
+            object.__setattr__(self, "causal", tuple(t == "sliding_attention" for t in self.layer_types))
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any], where: str = "drafter config.json") -> DraftConfig:
+        f = _Fields(raw, where)
+        dcfg = raw.get("dflash_config") or {}
+        if not isinstance(dcfg, dict):
+            raise f.fail(f"'dflash_config' is {dcfg!r}, expected an object")
+        for key, off in _UNSUPPORTED_DRAFT_KEYS.items():
+            if dcfg.get(key, raw.get(key, off)) != off:
+                raise f.fail(f"'{key}' is set: this drafter variant is not supported by the reference backend")
+        hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
+        kv_heads, layers = f.int("num_key_value_heads", heads), f.int("num_hidden_layers")
+        if heads % kv_heads:
+            raise f.fail(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        block = f.int("block_size", default=None, lo=2, src=dcfg) or f.int("block_size", lo=2)
+        n_target = f.int("num_target_layers")
+        ids = dcfg.get("target_layer_ids")
+        if ids is None:
+            ids = default_target_layer_ids(n_target, layers)
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise f.fail(f"dflash_config.target_layer_ids is {ids!r}, expected a non-empty list of integers")
+        if "mask_token_id" in dcfg:
+            mask = f.int("mask_token_id", lo=0, src=dcfg)
+        elif raw.get("mask_token_id") is not None:
+            mask = f.int("mask_token_id", lo=0)
+        else:
+            raise f.fail("missing dflash_config.mask_token_id")
+        layer_types = raw.get("layer_types") or ["full_attention"] * layers
+        if len(layer_types) != layers or any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+            raise f.fail(
+                f"layer_types is {layer_types!r}, expected {layers} entries of 'full_attention' / 'sliding_attention'"
+            )
+        window = None
+        if "sliding_attention" in layer_types:
+            window = f.int("sliding_window")
+        causal_override = dcfg.get("causal", raw.get("is_causal"))
+        if causal_override is not None and not isinstance(causal_override, bool):
+            raise f.fail(f"is_causal / dflash_config.causal is {causal_override!r}, expected true or false")
+        return DraftConfig(
+            hidden_size=hidden,
+            intermediate_size=f.int("intermediate_size"),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=f.int("head_dim", hidden // heads),
+            rms_norm_eps=f.float("rms_norm_eps", 1e-6),
+            rope=RopeConfig.from_dict(f),
+            max_position_embeddings=f.int("max_position_embeddings", 32768),
+            block_size=block,
+            target_layer_ids=tuple(ids),
+            mask_token_id=mask,
+            num_target_layers=n_target,
+            layer_types=tuple(layer_types),
+            sliding_window=window,
+            causal=() if causal_override is None else (causal_override,) * layers,
+            attention_bias=f.bool("attention_bias", False),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The z-lab config.json layout (Qwen3 keys + block_size + dflash_config)."""
+        if self.rope.scaling is not None:
+            raise NotImplementedError("saving a drafter with scaled RoPE is not implemented")
+        out = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope.theta,
+            "rope_scaling": None,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0,
+            "layer_types": list(self.layer_types),
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": self.sliding_window is not None,
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id},
+        }
+        default_causal = tuple(t == "sliding_attention" for t in self.layer_types)
+        if self.causal != default_causal:
+            if len(set(self.causal)) != 1:
+                raise NotImplementedError("per-layer causal flags that differ from layer_types cannot be saved")
+            out["dflash_config"]["causal"] = self.causal[0]
+        return out

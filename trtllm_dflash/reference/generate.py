@@ -1,0 +1,329 @@
+"""The one decode loop: `generate_steps` yields a StepRecord per round; `generate` collects.
+
+Modes share the loop and differ only in what is verified each round:
+  ar      the anchor alone (block size 1, no drafter): plain decoding, the baseline
+  dflash  [anchor, d_1..d_{T-1}] from one drafter pass, causal verify
+  ddtree  [anchor, tree nodes] from one drafter pass, ancestor-only verify
+
+Per round, for every running sequence (one batched drafter pass, one batched target pass):
+  1. draft   the drafter sees the new context features and the block [anchor, mask...]
+  2. verify  the target runs the proposal, writing its K/V and capturing features
+  3. accept  greedy or rejection sampling (verify.py), or a tree walk (ddtree.py);
+             commit the accepted tokens + the bonus; the target cache "trims" for free
+             (slot == position; DDTree first compacts the accepted nodes' K/V)
+  4. feed    the accepted positions' target features become the next new context
+Sequences carry their own positions and lengths, stop on their own stop tokens or
+max_new_tokens, and leave the batch when done.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.reference.cache import KVCache
+from trtllm_dflash.reference.ddtree import build_tree, walk
+from trtllm_dflash.reference.draft import DFlashDraft
+from trtllm_dflash.reference.target import Target
+from trtllm_dflash.reference.verify import SamplingParams, greedy_verify, probs, rejection_verify, sample
+
+MODES = ("ar", "dflash", "ddtree")
+
+
+@dataclass
+class StepRecord:
+    """One round. Round 0 is the prefill (its time is in t_verify); rounds >= 1 are one
+    target verify pass each. Lists are aligned with `seq_ids` (the requests that ran)."""
+
+    round: int
+    seq_ids: list[int]
+    tokens: list[list[int]]  # tokens committed this round (accepted drafts + bonus)
+    finished: list[str | None]  # None while running, then "stop" (stop token, kept) or "length"
+    t_draft: float = 0.0  # seconds, drafter pass + proposal (tree build), shared by the batch
+    t_verify: float = 0.0  # seconds, target pass
+    t_overhead: float = 0.0  # seconds, acceptance and bookkeeping
+
+
+@dataclass
+class Stats:
+    rounds: int = 0  # target verify passes after the prefill
+    accepted_per_round: list[int] = field(default_factory=list)  # committed tokens per round (incl. bonus)
+    t_prefill: float = 0.0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_overhead: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Acceptance length: tokens committed per target verify pass (counts the bonus)."""
+        return sum(self.accepted_per_round) / len(self.accepted_per_round) if self.accepted_per_round else 0.0
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # generated ids, without the prompt
+    stats: Stats
+    finish_reason: str  # "stop" (a stop token, kept) or "length"
+
+
+@dataclass
+class _Batch:
+    """State of the running sequences; row b is request rows[b]."""
+
+    rows: list[int]
+    anchor: torch.Tensor  # [B] newest committed token; not yet run through the target
+    start: torch.Tensor  # [B] its position = committed positions in the target cache
+    ctx: torch.Tensor | None  # [B, Tc, n*H] target features not yet in the drafter cache
+    ctx_pos: torch.Tensor | None  # [B, Tc] their positions; padding -> cache.trash
+    tcache: KVCache
+    dcache: KVCache | None
+
+    def keep(self, idx: list[int]) -> None:
+        sel = torch.tensor(idx, device=self.anchor.device)
+        self.rows = [self.rows[i] for i in idx]
+        self.anchor, self.start = self.anchor[sel], self.start[sel]
+        if self.ctx is not None:
+            self.ctx, self.ctx_pos = self.ctx[sel], self.ctx_pos[sel]
+        self.tcache.keep_rows(sel)
+        if self.dcache is not None:
+            self.dcache.keep_rows(sel)
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _causal_mask(start: torch.Tensor, T: int, kv_len: int) -> torch.Tensor | None:
+    """[B, 1, T, kv_len]: query t of row b (position start_b + t) sees slots <= start_b + t."""
+    rel = torch.arange(kv_len, device=start.device)[None, :] - start[:, None]  # [B, S]
+    vis = rel[:, None, :] <= torch.arange(T, device=start.device)[None, :, None]  # [B, T, S]
+    return None if bool(vis.all()) else vis[:, None]
+
+
+def _tree_mask(start: torch.Tensor, vis: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[B, 1, n, kv_len]: committed slots (< start_b) plus the node's ancestors (vis [B, n, n])."""
+    B, n, _ = vis.shape
+    rel = torch.arange(kv_len, device=start.device)[None, :] - start[:, None]  # [B, S]
+    in_tree = (rel >= 0) & (rel < n)
+    tree_vis = vis.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [B, n, S]
+    return ((rel < 0)[:, None, :] | (in_tree[:, None, :] & tree_vis))[:, None]
+
+
+def _draft_logits(target: Target, drafter: DFlashDraft, st: _Batch, T: int) -> torch.Tensor:
+    """One drafter pass over [anchor, mask x (T-1)] -> logits of the mask slots [B, T-1, V].
+    Consumes the pending context features into the drafter cache."""
+    block = torch.full((len(st.rows), T), drafter.mask_token_id, dtype=torch.long, device=st.anchor.device)
+    block[:, 0] = st.anchor
+    hidden = drafter(target.embed_tokens(block), st.start, st.ctx, st.ctx_pos, st.dcache)  # [B, T, H]
+    st.ctx = st.ctx[:, :0]
+    st.ctx_pos = st.ctx_pos[:, :0]
+    return target.lm_head(hidden[:, 1:])
+
+
+def _validate(target, drafter, prompts, max_new_tokens, mode, block_size, budget):
+    if mode not in MODES:
+        raise UserError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if max_new_tokens < 1:
+        raise UserError(f"max_new_tokens is {max_new_tokens}, expected >= 1")
+    if not prompts:
+        raise UserError("no prompts given")
+    vocab = target.cfg.vocab_size
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise UserError(f"prompt {i} is empty")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise UserError(f"prompt {i}: token id {bad[0]} is outside the target's vocabulary (0..{vocab - 1})")
+    if mode == "ar":
+        return 1, 0
+    if drafter is None:
+        raise UserError(f"mode {mode!r} needs a drafter")
+    block_size = drafter.block_size if block_size is None else block_size
+    if not 2 <= block_size <= drafter.block_size:
+        raise UserError(
+            f"block size {block_size} is not one the drafter was trained for: its block_size is "
+            f"{drafter.block_size}; use 2..{drafter.block_size}"
+        )
+    budget = block_size - 1 if budget is None else budget
+    if mode == "ddtree" and budget < 1:
+        raise UserError(f"ddtree budget is {budget}, expected >= 1")
+    return block_size, budget
+
+
+@torch.inference_mode()
+def generate_steps(
+    target: Target,
+    drafter: DFlashDraft | None,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    mode: str = "dflash",
+    block_size: int | None = None,
+    ddtree_budget: int | None = None,
+    sampling: SamplingParams = SamplingParams(),
+    stop_token_ids: Sequence[int] | None = None,
+) -> Iterator[StepRecord]:
+    """Decode `prompts` together; yield one StepRecord per round (round 0 = first token).
+
+    block_size defaults to the drafter's; ddtree_budget (tree nodes besides the root)
+    defaults to block_size - 1; stop_token_ids default to the target's eos ids."""
+    block_size, budget = _validate(target, drafter, prompts, max_new_tokens, mode, block_size, ddtree_budget)
+    stops = set(target.cfg.eos_token_ids if stop_token_ids is None else stop_token_ids)
+    spec = mode != "ar"
+    dev = target.device
+    gen = None if sampling.greedy else torch.Generator(dev).manual_seed(sampling.seed)
+    capture = drafter.target_layer_ids if spec else ()
+    lengths = [len(p) for p in prompts]
+    B, P = len(prompts), max(lengths)
+    width = 1 + (budget if mode == "ddtree" else block_size)
+    max_len = P + max_new_tokens + width
+    st = _Batch(list(range(B)), None, None, None, None, target.new_cache(B, max_len),
+                drafter.new_cache(B, max_len) if spec else None)
+    generated: list[list[int]] = [[] for _ in range(B)]
+
+    def commit(new: list[list[int]]) -> tuple[list[list[int]], list[str | None]]:
+        out, done = [], []
+        for b, r in enumerate(st.rows):
+            toks = new[b][: max_new_tokens - len(generated[r])]
+            hit = next((i for i, t in enumerate(toks) if t in stops), None)
+            if hit is not None:
+                toks = toks[: hit + 1]
+            generated[r].extend(toks)
+            out.append(toks)
+            done.append("stop" if hit is not None else "length" if len(generated[r]) >= max_new_tokens else None)
+        return out, done
+
+    # Prefill: the prompts (right-padded), logits at each prompt's last position.
+    t0 = _now()
+    ids = torch.zeros(B, P, dtype=torch.long, device=dev)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+    plen = torch.tensor(lengths, device=dev)
+    pos = torch.arange(P, device=dev).expand(B, -1)
+    logits, feats = target(ids, pos, st.tcache, P, _causal_mask(torch.zeros_like(plen), P, P), capture, (plen - 1)[:, None])
+    first = logits[:, 0].argmax(-1) if sampling.greedy else sample(probs(logits[:, 0], sampling), gen)
+    st.anchor, st.start = first, plen
+    if spec:
+        st.ctx, st.ctx_pos = feats, torch.where(pos < plen[:, None], pos, st.tcache.trash)
+    t1 = _now()
+    toks, done = commit([[t] for t in first.tolist()])
+    yield StepRecord(0, list(st.rows), toks, done, t_verify=t1 - t0, t_overhead=_now() - t1)
+
+    rnd = 0
+    while True:
+        keep = [b for b, d in enumerate(done) if not d]
+        if not keep:
+            return
+        if len(keep) < len(st.rows):
+            st.keep(keep)
+        rnd += 1
+        t0 = _now()
+        left = max(max_new_tokens - len(generated[r]) for r in st.rows)
+        T = 1 if mode == "ar" else min(block_size, left)
+        if mode == "ddtree" and T > 1:
+            new, t1, t2 = _ddtree_round(target, drafter, st, T, budget, sampling, gen, capture)
+        else:
+            new, t1, t2 = _block_round(target, drafter, st, T, sampling, gen, capture)
+        toks, done = commit(new)
+        yield StepRecord(rnd, list(st.rows), toks, done, t1 - t0, t2 - t1, _now() - t2)
+
+
+def _block_round(target, drafter, st: _Batch, T, sampling, gen, capture):
+    """dflash (T > 1) or a plain AR step (T == 1)."""
+    B = len(st.rows)
+    q = None
+    if T > 1:
+        dl = _draft_logits(target, drafter, st, T)  # [B, T-1, V]
+        if sampling.greedy:
+            draft = dl.argmax(-1)
+        else:
+            q = probs(dl, sampling)
+            draft = sample(q, gen)
+    else:  # AR, or the last round of a spec mode (T == 1 only when one token is left)
+        draft = st.anchor.new_zeros(B, 0)
+    t1 = _now()
+    ids = torch.cat([st.anchor[:, None], draft], dim=1)  # [B, T]
+    pos = st.start[:, None] + torch.arange(T, device=ids.device)
+    kv_len = int(st.start.max()) + T
+    logits, feats = target(ids, pos, st.tcache, kv_len, _causal_mask(st.start, T, kv_len), capture)
+    t2 = _now()
+    if sampling.greedy:
+        accepted, bonus = greedy_verify(draft, logits)
+    else:
+        accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen)
+    acc = accepted.tolist()
+    new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
+    if feats is not None:  # accepted positions [start, start + a] become drafter context
+        n = max(acc) + 1
+        j = torch.arange(n, device=ids.device)[None, :]
+        st.ctx = feats[:, :n]
+        st.ctx_pos = torch.where(j <= accepted[:, None], pos[:, :n], st.tcache.trash)
+    st.anchor, st.start = bonus, st.start + accepted + 1
+    return new, t1, t2
+
+
+def _ddtree_round(target, drafter, st: _Batch, T, budget, sampling, gen, capture):
+    B, dev = len(st.rows), st.anchor.device
+    dl = _draft_logits(target, drafter, st, T)  # [B, D, V], D = T - 1
+    logq = torch.log_softmax(dl.float(), -1) if sampling.greedy else probs(dl, sampling).log()
+    trees = [build_tree(logq[b].cpu(), budget, a) for b, a in enumerate(st.anchor.tolist())]
+    n = max(len(t) for t in trees)
+    tok = torch.zeros(B, n, dtype=torch.long)
+    depth = torch.ones(B, n, dtype=torch.long)
+    vis = torch.eye(n, dtype=torch.bool).repeat(B, 1, 1)  # padding nodes see only themselves
+    for b, tree in enumerate(trees):
+        m = len(tree)
+        tok[b, :m], depth[b, :m], vis[b, :m, :m] = torch.tensor(tree.tokens), torch.tensor(tree.depths), tree.visibility()
+    tok, depth, vis = tok.to(dev), depth.to(dev), vis.to(dev)
+    t1 = _now()
+    slots = st.start[:, None] + torch.arange(n, device=dev)
+    kv_len = int(st.start.max()) + n
+    logits, feats = target(tok, st.start[:, None] + depth, st.tcache, kv_len, _tree_mask(st.start, vis, kv_len),
+                           capture, slots=slots)
+    t2 = _now()
+    follow = logits.argmax(-1) if sampling.greedy else sample(probs(logits, sampling), gen)  # [B, n]
+    new, paths = [], []
+    for b, (tree, nxt) in enumerate(zip(trees, follow.tolist())):
+        path, bonus = walk(tree, nxt)
+        new.append([tree.tokens[i] for i in path[1:]] + [bonus])
+        paths.append(path)
+        if path != list(range(len(path))):  # compact accepted nodes' K/V into contiguous slots
+            src = torch.tensor(path, device=dev)
+            st.tcache.move(b, slots[b, src], slots[b, : len(path)])
+    m = max(len(p) for p in paths)
+    idx = torch.tensor([p + [0] * (m - len(p)) for p in paths], device=dev)  # [B, m]
+    length = torch.tensor([len(p) for p in paths], device=dev)
+    j = torch.arange(m, device=dev)[None, :]
+    st.ctx = feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1]))
+    st.ctx_pos = torch.where(j < length[:, None], st.start[:, None] + j, st.tcache.trash)
+    st.anchor = torch.tensor([x[-1] for x in new], device=dev)
+    st.start = st.start + length
+    return new, t1, t2
+
+
+def generate(
+    target: Target,
+    drafter: DFlashDraft | None,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    **kwargs,
+) -> list[Generation]:
+    """Run `generate_steps` to the end; one Generation (tokens + Stats) per prompt."""
+    out = [Generation([], Stats(), "length") for _ in prompts]
+    for rec in generate_steps(target, drafter, prompts, max_new_tokens, **kwargs):
+        for r, toks, done in zip(rec.seq_ids, rec.tokens, rec.finished):
+            g, s = out[r], out[r].stats
+            g.tokens.extend(toks)
+            if rec.round == 0:
+                s.t_prefill += rec.t_verify
+            else:
+                s.rounds += 1
+                s.accepted_per_round.append(len(toks))
+                s.t_draft += rec.t_draft
+                s.t_verify += rec.t_verify
+            s.t_overhead += rec.t_overhead
+            g.finish_reason = done or g.finish_reason
+    return out
