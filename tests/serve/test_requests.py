@@ -1,0 +1,57 @@
+"""Request validation of the dflash Triton model: each bad value is named."""
+
+import numpy as np
+import pytest
+
+from trtllm_dflash.serve.requests import Limits, RequestError, check_lengths, parse_request
+
+
+def req(**kw):
+    inputs = {"text_input": np.array([b"def f():"], dtype=object), "max_tokens": np.array([16], dtype=np.int32)}
+    inputs.update(kw)
+    return inputs
+
+
+def test_valid_request_with_all_options():
+    r = parse_request(req(
+        temperature=np.array([0.7], np.float32), top_p=np.array([0.9], np.float32), top_k=np.array([20], np.int32),
+        seed=np.array([7], np.uint64), stop_words=np.array([b"\n\n", b""], dtype=object), stream=np.array([True]),
+    ))
+    assert (r.prompt, r.max_tokens, r.top_k, r.seed, r.stop_words, r.stream) == ("def f():", 16, 20, 7, ["\n\n"], True)
+    assert r.temperature == pytest.approx(0.7) and r.top_p == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    "inputs,message",
+    [
+        (dict(text_input=np.array([b""], dtype=object)), "text_input: empty prompt"),
+        (dict(text_input=np.array([b"\xff\xfe"], dtype=object)), "text_input: not valid UTF-8"),
+        (dict(text_input=np.array([b"a", b"b"], dtype=object)), "one prompt per request"),
+        (dict(max_tokens=np.array([0], np.int32)), "max_tokens: must be > 0, got 0"),
+        (dict(max_tokens=np.array([-3], np.int32)), "max_tokens: must be > 0, got -3"),
+        (dict(max_tokens=np.array([1.5], np.float32)), "max_tokens: expected an integer value"),
+        (dict(temperature=np.array([-0.1], np.float32)), "temperature: must be >= 0"),
+        (dict(top_p=np.array([0.0], np.float32)), "top_p: must be in (0, 1], got 0.0"),
+        (dict(top_p=np.array([1.5], np.float32)), "top_p: must be in (0, 1]"),
+        (dict(top_k=np.array([-1], np.int32)), "top_k: must be >= 0"),
+        (dict(exclude_input_in_output=np.array([False])), "exclude_input_in_output: only true"),
+    ],
+)
+def test_bad_values_are_named(inputs, message):
+    with pytest.raises(RequestError) as e:
+        parse_request(req(**inputs))
+    assert message in str(e.value)
+
+
+def test_missing_inputs():
+    with pytest.raises(RequestError, match="max_tokens: required"):
+        parse_request({"text_input": np.array([b"x"], dtype=object)})
+
+
+def test_length_limits():
+    limits = Limits(max_input_len=8, max_seq_len=20)
+    check_lengths(8, 12, limits)
+    with pytest.raises(RequestError, match="prompt is 9 tokens, longer than the build limit max_input_len 8"):
+        check_lengths(9, 1, limits)
+    with pytest.raises(RequestError, match=r"max_tokens: 13 > 12 \(build limit max_seq_len 20 minus 8 prompt tokens\)"):
+        check_lengths(8, 13, limits)

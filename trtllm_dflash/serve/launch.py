@@ -1,0 +1,242 @@
+"""Start and stop a real Triton Inference Server on a model repository.
+
+On a CPU machine the server is the one bundled with nvidia-pytriton (tritonserver binary,
+Python backend and per-version backend stubs). It runs in a private workspace (a temp dir
+with the binaries and the stub matching this interpreter), bound to loopback by default,
+in its own process group so that shutdown leaves no process behind. Two environment fixes
+are applied: LD_LIBRARY_PATH starts with this interpreter's LIBDIR (otherwise the stub may
+load a system libpython of another patch release) and the bundled libraries.
+
+On GPU machines the server comes from NVIDIA's container; `launch_command` renders the
+command (one tritonserver per rank under mpirun for tp*pp > 1).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtllm_dflash.errors import UserError
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+def bundled_server() -> tuple[Path, Path]:
+    """(tritonserver distribution dir, bundled shared libraries dir) from nvidia-pytriton."""
+    try:
+        import pytriton
+    except ImportError:
+        raise UserError("serve needs nvidia-pytriton (it bundles tritonserver): pip install 'trtllm_dflash[serve]'") from None
+    root = Path(pytriton.__file__).parent
+    dist = root / "tritonserver"
+    libs = root.parent / "nvidia_pytriton.libs"
+    if not (dist / "bin" / "tritonserver").exists():
+        raise UserError(f"nvidia-pytriton at {root} has no bundled tritonserver binary")
+    return dist, libs
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """A tritonserver process on `repository`; use as a context manager or call start()/stop()."""
+
+    def __init__(self, repository: Path, endpoints: Endpoints, log_verbose: int = 0):
+        self.repository = Path(repository)
+        self.endpoints = endpoints
+        self.log_verbose = log_verbose
+        self.workspace: Path | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        assert self.workspace is not None
+        return self.workspace / "tritonserver.log"
+
+    def _prepare_workspace(self) -> Path:
+        dist, _ = bundled_server()
+        ws = Path(tempfile.mkdtemp(prefix="trtllm-dflash-triton-"))
+        shutil.copytree(dist / "bin", ws / "bin")
+        shutil.copytree(dist / "caches", ws / "caches")
+        py = ws / "backends" / "python"
+        py.mkdir(parents=True)
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            shutil.copy(dist / "backends" / "python" / name, py / name)
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not stub.exists():
+            raise UserError(f"nvidia-pytriton ships no Python backend stub for Python {version}")
+        shutil.copy(stub, py / "triton_python_backend_stub")
+        return ws
+
+    def command(self) -> list[str]:
+        assert self.workspace is not None
+        e = self.endpoints
+        return [
+            str(self.workspace / "bin" / "tritonserver"),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={self.workspace / 'backends'}",
+            f"--cache-directory={self.workspace / 'caches'}",
+            f"--http-address={e.host}",
+            f"--grpc-address={e.host}",
+            f"--metrics-address={e.host}",
+            f"--http-port={e.http_port}",
+            f"--grpc-port={e.grpc_port}",
+            f"--metrics-port={e.metrics_port}",
+            "--disable-auto-complete-config",
+            "--exit-timeout-secs=10",
+            f"--log-verbose={self.log_verbose}",
+        ]
+
+    def _env(self) -> dict[str, str]:
+        _, libs = bundled_server()
+        env = os.environ.copy()
+        paths = [sysconfig.get_config_var("LIBDIR") or "", str(libs), env.get("LD_LIBRARY_PATH", "")]
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        return env
+
+    def start(self, timeout_s: float = 120.0) -> "TritonServer":
+        e = self.endpoints
+        if not (self.repository.is_dir() and any(self.repository.iterdir())):
+            raise UserError(f"{self.repository}: not a Triton model repository (empty or missing)")
+        for field, port in (("http_port", e.http_port), ("grpc_port", e.grpc_port), ("metrics_port", e.metrics_port)):
+            if port_in_use(e.host, port):
+                raise UserError(f"serve.{field}: {e.host}:{port} is already in use")
+        self.workspace = self._prepare_workspace()
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self._env(), start_new_session=True
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                reason = self.failure_reason()
+                self.stop()
+                raise UserError(f"tritonserver exited with code {self.proc.returncode} during start-up: {reason}")
+            if self.ready():
+                return self
+            time.sleep(0.25)
+        reason = self.failure_reason()
+        self.stop()
+        raise UserError(f"tritonserver not ready after {timeout_s:.0f} s: {reason}")
+
+    def ready(self) -> bool:
+        url = f"http://{self.endpoints.http_url}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def failure_reason(self) -> str:
+        """The most telling lines of the server log (errors first)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except (OSError, AssertionError):
+            return "no log"
+        # NVML / DCGM complaints are normal on a machine without GPUs.
+        lines = [l for l in lines if "NVML" not in l and "DCGM" not in l]
+        errors = [l for l in lines if l.startswith("E") or "error" in l.lower()]
+        keep = errors[-3:] or lines[-3:]
+        return " | ".join(l.strip()[:300] for l in keep)
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group (server and Python stubs), escalate, remove the workspace."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None:
+            # Stubs can outlive a killed server for a moment; make sure the group is gone.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.workspace is not None:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+            self.workspace = None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch_command(repository: Path, endpoints: Endpoints, world_size: int, model_name: str, llmapi: bool) -> list[str]:
+    """The GPU launch command inside NVIDIA's Triton + TensorRT-LLM container.
+
+    World size 1: one tritonserver. Otherwise one tritonserver per rank under mpirun; ranks
+    other than 0 load only the model (explicit model control) and each rank gets its own
+    Python-backend shared-memory prefix. The LLM-API model runs each rank under
+    trtllm-llmapi-launch.
+    """
+    e = endpoints
+    server = "/opt/tritonserver/bin/tritonserver"
+
+    def rank(i: int) -> list[str]:
+        cmd = (["trtllm-llmapi-launch"] if llmapi else []) + [
+            server,
+            f"--model-repository={repository}",
+            f"--http-address={e.host}",
+            f"--grpc-address={e.host}",
+            f"--http-port={e.http_port}",
+            f"--grpc-port={e.grpc_port}",
+            f"--metrics-port={e.metrics_port}",
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name=prefix{i}_",
+        ]
+        if i > 0:
+            cmd += ["--model-control-mode=explicit", f"--load-model={model_name}"]
+        return cmd
+
+    if world_size == 1:
+        return rank(0)
+    cmd = ["mpirun", "--allow-run-as-root"]
+    for i in range(world_size):
+        cmd += ["-n", "1", *rank(i)] + ([":"] if i < world_size - 1 else [])
+    return cmd

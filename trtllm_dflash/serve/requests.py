@@ -1,0 +1,121 @@
+"""Parse and validate one request of the `dflash` Triton model (pure; no Triton imports).
+
+Triton has already checked tensor names and data types against config.pbtxt; this checks
+values. Every problem raises `RequestError` with a message naming the input and what is
+allowed, which the model returns as an error response (the server keeps serving).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class RequestError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_input_len: int  # prompt tokens
+    max_seq_len: int  # prompt + output tokens
+
+
+@dataclass
+class GenerationRequest:
+    prompt: str
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_words: list[str] = field(default_factory=list)
+    stream: bool = False
+
+
+def _scalar(inputs: dict[str, np.ndarray], name: str, kind: type):
+    arr = inputs.get(name)
+    if arr is None:
+        return None
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size != 1:
+        raise RequestError(f"{name}: expected one value, got {flat.size}")
+    value = flat[0]
+    if kind is float and not np.issubdtype(flat.dtype, np.floating):
+        raise RequestError(f"{name}: expected a floating-point value, got {flat.dtype}")
+    if kind is int and not np.issubdtype(flat.dtype, np.integer):
+        raise RequestError(f"{name}: expected an integer value, got {flat.dtype}")
+    return kind(value)
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, (bytes, np.bytes_)):
+        raise RequestError(f"{name}: expected BYTES (UTF-8 text), got {type(value).__name__}")
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"{name}: not valid UTF-8 (byte {e.start})") from None
+
+
+def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
+    """Values of one request; prompt length is checked after tokenization (`check_lengths`)."""
+    text = inputs.get("text_input")
+    if text is None:
+        raise RequestError("text_input: required")
+    flat = np.asarray(text).reshape(-1)
+    if flat.size != 1:
+        raise RequestError(f"text_input: expected one prompt per request, got {flat.size}")
+    prompt = _text(flat[0], "text_input")
+    if not prompt:
+        raise RequestError("text_input: empty prompt")
+
+    max_tokens = _scalar(inputs, "max_tokens", int)
+    if max_tokens is None:
+        raise RequestError("max_tokens: required")
+    if max_tokens <= 0:
+        raise RequestError(f"max_tokens: must be > 0, got {max_tokens}")
+
+    req = GenerationRequest(prompt=prompt, max_tokens=max_tokens)
+    temperature = _scalar(inputs, "temperature", float)
+    if temperature is not None:
+        if not np.isfinite(temperature) or temperature < 0:
+            raise RequestError(f"temperature: must be >= 0, got {temperature}")
+        req.temperature = temperature
+    top_p = _scalar(inputs, "top_p", float)
+    if top_p is not None:
+        if not (0.0 < top_p <= 1.0):
+            raise RequestError(f"top_p: must be in (0, 1], got {top_p}")
+        req.top_p = top_p
+    top_k = _scalar(inputs, "top_k", int)
+    if top_k is not None:
+        if top_k < 0:
+            raise RequestError(f"top_k: must be >= 0 (0 = off), got {top_k}")
+        req.top_k = top_k
+    seed = _scalar(inputs, "seed", int)
+    if seed is not None:
+        req.seed = seed
+    stream = inputs.get("stream")
+    if stream is not None:
+        req.stream = bool(np.asarray(stream).reshape(-1)[0])
+    exclude = inputs.get("exclude_input_in_output")
+    if exclude is not None and not bool(np.asarray(exclude).reshape(-1)[0]):
+        raise RequestError("exclude_input_in_output: only true is supported (the prompt is never echoed)")
+    stop = inputs.get("stop_words")
+    if stop is not None:
+        req.stop_words = [w for w in (_text(v, "stop_words") for v in np.asarray(stop).reshape(-1)) if w]
+    return req
+
+
+def check_lengths(prompt_tokens: int, max_tokens: int, limits: Limits) -> None:
+    if prompt_tokens > limits.max_input_len:
+        raise RequestError(
+            f"text_input: prompt is {prompt_tokens} tokens, longer than the build limit max_input_len {limits.max_input_len}"
+        )
+    room = limits.max_seq_len - prompt_tokens
+    if max_tokens > room:
+        raise RequestError(
+            f"max_tokens: {max_tokens} > {room} (build limit max_seq_len {limits.max_seq_len} minus {prompt_tokens} prompt tokens)"
+        )
