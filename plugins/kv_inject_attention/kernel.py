@@ -238,7 +238,7 @@ def kv_inject_attention_triton(
     _check_launchable(p, q.device)
     checks.check_cache_lens_values(cache_lens.tolist(), p.max_cache_len)
     if out is None:
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape)
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
         raise checks.KVInjectArgumentError(
             f"kv_inject_attention: out must be a {tuple(q.shape)} {q.dtype} tensor on {q.device} with a "

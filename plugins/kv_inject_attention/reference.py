@@ -66,7 +66,7 @@ def kv_inject_attention_reference(
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Block queries attend over [cache[:cache_lens[b]] ; block]. Returns out [B, T, Hq, D] in q.dtype."""
+    """Block queries attend over [cache[:cache_lens[b]] ; block]. Returns out [B, T, Hq, D] (contiguous, q.dtype)."""
     p = checks.check_attention(
         tensor_meta(q), tensor_meta(k_block), tensor_meta(v_block), tensor_meta(k_cache), tensor_meta(v_cache),
         tensor_meta(cache_lens), scale=scale, causal_block=causal_block, window=window,
@@ -87,7 +87,7 @@ def kv_inject_attention_reference(
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # every query sees at least itself: no all -inf row
     out = torch.einsum("bhts,bshd->bthd", probs, values)  # [B, T, Hq, D]
-    return out.to(q.dtype)
+    return out.to(q.dtype).contiguous()
 
 
 def append_context_reference(
