@@ -1,0 +1,193 @@
+"""Concurrency sweep against a running Triton server (the `dflash` model interface).
+
+For each concurrency level C: warm-up requests first (excluded), then max(min_requests,
+factor x C) measured requests, C at a time, each a gRPC bidirectional stream (decoupled
+model) with `enable_empty_final_response` so the client sees the end of every request.
+Every chunk's arrival time and token count are recorded (`RequestRecord`); the metrics
+come from perf/metrics.py. Outputs in OUT/: results.jsonl (one row per request),
+summary.csv and summary.json (one row per level), and sweep.png (tokens/s/GPU against
+tokens/s/user with the Pareto front).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.perf.metrics import LevelSummary, RequestRecord, summarize_level
+
+OUTPUTS = ("text_output", "output_token_count", "rounds", "finish_reason")
+CHARS_PER_TOKEN = 3.5  # rough size of a prompt window; the server counts real tokens
+
+
+def load_prompts(dataset: str, n: int, input_len: int, seed: int) -> list[str]:
+    """`n` prompts of about `input_len` tokens, reproducible from `seed`."""
+    rng = random.Random(seed)
+    chars = int(input_len * CHARS_PER_TOKEN)
+    if dataset == "random":
+        words = [w for w in "the of and to in is for on that with as by at from this be are it an or".split()]
+        return [" ".join(rng.choice(words) for _ in range(input_len)) for _ in range(n)]
+    if dataset == "builtin:pystd-heldout":
+        from trtllm_dflash.train.corpus import load_corpus
+
+        files = [f.text for f in load_corpus().heldout if len(f.text) > chars + 1]
+        out = []
+        for _ in range(n):
+            text = rng.choice(files)
+            start = rng.randrange(0, len(text) - chars)
+            out.append(text[start : start + chars])
+        return out
+    path = Path(dataset)
+    if not path.exists():
+        raise UserError(f"sweep.dataset: {dataset!r} is not 'random', 'builtin:pystd-heldout' or an existing JSONL file")
+    prompts = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(json.loads(line)["prompt"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise UserError(f"{path}:{i + 1}: expected a JSON object with a 'prompt' field") from None
+    if not prompts:
+        raise UserError(f"{path}: no prompts")
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float):
+    import tritonclient.grpc.aio as grpcclient
+
+    def tensor(name, dtype, value):
+        t = grpcclient.InferInput(name, [1], dtype)
+        t.set_data_from_numpy(np.array([value], dtype=object if dtype == "BYTES" else None))
+        return t
+
+    return [
+        tensor("text_input", "BYTES", prompt.encode()),
+        tensor("max_tokens", "INT32", np.int32(max_tokens)),
+        tensor("stream", "BOOL", True),
+        tensor("temperature", "FP32", np.float32(temperature)),
+        tensor("seed", "UINT64", np.uint64(seed)),
+    ]
+
+
+async def one_request(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
+                      temperature: float) -> RequestRecord:
+    import tritonclient.grpc.aio as grpcclient
+
+    outputs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
+    request = {
+        "model_name": model,
+        "inputs": _inputs(prompt, max_tokens, seed, temperature),
+        "outputs": outputs,
+        "request_id": str(record.request_id),
+        "enable_empty_final_response": True,
+    }
+
+    async def requests():
+        yield request
+
+    record.start_ns = time.perf_counter_ns()
+    texts = []
+    try:
+        async for result, error in client.stream_infer(inputs_iterator=requests()):
+            now = time.perf_counter_ns()
+            if error is not None:
+                record.error = str(error)
+                break
+            response = result.get_response()
+            if response.outputs:
+                n = int(result.as_numpy("output_token_count").reshape(-1)[0])
+                if n > 0:
+                    record.chunk_ns.append(now)
+                    record.chunk_tokens.append(n)
+                    texts.append(result.as_numpy("text_output").reshape(-1)[0].decode("utf-8"))
+                record.rounds = int(result.as_numpy("rounds").reshape(-1)[0])
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                record.end_ns = now
+                break
+    except Exception as e:  # a transport failure counts as a failed request, not a crashed sweep
+        record.error = f"{type(e).__name__}: {e}"
+    if not record.end_ns:
+        record.end_ns = time.perf_counter_ns()
+        record.error = record.error or "stream ended without a final response"
+    record.text = "".join(texts)
+    return record
+
+
+async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
+                    max_tokens: int, seed: int, temperature: float, on_done=None) -> list[RequestRecord]:
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        async def batch(ids: list[int], is_warmup: bool) -> list[RequestRecord]:
+            queue = list(ids)
+            done: list[RequestRecord] = []
+
+            async def worker():
+                while queue:
+                    i = queue.pop(0)
+                    rec = RequestRecord(request_id=i, concurrency=concurrency, start_ns=0, warmup=is_warmup)
+                    await one_request(client, model, rec, prompts[i % len(prompts)], max_tokens, seed + i, temperature)
+                    done.append(rec)
+                    if on_done is not None and not is_warmup:
+                        on_done(rec)
+
+            await asyncio.gather(*(worker() for _ in range(min(concurrency, len(ids)))))
+            return done
+
+        records = await batch(list(range(warmup)), True) if warmup else []
+        records += await batch(list(range(warmup, warmup + measured)), False)
+        return sorted(records, key=lambda r: r.request_id)
+    finally:
+        await client.close()
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    levels: list[LevelSummary]
+    records: list[RequestRecord]
+
+
+def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
+              max_tokens: int, gpus: int, out_dir: Path, seed: int = 0, temperature: float = 0.0,
+              title: str = "") -> SweepResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries, all_records = [], []
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
+        for c in levels:
+            n = requests_at(c)
+            task = progress.add_task(f"concurrency {c:>4}", total=n)
+            recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
+                                         on_done=lambda r: progress.advance(task)))
+            summaries.append(summarize_level(recs, c, gpus))
+            all_records += recs
+    write_results(out_dir, summaries, all_records, title)
+    return SweepResult(out_dir, summaries, all_records)
+
+
+def write_results(out_dir: Path, summaries: list[LevelSummary], records: list[RequestRecord], title: str) -> None:
+    from trtllm_dflash.perf.report import plot_pareto
+
+    with open(out_dir / "results.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(r.to_json()) + "\n")
+    rows = [s.flat() for s in summaries]
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out_dir / "summary.json").write_text(json.dumps([asdict(s) for s in summaries], indent=2))
+    plot_pareto(summaries, out_dir / "sweep.png", title)

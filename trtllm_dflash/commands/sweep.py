@@ -1,0 +1,67 @@
+"""`trtllm-dflash sweep RECIPE --url HOST:PORT`: concurrency vs interactivity against a running server."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trtllm_dflash.commands.common import add_recipe_argument
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="sweep concurrency against a running Triton server (gRPC streaming)")
+    add_recipe_argument(p)
+    p.add_argument("--url", required=True, help="Triton gRPC endpoint, HOST:PORT")
+    p.add_argument("--out", type=Path, default=Path("runs/sweep"), help="output directory (default runs/sweep)")
+    p.add_argument("--levels", default=None, help="comma-separated concurrency levels (default: the recipe's)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default greedy)")
+    p.add_argument("--json", action="store_true", help="print the level summaries as JSON")
+    p.set_defaults(run=run)
+
+
+def parse_levels(text: str | None, default: list[int]) -> list[int]:
+    from trtllm_dflash.errors import UserError
+
+    if text is None:
+        return default
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--levels: expected comma-separated integers, got {text!r}") from None
+    if not levels or any(c < 1 for c in levels):
+        raise UserError(f"--levels: expected positive integers, got {text!r}")
+    return levels
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.perf.report import summary_table
+    from trtllm_dflash.perf.sweep import load_prompts, run_sweep
+    from trtllm_dflash.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    if recipe.backend.name == "pytorch":
+        raise UserError(
+            "sweep speaks the dflash model interface (reference and engine backends); for the pytorch "
+            "backend's LLM-API model use the aiperf command in the README"
+        )
+    sw = recipe.sweep
+    levels = parse_levels(args.levels, sw.concurrency)
+    prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
+    result = run_sweep(
+        args.url, recipe.serve.model_name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_len,
+        gpus=1 if recipe.gpu.is_cpu else recipe.world_size, out_dir=args.out, seed=sw.seed,
+        temperature=args.temperature, title=f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu})",
+    )
+    if args.json:
+        print(json.dumps([asdict(s) for s in result.levels], indent=2))
+    else:
+        Console().print(summary_table(result.levels, f"{recipe.name}: sweep"))
+        print(f"wrote {args.out}/results.jsonl, summary.csv, summary.json, sweep.png")
+    failed = sum(s.failed for s in result.levels)
+    return 1 if failed else 0
