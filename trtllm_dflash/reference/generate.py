@@ -124,11 +124,12 @@ def _draft_logits(target: Target, drafter: DFlashDraft, st: _Batch, T: int) -> t
     return target.lm_head(hidden[:, 1:])
 
 
-def _validate(target, drafter, prompts, max_new_tokens, mode, block_size, budget):
+def _validate(target, drafter, prompts, limits, mode, block_size, budget):
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    if max_new_tokens < 1:
-        raise UserError(f"max_new_tokens is {max_new_tokens}, expected >= 1")
+    bad = [n for n in limits if not isinstance(n, int) or n < 1]
+    if bad:
+        raise UserError(f"max_new_tokens is {bad[0]!r}, expected an integer >= 1")
     if not prompts:
         raise UserError("no prompts given")
     vocab = target.cfg.vocab_size
@@ -154,24 +155,40 @@ def _validate(target, drafter, prompts, max_new_tokens, mode, block_size, budget
     return block_size, budget
 
 
+def _per_request(value, n: int, name: str, nested: bool) -> list:
+    """Broadcast a shared setting to n requests, or check a per-request list."""
+    per = isinstance(value, (list, tuple)) and (not nested or (len(value) > 0 and isinstance(value[0], (list, tuple))))
+    if not per:
+        return [value] * n
+    if len(value) != n:
+        raise UserError(f"{name} has {len(value)} entries for {n} prompts")
+    return list(value)
+
+
 @torch.inference_mode()
 def generate_steps(
     target: Target,
     drafter: DFlashDraft | None,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     mode: str = "dflash",
     block_size: int | None = None,
     ddtree_budget: int | None = None,
     sampling: SamplingParams = SamplingParams(),
-    stop_token_ids: Sequence[int] | None = None,
+    stop_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
 ) -> Iterator[StepRecord]:
     """Decode `prompts` together; yield one StepRecord per round (round 0 = first token).
 
-    block_size defaults to the drafter's; ddtree_budget (tree nodes besides the root)
-    defaults to block_size - 1; stop_token_ids default to the target's eos ids."""
-    block_size, budget = _validate(target, drafter, prompts, max_new_tokens, mode, block_size, ddtree_budget)
-    stops = set(target.cfg.eos_token_ids if stop_token_ids is None else stop_token_ids)
+    max_new_tokens: one limit for all, or one per prompt. stop_token_ids: one list for
+    all, one list per prompt, or None for the target's eos ids; a stop token is kept in
+    the output. block_size defaults to the drafter's; ddtree_budget (tree nodes besides
+    the root) defaults to block_size - 1. Everything is validated before any work."""
+    limits = _per_request(max_new_tokens, len(prompts), "max_new_tokens", nested=False)
+    stop_lists = _per_request(
+        target.cfg.eos_token_ids if stop_token_ids is None else stop_token_ids, len(prompts), "stop_token_ids", True
+    )
+    block_size, budget = _validate(target, drafter, prompts, limits, mode, block_size, ddtree_budget)
+    stops = [set(x) for x in stop_lists]
     spec = mode != "ar"
     dev = target.device
     gen = None if sampling.greedy else torch.Generator(dev).manual_seed(sampling.seed)
@@ -179,7 +196,7 @@ def generate_steps(
     lengths = [len(p) for p in prompts]
     B, P = len(prompts), max(lengths)
     width = 1 + (budget if mode == "ddtree" else block_size)
-    max_len = P + max_new_tokens + width
+    max_len = P + max(limits) + width
     st = _Batch(list(range(B)), None, None, None, None, target.new_cache(B, max_len),
                 drafter.new_cache(B, max_len) if spec else None)
     generated: list[list[int]] = [[] for _ in range(B)]
@@ -187,13 +204,13 @@ def generate_steps(
     def commit(new: list[list[int]]) -> tuple[list[list[int]], list[str | None]]:
         out, done = [], []
         for b, r in enumerate(st.rows):
-            toks = new[b][: max_new_tokens - len(generated[r])]
-            hit = next((i for i, t in enumerate(toks) if t in stops), None)
+            toks = new[b][: limits[r] - len(generated[r])]
+            hit = next((i for i, t in enumerate(toks) if t in stops[r]), None)
             if hit is not None:
                 toks = toks[: hit + 1]
             generated[r].extend(toks)
             out.append(toks)
-            done.append("stop" if hit is not None else "length" if len(generated[r]) >= max_new_tokens else None)
+            done.append("stop" if hit is not None else "length" if len(generated[r]) >= limits[r] else None)
         return out, done
 
     # Prefill: the prompts (right-padded), logits at each prompt's last position.
@@ -221,7 +238,7 @@ def generate_steps(
             st.keep(keep)
         rnd += 1
         t0 = _now()
-        left = max(max_new_tokens - len(generated[r]) for r in st.rows)
+        left = max(limits[r] - len(generated[r]) for r in st.rows)
         T = 1 if mode == "ar" else min(block_size, left)
         if mode == "ddtree" and T > 1:
             new, t1, t2 = _ddtree_round(target, drafter, st, T, budget, sampling, gen, capture)
@@ -308,7 +325,7 @@ def generate(
     target: Target,
     drafter: DFlashDraft | None,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     **kwargs,
 ) -> list[Generation]:
     """Run `generate_steps` to the end; one Generation (tokens + Stats) per prompt."""
