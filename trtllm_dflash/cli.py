@@ -21,6 +21,7 @@ COMMANDS = [
     "recipes",
     "check",
     "plan",
+    "convert",
     "deploy",
 ]
 

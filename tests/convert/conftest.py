@@ -1,0 +1,106 @@
+"""Tiny random checkpoints on disk (HF targets, z-lab drafters) and recipes pointing at them.
+
+Norm weights are randomised too (HF initialises them to ones), so a norm mapped to the wrong
+place changes the output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+VOCAB = 256
+
+
+def _perturb_norms(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+
+
+def make_target(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+    """A tiny HF model saved with save_pretrained (hidden 64, 2-4 layers, vocab 256)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )
+    common.update(overrides)
+    if arch == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    elif arch == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    elif arch == "qwen3_moe":
+        cfg = dict(common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**cfg))
+    else:
+        raise ValueError(arch)
+    _perturb_norms(model, seed + 100)
+    model.to(dtype).save_pretrained(path)
+    return path
+
+
+def make_drafter(path: Path, target_layers: int = 4, seed: int = 1, dtype=torch.float32, **overrides) -> Path:
+    """A tiny z-lab-layout DFlash drafter (2 layers) for a `make_target` model."""
+    from trtllm_dflash.reference import DFlashDraft, DraftConfig, save_drafter
+
+    raw = dict(
+        architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        rope_theta=10000.0, max_position_embeddings=512, block_size=8, num_target_layers=target_layers,
+        dflash_config={"target_layer_ids": [0, target_layers - 2], "mask_token_id": VOCAB - 1},
+    )
+    raw.update(overrides)
+    cfg = DraftConfig.from_dict(raw)
+    torch.manual_seed(seed)
+    model = DFlashDraft(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    save_drafter(model, path, dtype=dtype)
+    # z-lab configs are Qwen3 config dumps and carry vocab_size (the recipe's facts read it)
+    cfg_path = path / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "vocab_size": VOCAB}, indent=2))
+    return path
+
+
+def write_recipe(path: Path, target: Path, drafter: Path, tp: int = 1, fmt: str = "fp32", gpu: str = "cpu",
+                 backend: str = "reference", drafter_fmt: str | None = None, **sections) -> Path:
+    base = fmt if fmt in ("fp32", "bf16", "fp16") else ("fp32" if gpu == "cpu" else "bf16")
+    q = {"target_weights": fmt, "activations": base, "kv_cache": base, "drafter": drafter_fmt or base}
+    q.update(sections.pop("quantization", {}))
+    raw = {
+        "name": "tiny-test",
+        "hardware": {"gpu": gpu, "count": max(tp, 1) if gpu != "cpu" else 1},
+        "target": {"source": str(target)},
+        "drafter": {"source": str(drafter)},
+        "quantization": q,
+        "parallel": {"tp": tp},
+        "backend": backend,
+        "build": {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256},
+        "speculative": {"block_size": 8},
+        "sweep": {"concurrency": [1, 2], "input_len": 16, "output_len": 16},
+    }
+    raw.update(sections)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(target_dir, drafter_dir) for a tiny Qwen3 target, fp32."""
+    root = tmp_path_factory.mktemp("tiny-qwen3")
+    return make_target(root / "target", "qwen3"), make_drafter(root / "drafter")
+
+
+def read_config(directory: Path) -> dict:
+    return json.loads((directory / "config.json").read_text())

@@ -1,0 +1,637 @@
+"""`convert`: an HF target and a z-lab DFlash drafter -> the checkpoint layout a backend loads.
+
+Layouts (one output directory, written atomically, with a manifest of checksums):
+  trtllm  TensorRT-LLM 1.2.x unified checkpoints for the engine backend (and the reference
+          backend's tensor-parallel runs): `target/` and `drafter/`, each a `config.json`
+          (architecture, dtype, mapping, quantization, ...) plus `rank{r}.safetensors` per TP
+          rank with TensorRT-LLM names, fused QKV and column / row / vocab splits
+          (weight_maps.py); `tokenizer/` holds the target's tokenizer files.
+  hf      the HF layout TensorRT-LLM >= 1.3 loads for the pytorch backend: `target/` (HF names,
+          the recipe dtype, tokenizer files) and `drafter/` (z-lab names). TP happens at load
+          time there. Quantized HF checkpoints come from ModelOpt's export in `quantize`.
+
+Everything is validated before anything is written: the recipe (NVFP4 on Hopper is a recipe
+rule), both configs and their pairing, every source tensor's presence and shape (from the
+safetensors headers), tp against heads / KV heads / FFN width / vocabulary, and the output
+directory (`artifacts.atomic_stage_dir` refuses one holding a different checkpoint).
+
+Tensors stream: each rank's shard file is planned from the headers, then filled one tensor
+at a time, reading only the rows / columns that rank needs. Finished shard files are kept in
+a hidden resume directory next to the output (`.NAME.resume/`, never complete-looking: no
+manifest); `--resume` skips the ones whose inputs and settings match, and the resume
+directory goes away once the output directory is in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal, Protocol
+
+import torch
+
+from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, sha256_file
+from trtllm_dflash.convert.safetensors_stream import CODE_DTYPES, Checkpoint, StreamWriter
+from trtllm_dflash.convert.weight_maps import (
+    DRAFTER_MAP,
+    WEIGHT_MAPS,
+    ArchMap,
+    Entry,
+    Heads,
+    Read,
+    combine,
+    layer_entries,
+    plan_reads,
+    planned_shape,
+)
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe import Recipe
+
+Layout = Literal["trtllm", "hf"]
+Role = Literal["target", "drafter"]
+LAYOUTS: tuple[str, ...] = ("trtllm", "hf")
+BACKEND_LAYOUT: dict[str, Layout] = {"engine": "trtllm", "reference": "trtllm", "pytorch": "hf"}
+FORMAT_VERSION = 1
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One output tensor of one rank, before any transform (cast / quantization)."""
+
+    name: str
+    entry: Entry
+    layer: int | None
+    reads: list[list[Read]]
+    shape: tuple[int, ...]
+    source_dtype: torch.dtype
+    group: tuple[str, ...]  # source modules whose scales this tensor shares (linear entries)
+    experts: int = 0
+
+
+@dataclass
+class ModelPlan:
+    role: Role
+    arch_map: ArchMap
+    tp: int
+    heads: Heads
+    ranks: list[list[PlannedTensor]]
+    config: dict  # config.json without the quantization section
+    num_layers: int
+
+
+class Transform(Protocol):
+    """What happens to each planned tensor on its way to the file (cast, or quantize)."""
+
+    def validate(self, plan: ModelPlan) -> None: ...
+    def dtype(self, role: Role) -> torch.dtype: ...
+    def outputs(self, role: Role, t: PlannedTensor) -> list[tuple[str, tuple[int, ...], torch.dtype]]: ...
+    def apply(self, role: Role, t: PlannedTensor, x: torch.Tensor) -> dict[str, torch.Tensor]: ...
+    def extras(self, role: Role, layer: int, rank: int) -> dict[str, torch.Tensor]: ...
+    def quantization(self, role: Role) -> dict: ...
+    def describe(self) -> dict: ...
+
+
+class Cast:
+    """No quantization: every tensor in the model's dtype (or the entry's forced dtype)."""
+
+    def __init__(self, dtypes: dict[str, torch.dtype]):
+        self.dtypes = dtypes  # role -> dtype
+
+    def validate(self, plan: ModelPlan) -> None:
+        pass
+
+    def dtype(self, role: Role) -> torch.dtype:
+        return self.dtypes[role]
+
+    def _dtype(self, role: Role, t: PlannedTensor) -> torch.dtype:
+        return getattr(torch, t.entry.dtype) if t.entry.dtype else self.dtypes[role]
+
+    def outputs(self, role, t):
+        return [(t.name, t.shape, self._dtype(role, t))]
+
+    def apply(self, role, t, x):
+        return {t.name: x.to(self._dtype(role, t))}
+
+    def extras(self, role, layer, rank):
+        return {}
+
+    def quantization(self, role):
+        return {"quant_algo": None, "kv_cache_quant_algo": None}
+
+    def describe(self):
+        return {"transform": "cast", "dtypes": {k: DTYPE_NAMES[v] for k, v in self.dtypes.items()}}
+
+
+def model_dtype(fmt: str, fallback: str) -> torch.dtype:
+    """The high-precision dtype a checkpoint keeps: the format itself, else the fallback's."""
+    if fmt in TORCH_DTYPES:
+        return TORCH_DTYPES[fmt]
+    return TORCH_DTYPES.get(fallback, torch.bfloat16)
+
+
+def default_dtypes(recipe: Recipe) -> dict[str, torch.dtype]:
+    """Unquantized tensors: the recipe's weight dtype; for fp8 / nvfp4 weights, the activation
+    dtype if that is a float format, else bf16."""
+    q = recipe.quantization
+    return {"target": model_dtype(q.target_weights, q.activations), "drafter": model_dtype(q.drafter, q.activations)}
+
+
+def _local_dir(src, field: str) -> Path:
+    path = src.path
+    if path is None:
+        raise UserError(
+            f"{field}.source: {src.source!r} is not a local directory; download the checkpoint "
+            f"(e.g. huggingface-cli download {src.source} --local-dir DIR) and set {field}.source to DIR"
+        )
+    if not (path / "config.json").is_file():
+        raise UserError(f"{field}.source: {path} has no config.json")
+    return path
+
+
+def _read_json(path: Path) -> dict:
+    from trtllm_dflash.reference.config import read_json
+
+    return read_json(path)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_tp(who: str, tp: int, sizes: dict[str, int], kv_heads: int) -> None:
+    """tp must divide every split dimension; KV heads may be replicated instead."""
+    for name, n in sizes.items():
+        if n % tp:
+            raise UserError(
+                f"parallel.tp: {tp} does not divide the {who}'s {name} {n}; allowed tp: {', '.join(map(str, _divisors(n)))}"
+            )
+    if kv_heads % tp and tp % kv_heads:
+        raise UserError(
+            f"parallel.tp: {tp} and the {who}'s num_key_value_heads {kv_heads}: one must divide the other "
+            f"(tp > num_key_value_heads replicates KV heads)"
+        )
+
+
+def _expected_shapes(role: Role, cfg) -> dict[str, tuple[int, ...]]:
+    """Every source tensor and its shape, from the reference model built on the meta device."""
+    from trtllm_dflash.reference.draft import DFlashDraft
+    from trtllm_dflash.reference.target import Target
+
+    with torch.device("meta"):
+        model = Target(cfg) if role == "target" else DFlashDraft(cfg)
+    state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if role == "drafter":
+        return state
+    out = {(k if k.startswith("lm_head.") else f"model.{k}"): s for k, s in state.items()}
+    if cfg.tie_word_embeddings:
+        out.pop("lm_head.weight")
+    return out
+
+
+def _check_sources(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], who: str) -> None:
+    for name, shape in expected.items():
+        info = ckpt.tensors.get(name)
+        if info is None:
+            raise UserError(f"{who} {ckpt.directory}: missing tensor {name} (expected shape {list(shape)})")
+        if info.shape != shape:
+            raise UserError(f"{who} {info.file.name}: tensor {name} has shape {list(info.shape)}, expected {list(shape)}")
+        if info.dtype not in CODE_DTYPES or CODE_DTYPES[info.dtype] not in DTYPE_NAMES:
+            raise UserError(f"{who} {info.file.name}: tensor {name} has dtype {info.dtype}; expected F32, BF16 or F16")
+
+
+def _module(name: str) -> str:
+    return name.rsplit(".", 1)[0]
+
+
+def _plan_model(
+    role: Role,
+    arch_map: ArchMap,
+    cfg,
+    tp: int,
+    sources: dict[str, Checkpoint],
+    tied_lm_head: bool,
+) -> list[list[PlannedTensor]]:
+    """Every rank's output tensors, in file order."""
+    shapes = {n: i.shape for c in sources.values() for n, i in c.tensors.items()}
+    dtypes = {n: CODE_DTYPES[i.dtype] for c in sources.values() for n, i in c.tensors.items()}
+    heads = Heads(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    moe = getattr(cfg, "moe", None)
+    entries: list[tuple[Entry, int | None]] = [(e, None) for e in arch_map.top]
+    for i in range(cfg.num_layers):
+        sparse = moe is not None and moe.sparse_layers[i]
+        es = layer_entries(
+            arch_map,
+            qk_norm=role == "drafter" or cfg.qk_norm,
+            attention_bias=cfg.attention_bias,
+            mlp_bias=getattr(cfg, "mlp_bias", False),
+            sparse=sparse,
+        )
+        entries += [(e, i) for e in es]
+    ranks = []
+    for rank in range(tp):
+        planned = []
+        for entry, layer in entries:
+            if tied_lm_head and entry.src == ("lm_head.weight",):
+                entry = dataclasses.replace(entry, src=("model.embed_tokens.weight",))
+            experts = moe.num_experts if (moe is not None and entry.rule.startswith("experts_")) else 0
+            reads = plan_reads(entry, layer, rank, tp, shapes, heads, experts)
+            group: tuple[str, ...] = ()
+            if entry.linear:
+                members = [entry] if entry.share is None else [e for e, l in entries if l == layer and e.share == entry.share]
+                group = tuple(_module(r.name) for m in members for piece in plan_reads(m, layer, 0, 1, shapes, heads, experts) for r in piece)
+            planned.append(
+                PlannedTensor(
+                    name=entry.dst.replace("{}", str(layer)) if layer is not None else entry.dst,
+                    entry=entry,
+                    layer=layer,
+                    reads=reads,
+                    shape=planned_shape(entry, reads, shapes),
+                    source_dtype=dtypes[reads[0][0].name],
+                    group=group,
+                    experts=experts,
+                )
+            )
+        ranks.append(planned)
+    return ranks
+
+
+def _rope_config(rope) -> dict:
+    out: dict = {"position_embedding_type": "rope_gpt_neox", "rotary_base": rope.theta, "rotary_scaling": None}
+    if rope.scaling is not None:
+        if rope.scaling[0] == "linear":
+            out["rotary_scaling"] = {"type": "linear", "factor": rope.scaling[1]}
+        else:
+            _, factor, low, high, old = rope.scaling
+            out["rotary_scaling"] = {
+                "type": "llama3", "factor": factor, "low_freq_factor": low,
+                "high_freq_factor": high, "original_max_position_embeddings": int(old),
+            }
+    return out
+
+
+def _mapping(tp: int, moe: bool) -> dict:
+    m = {"world_size": tp, "tp_size": tp, "pp_size": 1, "cp_size": 1}
+    if moe:
+        m.update(moe_tp_size=tp, moe_ep_size=1)
+    return m
+
+
+def target_config(cfg, raw: dict, arch_map: ArchMap, tp: int, dtype: torch.dtype, generation: dict | None) -> dict:
+    """TensorRT-LLM 1.2.x PretrainedConfig fields of the target (plus our `hf_config`)."""
+    out = {
+        "architecture": arch_map.architecture,
+        "dtype": DTYPE_NAMES[dtype],
+        "logits_dtype": "float32",
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_size": cfg.head_dim,
+        "hidden_act": "silu",
+        "intermediate_size": cfg.intermediate_size,
+        "norm_epsilon": cfg.rms_norm_eps,
+        **_rope_config(cfg.rope),
+        "use_parallel_embedding": True,
+        "embedding_sharding_dim": 0,
+        "share_embedding_table": False,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attn_bias": cfg.attention_bias,
+        "mlp_bias": cfg.mlp_bias,
+        "mapping": _mapping(tp, cfg.moe is not None),
+    }
+    if cfg.arch in ("qwen3", "qwen3_moe"):
+        out["qwen_type"] = cfg.arch
+    if cfg.moe is not None:
+        out["moe_intermediate_size"] = cfg.moe.intermediate_size
+        out["moe"] = {
+            "num_experts": cfg.moe.num_experts,
+            "top_k": cfg.moe.top_k,
+            "normalization_mode": 1 if cfg.moe.norm_topk_prob else 0,  # RENORMALIZE : NONE
+        }
+        out["mlp_only_layers"] = [i for i, s in enumerate(cfg.moe.sparse_layers) if not s]
+    out["hf_config"] = raw
+    out["generation_config"] = generation
+    return out
+
+
+def drafter_config(dcfg, raw: dict, tcfg, tp: int, dtype: torch.dtype) -> dict:
+    """Our drafter engine's config.json (TensorRT-LLM PretrainedConfig fields + DFlash keys)."""
+    return {
+        "architecture": DRAFTER_MAP.architecture,
+        "dtype": DTYPE_NAMES[dtype],
+        "logits_dtype": "float32",
+        "vocab_size": tcfg.vocab_size,
+        "max_position_embeddings": dcfg.max_position_embeddings,
+        "hidden_size": dcfg.hidden_size,
+        "num_hidden_layers": dcfg.num_layers,
+        "num_attention_heads": dcfg.num_heads,
+        "num_key_value_heads": dcfg.num_kv_heads,
+        "head_size": dcfg.head_dim,
+        "hidden_act": "silu",
+        "intermediate_size": dcfg.intermediate_size,
+        "norm_epsilon": dcfg.rms_norm_eps,
+        **_rope_config(dcfg.rope),
+        "use_parallel_embedding": True,
+        "embedding_sharding_dim": 0,
+        "attn_bias": dcfg.attention_bias,
+        "mapping": _mapping(tp, False),
+        "dflash": {
+            "block_size": dcfg.block_size,
+            "mask_token_id": dcfg.mask_token_id,
+            "target_layer_ids": list(dcfg.target_layer_ids),
+            "num_target_layers": dcfg.num_target_layers,
+            "layer_types": list(dcfg.layer_types),
+            "causal": list(dcfg.causal),
+            "sliding_window": dcfg.sliding_window,
+        },
+        "hf_config": raw,
+    }
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+@dataclass
+class Sources:
+    """Validated inputs of a conversion."""
+
+    target_dir: Path
+    drafter_dir: Path
+    target_cfg: object
+    drafter_cfg: object
+    target_raw: dict
+    drafter_raw: dict
+    generation: dict | None
+    target: Checkpoint
+    drafter: Checkpoint
+
+    def input_files(self) -> list[tuple[str, Path]]:
+        files = [("target", p) for p in self.target.files] + [("drafter", p) for p in self.drafter.files]
+        files += [("target", self.target_dir / "config.json"), ("drafter", self.drafter_dir / "config.json")]
+        return files
+
+
+def load_sources(recipe: Recipe) -> Sources:
+    """Read and check both configs, their pairing and every tensor header. Reads no weights."""
+    from trtllm_dflash.reference.config import DraftConfig, TargetConfig
+    from trtllm_dflash.reference.loading import check_pair
+
+    tdir, ddir = _local_dir(recipe.target, "target"), _local_dir(recipe.drafter, "drafter")
+    traw, draw = _read_json(tdir / "config.json"), _read_json(ddir / "config.json")
+    arch = traw.get("model_type")
+    if arch not in WEIGHT_MAPS:
+        raise UserError(
+            f"target {tdir}/config.json: model_type {arch!r} has no weight map; "
+            f"supported: {', '.join(WEIGHT_MAPS)} (adding one is adding a map to convert/weight_maps.py)"
+        )
+    tcfg = TargetConfig.from_dict(traw, f"target {tdir}/config.json")
+    dcfg = DraftConfig.from_dict(draw, f"drafter {ddir}/config.json")
+    check_pair(dcfg, tcfg, f"drafter {ddir}/config.json")
+    gen = _read_json(tdir / "generation_config.json") if (tdir / "generation_config.json").is_file() else None
+    target, drafter = Checkpoint(tdir, "target"), Checkpoint(ddir, "drafter")
+    _check_sources(target, _expected_shapes("target", tcfg), "target")
+    _check_sources(drafter, _expected_shapes("drafter", dcfg), "drafter")
+    return Sources(tdir, ddir, tcfg, dcfg, traw, draw, gen, target, drafter)
+
+
+def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
+    t, d = src.target_cfg, src.drafter_cfg
+    sizes = {"num_attention_heads": t.num_heads, "vocab_size": t.vocab_size}
+    if t.moe is None or not all(t.moe.sparse_layers):
+        sizes["intermediate_size"] = t.intermediate_size
+    if t.moe is not None:
+        sizes["moe_intermediate_size"] = t.moe.intermediate_size
+    check_tp("target", tp, sizes, t.num_kv_heads)
+    check_tp(
+        "drafter", tp,
+        {"num_attention_heads": d.num_heads, "intermediate_size": d.intermediate_size, "hidden_size": d.hidden_size},
+        d.num_kv_heads,
+    )
+    arch_map = WEIGHT_MAPS[t.arch]
+    tied = t.tie_word_embeddings and "lm_head.weight" not in src.target.tensors
+    plans: dict[Role, ModelPlan] = {}
+    plans["target"] = ModelPlan(
+        "target", arch_map, tp, Heads(t.num_heads, t.num_kv_heads, t.head_dim),
+        _plan_model("target", arch_map, t, tp, {"self": src.target}, tied),
+        {}, t.num_layers,
+    )
+    plans["drafter"] = ModelPlan(
+        "drafter", DRAFTER_MAP, tp, Heads(d.num_heads, d.num_kv_heads, d.head_dim),
+        _plan_model("drafter", DRAFTER_MAP, d, tp, {"self": src.drafter, "target": src.target}, tied),
+        {}, d.num_layers,
+    )
+    for role, plan in plans.items():  # every source tensor is consumed: the map is complete
+        ckpt = src.target if role == "target" else src.drafter
+        used = {r.name for t_ in plan.ranks[0] for piece in t_.reads for r in piece}
+        unused = sorted(set(_expected_shapes(role, src.target_cfg if role == "target" else src.drafter_cfg)) - used)
+        if unused:
+            raise UserError(f"{role} {ckpt.directory}: the {plan.arch_map.architecture} weight map does not convert {', '.join(unused[:3])}")
+    return plans
+
+
+def _fingerprint(recipe: Recipe, layout: str, inputs: list[dict], transform: Transform, tp: int) -> str:
+    blob = json.dumps(
+        {"v": FORMAT_VERSION, "recipe": recipe.sha256(), "layout": layout, "tp": tp, "inputs": inputs, "transform": transform.describe()},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class _Progress:
+    """A rich progress bar over shard files, or nothing."""
+
+    def __init__(self, enabled: bool):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def task(self, description: str, total: int):
+        if not self.bar:
+            return lambda n=1: None
+        tid = self.bar.add_task(description, total=total)
+        return lambda n=1: self.bar.advance(tid, n)
+
+
+def _write_rank(path: Path, role: Role, planned: list[PlannedTensor], rank: int, num_layers: int,
+                sources: dict[str, Checkpoint], transform: Transform, advance) -> None:
+    extras = {k: v for layer in range(num_layers) for k, v in transform.extras(role, layer, rank).items()}
+    specs = [spec for t in planned for spec in transform.outputs(role, t)]
+    specs += [(k, tuple(v.shape), v.dtype) for k, v in extras.items()]
+    writer = StreamWriter(path, specs)
+    try:
+        for t in planned:
+            ckpt = sources["target"] if t.entry.origin == "target" else sources["self"]
+            x = combine(t.entry, [[ckpt.read(r.name, r.dim, r.start, r.stop) for r in piece] for piece in t.reads])
+            for name, value in transform.apply(role, t, x).items():
+                writer.write(name, value)
+            advance()
+        for k, v in extras.items():
+            writer.write(k, v)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _aux_files(directory: Path) -> Iterator[Path]:
+    """Tokenizer and generation files of a model directory (everything but weights and config.json)."""
+    for p in sorted(directory.iterdir()):
+        if p.is_file() and p.name != "config.json" and not p.name.endswith(_WEIGHT_SUFFIXES) and not p.name.endswith(".index.json"):
+            yield p
+
+
+def convert(
+    recipe: Recipe,
+    out: Path,
+    *,
+    layout: Layout | None = None,
+    transform: Transform | None = None,
+    stage: str = "convert",
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    extra: dict | None = None,
+    extra_files: dict[str, Path] | None = None,
+) -> Path:
+    """Write the checkpoint directory `out` for `recipe`; see the module docstring."""
+    out = Path(out)
+    layout = layout or BACKEND_LAYOUT[recipe.backend.name]
+    if layout not in LAYOUTS:
+        raise UserError(f"--layout {layout!r}: allowed: {', '.join(LAYOUTS)}")
+    tp = recipe.parallel.tp
+    src = load_sources(recipe)
+    transform = transform or Cast(default_dtypes(recipe))
+    if layout == "trtllm":
+        plans = plan_trtllm(src, tp)
+        for plan in plans.values():
+            transform.validate(plan)
+    else:
+        if not isinstance(transform, Cast):
+            raise UserError("the hf layout is written unquantized here; quantized HF checkpoints come from `quantize` (ModelOpt export)")
+        plans = plan_hf(src)
+
+    inputs = [{"role": role, "path": str(p), "sha256": sha256_file(p)} for role, p in src.input_files()]
+    fingerprint = _fingerprint(recipe, layout, inputs, transform, tp)
+    manifest = Manifest(
+        stage=stage, recipe=recipe.name, recipe_sha256=recipe.sha256(), inputs=inputs,
+        extra={"layout": layout, "tp": tp, "transform": transform.describe(), "fingerprint": fingerprint, **(extra or {})},
+    )
+    work = out.parent / f".{out.name}.resume"
+    with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
+        state = _resume_state(work, fingerprint, resume)
+        sources = {"target": {"self": src.target}, "drafter": {"self": src.drafter, "target": src.target}}
+        with _Progress(progress) as bar:
+            for role, plan in plans.items():
+                for rank, planned in enumerate(plan.ranks):
+                    rel = f"{role}/{'model' if layout == 'hf' else f'rank{rank}'}.safetensors"
+                    done = state["done"].get(rel)
+                    if done is not None and (work / rel).is_file() and sha256_file(work / rel) == done:
+                        continue
+                    (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                    partial = work / (rel + ".partial")
+                    advance = bar.task(f"{role} {'' if layout == 'hf' else f'rank {rank}/{tp}'}".strip(), len(planned))
+                    _write_rank(partial, role, planned, rank, plan.num_layers, sources[role], transform, advance)
+                    partial.rename(work / rel)
+                    state["done"][rel] = sha256_file(work / rel)
+                    (work / "state.json").write_text(json.dumps(state, indent=1))
+                    _link_or_copy(work / rel, tmp / rel)
+                for rank in range(len(plan.ranks)):
+                    rel = f"{role}/{'model' if layout == 'hf' else f'rank{rank}'}.safetensors"
+                    if not (tmp / rel).exists():
+                        _link_or_copy(work / rel, tmp / rel)
+        _write_configs(tmp, layout, src, plans, transform)
+        for name, path in (extra_files or {}).items():
+            _link_or_copy(path, tmp / name)
+    shutil.rmtree(work, ignore_errors=True)
+    src.target.close()
+    src.drafter.close()
+    return out
+
+
+def _resume_state(work: Path, fingerprint: str, resume: bool) -> dict:
+    fresh = {"fingerprint": fingerprint, "done": {}}
+    if not resume:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        (work / "state.json").write_text(json.dumps(fresh))
+        return fresh
+    if not (work / "state.json").is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "state.json").write_text(json.dumps(fresh))
+        return fresh
+    state = json.loads((work / "state.json").read_text())
+    if state.get("fingerprint") != fingerprint:
+        raise UserError(
+            f"{work}: resume data was written for other inputs or settings; run without --resume to start over"
+        )
+    return state
+
+
+def _write_configs(tmp: Path, layout: str, src: Sources, plans: dict, transform: Transform) -> None:
+    if layout == "hf":
+        for role, raw in (("target", src.target_raw), ("drafter", src.drafter_raw)):
+            cfg = dict(raw)
+            cfg["torch_dtype" if "torch_dtype" in cfg else "dtype"] = DTYPE_NAMES[transform.dtype(role)]
+            (tmp / role / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        for p in _aux_files(src.target_dir):
+            _link_or_copy(p, tmp / "target" / p.name)
+        return
+    t, d = src.target_cfg, src.drafter_cfg
+    tp = plans["target"].tp
+    tdtype, ddtype = transform.dtype("target"), transform.dtype("drafter")
+    tc = target_config(t, src.target_raw, plans["target"].arch_map, tp, tdtype, src.generation)
+    tc["quantization"] = transform.quantization("target")
+    dc = drafter_config(d, src.drafter_raw, t, tp, ddtype)
+    dc["quantization"] = transform.quantization("drafter")
+    (tmp / "target" / "config.json").write_text(json.dumps(tc, indent=2) + "\n")
+    (tmp / "drafter" / "config.json").write_text(json.dumps(dc, indent=2) + "\n")
+    for p in _aux_files(src.target_dir):
+        _link_or_copy(p, tmp / "tokenizer" / p.name)
+
+
+# ----------------------------------------------------------------------------- hf layout
+
+
+def plan_hf(src: Sources) -> dict[Role, ModelPlan]:
+    """Identity maps: HF / z-lab names kept, one file per model, cast to the model dtype."""
+    plans = {}
+    for role, ckpt, cfg in (("target", src.target, src.target_cfg), ("drafter", src.drafter, src.drafter_cfg)):
+        expected = _expected_shapes(role, cfg)
+        planned = [
+            PlannedTensor(name, Entry(name, (name,), "replicate"), None, [[Read(name)]], shape, CODE_DTYPES[ckpt.tensors[name].dtype], ())
+            for name, shape in expected.items()
+        ]
+        plans[role] = ModelPlan(role, ArchMap(role, (), ()), 1, Heads(1, 1, 1), [planned], {}, 0)
+    return plans
