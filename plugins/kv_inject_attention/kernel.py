@@ -29,6 +29,7 @@ import triton.language as tl
 from . import checks
 from .checks import AttentionProblem, tensor_meta
 
+
 @triton.jit
 def _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale,
                          DOT_DTYPE: tl.constexpr, INPUT_PRECISION: tl.constexpr):

@@ -26,6 +26,8 @@ NOTE: no `from __future__ import annotations` in this file: `tensorrt.plugin` in
 the decorated functions' annotations as real classes.
 """
 
+import inspect
+import os
 import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
@@ -110,6 +112,7 @@ class CompiledKernel:
     shared_mem: int  # bytes of dynamic shared memory per block
     block_m: int  # query rows per program (grid dim 1 = ceil(T * GROUP / block_m))
     num_params: int  # .param entries of the PTX entry point
+    abi_params: int  # what TensorRT passes: input pointers + int32 extra args + output pointer
 
 
 def compile_attention_kernel(problem: AttentionProblem, target=None) -> CompiledKernel:
@@ -147,7 +150,10 @@ def compile_attention_kernel(problem: AttentionProblem, target=None) -> Compiled
         HAS_KV_SCALE=p.cache_dtype == checks.FP8_CACHE_DTYPE, **kernel.dot_config(p.dtype, upcast=False),
     )
     signature.update({name: "constexpr" for name in constexprs})
-    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    # triton < 3.3 (e.g. 3.2.0, pinned by TensorRT 10.14's QDP sample) calls it `constants`.
+    constexpr_kw = "constexprs" if "constexprs" in inspect.signature(triton.compiler.ASTSource).parameters \
+        else "constants"
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, **{constexpr_kw: constexprs})
     # Software pipelining stages tiles in shared memory. Above 48 KiB a launch must opt in
     # (cuFuncSetAttribute), which we cannot ask of TensorRT's AOT launcher: pipeline less instead.
     for num_stages in (3, 2, 1):
@@ -167,7 +173,31 @@ def compile_attention_kernel(problem: AttentionProblem, target=None) -> Compiled
     entry = re.search(r"\.entry\s+" + re.escape(meta.name) + r"\s*\((.*?)\)", ptx, re.S)
     num_params = entry.group(1).count(".param") if entry else -1
     return CompiledKernel(name=meta.name, ptx=ptx, num_warps=tiles["num_warps"], shared_mem=meta.shared,
-                          block_m=tiles["BLOCK_M"], num_params=num_params)
+                          block_m=tiles["BLOCK_M"], num_params=num_params,
+                          abi_params=len(signature) - len(constexprs))
+
+
+ALLOW_EXTRA_PARAMS_ENV = "TRTLLM_DFLASH_AOT_ALLOW_EXTRA_PARAMS"
+
+
+def check_launch_abi(compiled: CompiledKernel) -> None:
+    """Refuse PTX whose entry point takes more parameters than TensorRT passes.
+
+    Triton >= 3.3 appends pointer parameters (global / profile scratch) to every kernel;
+    TensorRT's AOT launcher passes exactly the inputs, the int32 extra args and the
+    outputs, so the driver would read past its argument array. Triton 3.2.0 (what
+    TensorRT 10.14's plugin sample pins) emits no extra parameters. Setting
+    TRTLLM_DFLASH_AOT_ALLOW_EXTRA_PARAMS=1 skips this check, for when a GPU run has shown
+    that the TensorRT in use copes.
+    """
+    if compiled.num_params == compiled.abi_params or os.environ.get(ALLOW_EXTRA_PARAMS_ENV) == "1":
+        return
+    import triton
+
+    raise NotImplementedError(
+        f"{PLUGIN_ID}: triton {triton.__version__} compiled {compiled.name} with {compiled.num_params} PTX "
+        f"parameters, but a TensorRT AOT plugin launch passes {compiled.abi_params} (inputs, int32 args, output); "
+        f"build engines with triton==3.2.0, or set {ALLOW_EXTRA_PARAMS_ENV}=1 once a GPU run proved it safe")
 
 
 _REGISTERED = None
@@ -203,6 +233,7 @@ def register_plugin():
         descs = (q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale)
         problem = plugin_problem([desc_meta(d) for d in descs], scale, causal_block, window)
         compiled = compile_attention_kernel(problem)
+        check_launch_abi(compiled)
         B, T, S = q.shape_expr[0], q.shape_expr[1], k_cache.shape_expr[1]
         G = problem.group_size
 

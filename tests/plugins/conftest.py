@@ -24,7 +24,8 @@ if not ON_GPU:
 @pytest.fixture(scope="session")
 def kernel():
     """The kernel module, compiled on a GPU, interpreted on CPU."""
-    pytest.importorskip("triton", reason="triton is not installed (pip install 'trtllm_dflash[kernels]')")
+    pytest.importorskip("triton", reason="triton is not installed (pip install 'trtllm_dflash[kernels]')",
+                        exc_type=ImportError)
     from trtllm_dflash.plugins.kv_inject_attention import kernel as module
 
     if not ON_GPU:
