@@ -23,6 +23,7 @@ COMMANDS = [
     "plan",
     "convert",
     "deploy",
+    "generate",
 ]
 
 

@@ -58,7 +58,7 @@ def make_drafter(directory: Path, target_dir: Path, seed: int = 0, layers: int =
         hidden_size=tcfg.hidden_size, intermediate_size=96, num_layers=layers, num_heads=4, num_kv_heads=2,
         head_dim=16, rms_norm_eps=1e-6, rope=tcfg.rope.__class__(10000.0), max_position_embeddings=4096,
         block_size=block_size, target_layer_ids=tuple(target_layer_ids), mask_token_id=tcfg.vocab_size - 1,
-        num_target_layers=tcfg.num_layers, **kw,
+        num_target_layers=tcfg.num_layers, vocab_size=tcfg.vocab_size, **kw,
     )
     model = DFlashDraft(cfg)
     with torch.no_grad():

@@ -257,6 +257,7 @@ class DraftConfig:
     sliding_window: int | None = None
     causal: tuple[bool, ...] = ()  # per layer: causal inside the block
     attention_bias: bool = False
+    vocab_size: int | None = None  # the target's; recorded in config.json, unused by the drafter
 
     def __post_init__(self):
         if not self.layer_types:
@@ -321,6 +322,7 @@ class DraftConfig:
             sliding_window=window,
             causal=() if causal_override is None else (causal_override,) * layers,
             attention_bias=f.bool("attention_bias", False),
+            vocab_size=f.int("vocab_size", None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -350,6 +352,8 @@ class DraftConfig:
             "num_target_layers": self.num_target_layers,
             "dflash_config": {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id},
         }
+        if self.vocab_size is not None:
+            out["vocab_size"] = self.vocab_size
         default_causal = tuple(t == "sliding_attention" for t in self.layer_types)
         if self.causal != default_causal:
             if len(set(self.causal)) != 1:
