@@ -1,0 +1,83 @@
+"""Corpus selection and the by-file train/held-out split."""
+
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.train.corpus import is_heldout, list_files, load_corpus
+
+BODY = "def f(x):\n    return x + 1\n" * 20  # 540 characters, above the 200 minimum
+
+
+def _make_tree(root: Path, n_plain: int = 60) -> None:
+    files = {f"mod{i:02d}.py": BODY + f"# {i}\n" for i in range(n_plain)}
+    files.update({
+        "pkg/sub/deep.py": BODY,
+        "tiny.py": "x = 1\n",  # below min_chars
+        "test/test_x.py": BODY,
+        "pkg/tests/test_y.py": BODY,
+        "idlelib/editor.py": BODY,
+        "idlelib/idle_test/t.py": BODY,
+        "site-packages/numpy/core.py": BODY,
+        "pydoc_data/topics.py": BODY,
+        "_sysconfigdata__linux_x86_64-linux-gnu.py": BODY,
+        "config-3.11-x86_64-linux-gnu/python-config.py": BODY,
+        "notes.txt": BODY,
+    })
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    (root / "latin1.py").write_bytes(b"# caf\xe9\n" + BODY.encode())  # not UTF-8: skipped
+
+
+def test_selection_rules(tmp_path):
+    _make_tree(tmp_path)
+    paths = [f.path for f in list_files(tmp_path)]
+    assert paths == sorted(paths)
+    assert "pkg/sub/deep.py" in paths
+    assert len(paths) == 61  # 60 plain modules + pkg/sub/deep.py; everything else is excluded
+
+
+def test_split_is_deterministic_disjoint_and_recorded(tmp_path):
+    _make_tree(tmp_path)
+    a = load_corpus(tmp_path, heldout_fraction=0.2)
+    b = load_corpus(tmp_path, heldout_fraction=0.2)
+    train = {f.path for f in a.train}
+    held = {f.path for f in a.heldout}
+    assert train and held and not train & held
+    assert train | held == {f.path for f in list_files(tmp_path)}
+    assert [f.path for f in b.train] == [f.path for f in a.train]
+    assert a.info.heldout_files == sorted(held) == [f.path for f in b.heldout]
+    assert a.info.fingerprint == b.info.fingerprint
+    assert a.info.num_files == len(train) + len(held)
+
+
+def test_split_of_a_file_does_not_depend_on_other_files(tmp_path):
+    _make_tree(tmp_path)
+    before = {f.path for f in load_corpus(tmp_path, heldout_fraction=0.2).heldout}
+    (tmp_path / "added_later.py").write_text(BODY)
+    after = load_corpus(tmp_path, heldout_fraction=0.2)
+    assert {f.path for f in after.heldout} - {"added_later.py"} == before
+    assert is_heldout("added_later.py", 0.2) == ("added_later.py" in after.info.heldout_files)
+
+
+def test_bad_inputs_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="not a directory"):
+        list_files(tmp_path / "missing")
+    with pytest.raises(UserError, match="no .py files"):
+        list_files(tmp_path)
+    _make_tree(tmp_path)
+    with pytest.raises(UserError, match="heldout_fraction"):
+        load_corpus(tmp_path, heldout_fraction=1.5)
+
+
+def test_real_stdlib_corpus():
+    c = load_corpus()
+    held = {f.path for f in c.heldout}
+    assert c.info.num_files > 300  # CPython 3.10-3.13 each have 600+ qualifying files
+    assert held and not held & {f.path for f in c.train}
+    assert not any(p.startswith(("test/", "idlelib/")) or "/test/" in p or "/tests/" in p
+                   for p in held | {f.path for f in c.train})
+    assert c.info.fingerprint == load_corpus().info.fingerprint

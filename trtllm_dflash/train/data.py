@@ -1,0 +1,234 @@
+"""Drafter training data: the target's own greedy continuations ("target alignment").
+
+For each sequence: a prompt of `prompt_len` tokens at a random offset in the TRAIN split
+(windows that contain `<|endoftext|>` are redrawn, so a prompt never spans two files),
+then `gen_len` tokens of the target's greedy output, decoded in batches with a KV cache in
+fp32 (the precision the reference backend verifies in, so the drafter learns exactly the
+tokens it will be checked against).
+
+Output directory (each file written to a temporary name and renamed):
+- `continuations.safetensors`
+    input_ids  int64 [N, prompt_len + gen_len]  prompt then greedy continuation
+    loss_mask  uint8 [N, prompt_len + gen_len]  1 on generated tokens up to and including
+                                                 the first eos, 0 on the prompt and after it
+- `heldout_prompts.safetensors` (evaluation; prompts from the HELD-OUT files)
+    prompt_ids int64 [M, eval_prompt_len]        evenly spaced windows without eos
+    greedy_ids int64 [M, eval_gen_len]           the target's fp32 greedy continuation
+- `meta.json`: lengths, counts, seeds, dtype, the target's weight checksum, corpus info.
+
+    python -m trtllm_dflash.train.data --target TARGET_DIR --out DATA_DIR --num-seqs 10240
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trtllm_dflash.errors import UserError
+
+FORMAT_VERSION = 1
+
+
+def sample_train_prompts(tokens: torch.Tensor, n: int, prompt_len: int, seed: int, eos_id: int) -> torch.Tensor:
+    """`n` windows of `prompt_len` tokens at uniform random offsets, none containing eos.  # [n, P]"""
+    hi = tokens.numel() - prompt_len
+    if hi < 0:
+        raise UserError(f"token stream of {tokens.numel()} tokens is shorter than prompt_len={prompt_len}")
+    # eos_count[i] = number of eos tokens in tokens[:i]; a window [s, s+P) is clean iff the counts match.
+    eos_count = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(tokens == eos_id, 0)])
+    gen = torch.Generator().manual_seed(seed)
+    chosen: list[torch.Tensor] = []
+    have = 0
+    for _ in range(1000):
+        s = torch.randint(0, hi + 1, (2 * (n - have) + 16,), generator=gen)
+        s = s[eos_count[s + prompt_len] == eos_count[s]][: n - have]
+        chosen.append(s)
+        have += s.numel()
+        if have == n:
+            break
+    else:
+        raise UserError(f"could not find {n} eos-free windows of {prompt_len} tokens; use a shorter --prompt-len")
+    starts = torch.cat(chosen)
+    return tokens[starts[:, None] + torch.arange(prompt_len)]
+
+
+def sample_eval_prompts(tokens: torch.Tensor, n: int, prompt_len: int, eos_id: int) -> torch.Tensor:
+    """`n` eos-free windows at evenly spaced offsets (each moved forward past any eos).  # [n, P]"""
+    out, last_end = [], 0
+    for s in torch.linspace(0, tokens.numel() - prompt_len, n).long().tolist():
+        s = max(s, last_end)  # never overlap the previous prompt
+        while s + prompt_len <= tokens.numel():
+            eos_at = (tokens[s : s + prompt_len] == eos_id).nonzero()
+            if eos_at.numel() == 0:
+                break
+            s += int(eos_at[-1]) + 1
+        if s + prompt_len > tokens.numel():
+            break
+        out.append(tokens[s : s + prompt_len])
+        last_end = s + prompt_len
+    if len(out) < n:
+        raise UserError(f"held-out stream of {tokens.numel()} tokens has room for only {len(out)} of {n} "
+                        f"eos-free prompts of {prompt_len} tokens; ask for fewer or shorter prompts")
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def greedy_continue(model, prompts: torch.Tensor, gen_len: int, batch_size: int = 128, on_batch=None) -> torch.Tensor:
+    """Greedy continuation of equal-length prompts with a KV cache.  # [N, gen_len]
+
+    The model runs in its own dtype; prompts need no padding because they all have the
+    same length."""
+    from transformers import DynamicCache
+
+    model.eval()
+    outs = []
+    for i in range(0, prompts.shape[0], batch_size):
+        x = prompts[i : i + batch_size]  # [b, P]
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[:, -1]  # [b, V]
+        gen = torch.empty(x.shape[0], gen_len, dtype=torch.long)
+        for t in range(gen_len):
+            nxt = logits.argmax(dim=-1)  # [b]
+            gen[:, t] = nxt
+            if t + 1 < gen_len:
+                logits = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+        outs.append(gen)
+        if on_batch is not None:
+            on_batch(x.shape[0])
+    return torch.cat(outs)
+
+
+def generated_loss_mask(generated: torch.Tensor, prompt_len: int, eos_id: int) -> torch.Tensor:
+    """uint8 [N, prompt_len + G]: 1 on generated tokens up to and including the first eos."""
+    is_eos = (generated == eos_id).long()  # [N, G]
+    eos_before = torch.cumsum(is_eos, dim=1) - is_eos  # eos tokens strictly before t
+    gen_mask = (eos_before == 0).to(torch.uint8)
+    return torch.cat([torch.zeros(generated.shape[0], prompt_len, dtype=torch.uint8), gen_mask], dim=1)
+
+
+def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={k: str(v) for k, v in metadata.items()})
+    os.replace(tmp, path)
+
+
+def load_continuations(data_dir: str | Path) -> dict:
+    """{'input_ids', 'loss_mask', 'prompt_ids', 'greedy_ids', 'meta'} from a data directory."""
+    from safetensors.torch import load_file
+
+    data_dir = Path(data_dir)
+    for name in ("continuations.safetensors", "heldout_prompts.safetensors", "meta.json"):
+        if not (data_dir / name).is_file():
+            raise UserError(f"{data_dir} has no {name}; generate it with `python -m trtllm_dflash.train.data`")
+    meta = json.loads((data_dir / "meta.json").read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise UserError(f"{data_dir / 'meta.json'}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
+    out = load_file(str(data_dir / "continuations.safetensors"))
+    out.update(load_file(str(data_dir / "heldout_prompts.safetensors")))
+    out["meta"] = meta
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from trtllm_dflash.train.corpus import load_corpus
+    from trtllm_dflash.train.target import load_target
+    from trtllm_dflash.train.tokenizer import encode_files, load_tokenizer
+
+    ap = argparse.ArgumentParser(description="Generate the drafter's training data: target greedy continuations.")
+    ap.add_argument("--target", type=Path, required=True, help="target model directory (with tokenizer)")
+    ap.add_argument("--out", type=Path, required=True, help="output directory")
+    ap.add_argument("--num-seqs", type=int, default=10240, help="training continuations")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen-len", type=int, default=192)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--eval-prompts", type=int, default=32)
+    ap.add_argument("--eval-prompt-len", type=int, default=96)
+    ap.add_argument("--eval-gen-len", type=int, default=128)
+    ap.add_argument("--heldout-fraction", type=float, default=0.05)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for name in ("num_seqs", "prompt_len", "gen_len", "batch_size", "eval_prompts", "eval_prompt_len", "eval_gen_len"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+
+    tok = load_tokenizer(args.target)
+    model = load_target(args.target, torch.float32)
+    n_pos = model.config.max_position_embeddings
+    for p, g, what in ((args.prompt_len, args.gen_len, ""), (args.eval_prompt_len, args.eval_gen_len, "eval-")):
+        if p + g > n_pos:
+            raise UserError(f"--{what}prompt-len + --{what}gen-len = {p + g} exceeds the target's max_position_embeddings {n_pos}")
+    weights = args.target / "model.safetensors"
+    weights_sha = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None
+    corpus = load_corpus(heldout_fraction=args.heldout_fraction)
+    eos = tok.eos_token_id
+    train_tokens = torch.tensor(encode_files(tok, [f.text for f in corpus.train]), dtype=torch.long)
+    heldout_tokens = torch.tensor(encode_files(tok, [f.text for f in corpus.heldout]), dtype=torch.long)
+    prompts = sample_train_prompts(train_tokens, args.num_seqs, args.prompt_len, args.seed, eos)
+    eval_prompts = sample_eval_prompts(heldout_tokens, args.eval_prompts, args.eval_prompt_len, eos)
+
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn()) as bar:
+        task = bar.add_task("held-out greedy", total=args.eval_prompts)
+        eval_greedy = greedy_continue(model, eval_prompts, args.eval_gen_len, args.batch_size,
+                                      on_batch=lambda n: bar.advance(task, n))
+        task = bar.add_task("continuations", total=args.num_seqs)
+        last = [time.perf_counter()]
+
+        def tick(n):
+            bar.advance(task, n)
+            done = int(bar.tasks[task].completed)
+            if not bar.console.is_terminal:
+                print(f"continuations {done}/{args.num_seqs} ({time.perf_counter() - last[0]:.1f}s for {n})",
+                      file=sys.stderr, flush=True)
+            last[0] = time.perf_counter()
+
+        generated = greedy_continue(model, prompts, args.gen_len, args.batch_size, on_batch=tick)
+    seconds = time.perf_counter() - t0
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "num_seqs": args.num_seqs,
+        "prompt_len": args.prompt_len,
+        "gen_len": args.gen_len,
+        "seed": args.seed,
+        "dtype": "float32",
+        "eos_token_id": eos,
+        "mask_token_id": tok.mask_token_id,
+        "eval_prompts": args.eval_prompts,
+        "eval_prompt_len": args.eval_prompt_len,
+        "eval_gen_len": args.eval_gen_len,
+        "target_weights_sha256": weights_sha,
+        "corpus_python": corpus.info.python_full_version,
+        "corpus_fingerprint": corpus.info.fingerprint,
+        "generation_seconds": round(seconds, 1),
+        "torch": torch.__version__,
+    }
+    input_ids = torch.cat([prompts, generated], dim=1)
+    _save_atomic({"input_ids": input_ids, "loss_mask": generated_loss_mask(generated, args.prompt_len, eos)},
+                 args.out / "continuations.safetensors", meta)
+    _save_atomic({"prompt_ids": eval_prompts, "greedy_ids": eval_greedy}, args.out / "heldout_prompts.safetensors", meta)
+    tmp = args.out / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, args.out / "meta.json")
+    print(f"{args.num_seqs} continuations + {args.eval_prompts} held-out prompts in {seconds:.0f}s -> {args.out}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
