@@ -22,6 +22,7 @@ COMMANDS = [
     "check",
     "plan",
     "convert",
+    "quantize",
     "deploy",
     "generate",
 ]

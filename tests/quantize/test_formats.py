@@ -88,6 +88,21 @@ def test_fp8_error_within_bound_and_bound_is_tight(dtype):
     assert (err / bound).max() > 0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_fp32_quotient_rounds_once(dtype):
+    torch.manual_seed(4)
+    w = (torch.randn(128, 256) * 0.02).to(dtype)
+    once, twice = quantize_fp8(w, fp32_quotient=True), quantize_fp8(w)
+    assert torch.equal(once.scale, twice.scale)
+    # one rounding: the nearest E4M3 value of the exact quotient
+    assert torch.equal(once.data.view(torch.uint8), (w.float() / once.scale).to(torch.float8_e4m3fn).view(torch.uint8))
+    # the two differ somewhere for bf16 / fp16 inputs (double rounding), never by more than one E4M3 step
+    a, b = once.data.float(), twice.data.float()
+    assert not torch.equal(a, b)
+    err = (w.float() - once.dequantize()).abs()
+    assert bool((err <= fp8_error_bound(w, once.scale, fp32_quotient=True)).all())
+
+
 def test_fp8_saturates_instead_of_overflowing():
     q = quantize_fp8(torch.tensor([1.0, -1.0, 0.5]), scale=torch.tensor(1 / 1000))
     assert q.data.float().tolist() == [448.0, -448.0, 448.0]

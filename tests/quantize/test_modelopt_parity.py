@@ -67,9 +67,11 @@ def test_nvfp4_tensor_functions_match_modelopt(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_tensor_functions_match_modelopt(dtype):
     w = _crafted(dtype)
-    ours = quantize_fp8(w)
-    theirs = to_quantized_weight(w, torch.tensor(w.float().abs().max().item() / 448), "fp8")
-    assert torch.equal(ours.data.view(torch.uint8), theirs.view(torch.uint8))
+    scale = torch.tensor(w.float().abs().max().item() / 448)
+    # HF export: a 0-dim scale (quotient in the weight dtype); TensorRT-LLM export: a [1] scale (FP32)
+    for ours, theirs_scale in ((quantize_fp8(w), scale), (quantize_fp8(w, fp32_quotient=True), scale.reshape(1))):
+        theirs = to_quantized_weight(w, theirs_scale, "fp8")
+        assert torch.equal(ours.data.view(torch.uint8), theirs.view(torch.uint8))
 
 
 CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}

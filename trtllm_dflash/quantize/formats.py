@@ -7,9 +7,11 @@ FP8 (Hopper and Blackwell): E4M3 values (max 448), one FP32 scale per tensor.
     scale       = amax / 448
     q           = e4m3(clamp(w / scale, -448, 448))          round to nearest even
     w'          = q * scale
-  The division runs in the weight's own dtype (the scale is a 0-dim FP32 tensor, so PyTorch
-  keeps a bf16 weight in bf16) and the quotient is then rounded to E4M3: for bf16 weights
-  that is two roundings, exactly as ModelOpt's export does it.
+  Where w / scale is rounded first matters for bf16 / fp16 weights, and ModelOpt's two exports
+  differ: its HF export divides by a 0-dim FP32 scale, which PyTorch computes in the weight's
+  dtype (two roundings: to bf16, then to E4M3); its TensorRT-LLM export divides by a [1]-shaped
+  scale, which promotes to FP32 (one rounding). `fp32_quotient` selects the second; each
+  choice reproduces the corresponding export byte for byte.
 
 NVFP4 (Blackwell): E2M1 values {0, 0.5, 1, 1.5, 2, 3, 4, 6} with a sign, one E4M3 scale per
 16 consecutive elements of the last (input) axis, one FP32 global scale per tensor.
@@ -30,7 +32,8 @@ Error bounds (asserted by the tests, per element):
     FP8    |w - w'| <= (2**-4 + u * (1 + 2**-4)) * |w| + 2**-10 * scale
            2**-4 is half the E4M3 spacing relative to a normal value (3 mantissa bits),
            2**-10 * scale is half the subnormal spacing (2**-9), u the unit roundoff of the
-           weight's dtype for the first rounding (0 for fp32, 2**-8 bf16, 2**-11 fp16).
+           weight's dtype for the first rounding (0 for fp32 or fp32_quotient, 2**-8 bf16,
+           2**-11 fp16).
     NVFP4  |w - w'| <= s * max(1/4, |x| / 4, |x| - 6)    with s = block_scale * global, x = w / s
            on the grid the spacing is 0.5 below 2, 1 in [2, 4), 2 in [4, 6] (half-spacing
            <= max(1/4, |x|/4)); above 6 the value saturates (possible only when the E4M3 block
@@ -81,12 +84,15 @@ class FP8Tensor:
         return dequantize_fp8(self.data, self.scale, dtype)
 
 
-def quantize_fp8(w: torch.Tensor, scale: torch.Tensor | None = None) -> FP8Tensor:
-    """E4M3 with one scale per tensor; `scale` defaults to amax(|w|) / 448."""
+def quantize_fp8(w: torch.Tensor, scale: torch.Tensor | None = None, fp32_quotient: bool = False) -> FP8Tensor:
+    """E4M3 with one scale per tensor; `scale` defaults to amax(|w|) / 448.
+
+    fp32_quotient=False rounds w / scale to w's dtype before E4M3 (ModelOpt's HF export);
+    True divides in FP32 (ModelOpt's TensorRT-LLM export). Same result for fp32 weights."""
     if scale is None:
         scale = fp8_scale(w.abs().amax())
     scale = _fp32_scalar(scale).to(w.device)
-    scaled = w / scale  # in w's dtype: a 0-dim FP32 scale does not promote a bf16 tensor
+    scaled = w.float() / scale if fp32_quotient else w / scale  # a 0-dim FP32 scale keeps bf16 in bf16
     return FP8Tensor(scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale)
 
 
@@ -94,9 +100,9 @@ def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype =
     return (data.float() * _fp32_scalar(scale).to(data.device)).to(dtype)
 
 
-def fp8_error_bound(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def fp8_error_bound(w: torch.Tensor, scale: torch.Tensor, fp32_quotient: bool = False) -> torch.Tensor:
     """Per-element bound on |w - dequantize(quantize(w))| (see the module docstring)."""
-    u = _UNIT_ROUNDOFF[w.dtype]
+    u = 0.0 if fp32_quotient else _UNIT_ROUNDOFF[w.dtype]
     return ((2.0**-4 + u * (1 + 2.0**-4)) * w.float().abs() + 2.0**-10 * _fp32_scalar(scale)) * _SLACK
 
 

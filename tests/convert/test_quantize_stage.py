@@ -1,0 +1,149 @@
+"""quantize: FP8 / NVFP4 checkpoints for each backend, checked against ModelOpt and our formats.
+
+- engine backend: our TensorRT-LLM per-rank checkpoint equals ModelOpt's own
+  `export_tensorrt_llm_checkpoint` of an identically calibrated model, tensor for tensor;
+- pytorch backend: ModelOpt's HF export, whose scales our formats rebuild from calibration.json;
+- reference backend: weight-only target and drafter, dequantized within the format's bound.
+"""
+
+import json
+import warnings
+
+import pytest
+import torch
+from conftest import make_drafter, make_target, read_config, write_recipe
+from safetensors.torch import load_file
+
+from trtllm_dflash.artifacts import verify_stage_dir
+from trtllm_dflash.commands.quantize import quantize
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.quantize import formats as F
+from trtllm_dflash.recipe import load_recipe
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+CALIB = dict(samples=4, length=16, progress=False)
+
+
+def _modelopt():
+    return pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bf16-pair")
+    return make_target(root / "t", dtype=torch.bfloat16), make_drafter(root / "d", dtype=torch.bfloat16)
+
+
+def _same(a, b):
+    if b.dtype == torch.float8_e4m3fn:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fmt,gpu", [("fp8", "h100-sxm"), ("nvfp4", "b200")])
+def test_engine_checkpoint_equals_modelopt_trtllm_export(tmp_path, bf16_pair, fmt, gpu):
+    mtq = _modelopt()
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from trtllm_dflash.quantize.quantize import Scheme, calibration_data, modelopt_config
+
+    target, drafter = bf16_pair
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu, backend="engine",
+                                      quantization={"target_weights": fmt, "activations": fmt, "kv_cache": "fp8"}))
+    out = quantize(recipe, tmp_path / "q", **CALIB)
+    manifest = verify_stage_dir(out, "quantize")
+    assert manifest.extra["layout"] == "trtllm" and "random token ids" in manifest.extra["calibration_data"]
+
+    # ModelOpt on the same model, same calibration batches
+    data = calibration_data(target, 256, None, 4, 16, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).eval()
+    model.config.architectures = ["Qwen3ForCausalLM"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, modelopt_config(Scheme(fmt), True, True), lambda m: [m(b) for b in data.batches])
+        export_tensorrt_llm_checkpoint(model, "qwen", torch.bfloat16, tmp_path / "modelopt", inference_tensor_parallel=2)
+    assert read_config(out / "target")["quantization"] == read_config(tmp_path / "modelopt")["quantization"]
+    for r in range(2):
+        ours = load_file(out / "target" / f"rank{r}.safetensors")
+        theirs = load_file(tmp_path / "modelopt" / f"rank{r}.safetensors")
+        assert set(ours) == set(theirs)
+        for name, t in theirs.items():
+            assert _same(ours[name], t), name
+    # the drafter stays bf16 unless asked (quantization.drafter)
+    d = load_file(out / "drafter" / "rank0.safetensors")
+    assert d["transformer.layers.0.attention.kv.weight"].dtype == torch.bfloat16
+    assert read_config(out / "drafter")["quantization"]["quant_algo"] is None
+
+
+def test_pytorch_backend_gets_modelopt_hf_export(tmp_path, bf16_pair):
+    _modelopt()
+    from trtllm_dflash.reference import load_drafter
+
+    target, drafter = bf16_pair
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu="h100-sxm", backend="pytorch",
+                                      quantization={"target_weights": "fp8", "activations": "fp8", "kv_cache": "fp8"}))
+    out = quantize(recipe, tmp_path / "q", **CALIB)
+    verify_stage_dir(out, "quantize")
+    hf_quant = json.loads((out / "target" / "hf_quant_config.json").read_text())["quantization"]
+    assert hf_quant["quant_algo"] == "FP8" and hf_quant["kv_cache_quant_algo"] == "FP8"
+    assert read_config(out / "target")["quantization_config"]["quant_method"] == "modelopt"
+    # every exported scale is rebuilt from the recorded amaxes by our formats
+    calib = json.loads((out / "calibration.json").read_text())["target"]["linears"]
+    tensors = load_file(out / "target" / "model.safetensors")
+    source = load_file(target / "model.safetensors")
+    assert len(calib) == 4 * 7
+    for name, amax in calib.items():
+        q = F.quantize_fp8(source[f"{name}.weight"], F.fp8_scale(amax["weight"]))
+        assert _same(q.data, tensors[f"{name}.weight"]) and torch.equal(q.scale, tensors[f"{name}.weight_scale"])
+        assert torch.equal(F.fp8_scale(amax["input"]), tensors[f"{name}.input_scale"])
+    d = load_drafter(out / "drafter", dtype=torch.bfloat16)
+    assert torch.equal(d.layers[1].mlp.down_proj.weight, load_file(drafter / "model.safetensors")["layers.1.mlp.down_proj.weight"])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_reference_backend_weight_only_target_and_drafter(tmp_path, tiny_pair, fmt):
+    _modelopt()
+    target, drafter = tiny_pair
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt=fmt, drafter_fmt=fmt))
+    out = quantize(recipe, tmp_path / "q", **CALIB)
+    for role, src_dir in (("target", target), ("drafter", drafter)):
+        cfg = read_config(out / role)
+        assert cfg["quantization"]["quant_algo"] == fmt.upper() and cfg["quantization"]["weight_only"] is True
+        assert cfg["dtype"] == "float32"
+        shard = load_file(out / role / "rank1.safetensors")
+        assert not any(k.endswith("activation_scaling_factor") for k in shard)
+    # rank 1's share of o_proj (row-parallel): dequantize, compare with the source within the bound
+    src = load_file(target / "model.safetensors")["model.layers.3.self_attn.o_proj.weight"][:, 32:]
+    shard = load_file(out / "target" / "rank1.safetensors")
+    p = "transformer.layers.3.attention.dense."
+    if fmt == "fp8":
+        scale = shard[p + "weights_scaling_factor"].reshape(())
+        deq, bound = F.dequantize_fp8(shard[p + "weight"], scale), F.fp8_error_bound(src, scale, fp32_quotient=True)
+    else:
+        bs, g = shard[p + "weights_scaling_factor"], shard[p + "weights_scaling_factor_2"]
+        deq, bound = F.dequantize_nvfp4(shard[p + "weight"], bs, g), F.nvfp4_error_bound(src, bs, g)
+    assert bool(((deq - src).abs() <= bound).all())
+    # the drafter was calibrated in the reference loop: every linear has an input amax
+    calib = json.loads((out / "calibration.json").read_text())["drafter"]
+    assert {n for n, a in calib["linears"].items() if a["input"] is not None} >= {"fc", "layers.0.self_attn.k_proj", "layers.1.mlp.down_proj"}
+    assert sorted(calib["kv"]) == ["0", "1"]
+
+
+def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair):
+    target, drafter = tiny_pair
+    with pytest.raises(UserError, match="nothing to quantize"):
+        quantize(load_recipe(write_recipe(tmp_path / "a.yaml", target, drafter)), tmp_path / "q", **CALIB)
+    engine = write_recipe(tmp_path / "b.yaml", target, drafter, fmt="bf16", gpu="h100-sxm", backend="engine",
+                          quantization={"target_weights": "fp8", "activations": "bf16"})
+    with pytest.raises(UserError, match="quantization.activations: bf16 with fp8 quantization.target_weights on the engine backend"):
+        quantize(load_recipe(engine), tmp_path / "q", **CALIB)
+    wide = make_target(tmp_path / "t96", intermediate_size=96)
+    r = write_recipe(tmp_path / "c.yaml", wide, drafter, tp=4, fmt="nvfp4")
+    with pytest.raises(UserError, match=r"transformer.layers.0.mlp.proj.weight: 24 input features per rank \(tp 4\) is not a multiple of 16"):
+        quantize(load_recipe(r), tmp_path / "q", **CALIB)
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "notes.txt").write_text("someone else's")
+    with pytest.raises(UserError, match="exists and is not a trtllm-dflash output"):
+        quantize(load_recipe(write_recipe(tmp_path / "d.yaml", target, drafter, fmt="fp8")), tmp_path / "q", **CALIB)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q")] == []
