@@ -33,13 +33,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # F.rms_norm computes x * rsqrt(mean(x^2) + eps) in one kernel (bit-identical to the
+        # spelled-out form); the weight is applied after the cast back, as HF does.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 class Rope(nn.Module):
-    """Precomputed NeoX (rotate-half) cos/sin tables, grown on demand."""
+    """Precomputed NeoX (rotate-half) tables, grown on demand. `sin` is stored with the
+    rotate-half sign folded in (first half negated), see apply_rope."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_len: int = 4096):
         super().__init__()
@@ -48,9 +49,8 @@ class Rope(nn.Module):
 
     def _build(self, n: int) -> None:
         freqs = torch.outer(torch.arange(n, device=self.inv_freq.device).float(), self.inv_freq)  # [n, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [n, D]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([freqs, freqs], dim=-1).cos(), persistent=False)  # [n, D]
+        self.register_buffer("sin", torch.cat([-freqs.sin(), freqs.sin()], dim=-1), persistent=False)  # [n, D]
 
     def forward(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """pos [B, T] -> cos, sin [B, T, 1, D] (broadcast over heads)."""
@@ -61,9 +61,10 @@ class Rope(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D]; cos, sin [B, T, 1, D]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    """x [B, T, H, D]; cos, sin [B, T, 1, D] from Rope. Rotate-half is x*cos + [-x2, x1]*sin;
+    with the sign folded into the table's first half that is x*cos + [x2, x1]*sin, and
+    [x2, x1] is x rolled by D/2 (exact: negation commutes with rounding)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class MLP(nn.Module):
