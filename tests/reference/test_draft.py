@@ -116,3 +116,37 @@ def test_matches_upstream_dflash(tmp_path, qwen3_pair, variant):
                          past_key_values=their_cache, use_cache=True)
             their_cache.crop(b - their_cache.get_seq_length())  # keep context only, as upstream's loop does
             torch.testing.assert_close(mine[:, 1:], target.lm_head(ref)[:, 1:], **TOL)
+
+
+def test_ragged_batch_equals_single(tmp_path, qwen3_pair):
+    """Rows with different anchors, context lengths and padding (-> cache.trash) draft
+    exactly what each row drafts alone, through a causal sliding-window layer too."""
+    target_dir, _ = qwen3_pair
+    target = load_target(target_dir)
+    kw = {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 5}
+    drafter = load_drafter(make_drafter(tmp_path, target_dir, **kw), target)
+    g = torch.Generator().manual_seed(2)
+    rounds = [(0, 9), (9, 12)], [(0, 4), (4, 9)]  # per row: (first, end) context positions per round
+    feats = [torch.randn(1, 12, 128, generator=g), torch.randn(1, 9, 128, generator=g)]
+    anchors = [17, 23]
+    with torch.no_grad():
+        alone = []
+        for row in range(2):
+            cache = drafter.new_cache(1, 64)
+            for a, b in rounds[row]:
+                noise = target.embed_tokens(torch.tensor([[anchors[row] + b] + [255] * 7]))
+                out = drafter(noise, torch.tensor([b]), feats[row][:, a:b], torch.arange(a, b)[None], cache)
+            alone.append(out)
+        cache = drafter.new_cache(2, 64)
+        for r in range(2):
+            spans = [rounds[row][r] for row in range(2)]
+            n = max(b - a for a, b in spans)
+            ctx = torch.zeros(2, n, 128)
+            pos = torch.full((2, n), cache.trash)
+            for row, (a, b) in enumerate(spans):
+                ctx[row, : b - a] = feats[row][0, a:b]
+                pos[row, : b - a] = torch.arange(a, b)
+            starts = torch.tensor([b for _, b in spans])
+            noise = target.embed_tokens(torch.tensor([[anchors[row] + b] + [255] * 7 for row, (_, b) in enumerate(spans)]))
+            out = drafter(noise, starts, ctx, pos, cache)
+    torch.testing.assert_close(out, torch.cat(alone), **TOL)

@@ -130,3 +130,16 @@ def test_default_stop_is_the_targets_eos(llama_pair):
         assert got.tokens == ref
         stopped += got.finish_reason == "stop"
     assert stopped  # eos was really produced at least once
+
+
+def test_qwen3_moe_target(tmp_path):
+    """The loop over a Qwen3-MoE target (router top-k, per-token experts) matches HF too."""
+    from reference_helpers import make_drafter, make_target
+
+    t = make_target(tmp_path / "t", "qwen3_moe", seed=2, norm_topk_prob=True)
+    hf, (target, drafter) = hf_model(t), load_pair(t, make_drafter(tmp_path / "d", t, seed=2))
+    for prompt in prompts_for(5, n=2):
+        ref = hf_greedy(hf, prompt, 30)
+        for mode in ("dflash", "ddtree"):
+            (got,) = generate(target, drafter, [prompt], 30, mode=mode, stop_token_ids=[])
+            assert got.tokens == ref, mode

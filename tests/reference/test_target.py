@@ -94,3 +94,22 @@ def test_incremental_blocks_match_full_forward(tmp_path, arch):
         l, _ = ours(ids, torch.tensor([[10, 11, 11]]), cache, 13, mask, slots=torch.tensor([[10, 11, 12]]))
         out += [l[0, :1], l[0, 2:]]
     torch.testing.assert_close(torch.cat(out), ref, **TOL)
+
+
+def test_legacy_llama31_rope_config():
+    """A transformers-4.x Llama 3.1 config.json (rope_theta + rope_scaling) gives HF's
+    llama3 inverse frequencies."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from trtllm_dflash.reference import TargetConfig
+
+    raw = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 500000.0,
+           "max_position_embeddings": 131072, "eos_token_id": [128001, 128008, 128009],
+           "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    cfg = TargetConfig.from_dict(raw)
+    assert cfg.head_dim == 128 and cfg.eos_token_ids == (128001, 128008, 128009) and not cfg.qk_norm
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"}), "cpu")
+    torch.testing.assert_close(cfg.rope.inv_freq(128), ref, rtol=0, atol=0)

@@ -165,7 +165,6 @@ def _per_request(value, n: int, name: str, nested: bool) -> list:
     return list(value)
 
 
-@torch.inference_mode()
 def generate_steps(
     target: Target,
     drafter: DFlashDraft | None,
@@ -182,13 +181,18 @@ def generate_steps(
     max_new_tokens: one limit for all, or one per prompt. stop_token_ids: one list for
     all, one list per prompt, or None for the target's eos ids; a stop token is kept in
     the output. block_size defaults to the drafter's; ddtree_budget (tree nodes besides
-    the root) defaults to block_size - 1. Everything is validated before any work."""
+    the root) defaults to block_size - 1. Arguments are validated here, when called,
+    before any work; the rounds run as the returned iterator is consumed."""
     limits = _per_request(max_new_tokens, len(prompts), "max_new_tokens", nested=False)
     stop_lists = _per_request(
         target.cfg.eos_token_ids if stop_token_ids is None else stop_token_ids, len(prompts), "stop_token_ids", True
     )
     block_size, budget = _validate(target, drafter, prompts, limits, mode, block_size, ddtree_budget)
-    stops = [set(x) for x in stop_lists]
+    return _steps(target, drafter, prompts, limits, mode, block_size, budget, sampling, [set(x) for x in stop_lists])
+
+
+@torch.inference_mode()
+def _steps(target, drafter, prompts, limits, mode, block_size, budget, sampling, stops) -> Iterator[StepRecord]:
     spec = mode != "ar"
     dev = target.device
     gen = None if sampling.greedy else torch.Generator(dev).manual_seed(sampling.seed)
