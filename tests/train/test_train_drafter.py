@@ -1,0 +1,177 @@
+"""Drafter training: the training forward equals the inference forward; the loss learns."""
+
+import math
+
+import pytest
+import torch
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.reference import DFlashDraft, Target, TargetConfig
+from trtllm_dflash.reference.config import RopeConfig
+from trtllm_dflash.train.drafter import (
+    DrafterShape,
+    block_loss,
+    draft_blocks,
+    draft_config,
+    freeze,
+    new_drafter,
+    sample_anchors,
+    target_features,
+)
+
+V, MASK = 128, 1
+
+
+def tiny_target(seed=0, layers=4) -> Target:
+    cfg = TargetConfig(
+        arch="qwen3", vocab_size=V, hidden_size=64, intermediate_size=128, num_layers=layers, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope=RopeConfig(10000.0), max_position_embeddings=512,
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False, qk_norm=True, eos_token_ids=(0,),
+    )
+    torch.manual_seed(seed)
+    t = Target(cfg)
+    with torch.no_grad():
+        for name, p in t.named_parameters():
+            p.normal_(0, 0.1) if not name.endswith("norm.weight") else p.uniform_(0.5, 1.5)
+    return t.eval()
+
+
+def perturbed_drafter(t, seed=1, **kw) -> DFlashDraft:
+    """A drafter with non-trivial weights everywhere (norms too), so every term matters."""
+    d = new_drafter(t, DrafterShape(**{"num_layers": 2, "block_size": 8, "init": "random", **kw}), MASK, seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            p.uniform_(0.5, 1.5) if name.endswith("norm.weight") else p.normal_(0, 0.1)
+    return d.eval()
+
+
+def inference_block(d: DFlashDraft, t: Target, feats, ids, a: int) -> torch.Tensor:
+    """DFlashDraft.forward with its KV cache, fed the context features of positions < a,
+    in two chunks (as the decode loop feeds them), for the block anchored at a."""
+    B = d.block_size
+    cache = d.new_cache(1, ids.shape[1] + B)
+    noise = t.embed_tokens(torch.tensor([[int(ids[0, a])] + [MASK] * (B - 1)]))
+    cut = a // 2
+    pos = torch.arange(a)[None]
+    if cut:  # (the reference drafter needs at least one new context position per call)
+        d(noise, torch.tensor([cut]), feats[:, :cut], pos[:, :cut], cache)  # an earlier round
+    return d(noise, torch.tensor([a]), feats[:, cut:a], pos[:, cut:a], cache)[0]  # [B, H]
+
+
+@pytest.mark.parametrize("layer_kw", [{}, {"causal": (True, True)}])
+def test_training_forward_equals_inference_forward(layer_kw):
+    torch.manual_seed(0)
+    t = tiny_target()
+    d = perturbed_drafter(t)
+    if layer_kw:  # causal in-block attention (a config option of later drafters)
+        d.cfg = d.cfg.__class__(**{**d.cfg.__dict__, **layer_kw})
+    S = 40
+    ids = torch.randint(2, V, (2, S))
+    feats = target_features(t, ids, d.target_layer_ids)
+    anchors = torch.tensor([[3, 10, 17, 32], [1, 5, 6, 31]])  # overlapping blocks; a=1: one context position
+    valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    with torch.no_grad():
+        out = draft_blocks(d, t.embed_tokens, feats, ids, anchors, valid)  # [N, K, B, H]
+        for n in range(2):
+            for k in range(4):
+                if not valid[n, k]:
+                    continue
+                ref = inference_block(d, t, feats[n : n + 1], ids[n : n + 1], int(anchors[n, k]))
+                # fp32, same ops in a different batching/order: ~1e-6 relative; 1e-5 leaves margin.
+                torch.testing.assert_close(out[n, k], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_context_at_and_after_the_anchor_is_invisible():
+    """Changing the features of positions >= a, or another block's tokens, cannot change a block."""
+    t = tiny_target()
+    d = perturbed_drafter(t)
+    ids = torch.randint(2, V, (1, 30))
+    feats = target_features(t, ids, d.target_layer_ids)
+    anchors, valid = torch.tensor([[8, 12]]), torch.ones(1, 2, dtype=torch.bool)
+    with torch.no_grad():
+        base = draft_blocks(d, t.embed_tokens, feats, ids, anchors, valid)
+        f2 = feats.clone()
+        f2[:, 8:] += 1.0
+        ids2 = ids.clone()
+        ids2[0, 12] = (ids[0, 12] + 1) % V  # the second block's anchor
+        moved = draft_blocks(d, t.embed_tokens, f2, ids2, anchors, valid)
+    torch.testing.assert_close(moved[0, 0], base[0, 0], rtol=0, atol=0)
+    assert not torch.allclose(moved[0, 1], base[0, 1])  # the second block does see features 8..11
+
+
+def test_anchors_are_distinct_sorted_and_inside_the_loss_mask():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.zeros(3, 50, dtype=torch.uint8)
+    mask[0, 10:] = 1
+    mask[1, 20:25] = 1  # 5 candidates for 8 anchors
+    a, valid = sample_anchors(mask, 8, 4, g)
+    assert a.shape == (3, 8)
+    for n in range(3):
+        got = a[n][valid[n]].tolist()
+        assert got == sorted(set(got))
+        assert all(mask[n, x] == 1 and x <= 50 - 4 for x in got)
+    assert valid[0].all() and valid[1].sum() == 5 and not valid[2].any()
+    assert sorted(a[1][valid[1]].tolist()) == [20, 21, 22, 23, 24]
+
+
+def test_loss_weights_follow_the_slot_decay():
+    """With one valid slot per block the loss is exactly that slot's CE; with all slots it is
+    the exp(-(k-1)/gamma)-weighted mean."""
+    t = tiny_target()
+    d = perturbed_drafter(t, block_size=4)
+    ids = torch.randint(2, V, (1, 20))
+    feats = target_features(t, ids, d.target_layer_ids)
+    anchors, valid = torch.tensor([[5]]), torch.ones(1, 1, dtype=torch.bool)
+    with torch.no_grad():
+        out = draft_blocks(d, t.embed_tokens, feats, ids, anchors, valid)
+        ce = torch.nn.functional.cross_entropy(t.lm_head(out[0, 0, 1:]), ids[0, 6:9], reduction="none")
+        full = block_loss(d, t, feats, ids, torch.ones(1, 20), anchors, valid, gamma=2.0)
+        w = torch.exp(-torch.arange(3.0) / 2.0)
+        torch.testing.assert_close(full.loss, (w * ce).sum() / w.sum())
+        only_second = torch.zeros(1, 20)
+        only_second[0, 7] = 1
+        part = block_loss(d, t, feats, ids, only_second, anchors, valid, gamma=2.0)
+        torch.testing.assert_close(part.loss, ce[1])
+    assert full.slot_count.tolist() == [1, 1, 1] and part.slot_count.tolist() == [0, 1, 0]
+
+
+def test_loss_decreases_on_a_repeated_batch():
+    torch.manual_seed(0)
+    t = freeze(tiny_target())
+    d = new_drafter(t, DrafterShape(num_layers=1, block_size=4, init="random"), MASK, seed=0)
+    d.train()
+    ids = torch.randint(2, V, (2, 24))
+    feats = target_features(t, ids, d.target_layer_ids)
+    lm = torch.ones(2, 24)
+    anchors, valid = sample_anchors(lm, 8, 4, torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        res = block_loss(d, t, feats, ids, lm, anchors, valid, gamma=4.0)
+        opt.zero_grad()
+        res.loss.backward()
+        opt.step()
+        losses.append(res.loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses[::8]
+    assert all(p.grad is None for p in t.parameters())  # the target is never trained
+
+
+def test_target_init_copies_the_last_layers_and_selects_the_deepest_feature():
+    t = tiny_target()
+    d = new_drafter(t, DrafterShape(num_layers=2, block_size=4, target_layer_ids=(0, 1)), MASK)
+    for i in range(2):
+        for k, v in d.layers[i].state_dict().items():
+            torch.testing.assert_close(v, t.layers[2 + i].state_dict()[k], rtol=0, atol=0)
+    feats = torch.randn(1, 3, 2 * 64)
+    torch.testing.assert_close(d.fc(feats), feats[..., 64:], rtol=0, atol=0)
+    torch.testing.assert_close(d.hidden_norm.weight, t.layers[2].input_layernorm.weight, rtol=0, atol=0)
+
+
+def test_bad_shapes_are_user_errors():
+    t = tiny_target()
+    with pytest.raises(UserError, match="outside the target's layers"):
+        draft_config(t.cfg, DrafterShape(target_layer_ids=(0, 4)), MASK)
+    with pytest.raises(UserError, match="block size"):
+        draft_config(t.cfg, DrafterShape(block_size=1), MASK)
+    with pytest.raises(UserError, match="mask_token_id"):
+        draft_config(t.cfg, DrafterShape(), V)
