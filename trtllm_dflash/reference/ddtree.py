@@ -17,6 +17,7 @@ sampling (sample-and-match: each emitted token is a sample of p given the emitte
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,26 +45,29 @@ class Tree:
 
 
 def build_tree(logq: torch.Tensor, budget: int, root_token: int = -1) -> Tree:
-    """logq [D, V] log-probabilities per depth; at most `budget` nodes besides the root."""
+    """logq [D, V] log-probabilities per depth; at most `budget` nodes besides the root.
+    Zero-probability tokens (-inf, e.g. outside top-k/top-p) are never added."""
     D, V = logq.shape
     k = min(budget, V)
     top_lp, top_tok = logq.float().topk(k, dim=-1)  # [D, k]
     lp, tok = top_lp.tolist(), top_tok.tolist()
     tree = Tree([root_token], [-1], [0], [{}])
-    # heap entries: (-score, depth, rank, parent node)
-    heap = [(-lp[0][0], 1, 0, 0)] if D > 0 and budget > 0 else []
+    # heap entries: (-score, depth, rank, parent node, parent's score); score = sum of log q
+    heap = [(-lp[0][0], 1, 0, 0, 0.0)] if D > 0 and budget > 0 else []
     while heap and len(tree) <= budget:
-        neg, depth, rank, parent = heapq.heappop(heap)
+        neg, depth, rank, parent, base = heapq.heappop(heap)
+        if neg == math.inf:  # only zero-probability prefixes are left
+            break
         node, token = len(tree), tok[depth - 1][rank]
         tree.tokens.append(token)
         tree.parents.append(parent)
         tree.depths.append(depth)
         tree.children.append({})
         tree.children[parent][token] = node
-        if rank + 1 < k:  # next sibling: swap this depth's rank for the next one
-            heapq.heappush(heap, (neg + lp[depth - 1][rank] - lp[depth - 1][rank + 1], depth, rank + 1, parent))
+        if rank + 1 < k:  # next sibling: same parent, this depth's next-ranked token
+            heapq.heappush(heap, (-(base + lp[depth - 1][rank + 1]), depth, rank + 1, parent, base))
         if depth < D:  # first child
-            heapq.heappush(heap, (neg - lp[depth][0], depth + 1, 0, node))
+            heapq.heappush(heap, (neg - lp[depth][0], depth + 1, 0, node, -neg))
     return tree
 
 
