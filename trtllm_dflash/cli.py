@@ -25,6 +25,7 @@ COMMANDS = [
     "quantize",
     "deploy",
     "generate",
+    "train-drafter",
 ]
 
 

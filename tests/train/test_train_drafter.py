@@ -175,3 +175,88 @@ def test_bad_shapes_are_user_errors():
         draft_config(t.cfg, DrafterShape(block_size=1), MASK)
     with pytest.raises(UserError, match="mask_token_id"):
         draft_config(t.cfg, DrafterShape(), V)
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def make_run(root):
+    """A tiny HF Qwen3 target and a drafter-data directory in the train/data.py format."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from trtllm_dflash.train.data import FORMAT_VERSION, generated_loss_mask, greedy_continue
+    from trtllm_dflash.train.target import TargetModelConfig, build_model
+
+    cfg = TargetModelConfig(vocab_size=V, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
+                            intermediate_size=128, max_position_embeddings=256)
+    model = build_model(cfg, seed=0).eval()
+    with torch.no_grad():  # peaked logits: clear greedy margins, varied text
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0, 0.1)
+    model.save_pretrained(root / "target")
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, V, (6, 8), generator=g)
+    gen = greedy_continue(model, prompts, 24)
+    eval_prompts = torch.randint(2, V, (2, 8), generator=g)
+    data = root / "data"
+    data.mkdir()
+    save_file({"input_ids": torch.cat([prompts, gen], 1), "loss_mask": generated_loss_mask(gen, 8, 0)},
+              data / "continuations.safetensors")
+    save_file({"prompt_ids": eval_prompts, "greedy_ids": greedy_continue(model, eval_prompts, 12)},
+              data / "heldout_prompts.safetensors")
+    (data / "meta.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "mask_token_id": MASK, "num_seqs": 6}))
+    return root / "target", data
+
+
+def _train(target, data, out, *extra):
+    from trtllm_dflash.cli import main
+
+    return main(["train-drafter", "--target", str(target), "--data", str(data), "--out", str(out), "--layers", "2",
+                 "--block-size", "4", "--anchors", "4", "--seqs-per-step", "2", "--schedule", "constant",
+                 "--warmup-steps", "1", "--eval-prompts", "2", "--eval-new-tokens", "12", "--ckpt-every", "1",
+                 "--no-progress", "--threads", "1", "--dtype", "float32", *extra])
+
+
+def test_train_drafter_command_writes_a_zlab_drafter_and_resumes_exactly(tmp_path, capsys):
+    import json
+
+    from safetensors.torch import load_file
+
+    from trtllm_dflash.reference import generate, load_pair
+
+    target, data = make_run(tmp_path)
+    assert _train(target, data, tmp_path / "a", "--steps", "4", "--eval-every", "2") == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 4 and summary["tau"] >= 1.0
+    t, d = load_pair(target, tmp_path / "a")  # z-lab layout, checked against the target
+    assert d.cfg.block_size == 4 and d.cfg.num_layers == 2 and d.cfg.mask_token_id == MASK
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["dflash_config"]["target_layer_ids"] == list(d.target_layer_ids) and cfg["num_target_layers"] == 4
+    hist = json.loads((tmp_path / "a" / "training.json").read_text())["history"]
+    assert [h["step"] for h in hist if "eval_tau" in h] == [2, 4]
+    # the trained drafter decodes losslessly
+    prompts = [[5, 6, 7, 8]]
+    assert generate(t, d, prompts, 10, mode="dflash")[0].tokens == generate(t, None, prompts, 10, mode="ar")[0].tokens
+
+    # 2 steps, stop, resume to 4: the same weights as the uninterrupted run (same batches, anchors, optimizer state)
+    assert _train(target, data, tmp_path / "b", "--steps", "2", "--eval-every", "0") == 0
+    assert _train(target, data, tmp_path / "b", "--steps", "4", "--eval-every", "0", "--resume") == 0
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+
+
+def test_train_drafter_command_refuses_bad_input(tmp_path, capsys):
+    from trtllm_dflash.cli import main
+
+    target, data = make_run(tmp_path)
+    assert _train(target, tmp_path / "nodata", tmp_path / "o", "--steps", "1") == 2
+    assert "has no continuations.safetensors" in capsys.readouterr().err
+    assert _train(target, data, tmp_path / "o", "--steps", "1", "--target-layer-ids", "1,9") == 2
+    assert "outside the target's layers" in capsys.readouterr().err
+    assert _train(target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
+    assert "no checkpoint" in capsys.readouterr().err

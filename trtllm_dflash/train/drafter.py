@@ -26,7 +26,7 @@ visibility above: SDPA with batch = N*K. Same maths, (S+B)/(S+K*B) of the work.
 
 from __future__ import annotations
 
-import math
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -38,23 +38,18 @@ from trtllm_dflash.reference.cache import KVCache
 from trtllm_dflash.reference.config import DraftConfig, TargetConfig, default_target_layer_ids
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target, apply_rope
+from trtllm_dflash.train.drafter_config import (
+    INITS,
+    RESUME_FREE,
+    SCHEDULES,
+    DrafterShape,
+    DrafterTrainConfig,
+    default_gamma,
+    lr_at,
+)
 
 
 # ----------------------------------------------------------------------------- the drafter
-
-
-@dataclass(frozen=True)
-class DrafterShape:
-    """What the user chooses about a new drafter; the rest is copied from the target."""
-
-    num_layers: int = 1
-    block_size: int = 16
-    intermediate_size: int | None = None  # default: the target's
-    target_layer_ids: tuple[int, ...] | None = None  # default: z-lab's rule for 3 features
-    init: str = "target"  # "target": layers/norms copied from the target's last layers; "random"
-
-
-INITS = ("target", "random")
 
 
 def default_layer_ids(num_target_layers: int) -> tuple[int, ...]:
@@ -277,3 +272,239 @@ def block_loss(
         lead = correct.int().cumprod(-1).sum(-1)  # [N, K] leading accepted drafts
         vb = valid & live[:, :, 0]
         return BlockLoss(loss, correct.sum((0, 1)), live.sum((0, 1)), float((lead + 1)[vb].sum()), int(vb.sum()))
+
+
+# ----------------------------------------------------------------------------- training loop
+
+
+@dataclass
+class EvalResult:
+    tau: float  # in-loop: committed tokens per target verify pass, decoding held-out prompts
+    tau_teacher_forced: float  # the same drafter scored at every position of the target's greedy text
+    identical: int  # prompts whose dflash output equals the target's greedy continuation
+    prompts: int
+    seconds: float
+
+
+@torch.no_grad()
+def evaluate(drafter: DFlashDraft, target: Target, prompt_ids: torch.Tensor, greedy_ids: torch.Tensor,
+             new_tokens: int, gamma: float) -> EvalResult:
+    """Decode the prompts with the reference loop (greedy, batch) and measure tau; also the
+    teacher-forced estimate (64 random anchors per prompt in the target's own greedy text)
+    for comparison: it overstates tau, because the decode loop spends most of its rounds
+    in the hard stretches."""
+    from trtllm_dflash.reference.generate import generate
+
+    t0 = time.perf_counter()
+    was = drafter.training
+    drafter.eval()
+    n = min(new_tokens, greedy_ids.shape[1])
+    gens = generate(target, drafter, prompt_ids.tolist(), n, mode="dflash", stop_token_ids=[])
+    committed = sum(sum(g.stats.accepted_per_round) for g in gens)
+    rounds = sum(g.stats.rounds for g in gens)
+    identical = sum(g.tokens == greedy_ids[i, :n].tolist() for i, g in enumerate(gens))
+    ids = torch.cat([prompt_ids, greedy_ids[:, :n]], dim=1).to(target.device)
+    lm = torch.zeros_like(ids)
+    lm[:, prompt_ids.shape[1] :] = 1
+    feats = target_features(target, ids, drafter.target_layer_ids)
+    anchors, valid = sample_anchors(lm, 64, drafter.block_size, torch.Generator().manual_seed(0))
+    tf = block_loss(drafter, target, feats, ids, lm, anchors, valid, gamma).tau_estimate
+    drafter.train(was)
+    # first round commits 1 (the prefill token) and is not a verify pass: stats exclude it
+    return EvalResult(committed / max(rounds, 1), tf, identical, len(gens), time.perf_counter() - t0)
+
+
+@dataclass
+class TrainResult:
+    drafter: DFlashDraft
+    step: int
+    done: bool  # reached cfg.steps (False: stopped by the time budget, resumable)
+    history: list = field(default_factory=list)  # logged steps and evaluations, all sessions
+    elapsed: float = 0.0  # training seconds, all sessions
+
+
+def _atomic_save(obj, path) -> None:
+    import os
+
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _check_resume(saved: dict, dcfg: DraftConfig, cfg: DrafterTrainConfig, path) -> None:
+    from dataclasses import asdict
+
+    if saved["draft_config"] != dcfg.to_dict():
+        raise UserError(f"{path}: cannot resume, the checkpoint's drafter config differs from the requested one "
+                        f"(checkpoint {saved['draft_config']}); rerun with the same shape or without --resume")
+    for k, v in asdict(cfg).items():
+        if k not in RESUME_FREE and saved["train_config"].get(k) != v:
+            raise UserError(f"{path}: cannot resume, training setting {k!r} is {saved['train_config'].get(k)!r} in the "
+                            f"checkpoint but {v!r} now; rerun with the same settings or without --resume")
+
+
+def train(
+    target: Target,
+    input_ids: torch.Tensor,  # [N, S] prompt + target greedy continuation
+    loss_mask: torch.Tensor,  # [N, S] 1 on generated tokens
+    eval_prompts: torch.Tensor,  # [M, P] held-out prompts
+    eval_greedy: torch.Tensor,  # [M, G] the target's greedy continuations of them
+    shape: DrafterShape,
+    mask_token_id: int,
+    cfg: DrafterTrainConfig,
+    ckpt_dir,
+    resume: bool = False,
+    max_seconds: float | None = None,
+    progress: bool = True,
+    log=print,
+) -> TrainResult:
+    """Train (or resume) a drafter for `target` (frozen) and return it in fp32.
+
+    Every `ckpt_every` steps, and when `max_seconds` of this session have passed, a
+    checkpoint (drafter, optimizer, step, RNG states, data cursor, history) is written to
+    ckpt_dir/last.pt; `resume=True` continues from it and draws the same batches and
+    anchors as an uninterrupted run would."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    dev = target.device
+    freeze(target)
+    N, S = input_ids.shape
+    B = shape.block_size
+    if S < B + 1:
+        raise UserError(f"training sequences have {S} tokens, fewer than block size + 1 = {B + 1}")
+    if cfg.seqs_per_step < 1 or cfg.anchors < 1 or cfg.steps < 1:
+        raise UserError("steps, seqs_per_step and anchors must be >= 1")
+    if cfg.schedule not in SCHEDULES:
+        raise UserError(f"schedule {cfg.schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if int(input_ids.max()) >= target.cfg.vocab_size:
+        raise UserError(f"training data has token id {int(input_ids.max())}, outside the target's vocabulary "
+                        f"(vocab_size {target.cfg.vocab_size}); was it generated with another tokenizer?")
+    gamma = cfg.gamma or default_gamma(B)
+    drafter = new_drafter(target, shape, mask_token_id, cfg.seed).to(dev).train()
+    dcfg = drafter.cfg
+    decay = [p for n, p in drafter.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in drafter.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    anchor_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    step, cursor, history, elapsed_before = 0, 0, [], 0.0
+    ckpt_dir = Path(ckpt_dir)
+    ckpt = ckpt_dir / "last.pt"
+    if resume:
+        if not ckpt.is_file():
+            raise UserError(f"--resume: no checkpoint at {ckpt}")
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        _check_resume(state, dcfg, cfg, ckpt)
+        drafter.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["optimizer"])
+        anchor_gen.set_state(state["anchor_rng"])
+        step, cursor, history, elapsed_before = state["step"], state["cursor"], state["history"], state["elapsed"]
+        log(f"resumed from {ckpt} at step {step} ({elapsed_before:.0f}s trained so far)")
+
+    t_start = time.perf_counter()
+
+    def elapsed() -> float:
+        return elapsed_before + time.perf_counter() - t_start
+
+    def save() -> None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "anchor_rng": anchor_gen.get_state(),
+                      "step": step, "cursor": cursor, "history": history, "elapsed": elapsed(),
+                      "draft_config": dcfg.to_dict(), "train_config": asdict(cfg), "shape": asdict(shape)}, ckpt)
+
+    def order(epoch: int) -> torch.Tensor:
+        return torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+
+    def run_eval() -> EvalResult:
+        r = evaluate(drafter, target, eval_prompts[: cfg.eval_prompts], eval_greedy, cfg.eval_new_tokens, gamma)
+        history.append({"step": step, "elapsed": round(elapsed(), 1), "eval_tau": round(r.tau, 3),
+                        "eval_tau_teacher_forced": round(r.tau_teacher_forced, 3),
+                        "eval_identical": f"{r.identical}/{r.prompts}"})
+        log(f"eval step {step}: in-loop tau {r.tau:.2f} (teacher-forced estimate {r.tau_teacher_forced:.2f}), "
+            f"greedy-identical {r.identical}/{r.prompts}, {r.seconds:.1f}s")
+        return r
+
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    # Features come from a bf16 copy of the target (its KV cache is in the weights' dtype);
+    # the fp32 target serves the embedding, the LM head and the in-loop evaluation.
+    feature_target = freeze(copy.deepcopy(target).to(torch.bfloat16)) if cfg.bf16 else target
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("drafter"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]:.3f} acc1 {task.fields[acc1]:.2f} tau~ {task.fields[tf]:.2f} "
+                              "tau {task.fields[tau]:.2f} {task.fields[sps]:.2f}s/step"),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                   disable=not (progress and console.is_terminal))
+    last_tau = history[-1]["eval_tau"] if history and "eval_tau" in history[-1] else float("nan")
+    ema = None
+    with bar:
+        task = bar.add_task("train", total=cfg.steps, completed=step, loss=float("nan"), acc1=0.0, tf=0.0, tau=last_tau, sps=0.0)
+        while step < cfg.steps:
+            if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
+                save()
+                log(f"time budget reached at step {step}/{cfg.steps}; checkpoint {ckpt} (resume with --resume)")
+                return TrainResult(drafter, step, False, history, elapsed())
+            t0 = time.perf_counter()
+            epoch, i = divmod(cursor, N)
+            rows = order(epoch)[i : i + cfg.seqs_per_step]
+            cursor += len(rows)
+            ids, lm = input_ids[rows].to(dev), loss_mask[rows].to(dev)
+            anchors, valid = sample_anchors(lm, cfg.anchors, B, anchor_gen)
+            lr = lr_at(cfg, step)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            feats = target_features(feature_target, ids, dcfg.target_layer_ids)
+            with autocast:
+                res = block_loss(drafter, target, feats, ids, lm, anchors, valid, gamma)
+            opt.zero_grad(set_to_none=True)
+            res.loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+            opt.step()
+            step += 1
+            loss = res.loss.item()
+            ema = loss if ema is None else 0.95 * ema + 0.05 * loss
+            acc = (res.slot_correct / res.slot_count.clamp_min(1)).tolist()
+            sps = time.perf_counter() - t0
+            if step % cfg.log_every == 0:
+                history.append({"step": step, "elapsed": round(elapsed(), 1), "loss": round(loss, 4),
+                                "loss_ema": round(ema, 4), "lr": lr, "acc": [round(a, 3) for a in acc],
+                                "tau_estimate": round(res.tau_estimate, 3)})
+                log(f"step {step}/{cfg.steps} loss {loss:.3f} (ema {ema:.3f}) lr {lr:.2e} slot-1 acc {acc[0]:.2f} "
+                    f"tau~ {res.tau_estimate:.2f} {sps:.2f}s/step {elapsed():.0f}s")
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                last_tau = run_eval().tau
+            bar.update(task, completed=step, loss=ema, acc1=acc[0], tf=res.tau_estimate, tau=last_tau, sps=sps)
+            if step % cfg.ckpt_every == 0:
+                save()
+        run_eval()
+        save()
+    return TrainResult(drafter, step, True, history, elapsed())
+
+
+def export(drafter: DFlashDraft, out_dir, dtype: torch.dtype = torch.bfloat16, summary: dict | None = None):
+    """Write the z-lab layout (config.json + model.safetensors) atomically, plus training.json."""
+    import json
+    import os
+    import shutil
+    from pathlib import Path
+
+    from trtllm_dflash.reference.loading import save_drafter
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp, old = out_dir.with_name(out_dir.name + ".tmp"), out_dir.with_name(out_dir.name + ".old")
+    for d in (tmp, old):
+        if d.exists():
+            shutil.rmtree(d)
+    save_drafter(drafter, tmp, dtype)
+    if summary is not None:
+        (tmp / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if out_dir.exists():
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old.exists():
+        shutil.rmtree(old)
+    return out_dir

@@ -1,0 +1,73 @@
+"""Settings of drafter training (torch-free, so the CLI can build its parser quickly)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    """What the user chooses about a new drafter; the rest is copied from the target."""
+
+    num_layers: int = 1
+    block_size: int = 16
+    intermediate_size: int | None = None  # default: the target's
+    target_layer_ids: tuple[int, ...] | None = None  # default: z-lab's rule for 3 features
+    init: str = "target"  # "target": layers/norms copied from the target's last layers; "random"
+
+
+INITS = ("target", "random")
+
+SCHEDULES = ("wsd", "cosine", "constant")
+
+
+def default_gamma(block_size: int) -> float:
+    """Slot-weight decay of the published recipe: 7 at B=16, 5 at B=10, 4 at B=8."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, round(0.45 * block_size)))
+
+
+@dataclass(frozen=True)
+class DrafterTrainConfig:
+    steps: int = 4000
+    seqs_per_step: int = 8  # sequences per optimizer step (one target pass each)
+    anchors: int = 64  # blocks per sequence
+    gamma: float | None = None  # slot-weight decay; default from the block size
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.05  # final lr = lr * min_lr_ratio
+    schedule: str = "wsd"  # warm-up, constant, linear decay over the last decay_fraction of steps
+    decay_fraction: float = 0.2
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    bf16: bool = True  # bf16 autocast for the target features and the drafter (fp32 master weights)
+    seed: int = 0
+    eval_every: int = 250  # steps between in-loop acceptance evaluations (0 = only at the end)
+    eval_prompts: int = 8  # held-out prompts decoded per evaluation
+    eval_new_tokens: int = 128
+    ckpt_every: int = 100
+    log_every: int = 25
+
+
+# Fields that may change when a run is resumed (the schedule is a function of `steps`, so
+# raising it extends a run: a WSD schedule then simply stays in its constant phase longer).
+RESUME_FREE = {"steps", "eval_every", "eval_prompts", "eval_new_tokens", "ckpt_every", "log_every"}
+
+
+def lr_at(cfg: DrafterTrainConfig, step: int) -> float:
+    """Learning rate of optimizer step `step` (0-based)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "constant":
+        return cfg.lr
+    if cfg.schedule == "cosine":
+        p = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * p))
+    decay_start = cfg.steps - int(cfg.decay_fraction * cfg.steps)
+    if step < decay_start:
+        return cfg.lr
+    p = min(1.0, (step - decay_start + 1) / max(1, cfg.steps - decay_start))
+    return cfg.lr + (floor - cfg.lr) * p
