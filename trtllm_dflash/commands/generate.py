@@ -4,6 +4,7 @@
       --max-new-tokens N [--mode ar|dflash|ddtree] [--temperature T] [--top-p P] [--top-k K]
       [--seed S] [--block-size B] [--ddtree-budget N] [--json]
   trtllm-dflash generate --recipe RECIPE ...      (target, drafter, block size, budget from the recipe)
+  trtllm-dflash generate --checkpoint DIR [--tp N] ...   (a convert / quantize output, N processes)
 
 --target is an HF model directory (it may carry a tokenizer; --prompt needs one), --drafter
 a z-lab DFlash directory (not needed for --mode ar). Without --json the decoded text is
@@ -30,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=Path, help="target: HF model directory (config.json + *.safetensors)")
     p.add_argument("--drafter", type=Path, help="drafter: z-lab DFlash directory (not needed for --mode ar)")
     p.add_argument("--recipe", help="recipe YAML giving target, drafter, block size and DDTree budget")
+    p.add_argument("--checkpoint", type=Path, help="a convert / quantize output (TensorRT-LLM layout) instead of --target/--drafter")
+    p.add_argument("--tp", type=int, default=None, help="--checkpoint: tensor-parallel processes (default: its tp)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the target directory)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated: 1,2,3")
@@ -49,6 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _paths(args) -> tuple[Path, Path | None, int | None, int | None]:
     block, budget = args.block_size, args.ddtree_budget
+    if args.checkpoint is not None:
+        from trtllm_dflash.runtime.tp import checkpoint_paths
+
+        return checkpoint_paths(args)
     if args.recipe is None:
         if args.target is None:
             raise UserError("give --target DIR (and --drafter DIR), or --recipe RECIPE")
@@ -86,7 +93,7 @@ def _prompt_ids(args, tok) -> list[int]:
         return ids
     if tok is None:
         raise UserError(f"--prompt needs a tokenizer, and the target directory {args.target} has none (no tokenizer.json or tokenizer_config.json); use --prompt-ids")
-    ids = tok(args.prompt, add_special_tokens=False)["input_ids"]
+    ids = tok(args.prompt)["input_ids"]  # with the tokenizer's own special tokens (e.g. Llama's BOS)
     if not ids:
         raise UserError("--prompt encodes to zero tokens")
     return ids
@@ -105,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     tok = _tokenizer(target_dir)
     prompt = _prompt_ids(args, tok)
     dtype = getattr(torch, args.dtype)
-    if args.mode == "ar" and drafter_dir is None:
+    if args.checkpoint is not None:
+        target = drafter = None  # each tensor-parallel process loads its own shard
+    elif args.mode == "ar" and drafter_dir is None:
         target, drafter = load_target(target_dir, dtype, args.device), None
     else:
         target, drafter = load_pair(target_dir, drafter_dir, dtype, args.device)
@@ -113,8 +122,15 @@ def run(args: argparse.Namespace) -> int:
     tokens: list[int] = []
     shown = ""
     t0 = time.perf_counter()
-    steps = generate_steps(target, drafter, [prompt], args.max_new_tokens, mode=args.mode, block_size=block,
-                           ddtree_budget=budget, sampling=sampling)
+    if args.checkpoint is not None:
+        from trtllm_dflash.runtime.tp import checkpoint_steps
+
+        steps = checkpoint_steps(args.checkpoint, [prompt], args.max_new_tokens, tp=args.tp, dtype=dtype,
+                                 device=args.device, mode=args.mode, block_size=block, ddtree_budget=budget,
+                                 sampling=sampling)
+    else:
+        steps = generate_steps(target, drafter, [prompt], args.max_new_tokens, mode=args.mode, block_size=block,
+                               ddtree_budget=budget, sampling=sampling)
     records = []
     for rec in steps:
         records.append(rec)
