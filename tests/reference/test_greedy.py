@@ -53,8 +53,9 @@ def pair(request):
 @pytest.mark.parametrize(
     "mode,kw", [("ar", {}), ("dflash", {}), ("dflash", {"block_size": 3}), ("ddtree", {}), ("ddtree", {"ddtree_budget": 24})]
 )
-def test_random_drafter_matches_hf(pair, mode, kw):
+def test_random_drafter_matches_hf(pair, mode, kw, monkeypatch):
     hf, target, drafter = pair
+    moves = count_moves(monkeypatch)
     rounds = []
     for seed in range(2):
         for prompt in prompts_for(seed, n=4):
@@ -63,6 +64,21 @@ def test_random_drafter_matches_hf(pair, mode, kw):
             assert got.tokens == ref, (seed, prompt)
             rounds += got.stats.accepted_per_round
     assert 1 in rounds  # rounds where no draft was accepted (all of them, for ar)
+    if mode == "ddtree" and kw:  # a wide tree: some accepted paths left the first-child chain,
+        assert moves[0] > 0  # so their K/V were compacted into contiguous cache slots
+
+
+def count_moves(monkeypatch):
+    from trtllm_dflash.reference.cache import KVCache
+
+    calls, real = [0], KVCache.move
+
+    def move(self, *a):
+        calls[0] += 1
+        return real(self, *a)
+
+    monkeypatch.setattr(KVCache, "move", move)
+    return calls
 
 
 def install_oracle(monkeypatch, futures, corrupt_every=0):
