@@ -45,7 +45,7 @@ from trtllm_dflash.convert.weight_maps import (
     Heads,
     Read,
     combine,
-    layer_entries,
+    model_entries,
     plan_reads,
     planned_shape,
 )
@@ -227,17 +227,7 @@ def _plan_model(
     dtypes = {n: CODE_DTYPES[i.dtype] for c in sources.values() for n, i in c.tensors.items()}
     heads = Heads(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     moe = getattr(cfg, "moe", None)
-    entries: list[tuple[Entry, int | None]] = [(e, None) for e in arch_map.top]
-    for i in range(cfg.num_layers):
-        sparse = moe is not None and moe.sparse_layers[i]
-        es = layer_entries(
-            arch_map,
-            qk_norm=role == "drafter" or cfg.qk_norm,
-            attention_bias=cfg.attention_bias,
-            mlp_bias=getattr(cfg, "mlp_bias", False),
-            sparse=sparse,
-        )
-        entries += [(e, i) for e in es]
+    entries = model_entries(arch_map, cfg, drafter=role == "drafter")
     ranks = []
     for rank in range(tp):
         planned = []

@@ -255,3 +255,40 @@ def layer_entries(m: ArchMap, *, qk_norm: bool, attention_bias: bool, mlp_bias: 
             raise ValueError(f"{m.architecture}: the map has no MoE entries")
         return out + m.moe_mlp
     return out + m.dense_mlp + (m.mlp_bias if mlp_bias else ())
+
+
+def split_back(entry: Entry, layer: int | None, x: torch.Tensor, local: Heads | None, experts: int) -> dict[str, torch.Tensor]:
+    """Inverse of one entry on one rank: the rank's tensor -> its parts under the source names
+    (the rank-local shapes a tensor-parallel module holds)."""
+    names = [source_name(s, layer) for s in entry.src]
+    if entry.rule in ("qkv", "kv"):
+        assert local is not None
+        kv = local.num_kv_heads * local.head_dim
+        sizes = ([local.num_heads * local.head_dim] if entry.rule == "qkv" else []) + [kv, kv]
+        return dict(zip(names, torch.split(x, sizes, dim=0)))
+    if entry.rule == "experts_col":
+        half = x.shape[1] // 2
+        out = {}
+        for e in range(experts):
+            up, gate = (source_name(s, layer, e) for s in entry.src)
+            out[up], out[gate] = x[e, :half], x[e, half:]
+        return out
+    if entry.rule == "experts_row":
+        return {source_name(entry.src[0], layer, e): x[e] for e in range(experts)}
+    return {names[0]: x}
+
+
+def model_entries(m: ArchMap, cfg, drafter: bool = False) -> list[tuple[Entry, int | None]]:
+    """Every (entry, layer) of a model, in file order; `cfg` is a reference TargetConfig / DraftConfig."""
+    moe = getattr(cfg, "moe", None)
+    out: list[tuple[Entry, int | None]] = [(e, None) for e in m.top]
+    for i in range(cfg.num_layers):
+        es = layer_entries(
+            m,
+            qk_norm=drafter or cfg.qk_norm,  # DFlash drafters are Qwen3 layers
+            attention_bias=cfg.attention_bias,
+            mlp_bias=getattr(cfg, "mlp_bias", False),
+            sparse=moe is not None and moe.sparse_layers[i],
+        )
+        out += [(e, i) for e in es]
+    return out

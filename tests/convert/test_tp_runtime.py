@@ -1,0 +1,135 @@
+"""Tensor-parallel reference runs over converted / quantized checkpoints, in real processes.
+
+TP=2 means two processes (torch.multiprocessing spawn, gloo), each holding only its rank's
+shard; greedy output must be the unsharded HF model's, token for token.
+"""
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+from conftest import make_drafter, make_target, write_recipe
+
+from trtllm_dflash.cli import main
+from trtllm_dflash.convert.convert import convert
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.quantize import formats as F
+from trtllm_dflash.recipe import load_recipe
+from trtllm_dflash.runtime.tp import Comm, checkpoint_steps, load_rank, read_checkpoint
+
+PROMPTS = [[5, 17, 33, 2, 90, 11], [7, 7, 100, 3]]
+NEW = 20
+
+
+def _hf_greedy(model, prompts, n=NEW):
+    out = []
+    for p in prompts:
+        ids = model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        out.append(ids[0, len(p):].tolist())
+    return out
+
+
+def _tokens(steps, n):
+    toks = [[] for _ in range(n)]
+    for rec in steps:
+        for r, t in zip(rec.seq_ids, rec.tokens):
+            toks[r] += t
+    return toks
+
+
+def _cli_json(*args) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(map(str, args)))
+    assert rc == 0, err.getvalue()
+    return json.loads(out.getvalue())
+
+
+def test_qwen3_tp2_two_processes_match_hf_generate(tmp_path):
+    import transformers
+
+    target, drafter = make_target(tmp_path / "t", "qwen3"), make_drafter(tmp_path / "d")
+    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2)), tmp_path / "ckpt", progress=False)
+    hf = _hf_greedy(transformers.AutoModelForCausalLM.from_pretrained(target), PROMPTS[:1])
+    got = _cli_json("generate", "--checkpoint", out, "--tp", 2, "--prompt-ids", ",".join(map(str, PROMPTS[0])),
+                    "--max-new-tokens", NEW, "--json")
+    assert got["tokens"] == hf[0]
+    assert got["mode"] == "dflash" and got["rounds"] >= 1 and got["tau"] >= 1.0
+
+
+def test_llama_tp2_two_processes_match_hf_generate(tmp_path):
+    import transformers
+
+    target, drafter = make_target(tmp_path / "t", "llama"), make_drafter(tmp_path / "d")
+    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2)), tmp_path / "ckpt", progress=False)
+    hf = _hf_greedy(transformers.AutoModelForCausalLM.from_pretrained(target), PROMPTS)
+    assert _tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == hf
+
+
+def test_each_rank_holds_only_its_shard(tmp_path, tiny_pair):
+    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=2)), tmp_path / "ckpt", progress=False)
+    info = read_checkpoint(out)
+    # building a rank does not need the process group until a forward runs
+    target, drafter = load_rank(info, Comm(rank=1, world=2))
+    attn = target.layers[0].self_attn
+    assert attn.q_proj.weight.shape == (32, 64) and attn.k_proj.weight.shape == (16, 64)
+    assert target.layers[0].mlp.down_proj.weight.shape == (64, 64)
+    assert target.embed_tokens.weight.shape == (128, 64) and target.embed_tokens.start == 128
+    assert drafter.fc.weight.shape == (32, 128) and drafter.layers[0].self_attn.v_proj.weight.shape == (16, 64)
+    n_params = sum(p.numel() for p in [*target.parameters(), *drafter.parameters()])
+    full = sum(p.numel() for p in load_rank(read_checkpoint(convert(
+        load_recipe(write_recipe(tmp_path / "r1.yaml", *tiny_pair, tp=1)), tmp_path / "ckpt1", progress=False)), Comm())[0].parameters())
+    assert n_params < full  # a rank holds about half the target (norms are replicated)
+
+
+def test_tp_must_match_the_checkpoint(tmp_path, tiny_pair):
+    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=2)), tmp_path / "ckpt", progress=False)
+    with pytest.raises(UserError, match=r"--tp 1: .* is sharded for tp=2"):
+        next(checkpoint_steps(out, PROMPTS, 4, tp=1))
+
+
+def _fake_quantized_hf(target_dir, calib, fmt):
+    """The HF model with every quantized linear replaced by dequantize(quantize(W)) under the
+    checkpoint's group scales: what the quantized checkpoint must compute."""
+    import transformers
+
+    from trtllm_dflash.quantize.calibrate import SHARED_INPUT_SUFFIXES
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir)
+    linears = calib["target"]["linears"]
+    with torch.no_grad():
+        for name in linears:
+            parent, leaf = name.rsplit(".", 1)
+            group = next((g for g in SHARED_INPUT_SUFFIXES if leaf in g), (leaf,))
+            amax = max(linears[f"{parent}.{x}"]["weight"] for x in group if f"{parent}.{x}" in linears)
+            w = model.get_submodule(name).weight
+            if fmt == "fp8":
+                q = F.quantize_fp8(w, F.fp8_scale(amax), fp32_quotient=True)
+            else:
+                q = F.quantize_nvfp4(w, F.nvfp4_global_scale(amax))
+            w.copy_(q.dequantize())
+    return model
+
+
+@pytest.mark.parametrize("fmt,tp", [("fp8", 1), ("nvfp4", 2)])
+def test_quantized_checkpoint_runs_what_was_quantized(tmp_path, tiny_pair, fmt, tp):
+    pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
+    from trtllm_dflash.commands.quantize import quantize
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=tp, fmt=fmt))
+    out = quantize(recipe, tmp_path / "q", samples=4, length=16, progress=False)
+    calib = json.loads((out / "calibration.json").read_text())
+    expected = _hf_greedy(_fake_quantized_hf(tiny_pair[0], calib, fmt), PROMPTS)
+    assert _tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == expected
+
+
+@pytest.mark.slow
+def test_qwen3_moe_tp2_matches_hf_generate(tmp_path):
+    import transformers
+
+    target, drafter = make_target(tmp_path / "t", "qwen3_moe"), make_drafter(tmp_path / "d")
+    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2)), tmp_path / "ckpt", progress=False)
+    hf = _hf_greedy(transformers.AutoModelForCausalLM.from_pretrained(target), PROMPTS)
+    assert _tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == hf

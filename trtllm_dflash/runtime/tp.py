@@ -1,0 +1,320 @@
+"""Tensor-parallel reference runs over a converted or quantized checkpoint.
+
+`checkpoint_steps(DIR, tp, prompts, ...)` runs the reference DFlash loop on the TensorRT-LLM
+layout `convert` / `quantize` wrote (`target/` and `drafter/`, `rank{r}.safetensors` each), in
+`tp` processes that each hold only their rank's shard, joined by torch.distributed (gloo on CPU,
+NCCL on GPU). It yields the same `StepRecord`s as `reference.generate_steps` (from rank 0).
+
+Per rank (the checkpoint's splits, weight_maps.py):
+  attention   q/k/v column-parallel by heads (KV heads replicated when tp > num_kv_heads),
+              o_proj row-parallel: the attention output is all-reduced
+  MLP         gate/up column-parallel, down row-parallel: the MLP output is all-reduced;
+              MoE: every expert's FFN width split, router replicated, the block output all-reduced
+  embedding   vocab-parallel: each rank looks up its rows (others zero), then all-reduce
+  LM head     vocab-parallel: local logits, all-gathered on the vocabulary axis
+  drafter     the same, and fc column-parallel with its output all-gathered before hidden_norm
+  norms       replicated; row-parallel biases live on rank 0 only (summed once)
+Quantized tensors (FP8 / NVFP4 weights with their scales) are dequantized on load into the
+compute dtype: the reference emulates quantized weights; activations and the KV cache stay in
+high precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import socket
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtllm_dflash.errors import UserError
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+class Comm:
+    """The tensor-parallel group of this process (world 1: every collective is the identity)."""
+
+    def __init__(self, rank: int = 0, world: int = 1):
+        self.rank, self.world = rank, world
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            torch.distributed.all_reduce(x)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's x on the last axis, in rank order."""
+        if self.world == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        torch.distributed.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [start, start + n) of the embedding; ids outside them contribute zeros."""
+
+    def __init__(self, n: int, hidden: int, start: int, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n, hidden))
+        self.start, self.comm = start, comm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * inside[..., None]  # [B, T, H]
+        return self.comm.all_reduce(x)
+
+
+class GatherLinear(nn.Module):
+    """Column-parallel linear whose output is all-gathered (LM head over the vocabulary, drafter fc)."""
+
+    def __init__(self, in_features: int, out_local: int, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_local, in_features))
+        self.comm = comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather_last(F.linear(x, self.weight))
+
+
+# ----------------------------------------------------------------------------- the checkpoint
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    directory: Path
+    tp: int
+    target_cfg: object  # reference TargetConfig (global sizes)
+    drafter_cfg: object  # reference DraftConfig
+    dtype: torch.dtype  # the checkpoint's high-precision dtype
+    quantization: dict  # role -> config.json quantization section
+    tokenizer_dir: Path | None
+
+
+def read_checkpoint(directory: str | Path) -> CheckpointInfo:
+    """Check a convert / quantize output in the TensorRT-LLM layout and read its configs."""
+    from trtllm_dflash.artifacts import Manifest
+    from trtllm_dflash.reference.config import DraftConfig, TargetConfig
+
+    directory = Path(directory)
+    m = Manifest.read(directory)
+    if m.stage not in ("convert", "quantize"):
+        raise UserError(f"{directory}: a {m.stage} output; --checkpoint takes a convert or quantize output")
+    if m.extra.get("layout") != "trtllm":
+        raise UserError(
+            f"{directory}: layout {m.extra.get('layout')!r}; the reference runs the TensorRT-LLM layout "
+            "(convert / quantize a recipe with the reference or engine backend, or convert --layout trtllm)"
+        )
+    cfgs = {}
+    for role in ("target", "drafter"):
+        path = directory / role / "config.json"
+        if not path.is_file():
+            raise UserError(f"{directory}: missing {role}/config.json")
+        cfgs[role] = json.loads(path.read_text())
+    tc = cfgs["target"]
+    tcfg = TargetConfig.from_dict(tc["hf_config"], f"{directory}/target/config.json hf_config")
+    eos = (tc.get("generation_config") or {}).get("eos_token_id")
+    eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    tcfg = dataclasses.replace(tcfg, eos_token_ids=tuple(dict.fromkeys([*tcfg.eos_token_ids, *eos])))
+    dcfg = DraftConfig.from_dict(cfgs["drafter"]["hf_config"], f"{directory}/drafter/config.json hf_config")
+    tp = tc["mapping"]["tp_size"]
+    tok = directory / "tokenizer"
+    has_tok = any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    return CheckpointInfo(
+        directory, tp, tcfg, dcfg, getattr(torch, tc["dtype"]),
+        {r: c.get("quantization") or {} for r, c in cfgs.items()}, tok if has_tok else None,
+    )
+
+
+def _dequantized(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """FP8 / NVFP4 weights with their scales -> plain weights; scale tensors are consumed."""
+    from trtllm_dflash.quantize.formats import dequantize_fp8, dequantize_nvfp4
+
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(("_scaling_factor", "_scaling_factor_2")):
+            continue
+        prefix = name.removesuffix(".weight")
+        if t.dtype == torch.float8_e4m3fn:
+            t = dequantize_fp8(t, tensors[f"{prefix}.weights_scaling_factor"].reshape(()), dtype)
+        elif t.dtype == torch.uint8:
+            t = dequantize_nvfp4(t, tensors[f"{prefix}.weights_scaling_factor"], tensors[f"{prefix}.weights_scaling_factor_2"], dtype)
+        out[name] = t
+    return out
+
+
+def _read_rank(directory: Path, role: str, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = directory / role / f"rank{rank}.safetensors"
+    if not path.is_file():
+        raise UserError(f"{directory}: missing {role}/rank{rank}.safetensors")
+    return _dequantized(load_file(path), dtype)
+
+
+def _state(arch_map, layers: list[tuple], tensors: dict[str, torch.Tensor], local_heads, experts: int,
+           strip_model: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A rank's TensorRT-LLM tensors -> reference parameter names (entries from `origin` target skipped)."""
+    from trtllm_dflash.convert.weight_maps import split_back
+
+    state = {}
+    for entry, layer in layers:
+        if entry.origin == "target":
+            continue
+        name = entry.dst.replace("{}", str(layer)) if layer is not None else entry.dst
+        if name not in tensors:
+            raise UserError(f"checkpoint rank file: missing tensor {name}")
+        for src, x in split_back(entry, layer, tensors[name], local_heads, experts).items():
+            key = src.removeprefix("model.") if strip_model else src
+            state[key] = x.to(dtype)
+    return state
+
+
+def load_rank(info: CheckpointInfo, comm: Comm, dtype: torch.dtype | None = None, device: str = "cpu"):
+    """The reference target and drafter of one rank, holding only that rank's shard."""
+    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, WEIGHT_MAPS, Heads, model_entries
+    from trtllm_dflash.reference.draft import DFlashDraft
+    from trtllm_dflash.reference.target import Rope, Target
+
+    dtype = dtype or info.dtype
+    tp, rank = comm.world, comm.rank
+    t, d = info.target_cfg, info.drafter_cfg
+    theads = Heads(t.num_heads, t.num_kv_heads, t.head_dim).local(tp)
+    dheads = Heads(d.num_heads, d.num_kv_heads, d.head_dim).local(tp)
+    moe = t.moe and dataclasses.replace(t.moe, intermediate_size=t.moe.intermediate_size // tp)
+    local_t = dataclasses.replace(t, num_heads=theads.num_heads, num_kv_heads=theads.num_kv_heads,
+                                  intermediate_size=t.intermediate_size // tp, moe=moe)
+    local_d = dataclasses.replace(d, num_heads=dheads.num_heads, num_kv_heads=dheads.num_kv_heads,
+                                  intermediate_size=d.intermediate_size // tp)
+
+    with torch.device("meta"):
+        target, drafter = Target(local_t), DFlashDraft(local_d)
+        vocab = t.vocab_size // tp
+        target.embed_tokens = VocabParallelEmbedding(vocab, t.hidden_size, rank * vocab, comm)
+        target.lm_head = GatherLinear(t.hidden_size, vocab, comm)
+        drafter.fc = GatherLinear(len(d.target_layer_ids) * d.hidden_size, d.hidden_size // tp, comm)
+
+    ttensors = _read_rank(info.directory, "target", rank, dtype)
+    tstate = _state(WEIGHT_MAPS[t.arch], model_entries(WEIGHT_MAPS[t.arch], t), ttensors, theads,
+                    t.moe.num_experts if t.moe else 0, True, dtype)
+    dstate = _state(DRAFTER_MAP, model_entries(DRAFTER_MAP, d, drafter=True), _read_rank(info.directory, "drafter", rank, dtype),
+                    dheads, 0, False, dtype)
+    for model, state, cfg in ((target, tstate, t), (drafter, dstate, d)):
+        if rank != 0:  # row-parallel biases are added once, after the all-reduce
+            for k in [k for k in state if k.endswith(("o_proj.bias", "down_proj.bias"))]:
+                state[k] = torch.zeros_like(state[k])
+        model.load_state_dict(state, strict=True, assign=True)
+        model.rope = Rope(cfg.rope, cfg.head_dim)
+        model.to(device).eval()
+    if tp > 1:
+        for layer in [*target.layers, *drafter.layers]:
+            for module in (layer.self_attn, layer.mlp):
+                module.register_forward_hook(lambda _m, _i, out: comm.all_reduce(out))
+    return target, drafter
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def checkpoint_paths(args) -> tuple[Path, Path, int | None, int | None]:
+    """For `generate --checkpoint DIR`: (tokenizer directory, checkpoint, block size, DDTree budget)."""
+    if args.target is not None or args.drafter is not None or args.recipe is not None:
+        raise UserError("--checkpoint replaces --target/--drafter/--recipe; give one or the other")
+    info = read_checkpoint(args.checkpoint)
+    return info.tokenizer_dir or info.directory / "tokenizer", info.directory, args.block_size, args.ddtree_budget
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, job: dict, out_queue) -> None:
+    from trtllm_dflash.reference import generate_steps
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
+    dev = f"cuda:{rank}" if device.startswith("cuda") else device
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(rank)
+    torch.distributed.init_process_group(
+        "nccl" if dev.startswith("cuda") else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp
+    )
+    try:
+        info = read_checkpoint(directory)
+        target, drafter = load_rank(info, Comm(rank, tp), dtype, dev)
+        for rec in generate_steps(target, drafter, **job):
+            if rank == 0:
+                out_queue.put(("step", rec))
+        if rank == 0:
+            out_queue.put(("done", None))
+    except BaseException as e:
+        out_queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}" if not isinstance(e, UserError) else str(e)))
+        raise
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def checkpoint_steps(
+    directory: str | Path,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens,
+    tp: int | None = None,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+    **kwargs,
+) -> Iterator:
+    """`reference.generate_steps` over a converted / quantized checkpoint, in `tp` processes.
+
+    tp defaults to the checkpoint's (it is sharded for exactly that many ranks)."""
+    info = read_checkpoint(directory)
+    tp = tp or info.tp
+    if tp != info.tp:
+        raise UserError(f"--tp {tp}: {directory} is sharded for tp={info.tp} (mapping.tp_size); convert again for another tp")
+    if device.startswith("cuda") and tp > torch.cuda.device_count():
+        raise UserError(f"--tp {tp} on {device} needs {tp} GPUs, found {torch.cuda.device_count()}")
+    job = dict(prompts=[list(p) for p in prompts], max_new_tokens=max_new_tokens, **kwargs)
+    if tp == 1:
+        from trtllm_dflash.reference import generate_steps
+
+        target, drafter = load_rank(info, Comm(), dtype, device)
+        yield from generate_steps(target, drafter, **job)
+        return
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = mp.start_processes(
+        _worker, args=(tp, _free_port(), str(directory), dtype, device, job, results), nprocs=tp, join=False,
+        start_method="spawn",
+    )
+    try:
+        while True:
+            try:
+                kind, item = results.get(timeout=0.2)
+            except queue.Empty:
+                procs.join(timeout=0)  # raises if a rank died
+                continue
+            if kind == "error":
+                raise UserError(f"tensor-parallel run failed: {item}")
+            if kind == "done":
+                break
+            yield item
+        while not procs.join(timeout=30):
+            pass
+    finally:
+        for p in procs.processes:
+            if p.is_alive():
+                p.terminate()
