@@ -1,8 +1,13 @@
-"""Decode speed of the reference backend: ar, dflash and ddtree side by side, one run.
+"""Decode speed of the reference backend: ar, dflash and ddtree side by side, one run,
+plus (--baselines) the HF transformers baselines on the same target and prompts.
 
     python -m trtllm_dflash.perf.bench_decode [--target DIR --drafter DIR] [--prompts 4]
         [--prompt-len 64] [--max-new-tokens 128] [--block-size B] [--ddtree-budget N]
-        [--threads 2] [--dtype float32] [--json]
+        [--threads 2] [--dtype float32] [--repeats 3] [--baselines [--ar-draft DIR]] [--json]
+    trtllm-dflash bench decode RECIPE --json          (the same, driven by a recipe)
+
+Prompts: when the target directory has a tokenizer, windows of the corpus's held-out files
+(never in any training data), evenly spaced; otherwise random token ids.
 
 Without --target/--drafter it builds random-weight models in memory: an 8-layer, 256-hidden
 Qwen3 target (4 heads x 64, 2 KV heads, FFN 768, vocab 4096, tied) and a 2-layer drafter
@@ -13,19 +18,29 @@ modes are *slower* than ar; the table still shows what a round costs and the bre
 Greedy decoding. In float32 every mode must produce the same tokens (an error otherwise);
 in bfloat16 the verify pass and the 1-token step round differently, so near-ties may flip
 and the number of prompts whose output matches ar is reported instead. tokens/s counts the
-tokens after the first one over the time after the prefill. Each (mode, batch) is run
---repeats times, interleaved with the other modes, and the fastest run is kept: on a shared
-machine the minimum is the least disturbed estimate. Per-pass micro-timings (median of
-repeated calls) show the cost model: 1-token target step, B-token verify, drafter pass.
-The last stdout line with --json is one JSON object.
+tokens after the first one over the time after the prefill. The modes are interleaved
+(ar, dflash, ddtree, ar, ...) --repeats times after a warm-up, and the median repeat is
+reported (the fastest is in the JSON too). tau is tokens committed per target verify pass.
+Per-pass micro-timings (median of repeated calls) show the cost model: 1-token target
+step, B-token verify, drafter pass. The HF baselines (perf/bench_baselines.py) report their
+speed-up against HF's own greedy generate on the same prompts.
+
+The last stdout line with --json is one JSON object: tau, ar_tok_s, dflash_tok_s, speedup,
+ddtree_tau, ddtree_tok_s, ddtree_speedup, identical_to_ar, modes, passes, settings,
+prompts and, with --baselines, baselines {hf_ar_tok_s, hf_assisted_tok_s,
+hf_assisted_speedup, hf_prompt_lookup_tok_s, hf_prompt_lookup_speedup, ...}.
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
+import functools
 import json
+import sys
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -116,6 +131,140 @@ def micro(target: Target, drafter: DFlashDraft, context: int, block: int) -> dic
     return {"target_step_ms": _median_ms(one), f"verify_{block}_ms": _median_ms(verify), "draft_pass_ms": _median_ms(draft)}
 
 
+def heldout_prompts(target_dir: Path, n: int, prompt_len: int) -> list[list[int]] | None:
+    """`n` prompts of `prompt_len` tokens from the corpus's held-out files (never trained on),
+    evenly spaced, tokenized with the target's tokenizer; None without a tokenizer."""
+    if not (Path(target_dir) / "tokenizer.json").is_file():
+        return None
+    from trtllm_dflash.train.corpus import load_corpus
+    from trtllm_dflash.train.data import sample_eval_prompts
+    from trtllm_dflash.train.tokenizer import encode_files, load_tokenizer
+
+    tok = load_tokenizer(target_dir)
+    heldout = torch.tensor(encode_files(tok, [f.text for f in load_corpus().heldout]), dtype=torch.long)
+    return sample_eval_prompts(heldout, n, prompt_len, tok.eos_token_id).tolist()
+
+
+def run_modes(target, drafter, prompts, n, block, budget, batch, repeats) -> list[dict]:
+    """ar, dflash, ddtree interleaved `repeats` times. tokens_per_s is the median over the
+    repeats of (all tokens / all time), tokens_per_s_best the fastest repeat."""
+    batches = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    decode(target, drafter, batches[0], 8, "dflash", block, budget)  # warm-up
+    modes = ("ar", "dflash", "ddtree")
+    reps: dict[str, list[list[dict]]] = {m: [] for m in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            reps[mode].append([decode(target, drafter, b, n, mode, block, budget) for b in batches])
+    results = []
+    for mode in modes:
+        per_rep = []
+        for runs in reps[mode]:
+            count = sum(len(t) - 1 for r in runs for t in r["tokens"])
+            per_rep.append(count / sum(sum(len(t) - 1 for t in r["tokens"]) / r["tokens_per_s"] for r in runs))
+        runs = reps[mode][per_rep.index(statistics.median_low(per_rep))]
+        res = {k: statistics.fmean(r[k] for r in runs) for k in runs[0] if k not in ("mode", "tokens", "tokens_per_s")}
+        committed = sum(r["tau"] * r["rounds"] * len(r["tokens"]) for r in runs)
+        res["tau"] = committed / sum(r["rounds"] * len(r["tokens"]) for r in runs)  # tokens per verify pass, all prompts
+        res["tokens_per_s"] = statistics.median(per_rep)
+        res["tokens_per_s_best"] = max(per_rep)
+        res["tokens_per_s_runs"] = per_rep
+        results.append({"mode": mode, **res, "tokens": [t for r in runs for t in r["tokens"]]})
+    return results
+
+
+def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_new_tokens=128, block_size=None,
+          ddtree_budget=None, batch=1, repeats=3, dtype="float32", seed=0, baselines=False, ar_draft=None,
+          assistant_tokens=5, lookup_tokens=10, lookup_ngram=2) -> dict:
+    """Run the benchmark; returns the JSON-able result (see main for the fields)."""
+    dt = getattr(torch, dtype)
+    if target_dir or drafter_dir:
+        target, drafter = load_pair(target_dir, drafter_dir, dt)
+        source = f"{target_dir} + {drafter_dir}"
+    else:
+        target, drafter = random_pair(seed, dt)
+        source = "random weights: Qwen3 8L x 256 (vocab 4096) + 2-layer drafter"
+    block = block_size or drafter.block_size
+    budget = ddtree_budget or block - 1
+    ps = heldout_prompts(target_dir, prompts, prompt_len) if target_dir else None
+    prompt_source = "held-out corpus files" if ps is not None else "random token ids (no tokenizer)"
+    if ps is None:
+        g = torch.Generator().manual_seed(seed)
+        ps = [torch.randint(0, target.cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
+    results = run_modes(target, drafter, ps, max_new_tokens, block, budget, batch, repeats)
+    ar = results[0]
+    for r in results:
+        r["same_as_ar"] = sum(a == b for a, b in zip(r["tokens"], ar["tokens"]))
+    if dt == torch.float32 and any(r["same_as_ar"] != len(ps) for r in results):
+        raise SystemExit("error: the modes produced different greedy outputs in float32")
+    ar_ms_per_token = 1e3 / ar["tokens_per_s"] * batch
+    for r in results:
+        r["ratio_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
+        r["break_even_tau"] = r["ms_per_round"] / ar_ms_per_token
+    mic = micro(target, drafter, prompt_len + max_new_tokens // 2, block)
+    by = {r["mode"]: r for r in results}
+    out = {
+        "source": source,
+        "prompts": {"count": len(ps), "prompt_len": prompt_len, "from": prompt_source},
+        "settings": {"max_new_tokens": max_new_tokens, "block_size": block, "ddtree_budget": budget, "batch": batch,
+                     "repeats": repeats, "dtype": dtype, "threads": torch.get_num_threads(), "greedy": True},
+        "tau": by["dflash"]["tau"],
+        "ar_tok_s": ar["tokens_per_s"],
+        "dflash_tok_s": by["dflash"]["tokens_per_s"],
+        "speedup": by["dflash"]["ratio_vs_ar"],
+        "ddtree_tau": by["ddtree"]["tau"],
+        "ddtree_tok_s": by["ddtree"]["tokens_per_s"],
+        "ddtree_speedup": by["ddtree"]["ratio_vs_ar"],
+        "identical_to_ar": {r["mode"]: f"{r['same_as_ar']}/{len(ps)}" for r in results},
+        "modes": [{k: v for k, v in r.items() if k != "tokens"} for r in results],
+        "passes": mic,
+    }
+    if baselines:
+        from trtllm_dflash.perf.bench_baselines import run_baselines
+
+        if target_dir is None:
+            raise SystemExit("error: the HF baselines need a target directory (--target)")
+        hf = run_baselines(Path(target_dir), ps, max_new_tokens, repeats, ar_draft, assistant_tokens,
+                           lookup_tokens, lookup_ngram)
+        base = {"notes": hf.pop("notes"), "hf_ar_tok_s": hf["hf_ar"]["tok_s"],
+                "hf_ar_identical_to_ar": f"{sum(a == b for a, b in zip(hf['hf_ar']['tokens'], ar['tokens']))}/{len(ps)}"}
+        for m, r in hf.items():
+            if m == "hf_ar":
+                continue
+            base[f"{m}_tok_s"] = r["tok_s"]
+            base[f"{m}_speedup"] = r["tok_s"] / hf["hf_ar"]["tok_s"]
+            base[f"{m}_identical_to_hf_ar"] = f"{sum(a == b for a, b in zip(r['tokens'], hf['hf_ar']['tokens']))}/{len(ps)}"
+        base["tok_s_runs"] = {m: r["tok_s_runs"] for m, r in hf.items()}
+        out["baselines"] = base
+    return out
+
+
+def print_report(res: dict, file=None) -> None:
+    print = functools.partial(builtins.print, file=file or sys.stdout)
+    s, pr = res["settings"], res["prompts"]
+    print(f"{res['source']}; {pr['count']} prompts x {pr['prompt_len']} tokens ({pr['from']}), {s['max_new_tokens']} new, "
+          f"batch {s['batch']}, block {s['block_size']}, ddtree budget {s['ddtree_budget']}, {s['dtype']}, "
+          f"{s['threads']} threads, greedy, median of {s['repeats']} interleaved runs")
+    print(f"{'mode':18} {'tok/s':>8} {'speed-up':>9} {'tau':>6} {'ms/round':>9} {'draft':>7} {'verify':>7} "
+          f"{'other':>7} {'break-even tau':>15} {'identical':>10}")
+    for r in res["modes"]:
+        print(f"{r['mode']:18} {r['tokens_per_s']:8.1f} {r['ratio_vs_ar']:9.2f} {r['tau']:6.2f} {r['ms_per_round']:9.2f} "
+              f"{r['draft_ms_per_round']:7.2f} {r['verify_ms_per_round']:7.2f} {r['overhead_ms_per_round']:7.2f} "
+              f"{r['break_even_tau']:15.2f} {res['identical_to_ar'][r['mode']]:>10}")
+    b = res.get("baselines")
+    if b:
+        print(f"{'hf_ar':18} {b['hf_ar_tok_s']:8.1f} {1.0:9.2f} {'':6} (HF model; its greedy output equals ar on "
+              f"{b['hf_ar_identical_to_ar']} prompts)")
+        for m in ("hf_assisted", "hf_prompt_lookup"):
+            if f"{m}_tok_s" in b:
+                print(f"{m:18} {b[m + '_tok_s']:8.1f} {b[m + '_speedup']:9.2f} {'':6} (vs hf_ar; identical to hf_ar "
+                      f"{b[m + '_identical_to_hf_ar']}; {b['notes'][m]})")
+            else:
+                print(f"{m:18} {b['notes'][m]}")
+    mic = res["passes"]
+    print("passes (median ms): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in mic.items())
+          + f"; draft/step {mic['draft_pass_ms'] / mic['target_step_ms']:.2f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="HF target directory (default: random 8x256 Qwen3)")
@@ -128,67 +277,26 @@ def main(argv=None) -> int:
     p.add_argument("--ddtree-budget", type=int, default=None, help="default: block size - 1")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--repeats", type=int, default=3, help="runs per (mode, batch); the fastest is kept")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved runs per mode; the median is reported")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baselines", action="store_true", help="also run the HF baselines (assisted, prompt lookup)")
+    p.add_argument("--ar-draft", help="HF AR draft model for assisted generation (default: DRAFTER/../ar-draft)")
+    p.add_argument("--assistant-tokens", type=int, default=5, help="draft tokens per round of assisted generation")
+    p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--lookup-ngram", type=int, default=2, help="max_matching_ngram_size")
     p.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    if args.target or args.drafter:
-        target, drafter = load_pair(args.target, args.drafter, dtype)
-        source = f"{args.target} + {args.drafter}"
-    else:
-        target, drafter = random_pair(args.seed, dtype)
-        source = "random weights: Qwen3 8L x 256 (vocab 4096) + 2-layer drafter"
-    block = args.block_size or drafter.block_size
-    g = torch.Generator().manual_seed(args.seed)
-    prompts = [torch.randint(0, target.cfg.vocab_size, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
-    batches = [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
-
-    decode(target, drafter, batches[0], 8, "dflash", block, args.ddtree_budget)  # warm-up
-    modes = ("ar", "dflash", "ddtree")
-    best: dict[tuple[str, int], dict] = {}
-    for _ in range(args.repeats):
-        for i, b in enumerate(batches):
-            for mode in modes:
-                r = decode(target, drafter, b, args.max_new_tokens, mode, block, args.ddtree_budget)
-                if (mode, i) not in best or r["tokens_per_s"] > best[mode, i]["tokens_per_s"]:
-                    best[mode, i] = r
-    results = []
-    for mode in modes:
-        runs = [best[mode, i] for i in range(len(batches))]
-        tokens = [t for r in runs for t in r["tokens"]]
-        res = {k: statistics.fmean(r[k] for r in runs) for k in runs[0] if k not in ("mode", "tokens")}
-        res["tokens_per_s"] = sum(len(t) - 1 for t in tokens) / sum(
-            sum(len(t) - 1 for t in r["tokens"]) / r["tokens_per_s"] for r in runs)
-        results.append({"mode": mode, **res, "tokens": tokens})
-    ar = results[0]
-    for r in results:
-        r["same_as_ar"] = sum(a == b for a, b in zip(r["tokens"], ar["tokens"]))
-    if dtype == torch.float32 and any(r["same_as_ar"] != len(prompts) for r in results):
-        raise SystemExit("error: the modes produced different greedy outputs in float32")
-    ar_ms_per_token = 1e3 / ar["tokens_per_s"] * args.batch
-    for r in results:
-        r["ratio_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
-        r["break_even_tau"] = r["ms_per_round"] / ar_ms_per_token
-        del r["tokens"]
-    mic = micro(target, drafter, args.prompt_len + args.max_new_tokens // 2, block)
-
-    print(f"{source}; {args.prompts} prompts x {args.prompt_len} tokens, {args.max_new_tokens} new, "
-          f"batch {args.batch}, block {block}, ddtree budget {args.ddtree_budget or block - 1}, "
-          f"{args.dtype}, {args.threads} threads, greedy, best of {args.repeats}")
-    head = f"{'mode':8} {'tok/s':>8} {'vs ar':>6} {'tau':>6} {'ms/round':>9} {'draft':>7} {'verify':>7} {'other':>7} {'break-even tau':>15}"
-    print(head)
-    for r in results:
-        print(f"{r['mode']:8} {r['tokens_per_s']:8.1f} {r['ratio_vs_ar']:6.2f} {r['tau']:6.2f} {r['ms_per_round']:9.2f} "
-              f"{r['draft_ms_per_round']:7.2f} {r['verify_ms_per_round']:7.2f} {r['overhead_ms_per_round']:7.2f} "
-              f"{r['break_even_tau']:15.2f}")
-    print("outputs identical to ar: " + ", ".join(f"{r['mode']} {r['same_as_ar']}/{len(prompts)}" for r in results))
-    print("passes (median ms): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in mic.items())
-          + f"; draft/step {mic['draft_pass_ms'] / mic['target_step_ms']:.2f}")
+    ar_draft = args.ar_draft or (Path(args.drafter).parent / "ar-draft" if args.drafter else None)
+    res = bench(args.target, args.drafter, prompts=args.prompts, prompt_len=args.prompt_len,
+                max_new_tokens=args.max_new_tokens, block_size=args.block_size, ddtree_budget=args.ddtree_budget,
+                batch=args.batch, repeats=args.repeats, dtype=args.dtype, seed=args.seed, baselines=args.baselines,
+                ar_draft=ar_draft, assistant_tokens=args.assistant_tokens, lookup_tokens=args.lookup_tokens,
+                lookup_ngram=args.lookup_ngram)
+    print_report(res)
     if args.json:
-        print(json.dumps({"source": source, "args": vars(args), "modes": results, "passes": mic}))
+        print(json.dumps(res))
     return 0
 
 

@@ -26,6 +26,7 @@ COMMANDS = [
     "deploy",
     "generate",
     "train-drafter",
+    "bench",
 ]
 
 

@@ -1,0 +1,74 @@
+"""`trtllm-dflash bench decode [RECIPE] [--json]`: decode speed of a recipe's pair on CPU or any
+torch device, with the reference backend.
+
+AR, DFlash and DDTree side by side in one run (interleaved, median of --repeats), greedy, on
+prompts from the corpus's held-out files; tau in the decode loop; speed-ups against AR; and,
+unless --no-baselines, the HF transformers baselines on the same target and prompts
+(assisted generation with the AR draft model found next to the drafter, prompt lookup),
+each against HF's own AR. Every mode's output is checked against the target's greedy output.
+With --json the last stdout line is one JSON object with at least tau, ar_tok_s,
+dflash_tok_s and speedup (see perf/bench_decode.py for all fields).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks of the reference backend (bench decode RECIPE --json)")
+    kinds = p.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
+    d = kinds.add_parser("decode", help="AR vs DFlash vs DDTree tokens/s and tau, plus HF baselines",
+                         description=__doc__.split("\n\n")[0])
+    add_recipe_argument(d)
+    d.add_argument("--prompts", type=int, default=8, help="held-out prompts (default 8)")
+    d.add_argument("--prompt-len", type=int, default=64)
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--repeats", type=int, default=3, help="interleaved runs per mode; the median is reported")
+    d.add_argument("--block-size", type=int, default=None, help="default: the recipe's speculative.block_size")
+    d.add_argument("--ddtree-budget", type=int, default=None, help="default: the recipe's speculative.ddtree_budget")
+    d.add_argument("--threads", type=int, default=2)
+    d.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    d.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip the HF baselines")
+    d.add_argument("--ar-draft", type=Path, default=None, help="HF AR draft model (default: DRAFTER/../ar-draft)")
+    d.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    d.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from trtllm_dflash.perf.bench_decode import bench, print_report
+    from trtllm_dflash.recipe import load_recipe
+
+    # Deployment rules (memory, build limits) do not apply to a CPU decode benchmark; the
+    # checkpoints themselves are validated when they are loaded.
+    recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
+    where = args.recipe or "the default recipe"
+    for name, src in (("target", recipe.target), ("drafter", recipe.drafter)):
+        if src.path is None or not (src.path / "config.json").is_file():
+            raise UserError(f"{where}: {name}.source {src.source!r} is not a local checkpoint directory "
+                            "(bench decode runs the reference backend on local checkpoints)")
+    for name in ("prompts", "prompt_len", "max_new_tokens", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} is {getattr(args, name)}, expected >= 1")
+    torch.set_num_threads(args.threads)
+    spec = recipe.speculative
+    ar_draft = args.ar_draft or recipe.drafter.path.parent / "ar-draft"
+    if args.baselines and args.ar_draft is not None and not (args.ar_draft / "config.json").is_file():
+        raise UserError(f"--ar-draft {args.ar_draft}: no config.json (an HF causal LM directory is expected)")
+    res = bench(recipe.target.path, recipe.drafter.path, prompts=args.prompts, prompt_len=args.prompt_len,
+                max_new_tokens=args.max_new_tokens, block_size=args.block_size or spec.block_size,
+                ddtree_budget=args.ddtree_budget or spec.ddtree_budget, repeats=args.repeats, dtype=args.dtype,
+                baselines=args.baselines, ar_draft=ar_draft)
+    res["recipe"] = recipe.name
+    print_report(res, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(res))
+    return 0
