@@ -20,6 +20,9 @@ from torch import nn
 
 # Linear layers that read the same input, by the last component of their name.
 SHARED_INPUT_SUFFIXES: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# The DFlash drafter's query projection sees only the block, its KV-injection k/v also the
+# context: our drafter engine fuses k/v only (convert/weight_maps.py DRAFTER_MAP).
+DRAFTER_SHARED_INPUT_SUFFIXES: tuple[tuple[str, ...], ...] = (("k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 @dataclass
@@ -65,16 +68,16 @@ def collect_linear_amax(
     }
 
 
-def shared_input_groups(names: Iterable[str]) -> list[list[str]]:
+def shared_input_groups(names: Iterable[str], suffixes: tuple[tuple[str, ...], ...] = SHARED_INPUT_SUFFIXES) -> list[list[str]]:
     """Groups of layer names (same parent module) that TensorRT-LLM fuses into one GEMM."""
     names = list(names)
     present = set(names)
     groups, grouped = [], set()
     for name in names:
         parent, _, leaf = name.rpartition(".")
-        for suffixes in SHARED_INPUT_SUFFIXES:
-            if leaf == suffixes[0]:
-                members = [f"{parent}.{s}" if parent else s for s in suffixes]
+        for group in suffixes:
+            if leaf == group[0]:
+                members = [f"{parent}.{s}" if parent else s for s in group]
                 members = [m for m in members if m in present]
                 if len(members) > 1:
                     groups.append(members)
