@@ -107,7 +107,7 @@ def test_reference_backend_weight_only_target_and_drafter(tmp_path, tiny_pair, f
     target, drafter = tiny_pair
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt=fmt, drafter_fmt=fmt))
     out = quantize(recipe, tmp_path / "q", **CALIB)
-    for role, src_dir in (("target", target), ("drafter", drafter)):
+    for role in ("target", "drafter"):
         cfg = read_config(out / role)
         assert cfg["quantization"]["quant_algo"] == fmt.upper() and cfg["quantization"]["weight_only"] is True
         assert cfg["dtype"] == "float32"

@@ -51,6 +51,7 @@ from trtllm_dflash.convert.weight_maps import (
 )
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.reference.config import read_json
 
 Layout = Literal["trtllm", "hf"]
 Role = Literal["target", "drafter"]
@@ -85,8 +86,7 @@ class ModelPlan:
     arch_map: ArchMap
     tp: int
     heads: Heads
-    ranks: list[list[PlannedTensor]]
-    config: dict  # config.json without the quantization section
+    ranks: list[list[PlannedTensor]]  # per rank, in file order
     num_layers: int
 
 
@@ -157,12 +157,6 @@ def _local_dir(src, field: str) -> Path:
     if not (path / "config.json").is_file():
         raise UserError(f"{field}.source: {path} has no config.json")
     return path
-
-
-def _read_json(path: Path) -> dict:
-    from trtllm_dflash.reference.config import read_json
-
-    return read_json(path)
 
 
 def _divisors(n: int) -> list[int]:
@@ -238,7 +232,7 @@ def _plan_model(
             reads = plan_reads(entry, layer, rank, tp, shapes, heads, experts)
             group: tuple[str, ...] = ()
             if entry.linear:
-                members = [entry] if entry.share is None else [e for e, l in entries if l == layer and e.share == entry.share]
+                members = [entry] if entry.share is None else [e for e, at in entries if at == layer and e.share == entry.share]
                 group = tuple(_module(r.name) for m in members for piece in plan_reads(m, layer, 0, 1, shapes, heads, experts) for r in piece)
             planned.append(
                 PlannedTensor(
@@ -380,7 +374,7 @@ def load_sources(recipe: Recipe) -> Sources:
     from trtllm_dflash.reference.loading import check_pair
 
     tdir, ddir = _local_dir(recipe.target, "target"), _local_dir(recipe.drafter, "drafter")
-    traw, draw = _read_json(tdir / "config.json"), _read_json(ddir / "config.json")
+    traw, draw = read_json(tdir / "config.json"), read_json(ddir / "config.json")
     arch = traw.get("model_type")
     if arch not in WEIGHT_MAPS:
         raise UserError(
@@ -390,7 +384,7 @@ def load_sources(recipe: Recipe) -> Sources:
     tcfg = TargetConfig.from_dict(traw, f"target {tdir}/config.json")
     dcfg = DraftConfig.from_dict(draw, f"drafter {ddir}/config.json")
     check_pair(dcfg, tcfg, f"drafter {ddir}/config.json")
-    gen = _read_json(tdir / "generation_config.json") if (tdir / "generation_config.json").is_file() else None
+    gen = read_json(tdir / "generation_config.json") if (tdir / "generation_config.json").is_file() else None
     target, drafter = Checkpoint(tdir, "target"), Checkpoint(ddir, "drafter")
     _check_sources(target, _expected_shapes("target", tcfg), "target")
     _check_sources(drafter, _expected_shapes("drafter", dcfg), "drafter")
@@ -416,12 +410,12 @@ def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
     plans["target"] = ModelPlan(
         "target", arch_map, tp, Heads(t.num_heads, t.num_kv_heads, t.head_dim),
         _plan_model("target", arch_map, t, tp, {"self": src.target}, tied),
-        {}, t.num_layers,
+        t.num_layers,
     )
     plans["drafter"] = ModelPlan(
         "drafter", DRAFTER_MAP, tp, Heads(d.num_heads, d.num_kv_heads, d.head_dim),
         _plan_model("drafter", DRAFTER_MAP, d, tp, {"self": src.drafter, "target": src.target}, tied),
-        {}, d.num_layers,
+        d.num_layers,
     )
     for role, plan in plans.items():  # every source tensor is consumed: the map is complete
         ckpt = src.target if role == "target" else src.drafter
@@ -539,54 +533,55 @@ def convert(
         extra={"layout": layout, "tp": tp, "transform": transform.describe(), "fingerprint": fingerprint, **(extra or {})},
     )
     work = out.parent / f".{out.name}.resume"
-    with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
-        state = _resume_state(work, fingerprint, resume)
-        sources = {"target": {"self": src.target}, "drafter": {"self": src.drafter, "target": src.target}}
-        with _Progress(progress) as bar:
-            for role, plan in plans.items():
-                for rank, planned in enumerate(plan.ranks):
-                    rel = f"{role}/{'model' if layout == 'hf' else f'rank{rank}'}.safetensors"
-                    done = state["done"].get(rel)
-                    if done is not None and (work / rel).is_file() and sha256_file(work / rel) == done:
-                        continue
-                    (work / rel).parent.mkdir(parents=True, exist_ok=True)
-                    partial = work / (rel + ".partial")
-                    advance = bar.task(f"{role} {'' if layout == 'hf' else f'rank {rank}/{tp}'}".strip(), len(planned))
-                    _write_rank(partial, role, planned, rank, plan.num_layers, sources[role], transform, advance)
-                    partial.rename(work / rel)
-                    state["done"][rel] = sha256_file(work / rel)
-                    (work / "state.json").write_text(json.dumps(state, indent=1))
-                    _link_or_copy(work / rel, tmp / rel)
-                for rank in range(len(plan.ranks)):
-                    rel = f"{role}/{'model' if layout == 'hf' else f'rank{rank}'}.safetensors"
-                    if not (tmp / rel).exists():
+    try:
+        with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
+            state = _resume_state(work, fingerprint, resume)
+            sources = {"target": {"self": src.target}, "drafter": {"self": src.drafter, "target": src.target}}
+            with _Progress(progress) as bar:
+                for role, plan in plans.items():
+                    for rank, planned in enumerate(plan.ranks):
+                        rel = f"{role}/model.safetensors" if layout == "hf" else f"{role}/rank{rank}.safetensors"
+                        done = state["done"].get(rel)
+                        if done is None or not (work / rel).is_file() or sha256_file(work / rel) != done:
+                            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                            partial = work / (rel + ".partial")
+                            advance = bar.task(rel.removesuffix(".safetensors"), len(planned))
+                            _write_rank(partial, role, planned, rank, plan.num_layers, sources[role], transform, advance)
+                            partial.rename(work / rel)
+                            state["done"][rel] = sha256_file(work / rel)
+                            _write_json_atomic(work / "state.json", state)
                         _link_or_copy(work / rel, tmp / rel)
-        _write_configs(tmp, layout, src, plans, transform)
-        for name, path in (extra_files or {}).items():
-            _link_or_copy(path, tmp / name)
-    shutil.rmtree(work, ignore_errors=True)
-    src.target.close()
-    src.drafter.close()
+            _write_configs(tmp, layout, src, plans, transform)
+            for name, path in (extra_files or {}).items():
+                _link_or_copy(path, tmp / name)
+        shutil.rmtree(work, ignore_errors=True)
+    finally:
+        src.target.close()
+        src.drafter.close()
     return out
 
 
+def _write_json_atomic(path: Path, data: dict) -> None:
+    part = path.with_name(path.name + ".partial")
+    part.write_text(json.dumps(data, indent=1))
+    part.replace(path)
+
+
 def _resume_state(work: Path, fingerprint: str, resume: bool) -> dict:
+    """Shards finished by an earlier run with the same fingerprint (only with --resume)."""
     fresh = {"fingerprint": fingerprint, "done": {}}
-    if not resume:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        (work / "state.json").write_text(json.dumps(fresh))
-        return fresh
-    if not (work / "state.json").is_file():
-        work.mkdir(parents=True, exist_ok=True)
-        (work / "state.json").write_text(json.dumps(fresh))
-        return fresh
-    state = json.loads((work / "state.json").read_text())
-    if state.get("fingerprint") != fingerprint:
-        raise UserError(
-            f"{work}: resume data was written for other inputs or settings; run without --resume to start over"
-        )
-    return state
+    if resume and (work / "state.json").is_file():
+        try:
+            state = json.loads((work / "state.json").read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"{work}/state.json: unreadable resume data; run without --resume to start over") from None
+        if state.get("fingerprint") != fingerprint:
+            raise UserError(f"{work}: resume data was written for other inputs or settings; run without --resume to start over")
+        return state
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    _write_json_atomic(work / "state.json", fresh)
+    return fresh
 
 
 def _write_configs(tmp: Path, layout: str, src: Sources, plans: dict, transform: Transform) -> None:
@@ -623,5 +618,5 @@ def plan_hf(src: Sources) -> dict[Role, ModelPlan]:
             PlannedTensor(name, Entry(name, (name,), "replicate"), None, [[Read(name)]], shape, CODE_DTYPES[ckpt.tensors[name].dtype], ())
             for name, shape in expected.items()
         ]
-        plans[role] = ModelPlan(role, ArchMap(role, (), ()), 1, Heads(1, 1, 1), [planned], {}, 0)
+        plans[role] = ModelPlan(role, ArchMap(role, (), ()), 1, Heads(1, 1, 1), [planned], 0)
     return plans
