@@ -130,10 +130,12 @@ def test_reference_backend_weight_only_target_and_drafter(tmp_path, tiny_pair, f
     assert sorted(calib["kv"]) == ["0", "1"]
 
 
-def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair):
+def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys):
+    from trtllm_dflash.cli import main
+
     target, drafter = tiny_pair
-    with pytest.raises(UserError, match="nothing to quantize"):
-        quantize(load_recipe(write_recipe(tmp_path / "a.yaml", target, drafter)), tmp_path / "q", **CALIB)
+    assert main(["quantize", str(write_recipe(tmp_path / "a.yaml", target, drafter)), "--out", str(tmp_path / "q")]) == 2
+    assert "nothing to quantize (run `convert`)" in capsys.readouterr().err
     engine = write_recipe(tmp_path / "b.yaml", target, drafter, fmt="bf16", gpu="h100-sxm", backend="engine",
                           quantization={"target_weights": "fp8", "activations": "bf16"})
     with pytest.raises(UserError, match="quantization.activations: bf16 with fp8 quantization.target_weights on the engine backend"):

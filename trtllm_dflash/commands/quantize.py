@@ -106,7 +106,7 @@ def quantize(recipe, out: Path, *, calib: Path | None = None, samples: int = 32,
     if plan.drafter is not Scheme.NONE:
         calibration["drafter"] = calibrate_drafter(src.target_dir, src.drafter_dir, data, progress=progress)
     record = json.dumps({r: c.to_json() for r, c in calibration.items()}, indent=1, sort_keys=True)
-    extra = {"quantization": plan.describe(), "calibration_data": data.source}
+    extra = {"quantization": plan.describe(), "calibration_data": data.source, "tools": tool_versions("nvidia-modelopt")}
 
     if layout == "trtllm":
         with tempfile.TemporaryDirectory() as d:
