@@ -133,7 +133,8 @@ def micro(target: Target, drafter: DFlashDraft, context: int, block: int) -> dic
 
 def heldout_prompts(target_dir: Path, n: int, prompt_len: int) -> list[list[int]] | None:
     """`n` prompts of `prompt_len` tokens from the corpus's held-out files (never trained on),
-    evenly spaced, tokenized with the target's tokenizer; None without a tokenizer."""
+    evenly spaced, without an end-of-file inside, tokenized with the target's tokenizer;
+    None without a tokenizer."""
     if not (Path(target_dir) / "tokenizer.json").is_file():
         return None
     from trtllm_dflash.train.corpus import load_corpus
@@ -142,7 +143,10 @@ def heldout_prompts(target_dir: Path, n: int, prompt_len: int) -> list[list[int]
 
     tok = load_tokenizer(target_dir)
     heldout = torch.tensor(encode_files(tok, [f.text for f in load_corpus().heldout]), dtype=torch.long)
-    return sample_eval_prompts(heldout, n, prompt_len, tok.eos_token_id).tolist()
+    # Start half a spacing in, so that these windows differ from the evenly spaced held-out
+    # prompts drafter training evaluates on (train/data.py starts at 0).
+    # The stream ends with an end-of-file token, which no window may contain: drop it.
+    return sample_eval_prompts(heldout[len(heldout) // (2 * n) : -1], n, prompt_len, tok.eos_token_id).tolist()
 
 
 def run_modes(target, drafter, prompts, n, block, budget, batch, repeats) -> list[dict]:

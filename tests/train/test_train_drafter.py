@@ -200,7 +200,7 @@ def make_run(root):
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, V, (6, 8), generator=g)
     gen = greedy_continue(model, prompts, 24)
-    eval_prompts = torch.randint(2, V, (2, 8), generator=g)
+    eval_prompts = torch.randint(2, V, (3, 8), generator=g)
     data = root / "data"
     data.mkdir()
     save_file({"input_ids": torch.cat([prompts, gen], 1), "loss_mask": generated_loss_mask(gen, 8, 0)},

@@ -21,7 +21,8 @@ equals `DFlashDraft.forward` with its KV cache.
 
 Attention layout: instead of one dense [K*B, S + K*B] mask (K*B*(K*B) wasted scores),
 every block attends over its own key list [context (S) ; own block (B)] with the
-visibility above: SDPA with batch = N*K. Same maths, (S+B)/(S+K*B) of the work.
+visibility above, the context K/V computed once per sequence and shared by its blocks
+(block_attention). Same maths, (S+B)/(S+K*B) of the work, no copies of the context.
 """
 
 from __future__ import annotations
@@ -165,30 +166,54 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int, g
     return torch.where(valid, anchors, 0), valid
 
 
-def block_visibility(cfg: DraftConfig, anchors: torch.Tensor, valid: torch.Tensor, S: int) -> list[torch.Tensor]:
-    """Per drafter layer: [N*K, 1, B, S+B] bool over keys [context 0..S-1 ; own block].
+def block_visibility(cfg: DraftConfig, anchors: torch.Tensor, valid: torch.Tensor, S: int):
+    """Per drafter layer: (ctx [N, K, B, S], own [K or 1, B, B]) bool, True = visible.
 
     Context key s is visible to the block anchored at a iff s < a (and, for sliding layers,
     the query position minus s is within the window); own-block keys are all visible
     (bidirectional) or only up to the query (causal layers). Invalid blocks see only their
-    own block (they carry no loss; this keeps softmax finite)."""
+    own block (they carry no loss; this keeps the softmax finite)."""
     N, K = anchors.shape
     B = cfg.block_size
     dev = anchors.device
-    a = anchors.reshape(N * K, 1, 1)  # [NK, 1, 1]
-    s = torch.arange(S, device=dev)[None, None, :]  # [1, 1, S]
+    a = anchors[:, :, None, None]  # [N, K, 1, 1]
+    s = torch.arange(S, device=dev)
     j = torch.arange(B, device=dev)
-    ctx = (s < a) & valid.reshape(N * K, 1, 1)  # [NK, 1, S]
+    ctx = (s < a) & valid[:, :, None, None]  # [N, K, 1, S]
     out = []
     for causal, kind in zip(cfg.causal, cfg.layer_types):
-        c = ctx.expand(-1, B, -1)  # [NK, B, S]
+        c = ctx.expand(-1, -1, B, -1)  # [N, K, B, S]
         if kind == "sliding_attention":
-            c = c & ((a + j[None, :, None]) - s < cfg.sliding_window)
-        blk = (j[None, :] <= j[:, None]) if causal else torch.ones(B, B, dtype=torch.bool, device=dev)
+            c = c & ((a + j[:, None]) - s < cfg.sliding_window)
+        own = (j[None, :] <= j[:, None]) if causal else torch.ones(B, B, dtype=torch.bool, device=dev)
         if kind == "sliding_attention" and not causal:
-            blk = blk & ((j[None, :] - j[:, None]).abs() < cfg.sliding_window)
-        out.append(torch.cat([c, blk.expand(N * K, -1, -1)], dim=-1)[:, None])  # [NK, 1, B, S+B]
+            own = own & ((j[None, :] - j[:, None]).abs() < cfg.sliding_window)
+        out.append((c, own[None, None]))  # own: [1, 1, B, B]
     return out
+
+
+def block_attention(q, kc, vc, kb, vb, vis_ctx, vis_own) -> torch.Tensor:
+    """Softmax attention of every block over [context ; own block], context K/V shared.
+
+    q [N, K, B, h, D]; kc, vc [N, S, hkv, D]; kb, vb [N, K, B, hkv, D];
+    vis_ctx [N, K, B, S]; vis_own [1, 1, B, B]  ->  [N, K, B, h, D]
+    Query head i reads KV head i // (h / hkv), as SDPA's enable_gqa does."""
+    N, K, B, h, D = q.shape
+    hkv = kc.shape[2]
+    g = h // hkv
+    qg = q.permute(0, 3, 1, 2, 4).reshape(N, hkv, g, K, B, D) * D**-0.5  # [N, hkv, g, K, B, D]
+    kc_ = kc.permute(0, 2, 1, 3)[:, :, None]  # [N, hkv, 1, S, D]
+    vc_ = vc.permute(0, 2, 1, 3)[:, :, None]
+    kb_ = kb.permute(0, 3, 1, 2, 4)[:, :, None]  # [N, hkv, 1, K, B, D]
+    vb_ = vb.permute(0, 3, 1, 2, 4)[:, :, None]
+    s_ctx = (qg.reshape(N, hkv, g, K * B, D) @ kc_.transpose(-1, -2)).view(N, hkv, g, K, B, -1)  # [.., K, B, S]
+    s_own = qg @ kb_.transpose(-1, -2)  # [N, hkv, g, K, B, B]
+    S = s_ctx.shape[-1]
+    scores = torch.cat([s_ctx, s_own], dim=-1).float()  # [N, hkv, g, K, B, S+B]
+    vis = torch.cat([vis_ctx, vis_own.expand(N, K, B, B)], dim=-1)[:, None, None]  # [N, 1, 1, K, B, S+B]
+    p = scores.masked_fill(~vis, float("-inf")).softmax(-1).to(q.dtype)
+    o = (p[..., :S].reshape(N, hkv, g, K * B, S) @ vc_).view(N, hkv, g, K, B, D) + p[..., S:] @ vb_
+    return o.reshape(N, h, K, B, D).permute(0, 2, 3, 1, 4)  # [N, K, B, h, D]
 
 
 def draft_blocks(
@@ -212,20 +237,15 @@ def draft_blocks(
     ctx = drafter.hidden_norm(drafter.fc(feats))  # [N, S, H]
     rope_blk = drafter.rope(blk_pos, x.dtype)
     rope_ctx = drafter.rope(torch.arange(S, device=dev).expand(N, -1), x.dtype)
-    vis = block_visibility(cfg, anchors, valid, S)
-    for layer, mask in zip(drafter.layers, vis):
+    for layer, (vis_ctx, vis_own) in zip(drafter.layers, block_visibility(cfg, anchors, valid, S)):
         at = layer.self_attn
         a = layer.input_layernorm(x)  # [N, KB, H]
         q = apply_rope(at.q_norm(at.q_proj(a).view(N, K * B, h, D)), *rope_blk)  # [N, KB, h, D]
         kb, vb = at.kv(a, *rope_blk)  # [N, KB, hkv, D]
         kc, vc = at.kv(ctx, *rope_ctx)  # [N, S, hkv, D]
-        keys = torch.cat([kc[:, None].expand(N, K, S, hkv, D), kb.view(N, K, B, hkv, D)], dim=2)  # [N, K, S+B, hkv, D]
-        vals = torch.cat([vc[:, None].expand(N, K, S, hkv, D), vb.view(N, K, B, hkv, D)], dim=2)
-        keys = keys.reshape(N * K, S + B, hkv, D).transpose(1, 2)  # [NK, hkv, S+B, D]
-        vals = vals.reshape(N * K, S + B, hkv, D).transpose(1, 2)
-        q = q.reshape(N * K, B, h, D).transpose(1, 2)  # [NK, h, B, D]
-        o = F.scaled_dot_product_attention(q, keys.to(q.dtype), vals.to(q.dtype), attn_mask=mask, enable_gqa=h != hkv)
-        x = x + at.o_proj(o.transpose(1, 2).reshape(N, K * B, h * D))
+        o = block_attention(q.view(N, K, B, h, D), kc, vc.to(kc.dtype), kb.view(N, K, B, hkv, D),
+                            vb.view(N, K, B, hkv, D).to(kb.dtype), vis_ctx, vis_own)  # [N, K, B, h, D]
+        x = x + at.o_proj(o.reshape(N, K * B, h * D))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return drafter.norm(x).view(N, K, B, -1)
 
@@ -298,6 +318,8 @@ def evaluate(drafter: DFlashDraft, target: Target, prompt_ids: torch.Tensor, gre
     t0 = time.perf_counter()
     was = drafter.training
     drafter.eval()
+    if len(greedy_ids) != len(prompt_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(greedy_ids)} greedy continuations")
     n = min(new_tokens, greedy_ids.shape[1])
     gens = generate(target, drafter, prompt_ids.tolist(), n, mode="dflash", stop_token_ids=[])
     committed = sum(sum(g.stats.accepted_per_round) for g in gens)
@@ -416,11 +438,14 @@ def train(
                       "step": step, "cursor": cursor, "history": history, "elapsed": elapsed(),
                       "draft_config": dcfg.to_dict(), "train_config": asdict(cfg), "shape": asdict(shape)}, ckpt)
 
+    # evaluation prompts: evenly spaced over the held-out set (it is ordered by file)
+    eval_rows = torch.linspace(0, len(eval_prompts) - 1, min(cfg.eval_prompts, len(eval_prompts))).round().long()
+
     def order(epoch: int) -> torch.Tensor:
         return torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
 
     def run_eval() -> EvalResult:
-        r = evaluate(drafter, target, eval_prompts[: cfg.eval_prompts], eval_greedy, cfg.eval_new_tokens, gamma)
+        r = evaluate(drafter, target, eval_prompts[eval_rows], eval_greedy[eval_rows], cfg.eval_new_tokens, gamma)
         history.append({"step": step, "elapsed": round(elapsed(), 1), "eval_tau": round(r.tau, 3),
                         "eval_tau_teacher_forced": round(r.tau_teacher_forced, 3),
                         "eval_identical": f"{r.identical}/{r.prompts}"})
