@@ -36,6 +36,12 @@ class KVCache:
         self.k[:, row, :, dst] = self.k[:, row, :, src]
         self.v[:, row, :, dst] = self.v[:, row, :, src]
 
+    def extend(self, other: "KVCache") -> None:
+        """Append another cache's sequences (same layers, heads and max_len) as new batch rows."""
+        assert other.max_len == self.max_len and other.k.shape[2:] == self.k.shape[2:], "cache shapes differ"
+        self.k = torch.cat([self.k, other.k], dim=1)
+        self.v = torch.cat([self.v, other.v], dim=1)
+
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Drop finished sequences: keep batch rows `rows` (in that order)."""
         self.k = self.k[:, rows].contiguous()

@@ -43,6 +43,7 @@ class StepRecord:
     seq_ids: list[int]
     tokens: list[list[int]]  # tokens committed this round (accepted drafts + bonus)
     finished: list[str | None]  # None while running, then "stop" (stop token, kept) or "length"
+    drafted: list[int] = field(default_factory=list)  # draft tokens verified this round (0 in round 0)
     t_draft: float = 0.0  # seconds, drafter pass + proposal (tree build), shared by the batch
     t_verify: float = 0.0  # seconds, target pass
     t_overhead: float = 0.0  # seconds, acceptance and bookkeeping
@@ -81,6 +82,21 @@ class _Batch:
     ctx_pos: torch.Tensor | None  # [B, Tc] their positions; padding -> cache.trash
     tcache: KVCache
     dcache: KVCache | None
+
+    def extend(self, other: "_Batch") -> None:
+        """Append the rows of another batch (a newly prefilled one) to this batch."""
+        self.rows += other.rows
+        self.anchor = torch.cat([self.anchor, other.anchor])
+        self.start = torch.cat([self.start, other.start])
+        if self.ctx is not None:
+            n = max(self.ctx.shape[1], other.ctx.shape[1])
+            pad = lambda x, v: torch.nn.functional.pad(x, (0, 0, 0, n - x.shape[1]), value=v) if x.dim() == 3 else \
+                torch.nn.functional.pad(x, (0, n - x.shape[1]), value=v)  # noqa: E731
+            self.ctx = torch.cat([pad(self.ctx, 0.0), pad(other.ctx, 0.0)])
+            self.ctx_pos = torch.cat([pad(self.ctx_pos, self.tcache.trash), pad(other.ctx_pos, other.tcache.trash)])
+        self.tcache.extend(other.tcache)
+        if self.dcache is not None:
+            self.dcache.extend(other.dcache)
 
     def keep(self, idx: list[int]) -> None:
         sel = torch.tensor(idx, device=self.anchor.device)
@@ -124,9 +140,7 @@ def _draft_logits(target: Target, drafter: DFlashDraft, st: _Batch, T: int) -> t
     return target.lm_head(hidden[:, 1:])
 
 
-def _validate(target, drafter, prompts, limits, mode, block_size, budget):
-    if mode not in MODES:
-        raise UserError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+def _validate_prompts(target, prompts, limits):
     bad = [n for n in limits if not isinstance(n, int) or n < 1]
     if bad:
         raise UserError(f"max_new_tokens is {bad[0]!r}, expected an integer >= 1")
@@ -139,6 +153,11 @@ def _validate(target, drafter, prompts, limits, mode, block_size, budget):
         bad = [t for t in p if not 0 <= t < vocab]
         if bad:
             raise UserError(f"prompt {i}: token id {bad[0]} is outside the target's vocabulary (0..{vocab - 1})")
+
+
+def _validate(target, drafter, mode, block_size, budget):
+    if mode not in MODES:
+        raise UserError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if mode == "ar":
         return 1, 0
     if drafter is None:
@@ -187,69 +206,131 @@ def generate_steps(
     stop_lists = _per_request(
         target.cfg.eos_token_ids if stop_token_ids is None else stop_token_ids, len(prompts), "stop_token_ids", True
     )
-    block_size, budget = _validate(target, drafter, prompts, limits, mode, block_size, ddtree_budget)
-    return _steps(target, drafter, prompts, limits, mode, block_size, budget, sampling, [set(x) for x in stop_lists])
+    _validate_prompts(target, prompts, limits)
+    decoder = Decoder(target, drafter, mode, block_size, ddtree_budget, sampling,
+                      max_len=max(len(p) for p in prompts) + max(limits))
+    return _run(decoder, list(range(len(prompts))), prompts, limits, stop_lists)
 
 
-@torch.inference_mode()
-def _steps(target, drafter, prompts, limits, mode, block_size, budget, sampling, stops) -> Iterator[StepRecord]:
-    spec = mode != "ar"
-    dev = target.device
-    gen = None if sampling.greedy else torch.Generator(dev).manual_seed(sampling.seed)
-    capture = drafter.target_layer_ids if spec else ()
-    lengths = [len(p) for p in prompts]
-    B, P = len(prompts), max(lengths)
-    width = 1 + (budget if mode == "ddtree" else block_size)
-    max_len = P + max(limits) + width
-    st = _Batch(list(range(B)), None, None, None, None, target.new_cache(B, max_len),
-                drafter.new_cache(B, max_len) if spec else None)
-    generated: list[list[int]] = [[] for _ in range(B)]
+def _run(decoder: "Decoder", ids, prompts, limits, stops) -> Iterator[StepRecord]:
+    yield decoder.admit(ids, prompts, limits, stops)
+    while decoder.running:
+        yield decoder.step()
 
-    def commit(new: list[list[int]]) -> tuple[list[list[int]], list[str | None]]:
+
+class Decoder:
+    """The state of the one decode loop, for requests that join and leave between rounds.
+
+    `admit` prefills new requests (one batched target pass) and adds them to the running
+    batch; `step` runs one round (one batched drafter pass + one batched target pass) for
+    every running request; finished requests leave the batch. `generate_steps` admits a
+    fixed set of prompts once; the serving engine admits new requests between rounds.
+    `max_len` bounds prompt + generated tokens of any request (it sizes the caches)."""
+
+    def __init__(self, target: Target, drafter: DFlashDraft | None, mode: str = "dflash",
+                 block_size: int | None = None, ddtree_budget: int | None = None,
+                 sampling: SamplingParams = SamplingParams(), max_len: int = 2048):
+        self.block_size, self.budget = _validate(target, drafter, mode, block_size, ddtree_budget)
+        self.target, self.drafter, self.mode, self.sampling = target, drafter, mode, sampling
+        self.spec = mode != "ar"
+        self.capture = drafter.target_layer_ids if self.spec else ()
+        self.gen = None if sampling.greedy else torch.Generator(target.device).manual_seed(sampling.seed)
+        # Room for a verify block past the last committed token.
+        self.cache_len = max_len + 1 + (self.budget if mode == "ddtree" else self.block_size)
+        self.max_len = max_len
+        self.st: _Batch | None = None
+        self.rounds = 0
+        self.limits: dict[int, int] = {}
+        self.stops: dict[int, set[int]] = {}
+        self.generated: dict[int, list[int]] = {}
+
+    @property
+    def running(self) -> int:
+        return 0 if self.st is None else len(self.st.rows)
+
+    def _commit(self, rows: list[int], new: list[list[int]]) -> tuple[list[list[int]], list[str | None]]:
         out, done = [], []
-        for b, r in enumerate(st.rows):
-            toks = new[b][: limits[r] - len(generated[r])]
-            hit = next((i for i, t in enumerate(toks) if t in stops[r]), None)
+        for r, toks in zip(rows, new):
+            toks = toks[: self.limits[r] - len(self.generated[r])]
+            hit = next((i for i, t in enumerate(toks) if t in self.stops[r]), None)
             if hit is not None:
                 toks = toks[: hit + 1]
-            generated[r].extend(toks)
+            self.generated[r].extend(toks)
             out.append(toks)
-            done.append("stop" if hit is not None else "length" if len(generated[r]) >= limits[r] else None)
+            done.append("stop" if hit is not None else "length" if len(self.generated[r]) >= self.limits[r] else None)
         return out, done
 
-    # Prefill: the prompts (right-padded), logits at each prompt's last position.
-    t0 = _now()
-    ids = torch.zeros(B, P, dtype=torch.long, device=dev)
-    for b, p in enumerate(prompts):
-        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-    plen = torch.tensor(lengths, device=dev)
-    pos = torch.arange(P, device=dev).expand(B, -1)
-    logits, feats = target(ids, pos, st.tcache, P, _causal_mask(torch.zeros_like(plen), P, P), capture, (plen - 1)[:, None])
-    first = logits[:, 0].argmax(-1) if sampling.greedy else sample(probs(logits[:, 0], sampling), gen)
-    st.anchor, st.start = first, plen
-    if spec:
-        st.ctx, st.ctx_pos = feats, torch.where(pos < plen[:, None], pos, st.tcache.trash)
-    t1 = _now()
-    toks, done = commit([[t] for t in first.tolist()])
-    yield StepRecord(0, list(st.rows), toks, done, t_verify=t1 - t0, t_overhead=_now() - t1)
-
-    rnd = 0
-    while True:
-        keep = [b for b, d in enumerate(done) if not d]
-        if not keep:
+    def _drop(self, rows: set[int]) -> None:
+        if self.st is None or not rows:
             return
-        if len(keep) < len(st.rows):
-            st.keep(keep)
-        rnd += 1
+        keep = [b for b, r in enumerate(self.st.rows) if r not in rows]
+        for r in rows:
+            self.limits.pop(r, None), self.stops.pop(r, None), self.generated.pop(r, None)
+        if not keep:
+            self.st = None
+        elif len(keep) < len(self.st.rows):
+            self.st.keep(keep)
+
+    def cancel(self, ids: Sequence[int]) -> None:
+        """Remove requests from the running batch (their slots are freed at once)."""
+        self._drop(set(ids))
+
+    @torch.inference_mode()
+    def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
+              stops: Sequence[Sequence[int]]) -> StepRecord:
+        """Prefill new requests (first token from the target) and add them to the batch."""
+        _validate_prompts(self.target, prompts, limits)
+        too_long = [i for i, (p, n) in zip(ids, zip(prompts, limits)) if len(p) + n > self.max_len]
+        if too_long:
+            raise UserError(f"request {too_long[0]}: prompt + max_new_tokens exceeds the decoder's max_len {self.max_len}")
+        target, dev, sampling = self.target, self.target.device, self.sampling
+        for i, n, stop in zip(ids, limits, stops):
+            self.limits[i], self.stops[i], self.generated[i] = n, set(stop), []
+        lengths = [len(p) for p in prompts]
+        B, P = len(prompts), max(lengths)
+        st = _Batch(list(ids), None, None, None, None, target.new_cache(B, self.cache_len),
+                    self.drafter.new_cache(B, self.cache_len) if self.spec else None)
+        # Prefill: the prompts (right-padded), logits at each prompt's last position.
         t0 = _now()
-        left = max(limits[r] - len(generated[r]) for r in st.rows)
-        T = 1 if mode == "ar" else min(block_size, left)
-        if mode == "ddtree" and T > 1:
-            new, t1, t2 = _ddtree_round(target, drafter, st, T, budget, sampling, gen, capture)
+        tok = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            tok[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+        plen = torch.tensor(lengths, device=dev)
+        pos = torch.arange(P, device=dev).expand(B, -1)
+        logits, feats = target(tok, pos, st.tcache, P, _causal_mask(torch.zeros_like(plen), P, P), self.capture,
+                               (plen - 1)[:, None])
+        first = logits[:, 0].argmax(-1) if sampling.greedy else sample(probs(logits[:, 0], sampling), self.gen)
+        st.anchor, st.start = first, plen
+        if self.spec:
+            st.ctx, st.ctx_pos = feats, torch.where(pos < plen[:, None], pos, st.tcache.trash)
+        t1 = _now()
+        toks, done = self._commit(st.rows, [[t] for t in first.tolist()])
+        if self.st is None:
+            self.st = st
         else:
-            new, t1, t2 = _block_round(target, drafter, st, T, sampling, gen, capture)
-        toks, done = commit(new)
-        yield StepRecord(rnd, list(st.rows), toks, done, t1 - t0, t2 - t1, _now() - t2)
+            self.st.extend(st)
+        self._drop({r for r, d in zip(ids, done) if d})
+        return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1)
+
+    @torch.inference_mode()
+    def step(self) -> StepRecord:
+        """One round for every running request."""
+        st = self.st
+        assert st is not None, "nothing is running: admit requests first"
+        self.rounds += 1
+        t0 = _now()
+        left = max(self.limits[r] - len(self.generated[r]) for r in st.rows)
+        T = 1 if self.mode == "ar" else min(self.block_size, left)
+        if self.mode == "ddtree" and T > 1:
+            new, drafted, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, self.budget, self.sampling,
+                                                 self.gen, self.capture)
+        else:
+            new, t1, t2 = _block_round(self.target, self.drafter, st, T, self.sampling, self.gen, self.capture)
+            drafted = [T - 1] * len(st.rows)
+        rows = list(st.rows)
+        toks, done = self._commit(rows, new)
+        self._drop({r for r, d in zip(rows, done) if d})
+        return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2)
 
 
 def _block_round(target, drafter, st: _Batch, T, sampling, gen, capture):
@@ -322,7 +403,7 @@ def _ddtree_round(target, drafter, st: _Batch, T, budget, sampling, gen, capture
     st.ctx_pos = torch.where(j < length[:, None], st.start[:, None] + j, st.tcache.trash)
     st.anchor = torch.tensor([x[-1] for x in new], device=dev)
     st.start = st.start + length
-    return new, t1, t2
+    return new, [len(t) - 1 for t in trees], t1, t2
 
 
 def generate(

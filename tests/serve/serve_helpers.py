@@ -1,0 +1,83 @@
+"""A tiny random target + drafter pair WITH a tokenizer, and a CPU recipe for it.
+
+Serving speaks text, so unlike the reference tests these models carry a byte-level BPE
+tokenizer (trained in a second on a few standard-library files). Random weights (std 0.1,
+peaked logits) make greedy outputs varied and free of near-ties.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import torch
+import yaml
+
+VOCAB = 384
+EOS, MASK = "<|endoftext|>", "<|mask|>"
+
+
+def make_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(stdlib / name).read_text() for name in ("textwrap.py", "bisect.py", "colorsys.py")]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[EOS, MASK],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, mask_token=MASK)
+
+
+def make_pair(root: Path, seed: int = 0, block_size: int = 8) -> tuple[Path, Path]:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from trtllm_dflash.reference import DFlashDraft, DraftConfig, load_target, save_drafter
+
+    tokenizer = make_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=0,
+                      max_position_embeddings=1024, tie_word_embeddings=True)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0, 0.1)
+    target_dir, drafter_dir = root / "target", root / "drafter"
+    model.save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    tcfg = load_target(target_dir).cfg
+    dcfg = DraftConfig(hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                       rms_norm_eps=1e-6, rope=tcfg.rope.__class__(10000.0), max_position_embeddings=1024,
+                       block_size=block_size, target_layer_ids=(0, 2), mask_token_id=1,
+                       num_target_layers=tcfg.num_layers, vocab_size=tcfg.vocab_size)
+    drafter = DFlashDraft(dcfg)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            p.normal_(0, 0.1) if not name.endswith("norm.weight") else p.fill_(1.0)
+    save_drafter(drafter, drafter_dir)
+    return target_dir, drafter_dir
+
+
+def write_recipe(root: Path, ports: tuple[int, int, int] = (8000, 8001, 8002), **overrides) -> Path:
+    raw = dict(
+        name="serve-test", hardware={"gpu": "cpu"}, backend="reference",
+        target={"source": "target"}, drafter={"source": "drafter"},
+        quantization={"target_weights": "fp32", "activations": "fp32", "kv_cache": "fp32", "drafter": "fp32"},
+        build={"max_batch_size": 16, "max_input_len": 96, "max_seq_len": 160, "max_num_tokens": 512},
+        speculative={"block_size": 8},
+        serve={"model_name": "dflash", "http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2]},
+        sweep={"concurrency": [1, 2], "input_len": 24, "output_len": 24, "requests_factor": 5, "min_requests": 4,
+               "warmup_requests": 1},
+    )
+    for key, value in overrides.items():
+        section, field = key.split("__")
+        raw[section][field] = value
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path

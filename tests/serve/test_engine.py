@@ -1,0 +1,122 @@
+"""In-flight batching: requests that join and leave a running batch get exactly their solo output."""
+
+import threading
+
+import pytest
+import torch
+from serve_helpers import make_pair
+
+from trtllm_dflash.reference import generate, load_pair
+from trtllm_dflash.reference.generate import Decoder
+from trtllm_dflash.serve.engine import Job, ServingEngine
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve_pair")
+    target_dir, drafter_dir = make_pair(root)
+    target, drafter = load_pair(target_dir, drafter_dir)
+    from transformers import AutoTokenizer
+
+    return target, drafter, AutoTokenizer.from_pretrained(target_dir)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+PROMPTS = [[5, 17, 33, 90, 12], [7, 7, 8], [100, 200, 150, 30, 31, 32, 33], [44]]
+LIMITS = [20, 12, 25, 16]
+
+
+def solo(target, drafter, prompt, n, mode="dflash"):
+    return generate(target, drafter, [prompt], n, mode=mode)[0].tokens
+
+
+@pytest.mark.parametrize("mode", ["dflash", "ddtree", "ar"])
+def test_requests_admitted_mid_flight_match_solo(pair, mode):
+    target, drafter, _ = pair
+    dec = Decoder(target, drafter, mode=mode, max_len=64)
+    out = {i: [] for i in range(4)}
+
+    def take(rec):
+        for r, toks in zip(rec.seq_ids, rec.tokens):
+            out[r].extend(toks)
+
+    take(dec.admit([0], PROMPTS[:1], LIMITS[:1], [[0]]))
+    for _ in range(2):
+        take(dec.step())
+    take(dec.admit([1, 2], PROMPTS[1:3], LIMITS[1:3], [[0], [0]]))  # join a running batch
+    take(dec.step())
+    take(dec.admit([3], PROMPTS[3:], LIMITS[3:], [[0]]))
+    assert dec.running >= 2
+    while dec.running:
+        take(dec.step())
+    for i in range(4):
+        assert out[i] == solo(target, drafter, PROMPTS[i], LIMITS[i], mode), f"request {i} ({mode})"
+
+
+def test_cancel_frees_the_slot_and_others_continue(pair):
+    target, drafter, _ = pair
+    dec = Decoder(target, drafter, max_len=64)
+    out = {0: [], 1: []}
+    for rec in [dec.admit([0, 1], PROMPTS[:2], [30, 12], [[0], [0]]), dec.step()]:
+        for r, toks in zip(rec.seq_ids, rec.tokens):
+            out[r].extend(toks)
+    dec.cancel([0])
+    assert dec.running == 1 and dec.st.tcache.k.shape[1] == 1
+    while dec.running:
+        rec = dec.step()
+        assert rec.seq_ids == [1]
+        out[1].extend(rec.tokens[0])
+    assert out[1] == solo(target, drafter, PROMPTS[1], 12)
+
+
+def test_engine_serves_concurrent_jobs_with_solo_outputs(pair):
+    target, drafter, tokenizer = pair
+    engine = ServingEngine(target, drafter, tokenizer, max_seq_len=64, max_batch_size=3)
+    results, done = {}, threading.Event()
+
+    def emitter(i):
+        updates = results.setdefault(i, [])
+
+        def emit(u):
+            updates.append(u)
+            if u.finish_reason and all(results.get(k) and results[k][-1].finish_reason for k in range(4)):
+                done.set()
+        return emit
+
+    try:
+        for i in range(4):  # more jobs than max_batch_size: the last one waits for a free slot
+            engine.submit(Job(PROMPTS[i], LIMITS[i], emitter(i)))
+        assert done.wait(60), "engine did not finish the jobs"
+    finally:
+        engine.stop()
+    for i in range(4):
+        updates = results[i]
+        expected = solo(target, drafter, PROMPTS[i], LIMITS[i])
+        assert sum(u.tokens for u in updates) == len(expected) == updates[-1].total_tokens
+        assert "".join(u.text for u in updates) == tokenizer.decode(expected)
+        assert updates[-1].finish_reason in ("length", "stop")
+        assert updates[-1].rounds >= 1 and 0 <= updates[-1].accepted <= updates[-1].drafted
+
+
+def test_engine_stop_words_end_the_request(pair):
+    target, drafter, tokenizer = pair
+    full = tokenizer.decode(solo(target, drafter, PROMPTS[2], 25))
+    word = full[len(full) // 2 : len(full) // 2 + 3]
+    engine = ServingEngine(target, drafter, tokenizer, max_seq_len=64)
+    updates, done = [], threading.Event()
+    try:
+        engine.submit(Job(PROMPTS[2], 25, lambda u: (updates.append(u), u.finish_reason and done.set()),
+                          stop_words=[word]))
+        assert done.wait(30)
+    finally:
+        engine.stop()
+    text = "".join(u.text for u in updates)
+    assert updates[-1].finish_reason == "stop" and word not in text and full.startswith(text)
+    assert text == full[: full.find(word)]

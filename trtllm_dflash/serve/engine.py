@@ -1,0 +1,174 @@
+"""The serving engine: in-flight batched DFlash decoding for concurrent requests.
+
+One background thread owns the model. Each iteration it admits the requests that arrived
+since the last round (one batched prefill), drops cancelled ones, runs ONE round for the
+running requests together (one drafter pass + one target verify pass per sampling group)
+and hands each request its committed tokens. Requests join and leave the running batch
+between rounds instead of waiting for each other.
+
+Requests with different sampling settings are decoded in separate groups, because the
+reference loop applies one sampling setting per batch; groups take turns round by round.
+All greedy requests share one group.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from trtllm_dflash.reference.generate import Decoder, StepRecord
+from trtllm_dflash.reference.verify import SamplingParams
+
+
+@dataclass
+class Update:
+    """What one response carries."""
+
+    text: str  # new text since the previous update ("" while a character's bytes are incomplete)
+    tokens: int  # tokens committed in this update
+    total_tokens: int
+    rounds: int  # target verify passes so far (the prefill is not a round)
+    drafted: int  # draft tokens verified so far
+    accepted: int  # draft tokens accepted so far
+    finish_reason: str | None  # None while running, then "stop" | "length" | "cancelled" | "error: ..."
+
+    @property
+    def acceptance_length(self) -> float:
+        """tau so far: tokens committed per verify pass (the prefill's first token excluded)."""
+        return (self.total_tokens - 1) / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    max_tokens: int
+    emit: Callable[[Update], None]
+    sampling: SamplingParams = SamplingParams()
+    stop_token_ids: list[int] | None = None  # None: the target's eos ids
+    stop_words: list[str] = field(default_factory=list)
+    cancelled: Callable[[], bool] = lambda: False
+    # Progress, kept by the engine.
+    tokens: list[int] = field(default_factory=list)
+    sent: str = ""
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+def _stop_prefix(text: str, stop_words: list[str]) -> int:
+    """Length of the longest tail of `text` that begins a stop word: held back while streaming."""
+    best = 0
+    for w in stop_words:
+        for n in range(min(len(w) - 1, len(text)), best, -1):
+            if text.endswith(w[:n]):
+                best = n
+                break
+    return best
+
+
+def _group_key(s: SamplingParams) -> tuple:
+    return ("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)
+
+
+class ServingEngine:
+    def __init__(self, target, drafter, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
+                 ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64):
+        self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
+        self.max_batch_size = max_batch_size
+        self.inbox: queue.Queue[Job] = queue.Queue()
+        self.groups: dict[tuple, tuple[Decoder, dict[int, Job]]] = {}
+        self._next_id = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        self.inbox.put(job)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def running(self) -> int:
+        return sum(len(jobs) for _, jobs in self.groups.values())
+
+    # ---- the loop (engine thread only below this line)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._admit()
+                for key, (decoder, jobs) in list(self.groups.items()):
+                    gone = [i for i, j in jobs.items() if j.cancelled()]
+                    if gone:
+                        decoder.cancel(gone)
+                        for i in gone:
+                            self._finish(jobs.pop(i), "cancelled")
+                    if decoder.running:
+                        self._deliver(decoder, jobs, decoder.step())
+                    if not decoder.running:
+                        del self.groups[key]
+            except Exception as e:  # one failing round must not take the server down: fail its requests
+                for _, jobs in self.groups.values():
+                    for job in jobs.values():
+                        self._finish(job, f"error: {type(e).__name__}: {e}")
+                self.groups.clear()
+
+    def _admit(self) -> None:
+        arrivals: list[Job] = []
+        idle = self.running == 0
+        while self.running + len(arrivals) < self.max_batch_size:
+            try:
+                # Sleep on the queue only when nothing runs; otherwise take what is there.
+                arrivals.append(self.inbox.get(timeout=0.1) if idle and not arrivals else self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        by_key: dict[tuple, list[Job]] = {}
+        for job in arrivals:
+            if job.cancelled():
+                self._finish(job, "cancelled")
+            else:
+                by_key.setdefault(_group_key(job.sampling), []).append(job)
+        for key, new in by_key.items():
+            if key not in self.groups:
+                self.groups[key] = (Decoder(self.target, self.drafter, sampling=new[0].sampling, **self.decoder_args), {})
+            decoder, jobs = self.groups[key]
+            ids = list(range(self._next_id, self._next_id + len(new)))
+            self._next_id += len(new)
+            jobs.update(zip(ids, new))
+            rec = decoder.admit(
+                ids, [j.prompt_ids for j in new], [j.max_tokens for j in new],
+                [j.stop_token_ids if j.stop_token_ids is not None else self.target.cfg.eos_token_ids for j in new],
+            )
+            self._deliver(decoder, jobs, rec)
+
+    def _deliver(self, decoder: Decoder, jobs: dict[int, Job], rec: StepRecord) -> None:
+        for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
+            job = jobs[rid]
+            job.tokens.extend(toks)
+            if rec.round > 0:
+                job.rounds += 1
+                job.drafted += drafted
+                job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
+            text = self.tokenizer.decode(job.tokens)
+            hits = [text.find(w) for w in job.stop_words if w in text]
+            if hits and done is None:
+                text, done = text[: min(hits)], "stop"
+                decoder.cancel([rid])
+            elif hits:
+                text = text[: min(hits)]
+            if done is None:
+                text = text.rstrip("\ufffd")  # a byte-level BPE character is still incomplete
+                text = text[: len(text) - _stop_prefix(text, job.stop_words)]  # may become a stop word
+            delta = text[len(job.sent):] if text.startswith(job.sent) else ""
+            job.sent += delta
+            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done))
+            if done is not None:
+                del jobs[rid]
+
+    def _finish(self, job: Job, reason: str) -> None:
+        job.emit(Update("", 0, len(job.tokens), job.rounds, job.drafted, job.accepted, reason))
