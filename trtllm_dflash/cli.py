@@ -24,6 +24,8 @@ COMMANDS = [
     "convert",
     "quantize",
     "deploy",
+    "serve",
+    "sweep",
     "generate",
     "train-drafter",
     "bench",

@@ -1,0 +1,195 @@
+"""End to end against a real tritonserver (bundled with nvidia-pytriton) on loopback ports.
+
+The server runs the deployed `dflash` model (reference backend) on a tiny random pair with a
+tokenizer. Responses are compared with the reference's single-request output.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from serve_helpers import make_pair, write_recipe
+
+pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
+grpcclient = pytest.importorskip("tritonclient.grpc.aio")
+
+from trtllm_dflash.deploy.repository import REPOSITORY, deploy  # noqa: E402
+from trtllm_dflash.errors import UserError  # noqa: E402
+from trtllm_dflash.recipe import load_recipe  # noqa: E402
+from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    make_pair(root)
+    ports = (free_port(), free_port(), free_port())
+    recipe = load_recipe(write_recipe(root, ports))
+    out = deploy(recipe, root / "deploy")
+    server = TritonServer(out / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
+    yield recipe, server
+    server.stop()
+
+
+def reference_text(recipe, prompt: str, max_tokens: int) -> str:
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.reference import generate, load_pair
+
+    tok = AutoTokenizer.from_pretrained(recipe.target.path)
+    target, drafter = load_pair(recipe.target.path, recipe.drafter.path)
+    ids = tok(prompt)["input_ids"]
+    return tok.decode(generate(target, drafter, [ids], max_tokens, block_size=recipe.speculative.block_size)[0].tokens)
+
+
+def tensor(name, value, dtype):
+    t = grpcclient.InferInput(name, [len(value)], dtype)
+    t.set_data_from_numpy(np.array(value, dtype=object if dtype == "BYTES" else None))
+    return t
+
+
+async def stream(url, inputs, cancel_after=None):
+    """Send one request; return (deltas, last response outputs, error)."""
+    client = grpcclient.InferenceServerClient(url)
+
+    async def requests():
+        yield {"model_name": "dflash", "inputs": inputs, "enable_empty_final_response": True}
+
+    deltas, last, error = [], {}, None
+    try:
+        it = client.stream_infer(inputs_iterator=requests())
+        async for result, err in it:
+            if err is not None:
+                error = str(err)
+                break
+            resp = result.get_response()
+            if resp.outputs:
+                deltas.append(result.as_numpy("text_output")[0].decode())
+                last = {o.name: result.as_numpy(o.name)[0] for o in resp.outputs}
+                if cancel_after is not None and len(deltas) >= cancel_after:
+                    it.cancel()
+                    break
+            if resp.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        await client.close()
+    return deltas, last, error
+
+
+def request(prompt=b"def area(r):\n    return", max_tokens=24, **extra):
+    inputs = [tensor("text_input", [prompt], "BYTES"), tensor("max_tokens", [np.int32(max_tokens)], "INT32"),
+              tensor("stream", [True], "BOOL")]
+    for name, (value, dtype) in extra.items():
+        inputs.append(tensor(name, [value], dtype))
+    return inputs
+
+
+def test_streaming_deltas_concatenate_to_the_reference_completion(served):
+    recipe, server = served
+    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url, request()))
+    assert error is None and len(deltas) > 1
+    assert "".join(deltas) == reference_text(recipe, "def area(r):\n    return", 24)
+    assert last["finish_reason"] in (b"length", b"stop")
+    assert last["rounds"] >= 1 and last["total_accepted_draft_tokens"] <= last["total_draft_tokens"]
+    assert last["acceptance_length"] >= 1.0
+
+
+def test_non_streaming_gives_one_response(served):
+    recipe, server = served
+    inputs = request(max_tokens=10)
+    inputs[2].set_data_from_numpy(np.array([False]))
+    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url, inputs))
+    assert error is None and len(deltas) == 1 and last["total_output_tokens"] == last["output_token_count"]
+    assert deltas[0] == reference_text(recipe, "def area(r):\n    return", 10)
+
+
+def test_http_generate_stream(served):
+    recipe, server = served
+    body = json.dumps({"text_input": "import os\n", "max_tokens": 12, "stream": True}).encode()
+    url = f"http://{server.endpoints.http_url}/v2/models/dflash/generate_stream"
+    with urllib.request.urlopen(urllib.request.Request(url, body, method="POST"), timeout=60) as r:
+        events = [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+    assert "".join(e["text_output"] for e in events) == reference_text(recipe, "import os\n", 12)
+
+
+@pytest.mark.parametrize(
+    "inputs,message",
+    [
+        (lambda: request(prompt=b""), "text_input: empty prompt"),
+        (lambda: request(prompt=b"x = 1\n" * 200), "longer than the build limit max_input_len 96"),
+        (lambda: request(max_tokens=0), "max_tokens: must be > 0"),
+        (lambda: request(max_tokens=500), "max_tokens: 500 >"),
+        (lambda: request(temperature=(np.float32(-1), "FP32")), "temperature: must be >= 0"),
+        (lambda: request(top_p=(np.float32(1.5), "FP32")), "top_p: must be in (0, 1]"),
+        (lambda: request(prompt=b"\xff\xfe bad"), "text_input: not valid UTF-8"),
+        (lambda: [tensor("text_input", [b"x"], "BYTES"), tensor("max_tokens", [np.float32(3)], "FP32")],
+         "max_tokens"),
+    ],
+)
+def test_bad_requests_get_named_errors_and_the_server_keeps_serving(served, inputs, message):
+    recipe, server = served
+    _, _, error = asyncio.run(stream(server.endpoints.grpc_url, inputs()))
+    assert error is not None and message in error
+    deltas, _, error = asyncio.run(stream(server.endpoints.grpc_url, request(max_tokens=4)))
+    assert error is None and deltas
+
+
+def test_cancelled_stream_frees_its_slot(served):
+    recipe, server = served
+    deltas, _, _ = asyncio.run(stream(server.endpoints.grpc_url, request(max_tokens=60), cancel_after=1))
+    assert len(deltas) == 1
+    t0 = time.monotonic()
+    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url, request(max_tokens=8)))
+    assert error is None and "".join(deltas) == reference_text(recipe, "def area(r):\n    return", 8)
+    assert time.monotonic() - t0 < 30
+
+
+def test_concurrent_requests_are_batched_and_exact(served):
+    recipe, server = served
+    prompts = [f"def f{i}(x):\n    return x + {i}".encode() for i in range(6)]
+
+    async def many():
+        return await asyncio.gather(*(stream(server.endpoints.grpc_url, request(p, 16)) for p in prompts))
+
+    results = asyncio.run(many())
+    for p, (deltas, last, error) in zip(prompts, results):
+        assert error is None
+        assert "".join(deltas) == reference_text(recipe, p.decode(), 16)
+
+
+def test_startup_failures_exit_with_the_reason(served, tmp_path):
+    recipe, server = served
+    busy = Endpoints("127.0.0.1", server.endpoints.http_port, free_port(), free_port())
+    with pytest.raises(UserError, match=r"serve.http_port: 127.0.0.1:\d+ is already in use"):
+        TritonServer(server.repository, busy).start()
+    bad = tmp_path / "repo" / "m"
+    bad.mkdir(parents=True)
+    (bad / "config.pbtxt").write_text('name: "m"\nbogus: 1\n')
+    with pytest.raises(UserError, match="failed to read text proto"):
+        TritonServer(tmp_path / "repo", Endpoints("127.0.0.1", free_port(), free_port(), free_port())).start()
+
+
+def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
+    make_pair(tmp_path)
+    ports = (free_port(), free_port(), free_port())
+    recipe = write_recipe(tmp_path, ports)
+    proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready: model 'dflash' on http://127.0.0.1:"), line + proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert "stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    leftovers = subprocess.run(["pgrep", "-f", f"--http-port={ports[0]}"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == "", "tritonserver left running"
