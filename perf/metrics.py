@@ -9,7 +9,8 @@ Times are integer nanoseconds from `time.perf_counter_ns()`; results are in seco
 - inter-chunk latency = gaps between consecutive chunk arrivals (speculative decoding streams
   several tokens per chunk, so this is not per token)
 - output tokens/s per GPU = all output tokens of a level / level wall time / GPUs
-- tau (acceptance length) = tokens committed per target verify pass, bonus token included
+- tau (acceptance length) = tokens committed per target verify pass, bonus token included;
+  the first token comes from the prefill, not from a verify pass, so tau = (tokens - 1) / rounds
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def inter_chunk_latencies(r: RequestRecord) -> list[float]:
 
 
 def request_tau(r: RequestRecord) -> float | None:
-    return r.output_tokens / r.rounds if r.rounds else None
+    return (r.output_tokens - 1) / r.rounds if r.rounds else None
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class LevelSummary:
     output_tokens: int
     output_tok_s: float
     output_tok_s_per_gpu: float
-    tau: float | None  # pooled: all committed tokens / all verify passes
+    tau: float | None  # pooled: tokens committed by verify passes / verify passes
     ttft_s: Distribution | None
     tpot_s: Distribution | None
     tok_s_user: Distribution | None
@@ -152,6 +153,7 @@ def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int) -
         wall = 0.0
     tokens = sum(r.output_tokens for r in ok)
     rounds = sum(r.rounds for r in ok)
+    verified = tokens - sum(1 for r in ok if r.rounds)  # tokens from verify passes (not the prefill's)
     tok_s = tokens / wall if wall > 0 else 0.0
     return LevelSummary(
         concurrency=concurrency,
@@ -161,7 +163,7 @@ def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int) -
         output_tokens=tokens,
         output_tok_s=tok_s,
         output_tok_s_per_gpu=tok_s / gpus,
-        tau=tokens / rounds if rounds else None,
+        tau=verified / rounds if rounds else None,
         ttft_s=Distribution.of([ttft(r) for r in ok]),
         tpot_s=Distribution.of([tpot(r) for r in ok]),
         tok_s_user=Distribution.of([tokens_per_s_per_user(r) for r in ok]),

@@ -2,7 +2,8 @@
 
 For each concurrency level C: warm-up requests first (excluded), then max(min_requests,
 factor x C) measured requests, C at a time, each a gRPC bidirectional stream (decoupled
-model) with `enable_empty_final_response` so the client sees the end of every request.
+model). A request is complete at the response whose `finish_reason` is set (the asyncio
+client cannot ask for Triton's empty final response: that parameter is reserved there).
 Every chunk's arrival time and token count are recorded (`RequestRecord`); the metrics
 come from perf/metrics.py. Outputs in OUT/: results.jsonl (one row per request),
 summary.csv and summary.json (one row per level), and sweep.png (tokens/s/GPU against
@@ -88,7 +89,6 @@ async def one_request(client, model: str, record: RequestRecord, prompt: str, ma
         "inputs": _inputs(prompt, max_tokens, seed, temperature),
         "outputs": outputs,
         "request_id": str(record.request_id),
-        "enable_empty_final_response": True,
     }
 
     async def requests():
@@ -110,10 +110,9 @@ async def one_request(client, model: str, record: RequestRecord, prompt: str, ma
                     record.chunk_tokens.append(n)
                     texts.append(result.as_numpy("text_output").reshape(-1)[0].decode("utf-8"))
                 record.rounds = int(result.as_numpy("rounds").reshape(-1)[0])
-            final = response.parameters.get("triton_final_response")
-            if final is not None and final.bool_param:
-                record.end_ns = now
-                break
+                if result.as_numpy("finish_reason").reshape(-1)[0]:
+                    record.end_ns = now
+                    break
     except Exception as e:  # a transport failure counts as a failed request, not a crashed sweep
         record.error = f"{type(e).__name__}: {e}"
     if not record.end_ns:

@@ -26,6 +26,7 @@ COMMANDS = [
     "deploy",
     "serve",
     "sweep",
+    "demo",
     "generate",
     "train-drafter",
     "bench",

@@ -36,7 +36,7 @@ def test_request_metrics_by_hand():
     assert tpot(r) == pytest.approx(0.070 / 9)
     assert tokens_per_s_per_user(r) == pytest.approx(9 / 0.070)
     assert inter_chunk_latencies(r) == pytest.approx([0.050, 0.020])
-    assert request_tau(r) == pytest.approx(10 / 3)
+    assert request_tau(r) == pytest.approx((10 - 1) / 3)  # the first token comes from the prefill
 
 
 def test_single_token_has_no_tpot():
@@ -65,7 +65,7 @@ def test_level_summary_excludes_warmup_and_counts_failures():
     assert s.output_tokens == 20
     assert s.output_tok_s == pytest.approx(20 / 0.300)
     assert s.output_tok_s_per_gpu == pytest.approx(20 / 0.300 / 2)
-    assert s.tau == pytest.approx(20 / 6)  # pooled tokens / verify passes
+    assert s.tau == pytest.approx((20 - 2) / 6)  # pooled verify-pass tokens / verify passes
     assert s.ttft_s.mean == pytest.approx((0.100 + 0.120) / 2)
     assert s.tpot_s.p50 == pytest.approx((0.100 / 9 + 0.130 / 9) / 2)
     row = s.flat()

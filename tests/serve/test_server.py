@@ -60,7 +60,7 @@ async def stream(url, inputs, cancel_after=None):
     client = grpcclient.InferenceServerClient(url)
 
     async def requests():
-        yield {"model_name": "dflash", "inputs": inputs, "enable_empty_final_response": True}
+        yield {"model_name": "dflash", "inputs": inputs}
 
     deltas, last, error = [], {}, None
     try:
@@ -76,8 +76,8 @@ async def stream(url, inputs, cancel_after=None):
                 if cancel_after is not None and len(deltas) >= cancel_after:
                     it.cancel()
                     break
-            if resp.parameters["triton_final_response"].bool_param:
-                break
+                if last["finish_reason"]:  # the response that completes the request
+                    break
     finally:
         await client.close()
     return deltas, last, error
