@@ -75,3 +75,33 @@ def test_continuations_equal_uncached_greedy():
     assert torch.equal(logits[:, 11:].argmax(-1), gen)
     # Batching does not change the result.
     assert torch.equal(greedy_continue(model, prompts, gen_len=20, batch_size=5), gen)
+
+
+def test_generate_data_files(tmp_path):
+    from trtllm_dflash.train.data import generate_data, load_continuations
+
+    model = build_model(TINY, seed=0).eval()
+    train_tokens, held_tokens = _stream(seed=1), _stream(n=1500, seed=2)
+    meta = generate_data(model, train_tokens, held_tokens, tmp_path, eos_token_id=EOS, mask_token_id=1, num_seqs=6,
+                         prompt_len=10, gen_len=14, batch_size=4, seed=3, eval_prompts=3, eval_prompt_len=8,
+                         eval_gen_len=5)
+    assert meta["dtype"] == "float32" and not list(tmp_path.glob("*.tmp"))
+    d = load_continuations(tmp_path)
+    ids, mask = d["input_ids"], d["loss_mask"]
+    assert ids.shape == mask.shape == (6, 24) and ids.dtype == torch.long and mask.dtype == torch.uint8
+    assert torch.equal(ids[:, :10], sample_train_prompts(train_tokens, 6, 10, seed=3, eos_id=EOS))
+    assert torch.equal(mask, generated_loss_mask(ids[:, 10:], 10, EOS))
+    assert d["prompt_ids"].shape == (3, 8) and d["greedy_ids"].shape == (3, 5)
+    assert d["meta"]["num_seqs"] == 6 and d["meta"]["mask_token_id"] == 1
+    with torch.no_grad():
+        tf = model(input_ids=ids[:, :-1]).logits.argmax(-1)  # [6, 23] teacher-forced greedy
+        held = torch.cat([d["prompt_ids"], d["greedy_ids"]], dim=1)
+        tf_held = model(input_ids=held[:, :-1]).logits.argmax(-1)
+    assert torch.equal(tf[:, 9:], ids[:, 10:])
+    assert torch.equal(tf_held[:, 7:], d["greedy_ids"])
+    with pytest.raises(UserError, match="max_position_embeddings"):
+        generate_data(model, train_tokens, held_tokens, tmp_path / "x", eos_token_id=EOS, mask_token_id=1,
+                      num_seqs=2, prompt_len=60, gen_len=10)
+    (tmp_path / "meta.json").unlink()
+    with pytest.raises(UserError, match="no meta.json"):
+        load_continuations(tmp_path)

@@ -48,7 +48,6 @@ class CorpusInfo:
 
     python_version: str  # "3.11"
     python_full_version: str  # "3.11.7"
-    stdlib_root: str
     min_chars: int
     heldout_fraction: float
     num_files: int
@@ -126,7 +125,6 @@ def load_corpus(root: Path | None = None, min_chars: int = 200, heldout_fraction
     info = CorpusInfo(
         python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
         python_full_version=".".join(str(v) for v in sys.version_info[:3]),
-        stdlib_root=str(root),
         min_chars=min_chars,
         heldout_fraction=heldout_fraction,
         num_files=len(files),

@@ -138,9 +138,87 @@ def load_continuations(data_dir: str | Path) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def generate_data(
+    model,
+    train_tokens: torch.Tensor,
+    heldout_tokens: torch.Tensor,
+    out_dir: Path,
+    *,
+    eos_token_id: int,
+    mask_token_id: int | None,
+    num_seqs: int,
+    prompt_len: int = 64,
+    gen_len: int = 192,
+    batch_size: int = 128,
+    seed: int = 1234,
+    eval_prompts: int = 32,
+    eval_prompt_len: int = 96,
+    eval_gen_len: int = 128,
+    extra_meta: dict | None = None,
+) -> dict:
+    """Sample prompts, decode greedily with `model` (in its own dtype) and write the three
+    files of the module docstring into `out_dir`. Returns the metadata."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    for name, v in (("num_seqs", num_seqs), ("prompt_len", prompt_len), ("gen_len", gen_len), ("batch_size", batch_size),
+                    ("eval_prompts", eval_prompts), ("eval_prompt_len", eval_prompt_len), ("eval_gen_len", eval_gen_len)):
+        if v < 1:
+            raise UserError(f"--{name.replace('_', '-')}={v} must be >= 1")
+    n_pos = model.config.max_position_embeddings
+    for p, g, what in ((prompt_len, gen_len, ""), (eval_prompt_len, eval_gen_len, "eval-")):
+        if p + g > n_pos:
+            raise UserError(f"--{what}prompt-len + --{what}gen-len = {p + g} exceeds the target's max_position_embeddings {n_pos}")
+    prompts = sample_train_prompts(train_tokens, num_seqs, prompt_len, seed, eos_token_id)  # [N, P]
+    held_prompts = sample_eval_prompts(heldout_tokens, eval_prompts, eval_prompt_len, eos_token_id)  # [M, P_eval]
+
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), transient=True) as bar:
+        task = bar.add_task("held-out greedy", total=eval_prompts)
+        held_greedy = greedy_continue(model, held_prompts, eval_gen_len, batch_size,
+                                      on_batch=lambda n: bar.advance(task, n))  # [M, G_eval]
+        task = bar.add_task("continuations", total=num_seqs)
+        last = [time.perf_counter()]
+
+        def tick(n):
+            bar.advance(task, n)
+            if not bar.console.is_terminal:  # a log file gets one line per batch
+                print(f"continuations {int(bar.tasks[task].completed)}/{num_seqs} "
+                      f"({time.perf_counter() - last[0]:.1f}s for {n})", file=sys.stderr, flush=True)
+            last[0] = time.perf_counter()
+
+        generated = greedy_continue(model, prompts, gen_len, batch_size, on_batch=tick)  # [N, G]
+    seconds = time.perf_counter() - t0
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "num_seqs": num_seqs,
+        "prompt_len": prompt_len,
+        "gen_len": gen_len,
+        "seed": seed,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "eos_token_id": eos_token_id,
+        "mask_token_id": mask_token_id,
+        "eval_prompts": eval_prompts,
+        "eval_prompt_len": eval_prompt_len,
+        "eval_gen_len": eval_gen_len,
+        "generation_seconds": round(seconds, 1),
+        "torch": torch.__version__,
+        **(extra_meta or {}),
+    }
+    input_ids = torch.cat([prompts, generated], dim=1)  # [N, P+G]
+    _save_atomic({"input_ids": input_ids, "loss_mask": generated_loss_mask(generated, prompt_len, eos_token_id)},
+                 out_dir / "continuations.safetensors", meta)
+    _save_atomic({"prompt_ids": held_prompts, "greedy_ids": held_greedy}, out_dir / "heldout_prompts.safetensors", meta)
+    tmp = out_dir / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, out_dir / "meta.json")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
     from trtllm_dflash.train.corpus import load_corpus
     from trtllm_dflash.train.target import load_target
     from trtllm_dflash.train.tokenizer import encode_files, load_tokenizer
@@ -160,73 +238,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    for name in ("num_seqs", "prompt_len", "gen_len", "batch_size", "eval_prompts", "eval_prompt_len", "eval_gen_len"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
 
     tok = load_tokenizer(args.target)
     model = load_target(args.target, torch.float32)
-    n_pos = model.config.max_position_embeddings
-    for p, g, what in ((args.prompt_len, args.gen_len, ""), (args.eval_prompt_len, args.eval_gen_len, "eval-")):
-        if p + g > n_pos:
-            raise UserError(f"--{what}prompt-len + --{what}gen-len = {p + g} exceeds the target's max_position_embeddings {n_pos}")
     weights = args.target / "model.safetensors"
-    weights_sha = hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None
     corpus = load_corpus(heldout_fraction=args.heldout_fraction)
-    eos = tok.eos_token_id
     train_tokens = torch.tensor(encode_files(tok, [f.text for f in corpus.train]), dtype=torch.long)
     heldout_tokens = torch.tensor(encode_files(tok, [f.text for f in corpus.heldout]), dtype=torch.long)
-    prompts = sample_train_prompts(train_tokens, args.num_seqs, args.prompt_len, args.seed, eos)
-    eval_prompts = sample_eval_prompts(heldout_tokens, args.eval_prompts, args.eval_prompt_len, eos)
-
-    t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn()) as bar:
-        task = bar.add_task("held-out greedy", total=args.eval_prompts)
-        eval_greedy = greedy_continue(model, eval_prompts, args.eval_gen_len, args.batch_size,
-                                      on_batch=lambda n: bar.advance(task, n))
-        task = bar.add_task("continuations", total=args.num_seqs)
-        last = [time.perf_counter()]
-
-        def tick(n):
-            bar.advance(task, n)
-            done = int(bar.tasks[task].completed)
-            if not bar.console.is_terminal:
-                print(f"continuations {done}/{args.num_seqs} ({time.perf_counter() - last[0]:.1f}s for {n})",
-                      file=sys.stderr, flush=True)
-            last[0] = time.perf_counter()
-
-        generated = greedy_continue(model, prompts, args.gen_len, args.batch_size, on_batch=tick)
-    seconds = time.perf_counter() - t0
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "num_seqs": args.num_seqs,
-        "prompt_len": args.prompt_len,
-        "gen_len": args.gen_len,
-        "seed": args.seed,
-        "dtype": "float32",
-        "eos_token_id": eos,
-        "mask_token_id": tok.mask_token_id,
-        "eval_prompts": args.eval_prompts,
-        "eval_prompt_len": args.eval_prompt_len,
-        "eval_gen_len": args.eval_gen_len,
-        "target_weights_sha256": weights_sha,
-        "corpus_python": corpus.info.python_full_version,
-        "corpus_fingerprint": corpus.info.fingerprint,
-        "generation_seconds": round(seconds, 1),
-        "torch": torch.__version__,
-    }
-    input_ids = torch.cat([prompts, generated], dim=1)
-    _save_atomic({"input_ids": input_ids, "loss_mask": generated_loss_mask(generated, args.prompt_len, eos)},
-                 args.out / "continuations.safetensors", meta)
-    _save_atomic({"prompt_ids": eval_prompts, "greedy_ids": eval_greedy}, args.out / "heldout_prompts.safetensors", meta)
-    tmp = args.out / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, args.out / "meta.json")
-    print(f"{args.num_seqs} continuations + {args.eval_prompts} held-out prompts in {seconds:.0f}s -> {args.out}",
-          file=sys.stderr)
+    meta = generate_data(
+        model, train_tokens, heldout_tokens, args.out,
+        eos_token_id=tok.eos_token_id, mask_token_id=tok.mask_token_id, num_seqs=args.num_seqs,
+        prompt_len=args.prompt_len, gen_len=args.gen_len, batch_size=args.batch_size, seed=args.seed,
+        eval_prompts=args.eval_prompts, eval_prompt_len=args.eval_prompt_len, eval_gen_len=args.eval_gen_len,
+        extra_meta={
+            "target_weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else None,
+            "corpus_python": corpus.info.python_full_version,
+            "corpus_fingerprint": corpus.info.fingerprint,
+            "heldout_fraction": args.heldout_fraction,
+        },
+    )
+    print(f"{args.num_seqs} continuations + {args.eval_prompts} held-out prompts in {meta['generation_seconds']:.0f}s "
+          f"-> {args.out}", file=sys.stderr)
     return 0
 
 
