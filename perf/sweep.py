@@ -122,11 +122,64 @@ async def one_request(client, model: str, record: RequestRecord, prompt: str, ma
     return record
 
 
-async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
-                    max_tokens: int, seed: int, temperature: float, on_done=None) -> list[RequestRecord]:
-    import tritonclient.grpc.aio as grpcclient
+async def one_request_http(session, url: str, model: str, record: RequestRecord, prompt: str, max_tokens: int,
+                           seed: int, temperature: float) -> RequestRecord:
+    """The same request over HTTP `generate_stream` (server-sent events, one `data:` line per response)."""
+    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "seed": seed, "temperature": temperature}
+    record.start_ns = time.perf_counter_ns()
+    texts = []
+    try:
+        async with session.post(f"http://{url}/v2/models/{model}/generate_stream", json=body) as resp:
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                now = time.perf_counter_ns()
+                event = json.loads(line[5:])
+                if "error" in event:
+                    record.error = str(event["error"])
+                    break
+                n = int(event.get("output_token_count", 0))
+                if n > 0:
+                    record.chunk_ns.append(now)
+                    record.chunk_tokens.append(n)
+                    texts.append(event.get("text_output", ""))
+                record.rounds = int(event.get("rounds", record.rounds))
+                if event.get("finish_reason"):
+                    record.end_ns = now
+                    break
+    except Exception as e:  # a transport failure counts as a failed request, not a crashed sweep
+        record.error = f"{type(e).__name__}: {e}"
+    if not record.end_ns:
+        record.end_ns = time.perf_counter_ns()
+        record.error = record.error or "stream ended without a final response"
+    record.text = "".join(texts)
+    return record
 
-    client = grpcclient.InferenceServerClient(url)
+
+async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
+                    max_tokens: int, seed: int, temperature: float, on_done=None, protocol: str = "grpc"
+                    ) -> list[RequestRecord]:
+    if protocol == "http":
+        import aiohttp
+
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+
+        async def send(rec, prompt, s):
+            return await one_request_http(session, url, model, rec, prompt, max_tokens, s, temperature)
+
+        async def close():
+            await session.close()
+    else:
+        import tritonclient.grpc.aio as grpcclient
+
+        client = grpcclient.InferenceServerClient(url)
+
+        async def send(rec, prompt, s):
+            return await one_request(client, model, rec, prompt, max_tokens, s, temperature)
+
+        async def close():
+            await client.close()
     try:
         async def batch(ids: list[int], is_warmup: bool) -> list[RequestRecord]:
             queue = list(ids)
@@ -136,7 +189,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
                 while queue:
                     i = queue.pop(0)
                     rec = RequestRecord(request_id=i, concurrency=concurrency, start_ns=0, warmup=is_warmup)
-                    await one_request(client, model, rec, prompts[i % len(prompts)], max_tokens, seed + i, temperature)
+                    await send(rec, prompts[i % len(prompts)], seed + i)
                     done.append(rec)
                     if on_done is not None and not is_warmup:
                         on_done(rec)
@@ -148,7 +201,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         records += await batch(list(range(warmup, warmup + measured)), False)
         return sorted(records, key=lambda r: r.request_id)
     finally:
-        await client.close()
+        await close()
 
 
 @dataclass
@@ -160,7 +213,7 @@ class SweepResult:
 
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int, gpus: int, out_dir: Path, seed: int = 0, temperature: float = 0.0,
-              title: str = "") -> SweepResult:
+              title: str = "", protocol: str = "grpc") -> SweepResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +223,7 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
             n = requests_at(c)
             task = progress.add_task(f"concurrency {c:>4}", total=n)
             recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
-                                         on_done=lambda r: progress.advance(task)))
+                                         on_done=lambda r: progress.advance(task), protocol=protocol))
             summaries.append(summarize_level(recs, c, gpus))
             all_records += recs
     write_results(out_dir, summaries, all_records, title)

@@ -5,6 +5,7 @@ tokenizer. Responses are compared with the reference's single-request output.
 """
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -38,13 +39,19 @@ def served(tmp_path_factory):
     server.stop()
 
 
-def reference_text(recipe, prompt: str, max_tokens: int) -> str:
+@functools.lru_cache(maxsize=4)
+def _loaded(target_dir, drafter_dir):
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.reference import generate, load_pair
+    from trtllm_dflash.reference import load_pair
 
-    tok = AutoTokenizer.from_pretrained(recipe.target.path)
-    target, drafter = load_pair(recipe.target.path, recipe.drafter.path)
+    return AutoTokenizer.from_pretrained(target_dir), *load_pair(target_dir, drafter_dir)
+
+
+def reference_text(recipe, prompt: str, max_tokens: int) -> str:
+    from trtllm_dflash.reference import generate
+
+    tok, target, drafter = _loaded(recipe.target.path, recipe.drafter.path)
     ids = tok(prompt)["input_ids"]
     return tok.decode(generate(target, drafter, [ids], max_tokens, block_size=recipe.speculative.block_size)[0].tokens)
 
@@ -193,3 +200,32 @@ def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     leftovers = subprocess.run(["pgrep", "-f", f"--http-port={ports[0]}"], capture_output=True, text=True).stdout
     assert leftovers.strip() == "", "tritonserver left running"
+
+
+@pytest.mark.parametrize("http", [False, True], ids=["grpc", "http"])
+def test_sweep_command_against_the_server(served, tmp_path, http):
+    recipe, server = served
+    url = server.endpoints.http_url if http else server.endpoints.grpc_url
+    cmd = [sys.executable, "-m", "trtllm_dflash", "sweep", str(recipe.file), "--url", url, "--out", str(tmp_path),
+           "--levels", "1,2", "--json"] + (["--http"] if http else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    levels = json.loads(r.stdout[r.stdout.index("["):])
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    assert all(lv["failed"] == 0 and lv["requests"] == max(4, 5 * lv["concurrency"]) for lv in levels)
+    assert all(lv["tau"] >= 1.0 and lv["output_tok_s_per_gpu"] > 0 for lv in levels)
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    measured = [row for row in rows if not row["warmup"]]
+    prompts = {row["request_id"]: row_prompt(recipe, row) for row in measured}
+    expected = {p: reference_text(recipe, p, recipe.sweep.output_len) for p in set(prompts.values())}
+    assert all(row["text"] == expected[prompts[row["request_id"]]] for row in measured)
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "summary.csv").exists()
+
+
+def row_prompt(recipe, row):
+    from trtllm_dflash.perf.sweep import load_prompts
+
+    sw = recipe.sweep
+    n = max(sw.requests_at(c) for c in (1, 2)) + sw.warmup_requests
+    prompts = load_prompts(sw.dataset, n, sw.input_len, sw.seed)  # what the sweep command sent
+    return prompts[row["request_id"] % len(prompts)]

@@ -11,7 +11,8 @@ from trtllm_dflash.commands.common import add_recipe_argument
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="sweep concurrency against a running Triton server (gRPC streaming)")
     add_recipe_argument(p)
-    p.add_argument("--url", required=True, help="Triton gRPC endpoint, HOST:PORT")
+    p.add_argument("--url", required=True, help="Triton endpoint HOST:PORT (gRPC port, or HTTP port with --http)")
+    p.add_argument("--http", action="store_true", help="use HTTP generate_stream (server-sent events) instead of gRPC")
     p.add_argument("--out", type=Path, default=Path("runs/sweep"), help="output directory (default runs/sweep)")
     p.add_argument("--levels", default=None, help="comma-separated concurrency levels (default: the recipe's)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default greedy)")
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         args.url, recipe.serve.model_name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_len,
         gpus=1 if recipe.gpu.is_cpu else recipe.world_size, out_dir=args.out, seed=sw.seed,
         temperature=args.temperature, title=f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu})",
+        protocol="http" if args.http else "grpc",
     )
     if args.json:
         print(json.dumps([asdict(s) for s in result.levels], indent=2))
