@@ -79,75 +79,59 @@ def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float):
     ]
 
 
-async def one_request(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
-                      temperature: float) -> RequestRecord:
+async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
+                       temperature: float):
+    """Responses of one gRPC streaming request, as dicts of the dflash model's outputs."""
     import tritonclient.grpc.aio as grpcclient
 
-    outputs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
     request = {
         "model_name": model,
         "inputs": _inputs(prompt, max_tokens, seed, temperature),
-        "outputs": outputs,
+        "outputs": [grpcclient.InferRequestedOutput(name) for name in OUTPUTS],
         "request_id": str(record.request_id),
     }
 
     async def requests():
         yield request
 
-    record.start_ns = time.perf_counter_ns()
-    texts = []
-    try:
-        async for result, error in client.stream_infer(inputs_iterator=requests()):
-            now = time.perf_counter_ns()
-            if error is not None:
-                record.error = str(error)
-                break
-            response = result.get_response()
-            if response.outputs:
-                n = int(result.as_numpy("output_token_count").reshape(-1)[0])
-                if n > 0:
-                    record.chunk_ns.append(now)
-                    record.chunk_tokens.append(n)
-                    texts.append(result.as_numpy("text_output").reshape(-1)[0].decode("utf-8"))
-                record.rounds = int(result.as_numpy("rounds").reshape(-1)[0])
-                if result.as_numpy("finish_reason").reshape(-1)[0]:
-                    record.end_ns = now
-                    break
-    except Exception as e:  # a transport failure counts as a failed request, not a crashed sweep
-        record.error = f"{type(e).__name__}: {e}"
-    if not record.end_ns:
-        record.end_ns = time.perf_counter_ns()
-        record.error = record.error or "stream ended without a final response"
-    record.text = "".join(texts)
-    return record
+    async for result, error in client.stream_infer(inputs_iterator=requests()):
+        if error is not None:
+            yield {"error": str(error)}
+            return
+        if result.get_response().outputs:
+            yield {name: result.as_numpy(name).reshape(-1)[0] for name in OUTPUTS}
 
 
-async def one_request_http(session, url: str, model: str, record: RequestRecord, prompt: str, max_tokens: int,
-                           seed: int, temperature: float) -> RequestRecord:
-    """The same request over HTTP `generate_stream` (server-sent events, one `data:` line per response)."""
+async def _http_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float):
+    """Responses of one HTTP generate_stream request (server-sent events, one `data:` line each)."""
     body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "seed": seed, "temperature": temperature}
+    async with session.post(f"http://{url}/v2/models/{model}/generate_stream", json=body) as resp:
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data:"):
+                yield json.loads(line[5:])
+
+
+async def _consume(record: RequestRecord, events) -> RequestRecord:
+    """Fill `record` from a stream of responses; a request ends at the one with a finish_reason."""
     record.start_ns = time.perf_counter_ns()
     texts = []
     try:
-        async with session.post(f"http://{url}/v2/models/{model}/generate_stream", json=body) as resp:
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                now = time.perf_counter_ns()
-                event = json.loads(line[5:])
-                if "error" in event:
-                    record.error = str(event["error"])
-                    break
-                n = int(event.get("output_token_count", 0))
-                if n > 0:
-                    record.chunk_ns.append(now)
-                    record.chunk_tokens.append(n)
-                    texts.append(event.get("text_output", ""))
-                record.rounds = int(event.get("rounds", record.rounds))
-                if event.get("finish_reason"):
-                    record.end_ns = now
-                    break
+        async for event in events:
+            now = time.perf_counter_ns()
+            if "error" in event:
+                record.error = str(event["error"])
+                break
+            n = int(event.get("output_token_count", 0))
+            if n > 0:
+                text = event.get("text_output", "")
+                record.chunk_ns.append(now)
+                record.chunk_tokens.append(n)
+                texts.append(text.decode("utf-8") if isinstance(text, bytes) else text)
+            record.rounds = int(event.get("rounds", record.rounds))
+            if event.get("finish_reason"):
+                record.end_ns = now
+                break
     except Exception as e:  # a transport failure counts as a failed request, not a crashed sweep
         record.error = f"{type(e).__name__}: {e}"
     if not record.end_ns:
@@ -166,7 +150,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
 
         async def send(rec, prompt, s):
-            return await one_request_http(session, url, model, rec, prompt, max_tokens, s, temperature)
+            return await _consume(rec, _http_events(session, url, model, prompt, max_tokens, s, temperature))
 
         async def close():
             await session.close()
@@ -176,7 +160,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         client = grpcclient.InferenceServerClient(url)
 
         async def send(rec, prompt, s):
-            return await one_request(client, model, rec, prompt, max_tokens, s, temperature)
+            return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature))
 
         async def close():
             await client.close()
