@@ -158,7 +158,7 @@ def test_loss_decreases_on_a_repeated_batch():
 
 def test_target_init_copies_the_last_layers_and_selects_the_deepest_feature():
     t = tiny_target()
-    d = new_drafter(t, DrafterShape(num_layers=2, block_size=4, target_layer_ids=(0, 1)), MASK)
+    d = new_drafter(t, DrafterShape(num_layers=2, block_size=4, target_layer_ids=(0, 1), init="target"), MASK)
     for i in range(2):
         for k, v in d.layers[i].state_dict().items():
             torch.testing.assert_close(v, t.layers[2 + i].state_dict()[k], rtol=0, atol=0)

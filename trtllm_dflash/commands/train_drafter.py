@@ -2,7 +2,7 @@
 
   trtllm-dflash train-drafter --target DIR --data DIR --out DIR
       [--layers 1] [--block-size 16] [--intermediate-size I] [--target-layer-ids 1,5,9]
-      [--init target|random] [--gamma G] [--anchors 64] [--seqs-per-step 8] [--steps 4000]
+      [--init random|target] [--gamma G] [--anchors 64] [--seqs-per-step 8] [--steps 4000]
       [--lr 1e-3] [--schedule wsd|cosine|constant] [--device cpu|cuda] [--threads T]
       [--ckpt-dir DIR] [--resume] [--max-minutes M] [--eval-every 250] [--dtype bfloat16]
 
@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--intermediate-size", type=int, default=None, help="drafter FFN width (default: the target's)")
     g.add_argument("--target-layer-ids", type=_ids, default=None, metavar="I,J,K",
                    help="target layers whose outputs feed the drafter (default: 3 spread over the depth)")
-    g.add_argument("--init", choices=INITS, default="target",
-                   help="target: start from the target's last layers (default); random: from scratch")
+    g.add_argument("--init", choices=INITS, default="random",
+                   help="random: from scratch (default, the published recipe); target: start from the target's last layers")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=d.steps)
     t.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step, help="sequences per step (one target pass each)")

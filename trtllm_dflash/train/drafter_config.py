@@ -14,7 +14,9 @@ class DrafterShape:
     block_size: int = 16
     intermediate_size: int | None = None  # default: the target's
     target_layer_ids: tuple[int, ...] | None = None  # default: z-lab's rule for 3 features
-    init: str = "target"  # "target": layers/norms copied from the target's last layers; "random"
+    # "random" (the published recipe); "target": layers copied from the target's last layers.
+    # On the tiny stdlib pair "target" learned more slowly (in-loop tau 2.1 vs 3.2 after 200 steps).
+    init: str = "random"
 
 
 INITS = ("target", "random")
