@@ -12,7 +12,7 @@ Output directory (each file written to a temporary name and renamed):
     loss_mask  uint8 [N, prompt_len + gen_len]  1 on generated tokens up to and including
                                                  the first eos, 0 on the prompt and after it
 - `heldout_prompts.safetensors` (evaluation; prompts from the HELD-OUT files)
-    prompt_ids int64 [M, eval_prompt_len]        evenly spaced windows without eos
+    prompt_ids int64 [M, eval_prompt_len]        evenly spaced, non-overlapping windows without eos
     greedy_ids int64 [M, eval_gen_len]           the target's fp32 greedy continuation
 - `meta.json`: lengths, counts, seeds, dtype, the target's weight checksum, corpus info.
 
@@ -59,24 +59,26 @@ def sample_train_prompts(tokens: torch.Tensor, n: int, prompt_len: int, seed: in
     return tokens[starts[:, None] + torch.arange(prompt_len)]
 
 
+def _clean_starts(tokens: torch.Tensor, prompt_len: int, eos_id: int) -> torch.Tensor:
+    """All s such that tokens[s : s + prompt_len] contains no eos, ascending."""
+    # eos_count[i] = number of eos tokens in tokens[:i]; a window is clean iff the counts match.
+    eos_count = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(tokens == eos_id, 0)])
+    s = torch.arange(max(0, tokens.numel() - prompt_len + 1))
+    return s[eos_count[s + prompt_len] == eos_count[s]]
+
+
 def sample_eval_prompts(tokens: torch.Tensor, n: int, prompt_len: int, eos_id: int) -> torch.Tensor:
-    """`n` eos-free windows at evenly spaced offsets (each moved forward past any eos).  # [n, P]"""
-    out, last_end = [], 0
-    for s in torch.linspace(0, tokens.numel() - prompt_len, n).long().tolist():
-        s = max(s, last_end)  # never overlap the previous prompt
-        while s + prompt_len <= tokens.numel():
-            eos_at = (tokens[s : s + prompt_len] == eos_id).nonzero()
-            if eos_at.numel() == 0:
-                break
-            s += int(eos_at[-1]) + 1
-        if s + prompt_len > tokens.numel():
-            break
-        out.append(tokens[s : s + prompt_len])
-        last_end = s + prompt_len
-    if len(out) < n:
-        raise UserError(f"held-out stream of {tokens.numel()} tokens has room for only {len(out)} of {n} "
-                        f"eos-free prompts of {prompt_len} tokens; ask for fewer or shorter prompts")
-    return torch.stack(out)
+    """`n` eos-free, non-overlapping windows, evenly spaced over all eos-free windows.  # [n, P]"""
+    starts = _clean_starts(tokens, prompt_len, eos_id)
+    # Indices at least prompt_len apart in the ascending list are at least prompt_len apart
+    # in the stream, so evenly spaced picks do not overlap.
+    if starts.numel() == 0 or (n > 1 and (starts.numel() - 1) // (n - 1) < prompt_len):
+        raise UserError(f"held-out stream of {tokens.numel()} tokens has room for only "
+                        f"{0 if starts.numel() == 0 else 1 + (starts.numel() - 1) // prompt_len} of {n} "
+                        f"non-overlapping eos-free prompts of {prompt_len} tokens; ask for fewer or shorter prompts")
+    step = (starts.numel() - 1) // max(1, n - 1)
+    picked = starts[torch.arange(n) * step]
+    return tokens[picked[:, None] + torch.arange(prompt_len)]
 
 
 @torch.no_grad()
