@@ -276,11 +276,25 @@ def _schema_error(file: str, e: ValidationError) -> RecipeError:
     return RecipeError("\n".join(dict.fromkeys(lines)))
 
 
+# Facts that must agree between a recipe's `arch` and the checkpoint on disk.
+CHECKED_FACTS = ("family", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                 "vocab_size", "num_experts", "block_size", "target_layer_ids", "mask_token_id")
+
+
 def _resolve_facts(src: ModelSource, field: str, file: str) -> ArchFacts:
-    if isinstance(src.arch, ArchFacts):
-        return src.arch
-    if isinstance(src.arch, str):
-        return catalog_facts(src.arch, f"{file}: {field}.arch")
+    if src.arch is not None:
+        facts = src.arch if isinstance(src.arch, ArchFacts) else catalog_facts(src.arch, f"{file}: {field}.arch")
+        path = src.path
+        if path is not None and (path / "config.json").exists():
+            on_disk = facts_from_config(path / "config.json")
+            for key in CHECKED_FACTS:
+                want, have = getattr(facts, key), getattr(on_disk, key)
+                if want != have and want is not None:
+                    raise RecipeError(
+                        f"{file}: {field}.arch: {key} is {want!r} but {path / 'config.json'} says {have!r}; "
+                        f"fix the recipe or omit {field}.arch to read the checkpoint's facts"
+                    )
+        return facts
     path = src.path
     if path is None or not (path / "config.json").exists():
         raise RecipeError(

@@ -200,3 +200,18 @@ def test_recipe_hash_changes_with_content():
     a = load_recipe(None)
     b = load_recipe(None, overrides=["build.max_batch_size=8"])
     assert a.sha256() == load_recipe(None).sha256() != b.sha256()
+
+
+def test_arch_must_agree_with_the_local_checkpoint(tmp_path):
+    from transformers import Qwen3Config
+
+    Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16).save_pretrained(tmp_path / "target")
+    raw = yaml.safe_load((REPO_RECIPES / "cpu" / "tiny-pystd.yaml").read_text())
+    raw["target"] = {"source": "target", "arch": {
+        "family": "qwen3", "num_layers": 6, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
+        "head_dim": 16, "intermediate_size": 128, "vocab_size": 512}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    msg = load_error(path)
+    assert f"target.arch: num_layers is 6 but {tmp_path / 'target' / 'config.json'} says 4" in msg
