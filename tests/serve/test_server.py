@@ -229,3 +229,23 @@ def row_prompt(recipe, row):
     n = max(sw.requests_at(c) for c in (1, 2)) + sw.warmup_requests
     prompts = load_prompts(sw.dataset, n, sw.input_len, sw.seed)  # what the sweep command sent
     return prompts[row["request_id"] % len(prompts)]
+
+
+def test_server_dies_with_a_killed_launcher(served):
+    recipe, server = served
+    port = free_port()
+    code = (
+        "import sys, time\n"
+        "from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port\n"
+        f"s = TritonServer(__import__('pathlib').Path({str(server.repository)!r}), "
+        f"Endpoints('127.0.0.1', {port}, free_port(), free_port())).start()\n"
+        "print('up', flush=True)\ntime.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    proc.kill()  # no cleanup code runs in the launcher
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and subprocess.run(["pgrep", "-f", f"--http-port={port}"], capture_output=True).stdout:
+        time.sleep(0.5)
+    assert not subprocess.run(["pgrep", "-f", f"--http-port={port}"], capture_output=True).stdout, "server outlived its launcher"

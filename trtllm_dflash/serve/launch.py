@@ -75,6 +75,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the launching process dies (Linux), so a killed
+    caller (a test runner hitting its timeout, say) never leaves a server behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class TritonServer:
     """A tritonserver process on `repository`; use as a context manager or call start()/stop()."""
 
@@ -143,7 +154,8 @@ class TritonServer:
         self.workspace = self._prepare_workspace()
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self._env(), start_new_session=True
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self._env(), start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -160,7 +172,16 @@ class TritonServer:
         raise UserError(f"tritonserver not ready after {timeout_s:.0f} s: {reason}")
 
     def ready(self) -> bool:
-        url = f"http://{self.endpoints.http_url}/v2/health/ready"
+        """Our server is up: its own log says it bound both endpoints, and HTTP health says ready
+        (the log check keeps another process on the same port from passing as ours)."""
+        e = self.endpoints
+        try:
+            log = self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+        if f"Started HTTPService at {e.host}:{e.http_port}" not in log or f"at {e.host}:{e.grpc_port}" not in log:
+            return False
+        url = f"http://{e.http_url}/v2/health/ready"
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 return r.status == 200
