@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.train.common import optimizer_step, set_lr
 
 
 def build_from_target(target, layers: int):
@@ -96,13 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         cursor += args.batch_size
         warm = min(1.0, step / args.warmup_steps)
         lr = args.lr * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
-        for g in opt.param_groups:
-            g["lr"] = lr
+        set_lr(opt, lr)
         loss = next_token_loss(model, ids[rows], lm[rows], args.bf16)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss, grad_clip=1.0)
         if step % 50 == 0:
             history.append({"step": step, "loss": round(loss.item(), 4), "elapsed": round(time.perf_counter() - t0, 1)})
             print(f"ar-draft step {step}/{args.steps} loss {loss.item():.3f} lr {lr:.2e} "

@@ -39,6 +39,8 @@ from trtllm_dflash.reference.cache import KVCache
 from trtllm_dflash.reference.config import DraftConfig, TargetConfig, default_target_layer_ids
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target, apply_rope
+from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, atomic_torch_save, check_resume
+from trtllm_dflash.train.common import load_checkpoint, optimizer_step, progress_bar, set_lr
 from trtllm_dflash.train.drafter_config import (
     INITS,
     RESUME_FREE,
@@ -345,24 +347,11 @@ class TrainResult:
     elapsed: float = 0.0  # training seconds, all sessions
 
 
-def _atomic_save(obj, path) -> None:
-    import os
-
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def _check_resume(saved: dict, dcfg: DraftConfig, cfg: DrafterTrainConfig, path) -> None:
     from dataclasses import asdict
 
-    if saved["draft_config"] != dcfg.to_dict():
-        raise UserError(f"{path}: cannot resume, the checkpoint's drafter config differs from the requested one "
-                        f"(checkpoint {saved['draft_config']}); rerun with the same shape or without --resume")
-    for k, v in asdict(cfg).items():
-        if k not in RESUME_FREE and saved["train_config"].get(k) != v:
-            raise UserError(f"{path}: cannot resume, training setting {k!r} is {saved['train_config'].get(k)!r} in the "
-                            f"checkpoint but {v!r} now; rerun with the same settings or without --resume")
+    check_resume(saved["draft_config"], dcfg.to_dict(), path, "drafter config field", rerun_with="the same shape")
+    check_resume(saved["train_config"], asdict(cfg), path, "training setting", free=RESUME_FREE)
 
 
 def train(
@@ -389,9 +378,6 @@ def train(
     from dataclasses import asdict
     from pathlib import Path
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     dev = target.device
     freeze(target)
     N, S = input_ids.shape
@@ -408,18 +394,13 @@ def train(
     gamma = cfg.gamma or default_gamma(B)
     drafter = new_drafter(target, shape, mask_token_id, cfg.seed).to(dev).train()
     dcfg = drafter.cfg
-    decay = [p for n, p in drafter.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in drafter.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    opt = adamw_decay_groups(drafter, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     anchor_gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, cursor, history, elapsed_before = 0, 0, [], 0.0
     ckpt_dir = Path(ckpt_dir)
     ckpt = ckpt_dir / "last.pt"
     if resume:
-        if not ckpt.is_file():
-            raise UserError(f"--resume: no checkpoint at {ckpt}")
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = load_checkpoint(ckpt)
         _check_resume(state, dcfg, cfg, ckpt)
         drafter.load_state_dict(state["drafter"])
         opt.load_state_dict(state["optimizer"])
@@ -434,9 +415,9 @@ def train(
 
     def save() -> None:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "anchor_rng": anchor_gen.get_state(),
-                      "step": step, "cursor": cursor, "history": history, "elapsed": elapsed(),
-                      "draft_config": dcfg.to_dict(), "train_config": asdict(cfg), "shape": asdict(shape)}, ckpt)
+        atomic_torch_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "anchor_rng": anchor_gen.get_state(),
+                           "step": step, "cursor": cursor, "history": history, "elapsed": elapsed(),
+                           "draft_config": dcfg.to_dict(), "train_config": asdict(cfg), "shape": asdict(shape)}, ckpt)
 
     # evaluation prompts: evenly spaced over the held-out set (it is ordered by file)
     eval_rows = torch.linspace(0, len(eval_prompts) - 1, min(cfg.eval_prompts, len(eval_prompts))).round().long()
@@ -457,12 +438,8 @@ def train(
     # Features come from a bf16 copy of the target (its KV cache is in the weights' dtype);
     # the fp32 target serves the embedding, the LM head and the in-loop evaluation.
     feature_target = freeze(copy.deepcopy(target).to(torch.bfloat16)) if cfg.bf16 else target
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("drafter"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]:.3f} acc1 {task.fields[acc1]:.2f} tau~ {task.fields[tf]:.2f} "
-                              "tau {task.fields[tau]:.2f} {task.fields[sps]:.2f}s/step"),
-                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                   disable=not (progress and console.is_terminal))
+    bar = progress_bar("drafter", "loss {task.fields[loss]:.3f} acc1 {task.fields[acc1]:.2f} tau~ {task.fields[tf]:.2f} "
+                       "tau {task.fields[tau]:.2f} {task.fields[sps]:.2f}s/step", progress)
     last_tau = history[-1]["eval_tau"] if history and "eval_tau" in history[-1] else float("nan")
     ema = None
     with bar:
@@ -479,15 +456,11 @@ def train(
             ids, lm = input_ids[rows].to(dev), loss_mask[rows].to(dev)
             anchors, valid = sample_anchors(lm, cfg.anchors, B, anchor_gen)
             lr = lr_at(cfg, step)
-            for g in opt.param_groups:
-                g["lr"] = lr
+            set_lr(opt, lr)
             feats = target_features(feature_target, ids, dcfg.target_layer_ids)
             with autocast:
                 res = block_loss(drafter, target, feats, ids, lm, anchors, valid, gamma)
-            opt.zero_grad(set_to_none=True)
-            res.loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-            opt.step()
+            optimizer_step(drafter, opt, res.loss, cfg.grad_clip)
             step += 1
             loss = res.loss.item()
             ema = loss if ema is None else 0.95 * ema + 0.05 * loss
@@ -512,24 +485,13 @@ def train(
 def export(drafter: DFlashDraft, out_dir, dtype: torch.dtype = torch.bfloat16, summary: dict | None = None):
     """Write the z-lab layout (config.json + model.safetensors) atomically, plus training.json."""
     import json
-    import os
-    import shutil
     from pathlib import Path
 
     from trtllm_dflash.reference.loading import save_drafter
 
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = out_dir.with_name(out_dir.name + ".tmp"), out_dir.with_name(out_dir.name + ".old")
-    for d in (tmp, old):
-        if d.exists():
-            shutil.rmtree(d)
-    save_drafter(drafter, tmp, dtype)
-    if summary is not None:
-        (tmp / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
-    if out_dir.exists():
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old.exists():
-        shutil.rmtree(old)
+    with atomic_dir(out_dir) as tmp:
+        save_drafter(drafter, tmp, dtype)
+        if summary is not None:
+            (tmp / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     return out_dir

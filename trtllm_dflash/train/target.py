@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -32,6 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, atomic_torch_save, check_resume
+from trtllm_dflash.train.common import load_checkpoint, optimizer_step, progress_bar
 
 
 @dataclass(frozen=True)
@@ -151,33 +151,14 @@ def _lr_lambda(cfg: TrainConfig):
 
 
 def _make_optimizer(model, cfg: TrainConfig):
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]  # norms
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-    )
+    opt = adamw_decay_groups(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     return opt, sched
 
 
-def _atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def _check_resume_config(saved: dict, model_cfg: TargetModelConfig, cfg: TrainConfig, path: Path) -> None:
-    want = {"model": asdict(model_cfg), "train": {k: v for k, v in asdict(cfg).items() if k not in _RESUME_FREE}}
-    have = {"model": saved["model_config"], "train": {k: v for k, v in saved["train_config"].items() if k not in _RESUME_FREE}}
-    for part in ("model", "train"):
-        for k, v in want[part].items():
-            if have[part].get(k) != v:
-                raise UserError(
-                    f"{path}: cannot resume, {part} config field {k!r} is {have[part].get(k)!r} in the checkpoint "
-                    f"but {v!r} now; rerun with the same settings or without --resume"
-                )
+    check_resume(saved["model_config"], asdict(model_cfg), path, "model config field")
+    check_resume(saved["train_config"], asdict(cfg), path, "train config field", free=_RESUME_FREE)
 
 
 @dataclass
@@ -216,9 +197,7 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, history, elapsed_before, ema = 0, [], 0.0, None
     if resume:
-        if not ckpt_path.is_file():
-            raise UserError(f"--resume: no checkpoint at {ckpt_path}")
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        state = load_checkpoint(ckpt_path)
         _check_resume_config(state, model_cfg, cfg, ckpt_path)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -230,7 +209,7 @@ def train(
 
     def save_ckpt():
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_torch_save(
+        atomic_torch_save(
             {
                 "model": model.state_dict(),
                 "optimizer": opt.state_dict(),
@@ -254,20 +233,8 @@ def train(
     losses: dict[int, float] = {}
     t_start = time.perf_counter()
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    bar = Progress(
-        TextColumn("target"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:.0f} tok/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not (progress and console.is_terminal),
-    )
+    bar = progress_bar("target", "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:.0f} tok/s", progress)
+    console = bar.console
     with bar:
         task = bar.add_task("train", total=cfg.steps, completed=step, loss=float("nan"), lr=0.0, tps=0.0)
         while step < end:
@@ -275,11 +242,8 @@ def train(
             starts = torch.randint(0, hi + 1, (cfg.batch_size,), generator=gen)
             batch = train_tokens[starts[:, None] + offsets_base]  # [B, S+1]
             loss = lm_loss(model, batch, cfg.bf16)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             lr = opt.param_groups[0]["lr"]
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            optimizer_step(model, opt, loss, cfg.grad_clip)  # grads are None before it: zeroing first is a no-op
             sched.step()
             step += 1
             lv = loss.item()
@@ -310,26 +274,14 @@ def export(model, tokenizer, out_dir: Path, dtype: torch.dtype = torch.bfloat16,
 
     from trtllm_dflash.train.tokenizer import save_tokenizer
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     m = copy.deepcopy(model).to(dtype).eval()
     eos = tokenizer.eos_token_id
     m.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False)
-    m.save_pretrained(str(tmp), safe_serialization=True)
-    save_tokenizer(tokenizer, tmp)
-    for name, text in (extra_files or {}).items():
-        (tmp / name).write_text(text)
-    old = out_dir.with_name(out_dir.name + ".old")
-    if out_dir.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old.exists():
-        shutil.rmtree(old)
+    with atomic_dir(out_dir) as tmp:
+        m.save_pretrained(str(tmp), safe_serialization=True)
+        save_tokenizer(tokenizer, tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
 
 
 def load_target(path: str | Path, dtype: torch.dtype = torch.float32):
