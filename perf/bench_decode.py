@@ -3,7 +3,7 @@ plus (--baselines) the HF transformers baselines on the same target and prompts.
 
     python -m trtllm_dflash.perf.bench_decode [--target DIR --drafter DIR] [--prompts 4]
         [--prompt-len 64] [--max-new-tokens 128] [--block-size B] [--ddtree-budget N]
-        [--threads 2] [--dtype float32] [--repeats 3] [--baselines [--ar-draft DIR]] [--json]
+        [--threads 2] [--dtype float32] [--repeats 5] [--baselines [--ar-draft DIR]] [--json]
     trtllm-dflash bench decode RECIPE --json          (the same, driven by a recipe)
 
 Prompts: when the target directory has a tokenizer, windows of the corpus's held-out files
@@ -177,7 +177,7 @@ def run_modes(target, drafter, prompts, n, block, budget, batch, repeats) -> lis
 
 
 def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_new_tokens=128, block_size=None,
-          ddtree_budget=None, batch=1, repeats=3, dtype="float32", seed=0, baselines=False, ar_draft=None,
+          ddtree_budget=None, batch=1, repeats=5, dtype="float32", seed=0, baselines=False, ar_draft=None,
           assistant_tokens=5, lookup_tokens=10, lookup_ngram=2) -> dict:
     """Run the benchmark; returns the JSON-able result (see main for the fields)."""
     dt = getattr(torch, dtype)
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--ddtree-budget", type=int, default=None, help="default: block size - 1")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved runs per mode; the median is reported")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved runs per mode; the median is reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baselines", action="store_true", help="also run the HF baselines (assisted, prompt lookup)")
     p.add_argument("--ar-draft", help="HF AR draft model for assisted generation (default: DRAFTER/../ar-draft)")
