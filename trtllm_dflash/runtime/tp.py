@@ -257,6 +257,9 @@ def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, j
         for rec in generate_steps(target, drafter, **job):
             if rank == 0:
                 out_queue.put(("step", rec))
+        # Every rank finishes its last collective before any rank tears down its group: a
+        # rank that exits while its peer is still inside gloo makes the peer abort.
+        torch.distributed.barrier()
         if rank == 0:
             out_queue.put(("done", None))
     except BaseException as e:
