@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash.quantize.emulate import fake_quantize_
-from trtllm_dflash.reference import generate, load_pair
+from trtllm_dflash.reference import generate, load_pair, pooled_tau
 
 ROWS = [("bf16", "bf16"), ("fp8", "bf16"), ("nvfp4", "bf16"), ("bf16", "fp8"), ("bf16", "nvfp4"), ("fp8", "fp8"), ("nvfp4", "nvfp4")]
 
@@ -59,9 +59,7 @@ def _as_format(model: torch.nn.Module, fmt: str, drafter: bool, dtype: torch.dty
 
 def _decode(target, drafter, prompts, n, mode, block):
     gens = generate(target, drafter, prompts, n, mode=mode, block_size=block, stop_token_ids=[])
-    committed = sum(sum(g.stats.accepted_per_round) for g in gens)
-    rounds = sum(g.stats.rounds for g in gens)
-    return [g.tokens for g in gens], (committed / rounds if rounds else 0.0)
+    return [g.tokens for g in gens], pooled_tau(gens)
 
 
 def _agreement(tokens, reference, n):

@@ -57,3 +57,12 @@ def test_batched_equals_single(models, monkeypatch, mode, oracle):
     if oracle and mode != "ar":
         ragged = [rec for rec in records[1:] if len({len(t) for t in rec.tokens}) > 1 and len(rec.seq_ids) > 1]
         assert ragged  # rounds where sequences in the same batch accepted different amounts
+
+
+def test_pooled_tau_weighs_requests_by_their_rounds():
+    from trtllm_dflash.reference import Generation, Stats, pooled_tau
+
+    long = Generation([0] * 9, Stats(rounds=3, accepted_per_round=[4, 4, 1]), "length")  # tau 3
+    short = Generation([0], Stats(rounds=1, accepted_per_round=[1]), "length")  # tau 1
+    assert pooled_tau([long, short]) == 10 / 4  # not the mean of per-request taus (2.0)
+    assert pooled_tau([Generation([0], Stats(), "stop")]) == 0.0  # finished at the prefill: no rounds

@@ -14,7 +14,7 @@ import torch
 
 from trtllm_dflash.perf.bench_decode import heldout_prompts
 from trtllm_dflash.perf.bench_quant import shipped_pair
-from trtllm_dflash.reference import generate, load_pair
+from trtllm_dflash.reference import generate, load_pair, pooled_tau
 
 BUDGET_BYTES = 25 * 1000 * 1000  # the limit for everything shipped under assets/tiny-pystd
 
@@ -40,7 +40,7 @@ def test_shipped_drafter_accepts_and_stays_lossless(dirs):
     ar = generate(target, None, prompts, 64, mode="ar", stop_token_ids=[])
     out = generate(target, drafter, prompts, 64, mode="dflash", stop_token_ids=[])
     assert [g.tokens for g in out] == [g.tokens for g in ar]  # fp32 greedy: exact
-    tau = sum(sum(g.stats.accepted_per_round) for g in out) / sum(g.stats.rounds for g in out)
+    tau = pooled_tau(out)
     assert tau >= 3.0, f"in-loop tau {tau:.2f}"
 
 

@@ -64,6 +64,13 @@ class Stats:
         return sum(self.accepted_per_round) / len(self.accepted_per_round) if self.accepted_per_round else 0.0
 
 
+def pooled_tau(gens: Sequence["Generation"]) -> float:
+    """tau over several requests: all committed tokens / all verify passes (0 with no rounds).
+    Long requests weigh more than in a mean of per-request taus."""
+    rounds = sum(g.stats.rounds for g in gens)
+    return sum(sum(g.stats.accepted_per_round) for g in gens) / rounds if rounds else 0.0
+
+
 @dataclass
 class Generation:
     tokens: list[int]  # generated ids, without the prompt

@@ -315,7 +315,7 @@ def evaluate(drafter: DFlashDraft, target: Target, prompt_ids: torch.Tensor, gre
     teacher-forced estimate (64 random anchors per prompt in the target's own greedy text)
     for comparison: it overstates tau, because the decode loop spends most of its rounds
     in the hard stretches."""
-    from trtllm_dflash.reference.generate import generate
+    from trtllm_dflash.reference.generate import generate, pooled_tau
 
     t0 = time.perf_counter()
     was = drafter.training
@@ -324,8 +324,6 @@ def evaluate(drafter: DFlashDraft, target: Target, prompt_ids: torch.Tensor, gre
         raise ValueError(f"{len(prompt_ids)} prompts but {len(greedy_ids)} greedy continuations")
     n = min(new_tokens, greedy_ids.shape[1])
     gens = generate(target, drafter, prompt_ids.tolist(), n, mode="dflash", stop_token_ids=[])
-    committed = sum(sum(g.stats.accepted_per_round) for g in gens)
-    rounds = sum(g.stats.rounds for g in gens)
     identical = sum(g.tokens == greedy_ids[i, :n].tolist() for i, g in enumerate(gens))
     ids = torch.cat([prompt_ids, greedy_ids[:, :n]], dim=1).to(target.device)
     lm = torch.zeros_like(ids)
@@ -335,7 +333,7 @@ def evaluate(drafter: DFlashDraft, target: Target, prompt_ids: torch.Tensor, gre
     tf = block_loss(drafter, target, feats, ids, lm, anchors, valid, gamma).tau_estimate
     drafter.train(was)
     # first round commits 1 (the prefill token) and is not a verify pass: stats exclude it
-    return EvalResult(committed / max(rounds, 1), tf, identical, len(gens), time.perf_counter() - t0)
+    return EvalResult(pooled_tau(gens), tf, identical, len(gens), time.perf_counter() - t0)
 
 
 @dataclass
