@@ -91,6 +91,18 @@ def verify_stage_dir(directory: Path, stage: str, recipe_sha256: str | None = No
     return m
 
 
+def replace_dir(new: Path, out_dir: Path) -> None:
+    """Rename the finished directory `new` to `out_dir`, replacing a previous one: the old one
+    is moved aside first and deleted last, so `out_dir` is never a mix of the two."""
+    if out_dir.exists():
+        trash = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        out_dir.rename(trash)
+        new.rename(out_dir)
+        shutil.rmtree(trash)
+    else:
+        new.rename(out_dir)
+
+
 @contextlib.contextmanager
 def atomic_stage_dir(out_dir: Path, manifest: Manifest, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory to write into; on success add the manifest and rename it to out_dir.
@@ -121,13 +133,7 @@ def atomic_stage_dir(out_dir: Path, manifest: Manifest, overwrite: bool = False)
         manifest.tools = manifest.tools or tool_versions()
         manifest.created_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         (tmp / MANIFEST).write_text(manifest.to_json())
-        if out_dir.exists():
-            trash = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            out_dir.rename(trash)
-            tmp.rename(out_dir)
-            shutil.rmtree(trash)
-        else:
-            tmp.rename(out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from trtllm_dflash.artifacts import replace_dir
 from trtllm_dflash.errors import UserError
 
 
@@ -106,19 +107,15 @@ def progress_bar(label: str, fields: str, show: bool):
 
 @contextmanager
 def atomic_dir(out_dir: Path) -> Iterator[Path]:
-    """Yield OUT.tmp to write into; on success move the old OUT aside (OUT.old), rename
-    OUT.tmp to OUT and delete OUT.old, so OUT is always either the old or the new whole
-    directory. Stale OUT.tmp / OUT.old from an earlier crash are removed first. On an
-    exception nothing is swapped (OUT.tmp is left for inspection)."""
+    """Yield OUT.tmp (not yet created) for the writer to create and fill; on success it
+    replaces OUT whole (artifacts.replace_dir), so OUT is always either the old or the new directory. A stale OUT.tmp from an earlier
+    crash is removed first. On an exception nothing is swapped (OUT.tmp is left for
+    inspection). Unlike a pipeline stage (artifacts.atomic_stage_dir) a training export
+    has no manifest and replaces an earlier export of any run."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = out_dir.with_name(out_dir.name + ".tmp"), out_dir.with_name(out_dir.name + ".old")
-    for d in (tmp, old):
-        if d.exists():
-            shutil.rmtree(d)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
     yield tmp
-    if out_dir.exists():
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old.exists():
-        shutil.rmtree(old)
+    replace_dir(tmp, out_dir)
