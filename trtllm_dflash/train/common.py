@@ -108,9 +108,9 @@ def progress_bar(label: str, fields: str, show: bool):
 @contextmanager
 def atomic_dir(out_dir: Path) -> Iterator[Path]:
     """Yield OUT.tmp (not yet created) for the writer to create and fill; on success it
-    replaces OUT whole (artifacts.replace_dir), so OUT is always either the old or the new directory. A stale OUT.tmp from an earlier
-    crash is removed first. On an exception nothing is swapped (OUT.tmp is left for
-    inspection). Unlike a pipeline stage (artifacts.atomic_stage_dir) a training export
+    replaces OUT whole (artifacts.replace_dir), so OUT is always either the old or the new
+    directory. A stale OUT.tmp from an earlier crash is removed first. On an exception
+    nothing is swapped (OUT.tmp is left for inspection). Unlike a pipeline stage (artifacts.atomic_stage_dir) a training export
     has no manifest and replaces an earlier export of any run."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
