@@ -62,19 +62,19 @@ if [ ! -f "$RUN_DIR/ar-draft/model.safetensors" ]; then
     --out "$RUN_DIR/ar-draft" --layers 1 --steps 800 --threads "$THREADS" 2>&1 | tee "$RUN_DIR/ar-draft.log"
 fi
 
-if [ "${INSTALL_ASSETS:-0}" = "1" ]; then
-  dest=trtllm_dflash/assets/tiny-pystd/target
-  echo "installing the target into $dest"
+# install PART FILE...: replace trtllm_dflash/assets/tiny-pystd/PART with those files of RUN_DIR/PART
+install() {
+  local part=$1 dest=trtllm_dflash/assets/tiny-pystd/$1
+  shift
+  echo "installing the $part into $dest"
   rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
-  cp "$RUN_DIR"/target/{model.safetensors,config.json,generation_config.json,tokenizer.json,tokenizer_config.json} "$dest.tmp"/
-  cp "$RUN_DIR/corpus.json" "$(dirname "$dest")/corpus.json"
+  for f in "$@"; do cp "$RUN_DIR/$part/$f" "$dest.tmp"/; done
   rm -rf "$dest" && mv "$dest.tmp" "$dest"
-  for part in drafter ar-draft; do
-    dest=trtllm_dflash/assets/tiny-pystd/$part
-    echo "installing the $part into $dest"
-    rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
-    cp "$RUN_DIR/$part"/{model.safetensors,config.json,training.json} "$dest.tmp"/
-    [ -f "$RUN_DIR/$part/generation_config.json" ] && cp "$RUN_DIR/$part/generation_config.json" "$dest.tmp"/
-    rm -rf "$dest" && mv "$dest.tmp" "$dest"
-  done
+}
+
+if [ "${INSTALL_ASSETS:-0}" = "1" ]; then
+  install target model.safetensors config.json generation_config.json tokenizer.json tokenizer_config.json
+  install drafter model.safetensors config.json training.json
+  install ar-draft model.safetensors config.json generation_config.json training.json
+  cp "$RUN_DIR/corpus.json" trtllm_dflash/assets/tiny-pystd/corpus.json
 fi
