@@ -1,1 +1,1 @@
-"""Benchmarks, serving metrics, sweeps and plots (ships as trtllm_dflash.perf)."""
+"""Benchmarks only (decode, quantized pairs, the KV-injection kernel, HF baselines, soak); ships as trtllm_dflash.perf."""

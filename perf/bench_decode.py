@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash.reference import DFlashDraft, DraftConfig, Target, TargetConfig, generate_steps, load_pair
+from trtllm_dflash.prompts.sources import heldout_token_prompts
 from trtllm_dflash.reference.config import RopeConfig
 
 
@@ -131,24 +132,6 @@ def micro(target: Target, drafter: DFlashDraft, context: int, block: int) -> dic
     return {"target_step_ms": _median_ms(one), f"verify_{block}_ms": _median_ms(verify), "draft_pass_ms": _median_ms(draft)}
 
 
-def heldout_prompts(target_dir: Path, n: int, prompt_len: int) -> list[list[int]] | None:
-    """`n` prompts of `prompt_len` tokens from the corpus's held-out files (never trained on),
-    evenly spaced, without an end-of-file inside, tokenized with the target's tokenizer;
-    None without a tokenizer."""
-    if not (Path(target_dir) / "tokenizer.json").is_file():
-        return None
-    from trtllm_dflash.train.corpus import load_corpus
-    from trtllm_dflash.train.data import sample_eval_prompts
-    from trtllm_dflash.train.tokenizer import encode_files, load_tokenizer
-
-    tok = load_tokenizer(target_dir)
-    heldout = torch.tensor(encode_files(tok, [f.text for f in load_corpus().heldout]), dtype=torch.long)
-    # Start half a spacing in, so that these windows differ from the evenly spaced held-out
-    # prompts drafter training evaluates on (train/data.py starts at 0).
-    # The stream ends with an end-of-file token, which no window may contain: drop it.
-    return sample_eval_prompts(heldout[len(heldout) // (2 * n) : -1], n, prompt_len, tok.eos_token_id).tolist()
-
-
 def run_modes(target, drafter, prompts, n, block, budget, batch, repeats) -> list[dict]:
     """ar, dflash, ddtree interleaved `repeats` times. tokens_per_s is the median over the
     repeats of (all tokens / all time), tokens_per_s_best the fastest repeat."""
@@ -189,7 +172,7 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         source = "random weights: Qwen3 8L x 256 (vocab 4096) + 2-layer drafter"
     block = block_size or drafter.block_size
     budget = ddtree_budget or block - 1
-    ps = heldout_prompts(target_dir, prompts, prompt_len) if target_dir else None
+    ps = heldout_token_prompts(target_dir, prompts, prompt_len) if target_dir else None
     prompt_source = "held-out corpus files" if ps is not None else "random token ids (no tokenizer)"
     if ps is None:
         g = torch.Generator().manual_seed(seed)

@@ -34,7 +34,7 @@ def bytes_moved(batch: int, cache_len: int, block_len: int, num_q_heads: int, nu
 
 def hbm_bandwidth_gbs(hardware: str) -> float:
     """Peak HBM bandwidth in GB/s of a catalog entry."""
-    from trtllm_dflash.hardware import hardware_catalog
+    from trtllm_dflash.recipe.hardware import hardware_catalog
 
     catalog = hardware_catalog()
     if hardware not in catalog:

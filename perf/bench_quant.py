@@ -74,7 +74,8 @@ def _agreement(tokens, reference, n):
 
 def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_new_tokens=48, block_size=None,
           dtype="float32", seed=0, progress=True) -> dict:
-    from trtllm_dflash.perf.bench_decode import heldout_prompts, random_pair
+    from trtllm_dflash.perf.bench_decode import random_pair
+    from trtllm_dflash.prompts.sources import heldout_token_prompts as heldout_prompts
 
     dt = getattr(torch, dtype)
     if target_dir or drafter_dir:

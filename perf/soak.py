@@ -110,7 +110,7 @@ def soak(recipe, clients: int, seconds: float, max_tokens: int, prompts: list[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trtllm_dflash.perf.sweep import load_prompts
+    from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.recipe import load_recipe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

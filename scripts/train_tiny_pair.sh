@@ -24,7 +24,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}  # do not spin-wait: the core
 mkdir -p "$RUN_DIR"
 
 echo "[1/6] corpus description -> $RUN_DIR/corpus.json"
-python -m trtllm_dflash.train.corpus --out "$RUN_DIR/corpus.json"
+python -m trtllm_dflash.prompts.corpus --out "$RUN_DIR/corpus.json"
 
 if [ ! -f "$RUN_DIR/tokenizer/tokenizer.json" ]; then
   echo "[2/6] tokenizer -> $RUN_DIR/tokenizer"

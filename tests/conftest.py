@@ -7,6 +7,7 @@ Markers (declared in pyproject.toml):
 
 import pytest
 import torch
+from checkpoints import make_drafter, make_target
 
 torch.set_num_threads(2)
 
@@ -18,3 +19,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(target_dir, drafter_dir) for a tiny Qwen3 target, fp32 (tests/helpers/checkpoints.py)."""
+    root = tmp_path_factory.mktemp("tiny-qwen3")
+    return make_target(root / "target", "qwen3"), make_drafter(root / "drafter")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_drafter, make_target, write_recipe
+from checkpoints import make_drafter, make_target, write_recipe
 from safetensors.torch import load_file, save_file
 
 from trtllm_dflash.artifacts import sha256_file, verify_stage_dir

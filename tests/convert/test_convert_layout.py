@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_drafter, make_target, read_config, write_recipe
+from checkpoints import make_drafter, make_target, read_config, write_recipe
 from safetensors.torch import load_file
 
 from trtllm_dflash.artifacts import verify_stage_dir

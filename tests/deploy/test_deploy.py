@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from trtllm_dflash.artifacts import verify_stage_dir
 from trtllm_dflash.deploy.repository import deploy

@@ -9,7 +9,7 @@ drafter reaches ~4 on CPU; a broken device path would accept ~nothing).
 import pytest
 import torch
 
-from trtllm_dflash.perf.bench_decode import heldout_prompts
+from trtllm_dflash.prompts.sources import heldout_token_prompts as heldout_prompts
 from trtllm_dflash.perf.bench_quant import shipped_pair
 from trtllm_dflash.reference import generate, load_pair, pooled_tau
 

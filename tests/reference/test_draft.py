@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from reference_helpers import make_drafter, make_target
+from reference_helpers import make_drafter
 from safetensors import safe_open
 
 from trtllm_dflash.reference import DraftConfig, load_drafter, load_target

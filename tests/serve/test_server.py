@@ -223,7 +223,7 @@ def test_sweep_command_against_the_server(served, tmp_path, http):
 
 
 def row_prompt(recipe, row):
-    from trtllm_dflash.perf.sweep import load_prompts
+    from trtllm_dflash.prompts.sources import load_prompts
 
     sw = recipe.sweep
     n = max(sw.requests_at(c) for c in (1, 2)) + sw.warmup_requests

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_dflash.perf.bench_decode import heldout_prompts
+from trtllm_dflash.prompts.sources import heldout_token_prompts as heldout_prompts
 from trtllm_dflash.perf.bench_quant import shipped_pair
 from trtllm_dflash.reference import generate, load_pair, pooled_tau
 

@@ -4,12 +4,8 @@ import pytest
 import torch
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.train.data import (
-    generated_loss_mask,
-    greedy_continue,
-    sample_eval_prompts,
-    sample_train_prompts,
-)
+from trtllm_dflash.prompts.sources import sample_eval_prompts, sample_train_prompts
+from trtllm_dflash.train.data import generated_loss_mask, greedy_continue
 from trtllm_dflash.train.target import TargetModelConfig, build_model
 
 TINY = TargetModelConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,

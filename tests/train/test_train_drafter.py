@@ -1,6 +1,5 @@
 """Drafter training: the training forward equals the inference forward; the loss learns."""
 
-import math
 
 import pytest
 import torch
@@ -251,7 +250,6 @@ def test_train_drafter_command_writes_a_zlab_drafter_and_resumes_exactly(tmp_pat
 
 
 def test_train_drafter_command_refuses_bad_input(tmp_path, capsys):
-    from trtllm_dflash.cli import main
 
     target, data = make_run(tmp_path)
     assert _train(target, tmp_path / "nodata", tmp_path / "o", "--steps", "1") == 2

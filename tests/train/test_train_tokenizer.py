@@ -6,11 +6,11 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.train.corpus import list_files
+from trtllm_dflash.prompts.corpus import list_files
+from trtllm_dflash.prompts.sources import encode_files
 from trtllm_dflash.train.tokenizer import (
     EOS_TOKEN,
     MASK_TOKEN,
-    encode_files,
     load_tokenizer,
     save_tokenizer,
     train_tokenizer,

@@ -27,9 +27,10 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.commands.sweep import parse_levels
     from trtllm_dflash.deploy.repository import REPOSITORY, deploy
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.perf.report import summary_table
-    from trtllm_dflash.perf.sweep import load_prompts, run_sweep
-    from trtllm_dflash.planner import plan
+    from trtllm_dflash.sweep.report import summary_table
+    from trtllm_dflash.prompts.sources import load_prompts
+    from trtllm_dflash.sweep.loadgen import run_sweep
+    from trtllm_dflash.recipe.planner import plan
     from trtllm_dflash.recipe import check, load_recipe
     from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
 

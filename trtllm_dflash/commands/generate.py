@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _paths(args) -> tuple[Path, Path | None, int | None, int | None]:
     block, budget = args.block_size, args.ddtree_budget
     if args.checkpoint is not None:
-        from trtllm_dflash.runtime.tp import checkpoint_paths
+        from trtllm_dflash.serve.checkpoint_runner import checkpoint_paths
 
         return checkpoint_paths(args)
     if args.recipe is None:
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     shown = ""
     t0 = time.perf_counter()
     if args.checkpoint is not None:
-        from trtllm_dflash.runtime.tp import checkpoint_steps
+        from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
 
         steps = checkpoint_steps(args.checkpoint, [prompt], args.max_new_tokens, tp=args.tp, dtype=dtype,
                                  device=args.device, mode=args.mode, block_size=block, ddtree_budget=budget,

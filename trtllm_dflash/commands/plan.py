@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from trtllm_dflash.planner import plan
+    from trtllm_dflash.recipe.planner import plan
     from trtllm_dflash.recipe import load_recipe
 
     # A plan is most useful when it does not fit, so memory is not a load-time rule here.

@@ -18,8 +18,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from trtllm_dflash.hardware import hardware_catalog
-    from trtllm_dflash.models import model_catalog
+    from trtllm_dflash.recipe.hardware import hardware_catalog
+    from trtllm_dflash.recipe.models import model_catalog
     from trtllm_dflash.recipe import list_recipes, load_recipe, recipes_root
 
     console = Console()

@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.perf.report import summary_table
-    from trtllm_dflash.perf.sweep import load_prompts, run_sweep
+    from trtllm_dflash.sweep.report import summary_table
+    from trtllm_dflash.prompts.sources import load_prompts
+    from trtllm_dflash.sweep.loadgen import run_sweep
     from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)

@@ -1,0 +1,1 @@
+"""Serving: the Triton Python model (triton_model.py) over the in-flight batcher (batcher.py), the\nreference model over converted / quantized checkpoints (checkpoint_runner.py), request parsing\n(requests.py) and the tritonserver launcher (launch.py)."""

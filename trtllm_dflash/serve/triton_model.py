@@ -10,7 +10,7 @@ outputs text_output BYTES (generated text only; streamed responses are deltas wh
 Decoupled: a streaming request gets one response per committed round, a non-streaming one
 a single response; both end with an empty final response flag. A bad request gets one
 error response naming the problem, and the server keeps serving. Concurrent requests are
-decoded together by the in-flight batching engine (serve/engine.py).
+decoded together by the in-flight batching engine (serve/batcher.py).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class TritonPythonModel:
 
         from trtllm_dflash.recipe import load_recipe
         from trtllm_dflash.reference import load_pair
-        from trtllm_dflash.serve.engine import ServingEngine
+        from trtllm_dflash.serve.batcher import ServingEngine
 
         cfg = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
@@ -72,7 +72,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         from trtllm_dflash.reference.verify import SamplingParams
-        from trtllm_dflash.serve.engine import Job
+        from trtllm_dflash.serve.batcher import Job
 
         for request in requests:
             sender = request.get_response_sender()

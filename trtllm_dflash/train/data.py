@@ -32,53 +32,9 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.prompts.sources import sample_eval_prompts, sample_train_prompts
 
 FORMAT_VERSION = 1
-
-
-def sample_train_prompts(tokens: torch.Tensor, n: int, prompt_len: int, seed: int, eos_id: int) -> torch.Tensor:
-    """`n` windows of `prompt_len` tokens at uniform random offsets, none containing eos.  # [n, P]"""
-    hi = tokens.numel() - prompt_len
-    if hi < 0:
-        raise UserError(f"token stream of {tokens.numel()} tokens is shorter than prompt_len={prompt_len}")
-    # eos_count[i] = number of eos tokens in tokens[:i]; a window [s, s+P) is clean iff the counts match.
-    eos_count = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(tokens == eos_id, 0)])
-    gen = torch.Generator().manual_seed(seed)
-    chosen: list[torch.Tensor] = []
-    have = 0
-    for _ in range(1000):
-        s = torch.randint(0, hi + 1, (2 * (n - have) + 16,), generator=gen)
-        s = s[eos_count[s + prompt_len] == eos_count[s]][: n - have]
-        chosen.append(s)
-        have += s.numel()
-        if have == n:
-            break
-    else:
-        raise UserError(f"could not find {n} eos-free windows of {prompt_len} tokens; use a shorter --prompt-len")
-    starts = torch.cat(chosen)
-    return tokens[starts[:, None] + torch.arange(prompt_len)]
-
-
-def _clean_starts(tokens: torch.Tensor, prompt_len: int, eos_id: int) -> torch.Tensor:
-    """All s such that tokens[s : s + prompt_len] contains no eos, ascending."""
-    # eos_count[i] = number of eos tokens in tokens[:i]; a window is clean iff the counts match.
-    eos_count = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(tokens == eos_id, 0)])
-    s = torch.arange(max(0, tokens.numel() - prompt_len + 1))
-    return s[eos_count[s + prompt_len] == eos_count[s]]
-
-
-def sample_eval_prompts(tokens: torch.Tensor, n: int, prompt_len: int, eos_id: int) -> torch.Tensor:
-    """`n` eos-free, non-overlapping windows, evenly spaced over all eos-free windows.  # [n, P]"""
-    starts = _clean_starts(tokens, prompt_len, eos_id)
-    # Indices at least prompt_len apart in the ascending list are at least prompt_len apart
-    # in the stream, so evenly spaced picks do not overlap.
-    if starts.numel() == 0 or (n > 1 and (starts.numel() - 1) // (n - 1) < prompt_len):
-        raise UserError(f"held-out stream of {tokens.numel()} tokens has room for only "
-                        f"{0 if starts.numel() == 0 else 1 + (starts.numel() - 1) // prompt_len} of {n} "
-                        f"non-overlapping eos-free prompts of {prompt_len} tokens; ask for fewer or shorter prompts")
-    step = (starts.numel() - 1) // max(1, n - 1)
-    picked = starts[torch.arange(n) * step]
-    return tokens[picked[:, None] + torch.arange(prompt_len)]
 
 
 @torch.no_grad()
@@ -221,9 +177,10 @@ def generate_data(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trtllm_dflash.train.corpus import load_corpus
+    from trtllm_dflash.prompts.corpus import load_corpus
     from trtllm_dflash.train.target import load_target
-    from trtllm_dflash.train.tokenizer import encode_files, load_tokenizer
+    from trtllm_dflash.prompts.sources import encode_files
+    from trtllm_dflash.train.tokenizer import load_tokenizer
 
     ap = argparse.ArgumentParser(description="Generate the drafter's training data: target greedy continuations.")
     ap.add_argument("--target", type=Path, required=True, help="target model directory (with tokenizer)")

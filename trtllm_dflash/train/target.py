@@ -310,8 +310,9 @@ def _from_args(cls, args, prefix: str = ""):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trtllm_dflash.train.corpus import load_corpus
-    from trtllm_dflash.train.tokenizer import encode_files, load_tokenizer
+    from trtllm_dflash.prompts.corpus import load_corpus
+    from trtllm_dflash.prompts.sources import encode_files
+    from trtllm_dflash.train.tokenizer import load_tokenizer
 
     ap = argparse.ArgumentParser(description="Train the tiny Qwen3 target on the stdlib corpus (CPU).")
     ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory (train.tokenizer output)")

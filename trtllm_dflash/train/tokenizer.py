@@ -78,18 +78,9 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def encode_files(tokenizer, texts: list[str]) -> list[int]:
-    """Token ids of every text, each followed by the eos id (one flat list)."""
-    eos = tokenizer.eos_token_id
-    out: list[int] = []
-    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        out.extend(ids)
-        out.append(eos)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    from trtllm_dflash.train.corpus import load_corpus
+    from trtllm_dflash.prompts.corpus import load_corpus
+    from trtllm_dflash.prompts.sources import encode_files
 
     ap = argparse.ArgumentParser(description="Train the byte-level BPE tokenizer on the train split of the stdlib corpus.")
     ap.add_argument("--out", type=Path, required=True, help="directory for tokenizer.json + tokenizer_config.json")

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash.hardware import GiB
-from trtllm_dflash.models import catalog_facts
-from trtllm_dflash.planner import plan
+from trtllm_dflash.recipe.hardware import GiB
+from trtllm_dflash.recipe.models import catalog_facts
+from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"

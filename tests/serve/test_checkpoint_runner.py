@@ -10,14 +10,14 @@ import json
 
 import pytest
 import torch
-from conftest import make_drafter, make_target, write_recipe
+from checkpoints import make_drafter, make_target, write_recipe
 
 from trtllm_dflash.cli import main
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import formats as F
 from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.runtime.tp import Comm, checkpoint_steps, load_rank, read_checkpoint
+from trtllm_dflash.serve.checkpoint_runner import Comm, checkpoint_steps, load_rank, read_checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 90, 11], [7, 7, 100, 3]]
 NEW = 20
@@ -116,7 +116,7 @@ def _fake_quantized_hf(target_dir, calib, fmt):
 @pytest.mark.parametrize("fmt,tp", [("fp8", 1), ("nvfp4", 2)])
 def test_quantized_checkpoint_runs_what_was_quantized(tmp_path, tiny_pair, fmt, tp):
     pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
-    from trtllm_dflash.commands.quantize import quantize
+    from trtllm_dflash.quantize.stage import quantize
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=tp, fmt=fmt))
     out = quantize(recipe, tmp_path / "q", samples=4, length=16, progress=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 
@@ -93,13 +92,6 @@ def write_recipe(path: Path, target: Path, drafter: Path, tp: int = 1, fmt: str 
     raw.update(sections)
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory):
-    """(target_dir, drafter_dir) for a tiny Qwen3 target, fp32."""
-    root = tmp_path_factory.mktemp("tiny-qwen3")
-    return make_target(root / "target", "qwen3"), make_drafter(root / "drafter")
 
 
 def read_config(directory: Path) -> dict:

@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from trtllm_dflash.hardware import BYTES_PER_ELEMENT, GiB
-from trtllm_dflash.models import ArchFacts
-from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GiB
+from trtllm_dflash.recipe.models import ArchFacts
+from trtllm_dflash.recipe.schema import Recipe
 
 CAPACITY_FRACTION = 0.95
 GPU_RUNTIME_RESERVE = 2 * GiB

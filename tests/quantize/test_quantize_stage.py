@@ -11,11 +11,11 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_drafter, make_target, read_config, write_recipe
+from checkpoints import make_drafter, make_target, read_config, write_recipe
 from safetensors.torch import load_file
 
 from trtllm_dflash.artifacts import verify_stage_dir
-from trtllm_dflash.commands.quantize import quantize
+from trtllm_dflash.quantize.stage import quantize
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import formats as F
 from trtllm_dflash.recipe import load_recipe

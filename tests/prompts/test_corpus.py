@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.train.corpus import is_heldout, list_files, load_corpus
+from trtllm_dflash.prompts.corpus import is_heldout, list_files, load_corpus
 
 BODY = "def f(x):\n    return x + 1\n" * 20  # 540 characters, above the 200 minimum
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtllm_dflash.perf.metrics import LevelSummary, pareto_front
+from trtllm_dflash.sweep.metrics import LevelSummary, pareto_front
 
 
 def _points(summaries: list[LevelSummary]) -> list[tuple[float, float]]:

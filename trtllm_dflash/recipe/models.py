@@ -145,7 +145,7 @@ class CatalogEntry(ArchFacts):
 
 @lru_cache(maxsize=1)
 def model_catalog() -> dict[str, CatalogEntry]:
-    text = resources.files("trtllm_dflash.catalog").joinpath("models.yaml").read_text()
+    text = resources.files("trtllm_dflash.recipe.catalog").joinpath("models.yaml").read_text()
     raw = yaml.safe_load(text)
     return {name: CatalogEntry(**facts) for name, facts in raw.items()}
 

@@ -8,7 +8,7 @@ from serve_helpers import make_pair
 
 from trtllm_dflash.reference import generate, load_pair
 from trtllm_dflash.reference.generate import Decoder
-from trtllm_dflash.serve.engine import Job, ServingEngine
+from trtllm_dflash.serve.batcher import Job, ServingEngine
 
 
 @pytest.fixture(scope="module")

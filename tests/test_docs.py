@@ -5,7 +5,7 @@ from pathlib import Path
 
 from trtllm_dflash.recipe import recipe_reference_markdown
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_recipe_reference_is_generated_from_the_schema():

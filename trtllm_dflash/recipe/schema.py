@@ -1,13 +1,10 @@
-"""The recipe: one typed YAML that drives every stage.
+"""The recipe schema: one typed YAML that drives every stage.
 
-Loading is two steps:
-1. schema: pydantic models with unknown keys rejected (`extra="forbid"`);
-2. rules: cross-field checks that save a wasted GPU hour (formats the hardware
-   supports, tp that divides the heads, drafter/target agreement, backend support,
-   memory fit).
-Every problem becomes a `RecipeError` naming the file and the dotted field, the bad
-value and what is allowed. `load_recipe` raises on the first schema error and on all
-rule errors at once (one line each).
+Pydantic sections with unknown keys rejected (`extra="forbid"`), the reader
+(`parse_recipe`: YAML, overrides, schema, architecture facts) and the README's recipe
+reference generated from the same sections. Cross-field rules live in rules.py;
+`load.load_recipe` runs both. Every problem is a `RecipeError` naming the file and the
+dotted field, the bad value and what is allowed.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -24,8 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.hardware import Format, GpuSpec, hardware_catalog
-from trtllm_dflash.models import ArchFacts, catalog_facts, facts_from_config
+from trtllm_dflash.recipe.hardware import Format, GpuSpec, hardware_catalog
+from trtllm_dflash.recipe.models import ArchFacts, catalog_facts, facts_from_config
 
 BackendName = Literal["reference", "engine", "pytorch"]
 
@@ -305,16 +301,19 @@ def _resolve_facts(src: ModelSource, field: str, file: str) -> ArchFacts:
     return facts_from_config(path / "config.json")
 
 
-def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, check_rules: bool = True) -> Recipe:
-    """Load, schema-check and rule-check a recipe. `path=None` loads the embedded default."""
+def parse_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
+    """Read and schema-check a recipe and resolve its architecture facts; no rules (rules.py).
+    `path=None` reads the embedded default."""
     p = Path(path) if path is not None else default_recipe_path()
     file = str(path) if path is not None else f"(default) {DEFAULT_RECIPE}"
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.safe_load(p.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise RecipeError(f"{file}: recipe file not found") from None
     except IsADirectoryError:
         raise RecipeError(f"{file}: is a directory, expected a recipe YAML file") from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"{file}: not a text file (byte {e.start} is not UTF-8); expected a recipe YAML file") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"{file}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
@@ -336,174 +335,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         )
     recipe._target_facts = _resolve_facts(recipe.target, "target", file)
     recipe._drafter_facts = _resolve_facts(recipe.drafter, "drafter", file)
-    if check_rules:
-        problems = [i for i in check(recipe) if i.level == "error"]
-        if problems:
-            raise RecipeError("\n".join(f"{file}: {i.field}: {i.message}" for i in problems))
     return recipe
-
-
-# ----------------------------------------------------------------------------- rules
-
-
-@dataclass(frozen=True)
-class Issue:
-    level: Literal["error", "warning"]
-    field: str
-    message: str
-
-
-# Architectures each backend runs, and the TensorRT-LLM versions it needs.
-BACKEND_FAMILIES: dict[str, set[str]] = {
-    "reference": {"llama", "qwen3", "qwen3_moe"},
-    # TensorRT-LLM 1.2.x engine path: dense decoder models; gpt-oss is PyTorch-backend only.
-    "engine": {"llama", "qwen3"},
-    "pytorch": {"llama", "qwen3", "qwen3_moe", "gpt_oss"},
-}
-DEFAULT_TRTLLM_VERSION = {"engine": "1.2.1", "pytorch": "1.3.0"}
-
-
-def _version_tuple(v: str) -> tuple[int, ...] | None:
-    head = v.split("rc")[0].split("+")[0].rstrip(".")
-    try:
-        return tuple(int(x) for x in head.split("."))
-    except ValueError:
-        return None
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def check(recipe: Recipe) -> list[Issue]:
-    """All rule violations (errors) and notes (warnings) of a loaded recipe."""
-    from trtllm_dflash.planner import plan  # planner imports recipe types
-
-    issues: list[Issue] = []
-
-    def err(field: str, msg: str) -> None:
-        issues.append(Issue("error", field, msg))
-
-    def warn(field: str, msg: str) -> None:
-        issues.append(Issue("warning", field, msg))
-
-    gpu, t, d = recipe.gpu, recipe.target_facts, recipe.drafter_facts
-    q, par, b, spec = recipe.quantization, recipe.parallel, recipe.build, recipe.speculative
-    backend = recipe.backend.name
-
-    # Hardware and formats.
-    if recipe.hardware.count > gpu.max_per_node:
-        err("hardware.count", f"{recipe.hardware.count} > {gpu.max_per_node} {gpu.name} per node")
-    for field, fmt in q.model_dump().items():
-        if not gpu.supports(fmt):
-            why = " (NVFP4 needs Blackwell: b200 or b300)" if fmt == "nvfp4" else ""
-            err(f"quantization.{field}", f"{fmt} is not supported on {gpu.name}{why}; allowed: {', '.join(gpu.formats)}")
-    if q.activations == "nvfp4" and q.target_weights != "nvfp4":
-        err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
-    if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
-        err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
-    if q.target_weights == "mxfp4" and t.family != "gpt_oss":
-        err("quantization.target_weights", "mxfp4 is only the native format of gpt-oss checkpoints")
-
-    # Parallelism.
-    if not gpu.is_cpu and recipe.world_size > recipe.hardware.count:
-        err("parallel.tp", f"tp*pp = {recipe.world_size} > hardware.count {recipe.hardware.count}")
-    if par.pp != 1:
-        err("parallel.pp", "pipeline parallelism is not supported with speculative decoding (use tp); allowed: 1")
-    for who, f in (("target", t), ("drafter", d)):
-        if f.num_attention_heads % par.tp:
-            allowed = [x for x in _divisors(f.num_attention_heads) if x <= max(8, par.tp)]
-            err("parallel.tp", f"{par.tp} does not divide {who} num_attention_heads {f.num_attention_heads}; allowed: {allowed}")
-            break
-        elif f.num_kv_heads % par.tp and par.tp % f.num_kv_heads:
-            err("parallel.tp", f"{par.tp} and {who} num_kv_heads {f.num_kv_heads}: one must divide the other")
-            break
-        elif par.tp > f.num_kv_heads:
-            warn("parallel.tp", f"tp {par.tp} > {who} num_kv_heads {f.num_kv_heads}: KV heads are replicated")
-
-    # Drafter against target.
-    if d.hidden_size != t.hidden_size:
-        err("drafter", f"hidden_size {d.hidden_size} != target hidden_size {t.hidden_size}")
-    if d.vocab_size != t.vocab_size:
-        err("drafter", f"vocab_size {d.vocab_size} != target vocab_size {t.vocab_size}")
-    bad_ids = [i for i in d.target_layer_ids or [] if not 0 <= i < t.num_layers]
-    if bad_ids:
-        err("drafter", f"target_layer_ids {bad_ids} outside the target's layers 0..{t.num_layers - 1}")
-    if d.mask_token_id is not None and d.mask_token_id >= t.vocab_size:
-        err("drafter", f"mask_token_id {d.mask_token_id} outside the target vocabulary (size {t.vocab_size})")
-    if d.mask_token_id is None:
-        warn("drafter", "mask_token_id unknown in the catalog: read from the checkpoint's dflash_config at convert time")
-
-    # Speculative settings.
-    if d.block_size is not None and spec.block_size > d.block_size:
-        err("speculative.block_size", f"{spec.block_size} > {d.block_size}, the block size the drafter was trained with; allowed: 2..{d.block_size}")
-    prev = 0
-    for i, band in enumerate(spec.draft_len):
-        if band.max_concurrency <= prev:
-            err(f"speculative.draft_len.{i}.max_concurrency", f"{band.max_concurrency} must be greater than the previous band's {prev}")
-        if band.draft_len > spec.block_size - 1:
-            err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > block_size-1 = {spec.block_size - 1}")
-        prev = band.max_concurrency
-    if spec.ddtree_budget is not None and backend != "reference":
-        err("speculative.ddtree_budget", f"DDTree runs only on the reference backend, not {backend}")
-
-    # Backend support and versions.
-    if t.family not in BACKEND_FAMILIES[backend]:
-        ok = [k for k, fams in BACKEND_FAMILIES.items() if t.family in fams]
-        err("backend", f"{backend} does not support {t.family} targets; use one of: {', '.join(ok)}")
-    version = recipe.backend.trtllm_version
-    if backend == "reference":
-        if version is not None:
-            err("backend.trtllm_version", "the reference backend does not use TensorRT-LLM; remove it")
-        if q.activations not in ("bf16", "fp16", "fp32"):
-            warn("quantization.activations", "the reference backend emulates quantized weights; activations stay in high precision")
-    elif version is not None:
-        vt = _version_tuple(version)
-        if vt is None:
-            err("backend.trtllm_version", f"{version!r} is not a version like 1.2.1")
-        elif backend == "engine" and vt[:2] != (1, 2):
-            err("backend.trtllm_version", f"{version}: the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last release with trtllm-build")
-        elif backend == "pytorch" and vt < (1, 3):
-            err("backend.trtllm_version", f"{version}: the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)")
-    if backend == "pytorch" and q.drafter != "bf16":
-        err("quantization.drafter", f"{q.drafter}: TensorRT-LLM's native DFlash loads only BF16 drafters; allowed: bf16")
-    if backend != "reference" and gpu.is_cpu:
-        err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
-
-    # Build limits.
-    if b.max_input_len >= b.max_seq_len:
-        err("build.max_input_len", f"{b.max_input_len} must be < max_seq_len {b.max_seq_len}")
-    if t.max_position_embeddings and b.max_seq_len > t.max_position_embeddings:
-        err("build.max_seq_len", f"{b.max_seq_len} > target max_position_embeddings {t.max_position_embeddings}")
-    tokens_per_step = b.max_batch_size * spec.block_size
-    if b.max_num_tokens < tokens_per_step:
-        err("build.max_num_tokens", f"{b.max_num_tokens} < max_batch_size x block_size = {tokens_per_step}: a full batch of verify blocks would not fit one step")
-    if max(recipe.sweep.concurrency) > b.max_batch_size:
-        err("sweep.concurrency", f"level {max(recipe.sweep.concurrency)} > build.max_batch_size {b.max_batch_size}")
-    if recipe.sweep.input_len + recipe.sweep.output_len > b.max_seq_len:
-        err("sweep.output_len", f"input_len + output_len = {recipe.sweep.input_len + recipe.sweep.output_len} > build.max_seq_len {b.max_seq_len}")
-
-    # Serving.
-    ports = [recipe.serve.http_port, recipe.serve.grpc_port, recipe.serve.metrics_port]
-    if len(set(ports)) != 3:
-        err("serve", f"http_port, grpc_port and metrics_port must differ, got {ports}")
-
-    # Local sources.
-    for who in ("target", "drafter"):
-        src: ModelSource = getattr(recipe, who)
-        if src.path is not None and not src.path.exists():
-            warn(f"{who}.source", f"{src.source} does not exist yet; stages that load weights will need it")
-
-    # Memory.
-    if not any(i.level == "error" for i in issues):
-        p = plan(recipe)
-        if not p.fits:
-            err(
-                "build.max_batch_size",
-                f"{b.max_batch_size} sequences of {b.max_seq_len} tokens need {p.total_gib:.1f} GiB per device, "
-                f"{p.capacity_gib:.1f} GiB available; largest that fits: {p.max_concurrency}",
-            )
-    return issues
 
 
 # ----------------------------------------------------------------------------- docs

@@ -4,19 +4,19 @@ import json
 
 import pytest
 import torch
-from conftest import write_recipe
+from checkpoints import write_recipe
 
 from trtllm_dflash.perf import bench_quant
 from trtllm_dflash.quantize.emulate import fake_quantize_
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.reference import load_pair
-from trtllm_dflash.runtime.tp import Comm, load_rank, read_checkpoint
+from trtllm_dflash.serve.checkpoint_runner import Comm, load_rank, read_checkpoint
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_emulation_equals_the_quantized_checkpoint(tmp_path, tiny_pair, fmt):
     pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
-    from trtllm_dflash.commands.quantize import quantize
+    from trtllm_dflash.quantize.stage import quantize
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=1, fmt=fmt, drafter_fmt=fmt))
     out = quantize(recipe, tmp_path / "q", samples=2, length=16, progress=False)

@@ -94,7 +94,7 @@ def test_tp_two_is_valid_on_cpu():
     ],
 )
 def test_drafter_must_agree_with_target(tmp_path, field, value, expected):
-    from trtllm_dflash.models import catalog_facts
+    from trtllm_dflash.recipe.models import catalog_facts
 
     facts = catalog_facts("llama-3.1-8b-instruct-dflash", "test").model_dump()
     facts[field] = value
@@ -128,7 +128,7 @@ def test_gpt_oss_is_not_on_the_engine_path(tmp_path):
 )
 def test_backend_versions(tmp_path, backend, version, expected):
     p = write_variant(tmp_path, LLAMA_H100, lambda r: r.update(backend={"name": backend, "trtllm_version": version}))
-    assert f"backend.trtllm_version: " in load_error(p) and expected in load_error(p)
+    assert "backend.trtllm_version: " in load_error(p) and expected in load_error(p)
 
 
 def test_pytorch_backend_keeps_the_drafter_bf16(tmp_path):

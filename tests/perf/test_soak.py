@@ -9,7 +9,7 @@ pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) 
 @pytest.mark.slow
 def test_64_clients_for_two_minutes(tmp_path):
     from trtllm_dflash.perf.soak import soak
-    from trtllm_dflash.perf.sweep import load_prompts
+    from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.recipe import load_recipe
 
     make_pair(tmp_path)

@@ -5,7 +5,7 @@ factor x C) measured requests, C at a time, each a gRPC bidirectional stream (de
 model). A request is complete at the response whose `finish_reason` is set (the asyncio
 client cannot ask for Triton's empty final response: that parameter is reserved there).
 Every chunk's arrival time and token count are recorded (`RequestRecord`); the metrics
-come from perf/metrics.py. Outputs in OUT/: results.jsonl (one row per request),
+come from trtllm_dflash/sweep/metrics.py. Outputs in OUT/: results.jsonl (one row per request),
 summary.csv and summary.json (one row per level), and sweep.png (tokens/s/GPU against
 tokens/s/user with the Pareto front).
 """
@@ -15,51 +15,15 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from trtllm_dflash.errors import UserError
-from trtllm_dflash.perf.metrics import LevelSummary, RequestRecord, summarize_level
+from trtllm_dflash.sweep.metrics import LevelSummary, RequestRecord, summarize_level
 
 OUTPUTS = ("text_output", "output_token_count", "rounds", "finish_reason")
-CHARS_PER_TOKEN = 3.5  # rough size of a prompt window; the server counts real tokens
-
-
-def load_prompts(dataset: str, n: int, input_len: int, seed: int) -> list[str]:
-    """`n` prompts of about `input_len` tokens, reproducible from `seed`."""
-    rng = random.Random(seed)
-    chars = int(input_len * CHARS_PER_TOKEN)
-    if dataset == "random":
-        words = [w for w in "the of and to in is for on that with as by at from this be are it an or".split()]
-        return [" ".join(rng.choice(words) for _ in range(input_len)) for _ in range(n)]
-    if dataset == "builtin:pystd-heldout":
-        from trtllm_dflash.train.corpus import load_corpus
-
-        files = [f.text for f in load_corpus().heldout if len(f.text) > chars + 1]
-        out = []
-        for _ in range(n):
-            text = rng.choice(files)
-            start = rng.randrange(0, len(text) - chars)
-            out.append(text[start : start + chars])
-        return out
-    path = Path(dataset)
-    if not path.exists():
-        raise UserError(f"sweep.dataset: {dataset!r} is not 'random', 'builtin:pystd-heldout' or an existing JSONL file")
-    prompts = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            prompts.append(json.loads(line)["prompt"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise UserError(f"{path}:{i + 1}: expected a JSON object with a 'prompt' field") from None
-    if not prompts:
-        raise UserError(f"{path}: no prompts")
-    return [prompts[i % len(prompts)] for i in range(n)]
 
 
 def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float):
@@ -215,7 +179,7 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
 
 
 def write_results(out_dir: Path, summaries: list[LevelSummary], records: list[RequestRecord], title: str) -> None:
-    from trtllm_dflash.perf.report import plot_pareto
+    from trtllm_dflash.sweep.report import plot_pareto
 
     with open(out_dir / "results.jsonl", "w") as f:
         for r in records:

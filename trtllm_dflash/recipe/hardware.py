@@ -64,5 +64,5 @@ class GpuSpec(BaseModel):
 
 @lru_cache(maxsize=1)
 def hardware_catalog() -> dict[str, GpuSpec]:
-    text = resources.files("trtllm_dflash.catalog").joinpath("hardware.yaml").read_text()
+    text = resources.files("trtllm_dflash.recipe.catalog").joinpath("hardware.yaml").read_text()
     return {name: GpuSpec(name=name, **facts) for name, facts in yaml.safe_load(text).items()}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trtllm_dflash.perf.metrics import (
+from trtllm_dflash.sweep.metrics import (
     Distribution,
     RequestRecord,
     e2e,
@@ -81,7 +81,7 @@ def test_pareto_front():
 def test_plot_and_table_from_synthetic_levels(tmp_path):
     from rich.console import Console
 
-    from trtllm_dflash.perf.report import plot_pareto, summary_table
+    from trtllm_dflash.sweep.report import plot_pareto, summary_table
 
     levels = []
     for c, gap in ((1, 5), (2, 6), (4, 8), (8, 14)):

@@ -1,1 +1,0 @@
-"""Runtimes over stage outputs: tensor-parallel reference runs of converted / quantized checkpoints (tp.py)."""
