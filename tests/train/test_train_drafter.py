@@ -57,7 +57,10 @@ def inference_block(d: DFlashDraft, t: Target, feats, ids, a: int) -> torch.Tens
     return d(noise, torch.tensor([a]), feats[:, cut:a], pos[:, cut:a], cache)[0]  # [B, H]
 
 
-@pytest.mark.parametrize("layer_kw", [{}, {"causal": (True, True)}])
+SLIDING_CAUSAL = {"layer_types": ("sliding_attention",) * 2, "sliding_window": 5, "causal": (True, True)}  # window < B
+
+
+@pytest.mark.parametrize("layer_kw", [{}, {"causal": (True, True)}, SLIDING_CAUSAL])
 def test_training_forward_equals_inference_forward(layer_kw):
     torch.manual_seed(0)
     t = tiny_target()

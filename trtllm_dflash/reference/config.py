@@ -4,7 +4,8 @@
 (transformers 4.x layout with `rope_theta` / `rope_scaling`, or 5.x with
 `rope_parameters`). `DraftConfig.from_dict` reads a z-lab DFlash drafter config.json
 (Qwen3 keys plus `block_size`, `num_target_layers` and `dflash_config`), and
-`DraftConfig.to_dict` writes that same layout back.
+`DraftConfig.to_dict` writes that same layout back. Both share `DecoderConfig`: the fields
+of their decoder layers, read from the same keys.
 
 Every problem raises `UserError` naming the file and the field. Features we do not
 implement (other RoPE types, sliding-window targets, DFlash2 drafters...) are refused
@@ -48,24 +49,24 @@ class _Fields:
     def fail(self, msg: str) -> UserError:
         return UserError(f"{self.where}: {msg}")
 
+    def missing(self, key: str, default: Any) -> Any:
+        """The value of an absent (or null) field: `default`, or an error when it is required (`...`)."""
+        if default is ...:
+            raise self.fail(f"missing required field '{key}'")
+        return default
+
     def int(self, key: str, default: Any = ..., lo: int = 1, src: dict | None = None) -> int:
-        src = self.raw if src is None else src
-        if key not in src or src[key] is None:
-            if default is ...:
-                raise self.fail(f"missing required field '{key}'")
-            return default
-        v = src[key]
+        v = (self.raw if src is None else src).get(key)
+        if v is None:
+            return self.missing(key, default)
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise self.fail(f"'{key}' is {v!r}, expected an integer >= {lo}")
         return v
 
     def float(self, key: str, default: Any = ..., src: dict | None = None) -> float:
-        src = self.raw if src is None else src
-        if key not in src or src[key] is None:
-            if default is ...:
-                raise self.fail(f"missing required field '{key}'")
-            return default
-        v = src[key]
+        v = (self.raw if src is None else src).get(key)
+        if v is None:
+            return self.missing(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise self.fail(f"'{key}' is {v!r}, expected a positive number")
         return float(v)
@@ -142,9 +143,9 @@ class MoeConfig:
 
 
 @dataclass(frozen=True)
-class TargetConfig:
-    arch: Arch
-    vocab_size: int
+class DecoderConfig:
+    """The fields a target and a drafter share: the shape of their decoder layers."""
+
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -154,6 +155,31 @@ class TargetConfig:
     rms_norm_eps: float
     rope: RopeConfig
     max_position_embeddings: int
+
+    @staticmethod
+    def read(f: _Fields) -> dict[str, Any]:
+        """These fields from their config.json keys (the same in both files), checked."""
+        hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
+        kv_heads, layers = f.int("num_key_value_heads", heads), f.int("num_hidden_layers")
+        if heads % kv_heads:
+            raise f.fail(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        return {
+            "hidden_size": hidden,
+            "intermediate_size": f.int("intermediate_size"),
+            "num_layers": layers,
+            "num_heads": heads,
+            "num_kv_heads": kv_heads,
+            "head_dim": f.int("head_dim", hidden // heads),
+            "rms_norm_eps": f.float("rms_norm_eps", 1e-6),
+            "rope": RopeConfig.from_dict(f),
+            "max_position_embeddings": f.int("max_position_embeddings", 32768),
+        }
+
+
+@dataclass(frozen=True)
+class TargetConfig(DecoderConfig):
+    arch: Arch
+    vocab_size: int
     tie_word_embeddings: bool
     attention_bias: bool
     mlp_bias: bool
@@ -169,11 +195,8 @@ class TargetConfig:
             raise f.fail(f"model_type {arch!r} is not supported (supported: {', '.join(ARCHS)})")
         if raw.get("hidden_act", "silu") != "silu":
             raise f.fail(f"hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
-        hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
-        kv_heads, layers = f.int("num_key_value_heads", heads), f.int("num_hidden_layers")
-        if heads % kv_heads:
-            raise f.fail(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-        head_dim = f.int("head_dim", hidden // heads)
+        decoder = DecoderConfig.read(f)
+        layers = decoder["num_layers"]
         layer_types = raw.get("layer_types") or ["full_attention"] * layers
         if raw.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
             raise f.fail("sliding-window target layers are not supported by the reference backend")
@@ -194,17 +217,9 @@ class TargetConfig:
             if moe.top_k > experts:
                 raise f.fail(f"num_experts_per_tok {moe.top_k} exceeds the number of experts {experts}")
         return TargetConfig(
+            **decoder,
             arch=arch,
             vocab_size=f.int("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=f.int("intermediate_size"),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            rms_norm_eps=f.float("rms_norm_eps", 1e-6),
-            rope=RopeConfig.from_dict(f),
-            max_position_embeddings=f.int("max_position_embeddings", 32768),
             tie_word_embeddings=f.bool("tie_word_embeddings", False),
             attention_bias=f.bool("attention_bias", False),
             mlp_bias=f.bool("mlp_bias", False),
@@ -237,18 +252,9 @@ _UNSUPPORTED_DRAFT_KEYS = {
 
 
 @dataclass(frozen=True)
-class DraftConfig:
+class DraftConfig(DecoderConfig):
     """A DFlash drafter: Qwen3 decoder layers, no embedding and no LM head."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope: RopeConfig
-    max_position_embeddings: int
     block_size: int  # tokens per draft block: anchor + block_size-1 mask slots
     target_layer_ids: tuple[int, ...]  # target decoder layers whose outputs are fused (HF hidden_states[id+1])
     mask_token_id: int  # a row of the target's embedding
@@ -276,10 +282,8 @@ class DraftConfig:
         for key, off in _UNSUPPORTED_DRAFT_KEYS.items():
             if dcfg.get(key, raw.get(key, off)) != off:
                 raise f.fail(f"'{key}' is set: this drafter variant is not supported by the reference backend")
-        hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
-        kv_heads, layers = f.int("num_key_value_heads", heads), f.int("num_hidden_layers")
-        if heads % kv_heads:
-            raise f.fail(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        decoder = DecoderConfig.read(f)
+        layers = decoder["num_layers"]
         block = f.int("block_size", default=None, lo=2, src=dcfg) or f.int("block_size", lo=2)
         n_target = f.int("num_target_layers")
         ids = dcfg.get("target_layer_ids")
@@ -305,15 +309,7 @@ class DraftConfig:
         if causal_override is not None and not isinstance(causal_override, bool):
             raise f.fail(f"is_causal / dflash_config.causal is {causal_override!r}, expected true or false")
         return DraftConfig(
-            hidden_size=hidden,
-            intermediate_size=f.int("intermediate_size"),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=f.int("head_dim", hidden // heads),
-            rms_norm_eps=f.float("rms_norm_eps", 1e-6),
-            rope=RopeConfig.from_dict(f),
-            max_position_embeddings=f.int("max_position_embeddings", 32768),
+            **decoder,
             block_size=block,
             target_layer_ids=tuple(ids),
             mask_token_id=mask,

@@ -20,43 +20,42 @@ block causally and only keys within `sliding_window` positions.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trtllm_dflash.reference.cache import KVCache
 from trtllm_dflash.reference.config import DraftConfig
-from trtllm_dflash.reference.target import MLP, RMSNorm, Rope, apply_rope
+from trtllm_dflash.reference.target import MLP, Attention, RMSNorm, Rope
 
 
-class DraftAttention(nn.Module):
+def key_limit(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, kind: str, window: int | None):
+    """Which keys a query of a drafter layer sees, among those it may see at all (the
+    context before its block's start and its own block). q_pos, k_pos: query and key
+    positions, broadcast against each other -> bool of their broadcast shape, True =
+    visible; None = all of them (a full, bidirectional layer). A causal layer hides keys
+    ahead of the query; a sliding layer hides keys `window` or more positions behind it
+    (bidirectional: or ahead of it). The training forward (train/drafter.py) uses it too."""
+    if not causal and kind == "full_attention":
+        return None
+    dist = q_pos - k_pos  # query pos - key pos
+    vis = dist >= 0 if causal else torch.ones_like(dist, dtype=torch.bool)
+    if kind == "sliding_attention":
+        vis = vis & (dist < window)
+        if not causal:
+            vis = vis & (-dist < window)
+    return vis
+
+
+class DraftAttention(Attention):
+    """The target's attention layout with q/k norms; keys and values are the injected
+    context's (cached) and the block's own."""
+
     def __init__(self, cfg: DraftConfig):
-        super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.q_proj = nn.Linear(h, self.n_heads * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, self.n_kv * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, self.n_kv * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.n_heads * d, h, bias=cfg.attention_bias)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-
-    def kv(self, x, cos, sin):
-        """x [B, T, H] -> k, v [B, T, Hkv, D] (k normed and rotated)."""
-        B, T, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim))
-        return apply_rope(k, cos, sin), self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        super().__init__(cfg, qk_norm=True)
 
     def forward(self, x, ctx, rope_blk, rope_ctx, cache: KVCache, layer, blk_pos, ctx_pos, kv_len, mask):
-        B, T, _ = x.shape
         if ctx.shape[1]:
             cache.write(layer, ctx_pos, *self.kv(ctx, *rope_ctx))
-        q = apply_rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), *rope_blk)
-        cache.write(layer, blk_pos, *self.kv(x, *rope_blk))
-        keys, values = cache.view(layer, kv_len)  # [B, Hkv, S, D]
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv
-        )  # [B, H, T, D]
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        return self.attend(self.query(x, *rope_blk), *self.kv(x, *rope_blk), cache, layer, blk_pos, kv_len, mask)
 
 
 class DraftLayer(nn.Module):
@@ -107,18 +106,8 @@ class DFlashDraft(nn.Module):
         full = None if bool(own.all()) else own[:, None].expand(-1, 1, T, -1)
         out = []
         for causal, kind in zip(self.cfg.causal, self.cfg.layer_types):
-            if not causal and kind == "full_attention":
-                out.append(full)
-                continue
-            vis = own.expand(-1, T, -1).clone()  # [B, T, S]
-            dist = q[:, :, None] - s[None, None, :]  # query pos - key pos
-            if causal:
-                vis &= dist >= 0
-            if kind == "sliding_attention":
-                vis &= dist < self.cfg.sliding_window
-                if not causal:
-                    vis &= -dist < self.cfg.sliding_window
-            out.append(vis[:, None])
+            limit = key_limit(q[:, :, None], s, causal, kind, self.cfg.sliding_window)  # [B, T, S] or None
+            out.append(full if limit is None else (own & limit)[:, None])
         return out
 
     def forward(

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtllm_dflash.reference.cache import KVCache
-from trtllm_dflash.reference.config import RopeConfig, TargetConfig
+from trtllm_dflash.reference.config import DraftConfig, RopeConfig, TargetConfig
 
 
 class RMSNorm(nn.Module):
@@ -103,7 +103,10 @@ class SparseMoe(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: TargetConfig):
+    """Q/K/V/O projections with optional per-head q/k RMSNorm (the drafter's DraftAttention
+    builds on it: the same parameter names in both checkpoints)."""
+
+    def __init__(self, cfg: TargetConfig | DraftConfig, qk_norm: bool):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
@@ -111,18 +114,27 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, self.n_kv * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * d, h, bias=cfg.attention_bias)
-        if cfg.qk_norm:
+        if qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = nn.Identity()
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, slots, kv_len: int, mask):
+    def query(self, x, cos, sin):
+        """x [B, T, H] -> q [B, T, Hq, D] (normed and rotated)."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))  # [B, T, H, D]
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim))  # [B, T, Hkv, D]
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)  # [B, T, Hkv, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), cos, sin)
+
+    def kv(self, x, cos, sin):
+        """x [B, T, H] -> k, v [B, T, Hkv, D] (k normed and rotated)."""
+        B, T, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim))
+        return apply_rope(k, cos, sin), self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+
+    def attend(self, q, k, v, cache: KVCache, layer: int, slots, kv_len: int, mask):
+        """Write k, v [B, T, Hkv, D] into cache `slots` [B, T], then q [B, T, Hq, D] attends
+        over cache slots [0, kv_len) under `mask` -> [B, T, H] (after o_proj)."""
+        B, T = q.shape[:2]
         cache.write(layer, slots, k, v)
         keys, values = cache.view(layer, kv_len)  # [B, Hkv, S, D]
         o = F.scaled_dot_product_attention(
@@ -130,11 +142,16 @@ class Attention(nn.Module):
         )  # [B, H, T, D]
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, slots, kv_len: int, mask):
+        q = self.query(x, cos, sin)  # [B, T, H, D]
+        k, v = self.kv(x, cos, sin)  # [B, T, Hkv, D]
+        return self.attend(q, k, v, cache, layer, slots, kv_len, mask)
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TargetConfig, index: int):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, cfg.qk_norm)
         sparse = cfg.moe is not None and cfg.moe.sparse_layers[index]
         self.mlp = SparseMoe(cfg) if sparse else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

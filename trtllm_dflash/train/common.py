@@ -1,7 +1,7 @@
 """Plumbing shared by the training loops (target.py, drafter.py, ar_draft.py).
 
 Only the pieces that are the same logic in every caller live here: the AdamW parameter
-groups, checkpoint save/load, the resume-compatibility check, one optimizer step, the
+groups, checkpoint save/load/restore, the resume-compatibility check, one optimizer step, the
 progress bar and the atomic swap of an exported directory. What each loop trains, its
 data order, schedule and checkpoint contents stay in its own module.
 """
@@ -54,6 +54,22 @@ def atomic_torch_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def save_checkpoint(path: Path, resumable: dict, **values) -> None:
+    """Atomically write to `path` (creating its directory) the state of every object of
+    `resumable` under its name (a torch.Generator's get_state(), else state_dict()), then
+    `values`: the dict `restore` reads back."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    states = {k: o.get_state() if isinstance(o, torch.Generator) else o.state_dict() for k, o in resumable.items()}
+    atomic_torch_save({**states, **values}, path)
+
+
+def restore(saved: dict, resumable: dict) -> None:
+    """Load every object of `resumable` from its entry of a checkpoint save_checkpoint wrote."""
+    for k, o in resumable.items():
+        o.set_state(saved[k]) if isinstance(o, torch.Generator) else o.load_state_dict(saved[k])
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.reference.cache import KVCache
-from trtllm_dflash.reference.config import DraftConfig, TargetConfig, default_target_layer_ids
-from trtllm_dflash.reference.draft import DFlashDraft
+from trtllm_dflash.reference.config import DecoderConfig, DraftConfig, TargetConfig, default_target_layer_ids
+from trtllm_dflash.reference.draft import DFlashDraft, key_limit
 from trtllm_dflash.reference.target import Target, apply_rope
-from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, atomic_torch_save, check_resume
-from trtllm_dflash.train.common import load_checkpoint, optimizer_step, progress_bar, set_lr
+from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, check_resume, load_checkpoint, optimizer_step
+from trtllm_dflash.train.common import progress_bar, restore, save_checkpoint, set_lr
 from trtllm_dflash.train.drafter_config import (
     INITS,
     RESUME_FREE,
@@ -78,16 +78,10 @@ def draft_config(tcfg: TargetConfig, shape: DrafterShape, mask_token_id: int) ->
         raise UserError(f"mask_token_id {mask_token_id} is outside the target's vocabulary (0..{tcfg.vocab_size - 1})")
     if shape.init not in INITS:
         raise UserError(f"init {shape.init!r} is not one of {', '.join(INITS)}")
+    decoder = {f.name: getattr(tcfg, f.name) for f in fields(DecoderConfig)}  # the target's widths, heads, norms, RoPE
+    decoder.update(intermediate_size=shape.intermediate_size or tcfg.intermediate_size, num_layers=shape.num_layers)
     return DraftConfig(
-        hidden_size=tcfg.hidden_size,
-        intermediate_size=shape.intermediate_size or tcfg.intermediate_size,
-        num_layers=shape.num_layers,
-        num_heads=tcfg.num_heads,
-        num_kv_heads=tcfg.num_kv_heads,
-        head_dim=tcfg.head_dim,
-        rms_norm_eps=tcfg.rms_norm_eps,
-        rope=tcfg.rope,
-        max_position_embeddings=tcfg.max_position_embeddings,
+        **decoder,
         block_size=shape.block_size,
         target_layer_ids=tuple(sorted(ids)),
         mask_token_id=mask_token_id,
@@ -169,27 +163,26 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int, g
 
 
 def block_visibility(cfg: DraftConfig, anchors: torch.Tensor, valid: torch.Tensor, S: int):
-    """Per drafter layer: (ctx [N, K, B, S], own [K or 1, B, B]) bool, True = visible.
+    """Per drafter layer: (ctx [N, K, B, S], own [1, 1, B, B]) bool, True = visible.
 
-    Context key s is visible to the block anchored at a iff s < a (and, for sliding layers,
-    the query position minus s is within the window); own-block keys are all visible
-    (bidirectional) or only up to the query (causal layers). Invalid blocks see only their
-    own block (they carry no loss; this keeps the softmax finite)."""
+    Context key s is visible to the block anchored at a iff s < a; own-block keys are all
+    candidates; within those, the inference drafter's rule (reference.draft.key_limit)
+    applies: causal layers hide keys ahead of the query, sliding layers keys beyond the
+    window. Invalid blocks see only their own block (they carry no loss; this keeps the
+    softmax finite)."""
     N, K = anchors.shape
     B = cfg.block_size
     dev = anchors.device
     a = anchors[:, :, None, None]  # [N, K, 1, 1]
     s = torch.arange(S, device=dev)
     j = torch.arange(B, device=dev)
-    ctx = (s < a) & valid[:, :, None, None]  # [N, K, 1, S]
+    ctx = ((s < a) & valid[:, :, None, None]).expand(-1, -1, B, -1)  # [N, K, B, S]
     out = []
     for causal, kind in zip(cfg.causal, cfg.layer_types):
-        c = ctx.expand(-1, -1, B, -1)  # [N, K, B, S]
-        if kind == "sliding_attention":
-            c = c & ((a + j[:, None]) - s < cfg.sliding_window)
-        own = (j[None, :] <= j[:, None]) if causal else torch.ones(B, B, dtype=torch.bool, device=dev)
-        if kind == "sliding_attention" and not causal:
-            own = own & ((j[None, :] - j[:, None]).abs() < cfg.sliding_window)
+        limit_ctx = key_limit(a + j[:, None], s, causal, kind, cfg.sliding_window)  # [N, K, B, S] or None
+        limit_own = key_limit(j[:, None], j, causal, kind, cfg.sliding_window)  # [B, B] (slots: same offsets)
+        c = ctx if limit_ctx is None else ctx & limit_ctx
+        own = torch.ones(B, B, dtype=torch.bool, device=dev) if limit_own is None else limit_own
         out.append((c, own[None, None]))  # own: [1, 1, B, B]
     return out
 
@@ -397,12 +390,11 @@ def train(
     step, cursor, history, elapsed_before = 0, 0, [], 0.0
     ckpt_dir = Path(ckpt_dir)
     ckpt = ckpt_dir / "last.pt"
+    resumable = {"drafter": drafter, "optimizer": opt, "anchor_rng": anchor_gen}  # saved and restored by name
     if resume:
         state = load_checkpoint(ckpt)
         _check_resume(state, dcfg, cfg, ckpt)
-        drafter.load_state_dict(state["drafter"])
-        opt.load_state_dict(state["optimizer"])
-        anchor_gen.set_state(state["anchor_rng"])
+        restore(state, resumable)
         step, cursor, history, elapsed_before = state["step"], state["cursor"], state["history"], state["elapsed"]
         log(f"resumed from {ckpt} at step {step} ({elapsed_before:.0f}s trained so far)")
 
@@ -412,10 +404,8 @@ def train(
         return elapsed_before + time.perf_counter() - t_start
 
     def save() -> None:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(), "anchor_rng": anchor_gen.get_state(),
-                           "step": step, "cursor": cursor, "history": history, "elapsed": elapsed(),
-                           "draft_config": dcfg.to_dict(), "train_config": asdict(cfg), "shape": asdict(shape)}, ckpt)
+        save_checkpoint(ckpt, resumable, step=step, cursor=cursor, history=history, elapsed=elapsed(),
+                        draft_config=dcfg.to_dict(), train_config=asdict(cfg), shape=asdict(shape))
 
     # evaluation prompts: evenly spaced over the held-out set (it is ordered by file)
     eval_rows = torch.linspace(0, len(eval_prompts) - 1, min(cfg.eval_prompts, len(eval_prompts))).round().long()

@@ -29,6 +29,8 @@ def default_gamma(block_size: int) -> float:
     return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, round(0.45 * block_size)))
 
 
+# Not merged with train/target.py's configs: TargetModelConfig only looks alike (a model shape); TrainConfig shares
+# field names but not all defaults (lr, warm-up, weight decay), and a common base would reorder saved train_config.
 @dataclass(frozen=True)
 class DrafterTrainConfig:
     steps: int = 4000

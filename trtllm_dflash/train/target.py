@@ -30,10 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, atomic_torch_save, check_resume
-from trtllm_dflash.train.common import load_checkpoint, optimizer_step, progress_bar
+from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, check_resume, load_checkpoint, optimizer_step
+from trtllm_dflash.train.common import progress_bar, restore, save_checkpoint
 
 
+# Alike only in form to train/drafter_config.py's DrafterTrainConfig (a model shape vs training settings): not merged.
 @dataclass(frozen=True)
 class TargetModelConfig:
     """Shape of the tiny Qwen3 target."""
@@ -196,34 +197,26 @@ def train(
     opt, sched = _make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, history, elapsed_before, ema = 0, [], 0.0, None
+    resumable = {"model": model, "optimizer": opt, "scheduler": sched, "data_rng": gen}  # saved and restored by name
     if resume:
         state = load_checkpoint(ckpt_path)
         _check_resume_config(state, model_cfg, cfg, ckpt_path)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        gen.set_state(state["data_rng"])
+        restore(state, resumable)
         torch.set_rng_state(state["torch_rng"])
         step, history, elapsed_before = state["step"], state["history"], state["elapsed"]
         ema = state.get("loss_ema")
 
     def save_ckpt():
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(
-            {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(),
-                "data_rng": gen.get_state(),
-                "torch_rng": torch.get_rng_state(),
-                "step": step,
-                "history": history,
-                "elapsed": elapsed_before + (time.perf_counter() - t_start),
-                "loss_ema": ema,
-                "model_config": asdict(model_cfg),
-                "train_config": asdict(cfg),
-            },
+        save_checkpoint(
             ckpt_path,
+            resumable,
+            torch_rng=torch.get_rng_state(),
+            step=step,
+            history=history,
+            elapsed=elapsed_before + (time.perf_counter() - t_start),
+            loss_ema=ema,
+            model_config=asdict(model_cfg),
+            train_config=asdict(cfg),
         )
 
     eval_windows = _windows(heldout_tokens, cfg.seq_len, cfg.eval_windows)

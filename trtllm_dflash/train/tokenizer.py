@@ -44,6 +44,7 @@ def train_tokenizer(texts, vocab_size: int = 4096, min_frequency: int = 2):
     tok.train_from_iterator(texts, trainer=trainer)
     for i, s in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(s) == i, f"special token {s} got id {tok.token_to_id(s)}, expected {i}"
+    # (alike only in form to recipe/planner.py's MemoryPlan(...) keyword list: unrelated, not merged)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=EOS_TOKEN,
