@@ -22,20 +22,19 @@ from pathlib import Path
 import numpy as np
 
 
-def expected_outputs(recipe, prompts: list[str], max_tokens: int) -> list[str]:
-    """Single-request greedy outputs of the reference backend (the oracle)."""
+def expected_outputs(recipe, checkpoint: Path, prompts: list[str], max_tokens: int) -> list[str]:
+    """Single-request greedy outputs of the reference backend on the deployed checkpoint (the oracle)."""
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.reference import generate, load_pair
+    from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps, read_checkpoint
 
-    tok = AutoTokenizer.from_pretrained(recipe.target.path)
-    target, drafter = load_pair(recipe.target.path, recipe.drafter.path)
-    mode = "ddtree" if recipe.speculative.ddtree_budget else "dflash"
+    tok = AutoTokenizer.from_pretrained(read_checkpoint(checkpoint).tokenizer_dir)
+    spec = recipe.speculative
     out = []
     for p in prompts:
-        g = generate(target, drafter, [tok(p)["input_ids"]], max_tokens, mode=mode,
-                     block_size=recipe.speculative.block_size, ddtree_budget=recipe.speculative.ddtree_budget)[0]
-        out.append(tok.decode(g.tokens))
+        steps = checkpoint_steps(checkpoint, [tok(p)["input_ids"]], max_tokens, block_size=spec.block_size,
+                                 mode="ddtree" if spec.ddtree_budget else "dflash", ddtree_budget=spec.ddtree_budget)
+        out.append(tok.decode([t for rec in steps for t in rec.tokens[0]]))
     return out
 
 
@@ -85,13 +84,16 @@ async def client_loop(url: str, model: str, prompts: list[str], expected: list[s
 
 
 def soak(recipe, clients: int, seconds: float, max_tokens: int, prompts: list[str]) -> dict:
-    from trtllm_dflash.deploy.repository import REPOSITORY, deploy
+    from trtllm_dflash.artifacts import Manifest
+    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.pipeline import run
     from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
 
-    expected = expected_outputs(recipe, prompts, max_tokens)
     stats = {"requests": 0, "failed": 0, "truncated": 0, "mismatched": 0}
     with tempfile.TemporaryDirectory() as tmp:
-        repo = deploy(recipe, Path(tmp) / "deploy")
+        run(recipe, Path(tmp), until="deploy", progress=False, say=lambda _: None)  # convert (+ quantize), deploy
+        repo = Path(tmp) / "deploy"
+        expected = expected_outputs(recipe, Path(Manifest.read(repo).extra["artifact"]), prompts, max_tokens)
         endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
         with TritonServer(repo / REPOSITORY, endpoints):
             t0 = time.monotonic()

@@ -1,65 +1,96 @@
-"""Stage directories: atomic writes, manifests, refusal of mismatched inputs."""
+"""Stage directories: atomic writes, manifests, and the hand-off checks a stage runs on `--from`."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
-from trtllm_dflash.artifacts import MANIFEST, Manifest, atomic_stage_dir, verify_stage_dir
+from trtllm_dflash.artifacts import MANIFEST, Manifest, atomic_stage_dir, manifest_sha256, verify_input
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe import load_recipe
 
 
-def manifest(stage="convert", sha="abc"):
-    return Manifest(stage=stage, recipe="r", recipe_sha256=sha)
+@pytest.fixture(scope="module")
+def recipe():
+    return load_recipe(None)
 
 
-def test_complete_write_has_manifest_with_checksums(tmp_path):
-    out = tmp_path / "out"
-    with atomic_stage_dir(out, manifest()) as d:
-        (d / "rank0.safetensors").write_bytes(b"weights")
-    m = verify_stage_dir(out, "convert", "abc")
-    assert set(m.files) == {"rank0.safetensors"} and m.created_at and "torch" in m.tools
+def write(out, recipe, stage="convert", files=None, input_dir=None):
+    with atomic_stage_dir(out, Manifest.for_stage(stage, recipe, input_dir)) as d:
+        for name, data in (files or {"rank0.safetensors": b"weights"}).items():
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_bytes(data)
+    return out
+
+
+def test_complete_write_has_manifest_with_fields_checksums_and_input(tmp_path, recipe):
+    conv = write(tmp_path / "convert", recipe)
+    dep = write(tmp_path / "deploy", recipe, "deploy", {"model_repository/x": b"1"}, input_dir=conv)
+    m = verify_input(dep, ("deploy",), recipe)
+    assert set(m.files) == {"model_repository/x"} and m.created_at and "torch" in m.tools
+    assert m.recipe_fields["backend.name"] == "reference" and "sweep.concurrency" not in m.recipe_fields
+    assert m.input == {"stage": "convert", "path": str(conv.resolve()), "manifest_sha256": manifest_sha256(conv)}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary directory left behind"
 
 
-def test_interrupted_write_leaves_nothing_that_looks_complete(tmp_path):
+def test_interrupted_write_leaves_nothing_that_looks_complete(tmp_path, recipe):
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        with atomic_stage_dir(out, manifest()) as d:
+        with atomic_stage_dir(out, Manifest.for_stage("convert", recipe)) as d:
             (d / "rank0.safetensors").write_bytes(b"half")
             raise KeyboardInterrupt
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_refuses_other_stage_recipe_and_tampered_files(tmp_path):
-    out = tmp_path / "out"
-    with atomic_stage_dir(out, manifest()) as d:
-        (d / "a.bin").write_bytes(b"x")
-    with pytest.raises(UserError, match="manifest stage is 'convert', expected 'quantize'"):
-        verify_stage_dir(out, "quantize")
-    with pytest.raises(UserError, match="different content hash"):
-        verify_stage_dir(out, "convert", "other")
-    (out / "a.bin").write_bytes(b"y")
-    with pytest.raises(UserError, match="a.bin does not match its checksum"):
-        verify_stage_dir(out, "convert", "abc")
-    with pytest.raises(UserError, match="no manifest.json"):
-        verify_stage_dir(tmp_path, "convert")
+def test_leftovers_of_a_killed_writer_are_removed_by_the_next(tmp_path, recipe):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".out.partial-{dead.stdout.strip()}-abc"
+    stale.mkdir()
+    mine = tmp_path / f".out.partial-{os.getpid()}-xyz"  # a live writer's: kept
+    mine.mkdir()
+    write(tmp_path / "out", recipe)
+    assert not stale.exists() and mine.exists()
 
 
-def test_never_clobbers_a_different_output(tmp_path):
-    out = tmp_path / "out"
-    with atomic_stage_dir(out, manifest(sha="one")) as d:
-        (d / "a.bin").write_bytes(b"1")
-    with pytest.raises(UserError, match="already holds a convert output of recipe 'r' \\(different content\\)"):
-        with atomic_stage_dir(out, manifest(sha="two")):
+def test_verify_input_names_the_field_or_file(tmp_path, recipe):
+    out = write(tmp_path / "out", recipe)
+    with pytest.raises(UserError, match=r"manifest field stage is 'convert'; expected a quantize output"):
+        verify_input(out, ("quantize",), recipe)
+    other = load_recipe(None, ["parallel.tp=2"])
+    with pytest.raises(UserError, match=r"manifest field recipe_fields.parallel.tp is 1, recipe 'cpu-tiny-pystd' has 2"):
+        verify_input(out, ("convert",), other)
+    # fields a stage does not depend on do not matter to it
+    verify_input(out, ("convert",), load_recipe(None, ["sweep.seed=7", "serve.http_port=9000"]))
+    (out / "rank0.safetensors").write_bytes(b"tampered")
+    with pytest.raises(UserError, match="file rank0.safetensors does not match its checksum in manifest.json"):
+        verify_input(out, ("convert",), recipe)
+    (out / "rank0.safetensors").unlink()
+    with pytest.raises(UserError, match="file rank0.safetensors listed in manifest.json is missing"):
+        verify_input(out, ("convert",), recipe)
+    with pytest.raises(UserError, match="no manifest.json; not a finished trtllm-dflash stage output"):
+        verify_input(tmp_path, ("convert",), recipe)
+    (out / MANIFEST).write_bytes(b"\xff\xfe not json")
+    with pytest.raises(UserError, match="unreadable manifest"):
+        verify_input(out, ("convert",), recipe)
+
+
+def test_never_clobbers_a_different_output(tmp_path, recipe):
+    out = write(tmp_path / "out", recipe, files={"a.bin": b"1"})
+    with pytest.raises(UserError, match="already holds a convert output of recipe 'cpu-tiny-pystd' made from other "
+                                        r"recipe fields \(parallel.tp\); pass --overwrite"):
+        write(out, load_recipe(None, ["parallel.tp=2"]))
+    with pytest.raises(UserError, match="already holds a convert output .* for the same recipe fields; pass --overwrite"):
+        write(out, recipe)
+    with pytest.raises(UserError, match="already holds a convert output of recipe 'cpu-tiny-pystd'; choose another --out"):
+        with atomic_stage_dir(out, Manifest.for_stage("deploy", recipe), overwrite=True):
             pass
-    with pytest.raises(UserError, match="pass --overwrite"):
-        with atomic_stage_dir(out, manifest(sha="one")):
-            pass
-    with atomic_stage_dir(out, manifest(sha="one"), overwrite=True) as d:
+    with atomic_stage_dir(out, Manifest.for_stage("convert", recipe), overwrite=True) as d:
         (d / "a.bin").write_bytes(b"2")
     assert (out / "a.bin").read_bytes() == b"2" and (out / MANIFEST).exists()
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="is not a trtllm-dflash output"):
-        with atomic_stage_dir(foreign, manifest()):
-            pass
+        write(foreign, recipe)
     assert (foreign / "notes.txt").read_text() == "mine"

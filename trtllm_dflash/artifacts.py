@@ -1,15 +1,23 @@
-"""Stage artifacts: output directories with a manifest, written atomically.
+"""Stage artifacts: output directories with a manifest, written atomically, and the hand-off
+between stages.
 
 Every stage writes `out_dir/` containing its files plus `manifest.json`:
 
-    {"stage": "convert", "recipe": "<name>", "recipe_sha256": "...",
-     "inputs": [{"path": "...", "sha256": "..."}], "files": {"rank0.safetensors": "<sha256>", ...},
-     "tools": {"trtllm_dflash": "0.1.0", "torch": "2.13.0", ...}, "created_at": "...", "extra": {...}}
+    {"stage": "quantize", "recipe": "<name>",
+     "recipe_fields": {"quantization.drafter": "fp8", ...}, "recipe_fields_sha256": "...",
+     "input": {"stage": "convert", "path": "/abs/runs/x/convert", "manifest_sha256": "..."},
+     "sources": [{"role": "target", "path": "...", "sha256": "...", "size": 123, "mtime_ns": 0}],
+     "files": {"target/rank0.safetensors": "<sha256>", ...},
+     "tools": {"trtllm_dflash": "0.1.0", ...}, "created_at": "...", "extra": {...}}
+
+`recipe_fields` are the recipe fields the output depends on (recipe/stages.py), `input` the
+previous stage's output it was made from (its manifest's checksum makes the chain provable),
+`sources` the files read from outside the pipeline (convert: the HF / z-lab checkpoints).
 
 Writes go to a temporary sibling directory that is renamed into place only when complete,
-so an interrupted stage never leaves a directory that looks finished. A stage refuses an
-input directory whose manifest is missing, names another stage, another recipe, or whose
-files no longer match their checksums.
+so an interrupted stage never leaves a directory that looks finished; leftovers of a killed
+writer are removed by the next one. `verify_input` is what a stage calls on its `--from`
+directory: one line naming the directory and the manifest field or file that does not match.
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.schema import Recipe
+from trtllm_dflash.recipe.stages import fields_sha256, stage_fields
 
 MANIFEST = "manifest.json"
 
@@ -47,16 +57,36 @@ def tool_versions(*packages: str) -> dict[str, str]:
     return out
 
 
+def source_record(role: str, path: Path) -> dict:
+    """A file read from outside the pipeline, as a manifest lists it."""
+    st = path.stat()
+    return {"role": role, "path": str(path.resolve()), "sha256": sha256_file(path), "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns}
+
+
 @dataclass
 class Manifest:
     stage: str
     recipe: str
-    recipe_sha256: str
-    inputs: list[dict] = field(default_factory=list)
+    recipe_fields: dict[str, Any] = field(default_factory=dict)
+    recipe_fields_sha256: str = ""
+    input: dict | None = None
+    sources: list[dict] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     tools: dict[str, str] = field(default_factory=dict)
     created_at: str = ""
     extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def for_stage(cls, stage: str, recipe: Recipe, input_dir: Path | None = None, **kw) -> "Manifest":
+        """A new manifest of `stage` for `recipe`, made from the stage output in `input_dir`."""
+        fields = stage_fields(recipe, stage)
+        inp = None
+        if input_dir is not None:
+            inp = {"stage": Manifest.read(input_dir).stage, "path": str(Path(input_dir).resolve()),
+                   "manifest_sha256": manifest_sha256(input_dir)}
+        return cls(stage=stage, recipe=recipe.name, recipe_fields=fields, recipe_fields_sha256=fields_sha256(fields),
+                   input=inp, **kw)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -64,31 +94,93 @@ class Manifest:
     @classmethod
     def read(cls, directory: Path) -> "Manifest":
         path = Path(directory) / MANIFEST
-        if not path.exists():
-            raise UserError(f"{directory}: no {MANIFEST}; not a complete trtllm-dflash stage output")
+        if not path.is_file():
+            raise UserError(f"{directory}: no {MANIFEST}; not a finished trtllm-dflash stage output "
+                            "(half-written, or not written by trtllm-dflash)")
         try:
             return cls(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as e:
-            raise UserError(f"{path}: unreadable manifest ({e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+            raise UserError(f"{path}: unreadable manifest ({str(e).splitlines()[0]})") from None
 
 
-def verify_stage_dir(directory: Path, stage: str, recipe_sha256: str | None = None, check_files: bool = True) -> Manifest:
-    """Load and check a previous stage's manifest; raise UserError naming what does not match."""
+def manifest_sha256(directory: Path) -> str:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{directory}: no {MANIFEST}; not a finished trtllm-dflash stage output")
+    return sha256_file(path)
+
+
+def fields_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """Dotted names whose values differ (or exist on one side only), sorted."""
+    return sorted(k for k in set(recorded) | set(wanted) if recorded.get(k, "<absent>") != wanted.get(k, "<absent>"))
+
+
+def check_files(directory: Path, m: Manifest) -> None:
+    """Every file the manifest lists exists and matches its checksum."""
+    for name, digest in m.files.items():
+        p = Path(directory) / name
+        if not p.is_file():
+            raise UserError(f"{directory}: file {name} listed in {MANIFEST} is missing")
+        if sha256_file(p) != digest:
+            raise UserError(f"{directory}: file {name} does not match its checksum in {MANIFEST} (changed after it was written)")
+
+
+def changed_source(m: Manifest) -> str | None:
+    """The first source file that is missing or no longer what the manifest recorded, or None.
+    Size and mtime decide quickly; a file that differs in either is re-hashed."""
+    for s in m.sources:
+        p = Path(s["path"])
+        if not p.is_file():
+            return f"source {p} is missing"
+        st = p.stat()
+        if (st.st_size, st.st_mtime_ns) != (s.get("size"), s.get("mtime_ns")) and sha256_file(p) != s["sha256"]:
+            return f"source {p} changed"
+    return None
+
+
+def verify_input(directory: Path, stages: tuple[str, ...], recipe: Recipe, check_contents: bool = True) -> Manifest:
+    """Check a `--from` directory: a finished output of one of `stages`, made from `recipe`'s
+    fields for that stage, its files unchanged. Raise UserError naming the field or file."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"--from {directory}: no such directory")
     m = Manifest.read(directory)
-    if m.stage != stage:
-        raise UserError(f"{directory}: manifest stage is {m.stage!r}, expected {stage!r}")
-    if recipe_sha256 is not None and m.recipe_sha256 != recipe_sha256:
+    if m.stage not in stages:
+        want = " or ".join(stages)
+        raise UserError(f"{directory}: manifest field stage is {m.stage!r}; expected a {want} output")
+    wanted = stage_fields(recipe, m.stage)
+    diff = fields_diff(m.recipe_fields, wanted)
+    if diff:
+        k = diff[0]
         raise UserError(
-            f"{directory}: written for recipe {m.recipe!r} with a different content hash; rerun the {stage} stage"
+            f"{directory}: manifest field recipe_fields.{k} is {m.recipe_fields.get(k, '<absent>')!r}, recipe "
+            f"{recipe.name!r} has {wanted.get(k, '<absent>')!r} (written for another recipe or an older version "
+            f"of this one{f'; {len(diff) - 1} more field(s) differ' if len(diff) > 1 else ''}); re-run {m.stage}"
         )
-    if check_files:
-        for name, digest in m.files.items():
-            p = Path(directory) / name
-            if not p.exists():
-                raise UserError(f"{directory}: {name} listed in the manifest is missing")
-            if sha256_file(p) != digest:
-                raise UserError(f"{directory}: {name} does not match its checksum in the manifest")
+    if m.recipe_fields_sha256 != fields_sha256(m.recipe_fields):
+        raise UserError(f"{directory}: manifest field recipe_fields_sha256 does not match its recipe_fields (edited by hand?)")
+    if check_contents:
+        check_files(directory, m)
     return m
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    """Temporary siblings of out_dir whose writer process is gone (killed mid-write)."""
+    for p in out_dir.parent.glob(f".{out_dir.name}.*-*"):
+        kind, _, rest = p.name[len(out_dir.name) + 2 :].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind in ("partial", "old") and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def replace_dir(new: Path, out_dir: Path) -> None:
@@ -103,28 +195,37 @@ def replace_dir(new: Path, out_dir: Path) -> None:
         new.rename(out_dir)
 
 
+def check_out_dir(out_dir: Path, manifest: Manifest, overwrite: bool) -> None:
+    """Refuse an out_dir that holds something else: a foreign directory, another stage's output,
+    another recipe's output; an output of this stage and recipe only with overwrite=True."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise UserError(f"{out_dir}: exists and is not a directory; choose another --out")
+    if not (out_dir / MANIFEST).exists():
+        if any(out_dir.iterdir()):
+            raise UserError(f"{out_dir}: exists and is not a trtllm-dflash output; choose another --out")
+        return
+    old = Manifest.read(out_dir)
+    if old.stage != manifest.stage or old.recipe != manifest.recipe:
+        raise UserError(f"{out_dir}: already holds a {old.stage} output of recipe {old.recipe!r}; choose another --out or remove it")
+    if not overwrite:
+        diff = fields_diff(old.recipe_fields, manifest.recipe_fields)
+        what = f"made from other recipe fields ({', '.join(diff[:3])})" if diff else "for the same recipe fields"
+        raise UserError(f"{out_dir}: already holds a {old.stage} output of recipe {old.recipe!r} {what}; "
+                        "pass --overwrite to replace it")
+
+
 @contextlib.contextmanager
 def atomic_stage_dir(out_dir: Path, manifest: Manifest, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory to write into; on success add the manifest and rename it to out_dir.
-
-    An existing out_dir is refused unless it is a finished output of the same stage and recipe
-    (then it is replaced only with overwrite=True), so a different checkpoint is never clobbered.
-    """
+    """Yield a temporary directory to write into; on success add the manifest and rename it to
+    out_dir (check_out_dir decides whether an existing out_dir may be replaced)."""
     out_dir = Path(out_dir)
-    if out_dir.exists():
-        if not (out_dir / MANIFEST).exists() and any(out_dir.iterdir()):
-            raise UserError(f"{out_dir}: exists and is not a trtllm-dflash output; choose another --out")
-        if (out_dir / MANIFEST).exists():
-            old = Manifest.read(out_dir)
-            if old.stage != manifest.stage or old.recipe_sha256 != manifest.recipe_sha256:
-                raise UserError(
-                    f"{out_dir}: already holds a {old.stage} output of recipe {old.recipe!r} "
-                    "(different content); choose another --out or remove it"
-                )
-            if not overwrite:
-                raise UserError(f"{out_dir}: already holds this {old.stage} output; pass --overwrite to redo it")
+    check_out_dir(out_dir, manifest, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    _remove_leftovers(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-{os.getpid()}-", dir=out_dir.parent))
     try:
         yield tmp
         manifest.files = {

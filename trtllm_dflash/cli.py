@@ -21,6 +21,7 @@ COMMANDS = [
     "recipes",
     "check",
     "plan",
+    "run",
     "convert",
     "quantize",
     "deploy",

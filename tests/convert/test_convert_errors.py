@@ -12,7 +12,7 @@ import torch
 from checkpoints import make_drafter, make_target, write_recipe
 from safetensors.torch import load_file, save_file
 
-from trtllm_dflash.artifacts import sha256_file, verify_stage_dir
+from trtllm_dflash.artifacts import Manifest, check_files, sha256_file
 from trtllm_dflash.cli import main
 from trtllm_dflash.convert import convert as convert_module
 from trtllm_dflash.convert.convert import convert, load_sources
@@ -105,9 +105,9 @@ def test_out_dir_holding_a_different_checkpoint_is_refused(tmp_path, tiny_pair):
     convert(load_recipe(write_recipe(tmp_path / "a.yaml", *tiny_pair, tp=1)), out, progress=False)
     before = (out / "manifest.json").read_text()
     rc, err = _cli("convert", write_recipe(tmp_path / "b.yaml", *tiny_pair, tp=2), "--out", out, "--no-progress")
-    assert rc == 2 and "already holds a convert output of recipe 'tiny-test' (different content)" in err
+    assert rc == 2 and "already holds a convert output of recipe 'tiny-test' made from other recipe fields (parallel.tp)" in err
     assert (out / "manifest.json").read_text() == before
-    verify_stage_dir(out, "convert")
+    check_files(out, Manifest.read(out))
     # a non-stage directory is refused too
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x.txt").write_text("mine")
@@ -132,14 +132,14 @@ def test_interrupted_conversion_leaves_nothing_complete_and_resumes(tmp_path, ti
         convert(recipe, out, progress=False)
     assert not out.exists()
     with pytest.raises(UserError, match="no manifest.json"):
-        verify_stage_dir(tmp_path / ".out.resume", "convert")
+        check_files(tmp_path / ".out.resume", Manifest.read(tmp_path / ".out.resume"))
     assert written == ["rank0.safetensors.partial", "rank1.safetensors.partial"]
 
     written.clear()
     monkeypatch.setattr(convert_module, "_write_rank", lambda path, role, *a, **k: (written.append((role, path.name)), real(path, role, *a, **k)))
     convert(recipe, out, progress=False, resume=True)
     assert [r for r, _ in written] == ["drafter", "drafter"]  # target shards were kept
-    verify_stage_dir(out, "convert")
+    check_files(out, Manifest.read(out))
     assert not (tmp_path / ".out.resume").exists()
     fresh = convert(recipe, tmp_path / "fresh", progress=False)
     for rel in ("target/rank0.safetensors", "target/rank1.safetensors", "drafter/rank1.safetensors"):
@@ -179,8 +179,8 @@ def test_sigkill_mid_conversion(tmp_path, tiny_pair):
     assert leftovers  # the temp dir and the resume dir
     for p in leftovers:
         with pytest.raises(UserError):
-            verify_stage_dir(p, "convert")
+            check_files(p, Manifest.read(p))
     rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--resume", "--no-progress")
     assert rc == 0, err
-    verify_stage_dir(tmp_path / "out", "convert")
+    check_files(tmp_path / "out", Manifest.read(tmp_path / "out"))
     assert os.path.exists(tmp_path / "out" / "drafter" / "rank1.safetensors")

@@ -11,7 +11,7 @@ import torch
 from checkpoints import make_drafter, make_target, read_config, write_recipe
 from safetensors.torch import load_file
 
-from trtllm_dflash.artifacts import verify_stage_dir
+from trtllm_dflash.artifacts import Manifest, check_files
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.recipe import load_recipe
 
@@ -33,7 +33,7 @@ def _heads(t, n_heads, d=16):
 def test_target_shards_reassemble_to_the_hf_weights(tmp_path, tiny_pair, tp):
     target, drafter = tiny_pair
     out = _convert(tmp_path, target, drafter, tp)
-    verify_stage_dir(out, "convert")
+    check_files(out, Manifest.read(out))
     src = _source(target)
     shards = [load_file(out / "target" / f"rank{r}.safetensors") for r in range(tp)]
     cfg = read_config(out / "target")

@@ -96,3 +96,10 @@ def write_recipe(path: Path, target: Path, drafter: Path, tp: int = 1, fmt: str 
 
 def read_config(directory: Path) -> dict:
     return json.loads((directory / "config.json").read_text())
+
+
+def converted(recipe, out: Path) -> Path:
+    """The convert output of a loaded recipe (what quantize and deploy take `--from`)."""
+    from trtllm_dflash.convert.convert import convert
+
+    return convert(recipe, out, progress=False)

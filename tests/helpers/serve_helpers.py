@@ -81,3 +81,11 @@ def write_recipe(root: Path, ports: tuple[int, int, int] = (8000, 8001, 8002), *
     path = root / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def deployed(recipe, root: Path) -> Path:
+    """convert + deploy of a loaded recipe into root/convert, root/deploy (the deploy output)."""
+    from trtllm_dflash.pipeline import run
+
+    run(recipe, root, until="deploy", progress=False, say=lambda _: None)
+    return root / "deploy"

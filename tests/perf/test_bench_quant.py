@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from checkpoints import write_recipe
+from checkpoints import converted, write_recipe
 
 from trtllm_dflash.perf import bench_quant
 from trtllm_dflash.quantize.emulate import fake_quantize_
@@ -19,7 +19,7 @@ def test_emulation_equals_the_quantized_checkpoint(tmp_path, tiny_pair, fmt):
     from trtllm_dflash.quantize.stage import quantize
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=1, fmt=fmt, drafter_fmt=fmt))
-    out = quantize(recipe, tmp_path / "q", samples=2, length=16, progress=False)
+    out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", samples=2, length=16, progress=False)
     loaded_t, loaded_d = load_rank(read_checkpoint(out), Comm())
     emu_t, emu_d = load_pair(*tiny_pair)
     fake_quantize_(emu_t, fmt)

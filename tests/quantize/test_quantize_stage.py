@@ -11,10 +11,10 @@ import warnings
 
 import pytest
 import torch
-from checkpoints import make_drafter, make_target, read_config, write_recipe
+from checkpoints import converted, make_drafter, make_target, read_config, write_recipe
 from safetensors.torch import load_file
 
-from trtllm_dflash.artifacts import verify_stage_dir
+from trtllm_dflash.artifacts import Manifest, check_files, verify_input
 from trtllm_dflash.quantize.stage import quantize
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import formats as F
@@ -51,8 +51,8 @@ def test_engine_checkpoint_equals_modelopt_trtllm_export(tmp_path, bf16_pair, fm
     target, drafter = bf16_pair
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu, backend="engine",
                                       quantization={"target_weights": fmt, "activations": fmt, "kv_cache": "fp8"}))
-    out = quantize(recipe, tmp_path / "q", **CALIB)
-    manifest = verify_stage_dir(out, "quantize")
+    out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", **CALIB)
+    manifest = verify_input(out, ("quantize",), recipe)
     assert manifest.extra["layout"] == "trtllm" and "random token ids" in manifest.extra["calibration_data"]
 
     # ModelOpt on the same model, same calibration batches
@@ -83,8 +83,8 @@ def test_pytorch_backend_gets_modelopt_hf_export(tmp_path, bf16_pair):
     target, drafter = bf16_pair
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu="h100-sxm", backend="pytorch",
                                       quantization={"target_weights": "fp8", "activations": "fp8", "kv_cache": "fp8"}))
-    out = quantize(recipe, tmp_path / "q", **CALIB)
-    verify_stage_dir(out, "quantize")
+    out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", **CALIB)
+    check_files(out, Manifest.read(out))
     hf_quant = json.loads((out / "target" / "hf_quant_config.json").read_text())["quantization"]
     assert hf_quant["quant_algo"] == "FP8" and hf_quant["kv_cache_quant_algo"] == "FP8"
     assert read_config(out / "target")["quantization_config"]["quant_method"] == "modelopt"
@@ -106,7 +106,7 @@ def test_reference_backend_weight_only_target_and_drafter(tmp_path, tiny_pair, f
     _modelopt()
     target, drafter = tiny_pair
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt=fmt, drafter_fmt=fmt))
-    out = quantize(recipe, tmp_path / "q", **CALIB)
+    out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", **CALIB)
     for role in ("target", "drafter"):
         cfg = read_config(out / role)
         assert cfg["quantization"]["quant_algo"] == fmt.upper() and cfg["quantization"]["weight_only"] is True
@@ -134,18 +134,20 @@ def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys):
     from trtllm_dflash.cli import main
 
     target, drafter = tiny_pair
-    assert main(["quantize", str(write_recipe(tmp_path / "a.yaml", target, drafter)), "--out", str(tmp_path / "q")]) == 2
+    assert main(["quantize", str(write_recipe(tmp_path / "a.yaml", target, drafter)), "--from", str(tmp_path / "c"),
+                 "--out", str(tmp_path / "q")]) == 2
     assert "nothing to quantize (run `convert`)" in capsys.readouterr().err
     engine = write_recipe(tmp_path / "b.yaml", target, drafter, fmt="bf16", gpu="h100-sxm", backend="engine",
                           quantization={"target_weights": "fp8", "activations": "bf16"})
     with pytest.raises(UserError, match="quantization.activations: bf16 with fp8 quantization.target_weights on the engine backend"):
-        quantize(load_recipe(engine), tmp_path / "q", **CALIB)
+        quantize(load_recipe(engine), tmp_path / "c", tmp_path / "q", **CALIB)
     wide = make_target(tmp_path / "t96", intermediate_size=96)
     r = write_recipe(tmp_path / "c.yaml", wide, drafter, tp=4, fmt="nvfp4")
     with pytest.raises(UserError, match=r"transformer.layers.0.mlp.proj.weight: 24 input features per rank \(tp 4\) is not a multiple of 16"):
-        quantize(load_recipe(r), tmp_path / "q", **CALIB)
+        quantize(load_recipe(r), converted(load_recipe(r), tmp_path / "c4"), tmp_path / "q", **CALIB)
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "notes.txt").write_text("someone else's")
     with pytest.raises(UserError, match="exists and is not a trtllm-dflash output"):
-        quantize(load_recipe(write_recipe(tmp_path / "d.yaml", target, drafter, fmt="fp8")), tmp_path / "q", **CALIB)
+        fp8 = load_recipe(write_recipe(tmp_path / "d.yaml", target, drafter, fmt="fp8"))
+        quantize(fp8, converted(fp8, tmp_path / "c8"), tmp_path / "q", **CALIB)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q")] == []

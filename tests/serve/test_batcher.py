@@ -8,7 +8,7 @@ from serve_helpers import make_pair
 
 from trtllm_dflash.reference import generate, load_pair
 from trtllm_dflash.reference.generate import Decoder
-from trtllm_dflash.serve.batcher import Job, ServingEngine
+from trtllm_dflash.serve.batcher import Job, LocalModel, ServingEngine
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_cancel_frees_the_slot_and_others_continue(pair):
 
 def test_engine_serves_concurrent_jobs_with_solo_outputs(pair):
     target, drafter, tokenizer = pair
-    engine = ServingEngine(target, drafter, tokenizer, max_seq_len=64, max_batch_size=3)
+    engine = ServingEngine(LocalModel(target, drafter), tokenizer, max_seq_len=64, max_batch_size=3)
     results, done = {}, threading.Event()
 
     def emitter(i):
@@ -109,7 +109,7 @@ def test_engine_stop_words_end_the_request(pair):
     target, drafter, tokenizer = pair
     full = tokenizer.decode(solo(target, drafter, PROMPTS[2], 25))
     word = full[len(full) // 2 : len(full) // 2 + 3]
-    engine = ServingEngine(target, drafter, tokenizer, max_seq_len=64)
+    engine = ServingEngine(LocalModel(target, drafter), tokenizer, max_seq_len=64)
     updates, done = [], threading.Event()
     try:
         engine.submit(Job(PROMPTS[2], 25, lambda u: (updates.append(u), u.finish_reason and done.set()),

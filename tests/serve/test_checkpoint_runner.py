@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from checkpoints import make_drafter, make_target, write_recipe
+from checkpoints import converted, make_drafter, make_target, write_recipe
 
 from trtllm_dflash.cli import main
 from trtllm_dflash.convert.convert import convert
@@ -119,7 +119,7 @@ def test_quantized_checkpoint_runs_what_was_quantized(tmp_path, tiny_pair, fmt, 
     from trtllm_dflash.quantize.stage import quantize
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=tp, fmt=fmt))
-    out = quantize(recipe, tmp_path / "q", samples=4, length=16, progress=False)
+    out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", samples=4, length=16, progress=False)
     calib = json.loads((out / "calibration.json").read_text())
     expected = _hf_greedy(_fake_quantized_hf(tiny_pair[0], calib, fmt), PROMPTS)
     assert _tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == expected

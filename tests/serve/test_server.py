@@ -16,12 +16,12 @@ import urllib.request
 
 import numpy as np
 import pytest
-from serve_helpers import make_pair, write_recipe
+from serve_helpers import deployed, make_pair, write_recipe
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 
-from trtllm_dflash.deploy.repository import REPOSITORY, deploy  # noqa: E402
+from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
 from trtllm_dflash.errors import UserError  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
 from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
@@ -33,7 +33,7 @@ def served(tmp_path_factory):
     make_pair(root)
     ports = (free_port(), free_port(), free_port())
     recipe = load_recipe(write_recipe(root, ports))
-    out = deploy(recipe, root / "deploy")
+    out = deployed(recipe, root / "pipeline")
     server = TritonServer(out / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
     yield recipe, server
     server.stop()
@@ -187,7 +187,9 @@ def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
     make_pair(tmp_path)
     ports = (free_port(), free_port(), free_port())
     recipe = write_recipe(tmp_path, ports)
-    proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe)], stdout=subprocess.PIPE,
+    out = deployed(load_recipe(recipe), tmp_path / "pipeline")
+    proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe), "--from", str(out)],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()

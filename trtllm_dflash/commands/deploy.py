@@ -1,4 +1,4 @@
-"""`trtllm-dflash deploy RECIPE --out DIR`: write the Triton model repository for a recipe."""
+"""`trtllm-dflash deploy RECIPE --from DIR --out DIR`: the Triton model repository serving a stage output."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from trtllm_dflash.commands.common import add_recipe_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("deploy", help="write a Triton model repository (config.pbtxt from typed objects)")
+    p = sub.add_parser("deploy", help="write a Triton model repository serving a stage output (config.pbtxt from typed objects)")
     add_recipe_argument(p)
+    p.add_argument("--from", dest="from_dir", type=Path, required=True, metavar="DIR",
+                   help="what to serve: the quantize output (recipes that quantize), else the convert output; "
+                   "the build output on the engine backend")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--engine-dir", type=Path, default=None, help="build-stage output (engine backend)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier deploy of the same recipe")
     p.set_defaults(run=run)
 
@@ -22,6 +24,6 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    out = deploy(recipe, args.out, engine_dir=args.engine_dir, overwrite=args.overwrite)
+    out = deploy(recipe, args.from_dir, args.out, overwrite=args.overwrite)
     print(f"deployed {recipe.name} ({recipe.backend.name} backend): {out / REPOSITORY / recipe.serve.model_name}")
     return 0

@@ -1,4 +1,4 @@
-"""`trtllm-dflash quantize RECIPE --out DIR`: calibrate and write FP8 / NVFP4 checkpoints.
+"""`trtllm-dflash quantize RECIPE --from CONVERT_DIR --out DIR`: calibrate and write FP8 / NVFP4 checkpoints.
 
 pytorch backend: ModelOpt's HF export of the target (+ the drafter, bf16). engine / reference
 backends: TensorRT-LLM per-rank checkpoints with quantized tensors and scales, written by the
@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "global scale (W4A4). Target through ModelOpt; the drafter (quantization.drafter) through the reference loop.",
     )
     add_recipe_argument(p)
+    p.add_argument("--from", dest="from_dir", type=Path, required=True, metavar="DIR",
+                   help="the convert output of this recipe (its sources are what gets quantized)")
     p.add_argument("--out", type=Path, required=True, help="output directory (written atomically)")
     p.add_argument("--calib", type=Path, default=None, help="calibration text (.txt) or JSONL with 'text'/'prompt' "
                    "(default: Python standard library sources, or random ids when the target has no tokenizer)")
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     out = quantize(
-        recipe, args.out, calib=args.calib, samples=args.calib_samples, length=args.calib_len, device=args.device,
+        recipe, args.from_dir, args.out, calib=args.calib, samples=args.calib_samples, length=args.calib_len, device=args.device,
         overwrite=args.overwrite, resume=args.resume, progress=args.progress,
     )
     print(f"quantized {recipe.name}: {out}")

@@ -13,7 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_recipe_argument(p)
     p.add_argument("--url", required=True, help="Triton endpoint HOST:PORT (gRPC port, or HTTP port with --http)")
     p.add_argument("--http", action="store_true", help="use HTTP generate_stream (server-sent events) instead of gRPC")
-    p.add_argument("--out", type=Path, default=Path("runs/sweep"), help="output directory (default runs/sweep)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default runs/<recipe name>/sweep)")
+    p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
+                   help="the deploy output the server serves (recorded as the sweep's input)")
     p.add_argument("--levels", default=None, help="comma-separated concurrency levels (default: the recipe's)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default greedy)")
     p.add_argument("--json", action="store_true", help="print the level summaries as JSON")
@@ -40,11 +42,11 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from trtllm_dflash.artifacts import verify_input
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.sweep.report import summary_table
-    from trtllm_dflash.prompts.sources import load_prompts
-    from trtllm_dflash.sweep.loadgen import run_sweep
     from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.sweep.report import summary_table
+    from trtllm_dflash.sweep.stage import sweep
 
     recipe = load_recipe(args.recipe, args.overrides)
     if recipe.backend.name == "pytorch":
@@ -52,19 +54,15 @@ def run(args: argparse.Namespace) -> int:
             "sweep speaks the dflash model interface (reference and engine backends); for the pytorch "
             "backend's LLM-API model use the aiperf command in the README"
         )
-    sw = recipe.sweep
-    levels = parse_levels(args.levels, sw.concurrency)
-    prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
-    result = run_sweep(
-        args.url, recipe.serve.model_name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_len,
-        gpus=1 if recipe.gpu.is_cpu else recipe.world_size, out_dir=args.out, seed=sw.seed,
-        temperature=args.temperature, title=f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu})",
-        protocol="http" if args.http else "grpc",
-    )
+    if args.from_dir is not None:
+        verify_input(args.from_dir, ("deploy",), recipe, check_contents=False)
+    out = args.out or Path("runs") / recipe.name / "sweep"
+    result = sweep(recipe, args.url, out, levels=parse_levels(args.levels, recipe.sweep.concurrency),
+                   protocol="http" if args.http else "grpc", temperature=args.temperature, from_dir=args.from_dir)
     if args.json:
         print(json.dumps([asdict(s) for s in result.levels], indent=2))
     else:
         Console().print(summary_table(result.levels, f"{recipe.name}: sweep"))
-        print(f"wrote {args.out}/results.jsonl, summary.csv, summary.json, sweep.png")
+        print(f"wrote {out}/results.jsonl, summary.csv, summary.json, sweep.png")
     failed = sum(s.failed for s in result.levels)
     return 1 if failed else 0

@@ -35,7 +35,7 @@ from typing import Iterator, Literal, Protocol
 
 import torch
 
-from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, sha256_file
+from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, changed_source, sha256_file, source_record
 from trtllm_dflash.convert.safetensors_stream import CODE_DTYPES, Checkpoint, StreamWriter
 from trtllm_dflash.convert.weight_maps import (
     DRAFTER_MAP,
@@ -133,18 +133,10 @@ class Cast:
         return {"transform": "cast", "dtypes": {k: DTYPE_NAMES[v] for k, v in self.dtypes.items()}}
 
 
-def model_dtype(fmt: str, fallback: str) -> torch.dtype:
-    """The high-precision dtype a checkpoint keeps: the format itself, else the fallback's."""
-    if fmt in TORCH_DTYPES:
-        return TORCH_DTYPES[fmt]
-    return TORCH_DTYPES.get(fallback, torch.bfloat16)
-
-
 def default_dtypes(recipe: Recipe) -> dict[str, torch.dtype]:
-    """Unquantized tensors: the recipe's weight dtype; for fp8 / nvfp4 weights, the activation
-    dtype if that is a float format, else bf16."""
+    """Unquantized tensors keep each model's checkpoint dtype (Quantization.checkpoint_dtype)."""
     q = recipe.quantization
-    return {"target": model_dtype(q.target_weights, q.activations), "drafter": model_dtype(q.drafter, q.activations)}
+    return {role: TORCH_DTYPES[q.checkpoint_dtype(role)] for role in ("target", "drafter")}
 
 
 def _local_dir(src, field: str) -> Path:
@@ -369,11 +361,15 @@ class Sources:
 
 
 def load_sources(recipe: Recipe) -> Sources:
+    """The recipe's local target and drafter directories, read and checked (read_sources)."""
+    return read_sources(_local_dir(recipe.target, "target"), _local_dir(recipe.drafter, "drafter"))
+
+
+def read_sources(tdir: Path, ddir: Path) -> Sources:
     """Read and check both configs, their pairing and every tensor header. Reads no weights."""
     from trtllm_dflash.reference.config import DraftConfig, TargetConfig
     from trtllm_dflash.reference.loading import check_pair
 
-    tdir, ddir = _local_dir(recipe.target, "target"), _local_dir(recipe.drafter, "drafter")
     traw, draw = read_json(tdir / "config.json"), read_json(ddir / "config.json")
     arch = traw.get("model_type")
     if arch not in WEIGHT_MAPS:
@@ -389,6 +385,15 @@ def load_sources(recipe: Recipe) -> Sources:
     _check_sources(target, _expected_shapes("target", tcfg), "target")
     _check_sources(drafter, _expected_shapes("drafter", dcfg), "drafter")
     return Sources(tdir, ddir, tcfg, dcfg, traw, draw, gen, target, drafter)
+
+
+def recorded_sources(convert_dir: Path, m: Manifest) -> Sources:
+    """The sources a convert output was made from (its manifest's `sources`), checked unchanged
+    since convert read them: the quantize stage quantizes exactly what convert validated."""
+    problem = changed_source(m)
+    if problem:
+        raise UserError(f"{convert_dir}: {problem} since convert read it; re-run convert")
+    return read_sources(Path(m.extra["target_dir"]), Path(m.extra["drafter_dir"]))
 
 
 def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
@@ -426,9 +431,10 @@ def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
     return plans
 
 
-def _fingerprint(recipe: Recipe, layout: str, inputs: list[dict], transform: Transform, tp: int) -> str:
+def _fingerprint(fields_sha: str, layout: str, sources: list[dict], transform: Transform, tp: int) -> str:
     blob = json.dumps(
-        {"v": FORMAT_VERSION, "recipe": recipe.sha256(), "layout": layout, "tp": tp, "inputs": inputs, "transform": transform.describe()},
+        {"v": FORMAT_VERSION, "recipe_fields": fields_sha, "layout": layout, "tp": tp,
+         "sources": [(r["role"], r["path"], r["sha256"]) for r in sources], "transform": transform.describe()},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -503,19 +509,24 @@ def convert(
     layout: Layout | None = None,
     transform: Transform | None = None,
     stage: str = "convert",
+    input_dir: Path | None = None,
+    sources: Sources | None = None,
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = True,
     extra: dict | None = None,
     extra_files: dict[str, Path] | None = None,
 ) -> Path:
-    """Write the checkpoint directory `out` for `recipe`; see the module docstring."""
+    """Write the checkpoint directory `out` for `recipe`; see the module docstring.
+
+    The quantize stage calls this too (stage="quantize", its QuantTransform, the convert output
+    it was made from as input_dir, and the sources that convert output recorded)."""
     out = Path(out)
     layout = layout or BACKEND_LAYOUT[recipe.backend.name]
     if layout not in LAYOUTS:
         raise UserError(f"--layout {layout!r}: allowed: {', '.join(LAYOUTS)}")
     tp = recipe.parallel.tp
-    src = load_sources(recipe)
+    src = sources or load_sources(recipe)
     transform = transform or Cast(default_dtypes(recipe))
     if layout == "trtllm":
         plans = plan_trtllm(src, tp)
@@ -526,12 +537,13 @@ def convert(
             raise UserError("the hf layout is written unquantized here; quantized HF checkpoints come from `quantize` (ModelOpt export)")
         plans = plan_hf(src)
 
-    inputs = [{"role": role, "path": str(p), "sha256": sha256_file(p)} for role, p in src.input_files()]
-    fingerprint = _fingerprint(recipe, layout, inputs, transform, tp)
-    manifest = Manifest(
-        stage=stage, recipe=recipe.name, recipe_sha256=recipe.sha256(), inputs=inputs,
-        extra={"layout": layout, "tp": tp, "transform": transform.describe(), "fingerprint": fingerprint, **(extra or {})},
-    )
+    records = [source_record(role, p) for role, p in src.input_files()]
+    manifest = Manifest.for_stage(stage, recipe, input_dir, sources=records)
+    manifest.extra = {"layout": layout, "tp": tp, "transform": transform.describe(),
+                      "target_dir": str(src.target_dir.resolve()), "drafter_dir": str(src.drafter_dir.resolve()),
+                      "fingerprint": _fingerprint(manifest.recipe_fields_sha256, layout, records, transform, tp),
+                      **(extra or {})}
+    fingerprint = manifest.extra["fingerprint"]
     work = out.parent / f".{out.name}.resume"
     try:
         with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:

@@ -1,15 +1,22 @@
 """`deploy`: write a Triton model repository for a recipe.
 
+`deploy --from DIR` takes the output of the stage before it (recipe/stages.py): the quantize
+output when the recipe quantizes, else the convert output; the build output on the engine
+backend. The repository serves exactly that artifact: it names its absolute path, and the
+manifest records its manifest checksum (the reference model re-checks both when it loads).
+
 Layouts (all under OUT/model_repository/, plus OUT/manifest.json):
 
-reference  <name>/config.pbtxt        python backend, decoupled, the `dflash` interface
+reference  <name>/config.pbtxt        python backend, decoupled, the `dflash` interface;
+                                      parameters: checkpoint (the artifact) and its manifest sha256
            <name>/1/model.py          imports trtllm_dflash.serve.triton_model (our engine)
            <name>/1/recipe.yaml       the validated recipe, sources resolved
 engine     <name>/config.pbtxt        same interface; parameters name the engine directories
            <name>/1/model.py          imports trtllm_dflash.serve.engine_model (TensorRT-LLM 1.2.x)
            <name>/1/recipe.yaml
 pytorch    <name>/config.pbtxt        TensorRT-LLM's LLM-API model interface (TensorRT-LLM >= 1.3)
-           <name>/1/model.yaml        LLM arguments with DFlash as the speculative config
+           <name>/1/model.yaml        LLM arguments with DFlash as the speculative config; `model:`
+                                      and `speculative_model:` are the artifact's target/ and drafter/
            (model.py comes from the container: triton_backend/all_models/llmapi/tensorrt_llm/1/)
 """
 
@@ -20,10 +27,11 @@ from pathlib import Path
 
 import yaml
 
-from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
+from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, verify_input
 from trtllm_dflash.deploy.triton_config import dflash_model_config, llmapi_model_config, render
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe import BUILTIN_PREFIX, Recipe
+from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.stages import input_stage, source_ref
 
 REPOSITORY = "model_repository"
 
@@ -47,17 +55,10 @@ from trtllm_dflash.serve.engine_model import TritonPythonModel  # noqa: F401
 }
 
 
-def _source(src, field: str) -> str:
-    """A model source as the deployed recipe should name it: builtin or HF id unchanged, local paths absolute."""
-    if src.source.startswith(BUILTIN_PREFIX) or src.path is None:
-        return src.source
-    return str(src.path)
-
-
 def deployed_recipe(recipe: Recipe) -> dict:
     raw = recipe.model_dump(mode="json", exclude_none=True)
-    raw["target"]["source"] = _source(recipe.target, "target")
-    raw["drafter"]["source"] = _source(recipe.drafter, "drafter")
+    raw["target"]["source"] = source_ref(recipe.target)
+    raw["drafter"]["source"] = source_ref(recipe.drafter)
     return raw
 
 
@@ -68,8 +69,9 @@ def _header(recipe: Recipe) -> str:
     )
 
 
-def llmapi_model_yaml(recipe: Recipe) -> dict:
-    """Arguments for TensorRT-LLM's LLM(...) as read by the LLM-API Triton model."""
+def llmapi_model_yaml(recipe: Recipe, artifact: Path) -> dict:
+    """Arguments for TensorRT-LLM's LLM(...) as read by the LLM-API Triton model; the weights are
+    the artifact's (a convert or quantize output in the HF layout)."""
     spec = recipe.speculative
     d = recipe.drafter_facts
     bands = spec.draft_len
@@ -77,7 +79,7 @@ def llmapi_model_yaml(recipe: Recipe) -> dict:
     speculative = {
         "decoding_type": "DFlash",
         "max_draft_len": max_draft,
-        "speculative_model": _source(recipe.drafter, "drafter"),
+        "speculative_model": str(Path(artifact).resolve() / "drafter"),
         "target_layer_ids": list(d.target_layer_ids or []),
         "attention_backend": "TRTLLM" if recipe.gpu.is_blackwell else "VANILLA",
     }
@@ -90,7 +92,7 @@ def llmapi_model_yaml(recipe: Recipe) -> dict:
         speculative["max_concurrency"] = bands[0].max_concurrency
     kv_dtype = {"fp8": "fp8", "nvfp4": "nvfp4"}.get(recipe.quantization.kv_cache, "auto")
     return {
-        "model": _source(recipe.target, "target"),
+        "model": str(Path(artifact).resolve() / "target"),
         "backend": "pytorch",
         "tensor_parallel_size": recipe.parallel.tp,
         "pipeline_parallel_size": recipe.parallel.pp,
@@ -107,21 +109,25 @@ def llmapi_model_yaml(recipe: Recipe) -> dict:
     }
 
 
-def deploy(recipe: Recipe, out_dir: Path, engine_dir: Path | None = None, overwrite: bool = False) -> Path:
-    """Write the model repository for `recipe` into out_dir (atomically, with a manifest)."""
+# The layout each backend's artifact must have (convert / quantize manifests record it).
+ARTIFACT_LAYOUT = {"reference": "trtllm", "pytorch": "hf"}
+
+
+def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
+    """Write the model repository for `recipe`, serving the artifact in `from_dir`, into out_dir
+    (atomically, with a manifest)."""
     backend = recipe.backend.name
-    if backend == "engine" and engine_dir is None:
-        raise UserError("deploy: the engine backend needs --engine-dir (the output of the build stage)")
-    if backend != "engine" and engine_dir is not None:
-        raise UserError(f"deploy: --engine-dir applies to the engine backend only, not {backend}")
+    from_dir = Path(from_dir)
+    want = input_stage(recipe, "deploy")
+    m = verify_input(from_dir, (want,), recipe)
+    layout = ARTIFACT_LAYOUT.get(backend)
+    if layout is not None and m.extra.get("layout") != layout:
+        raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {backend} backend "
+                        f"serves the {layout} layout")
+    artifact = from_dir.resolve()
     name = recipe.serve.model_name
-    manifest = Manifest(
-        stage="deploy",
-        recipe=recipe.name,
-        recipe_sha256=recipe.sha256(),
-        inputs=[{"path": str(engine_dir)}] if engine_dir else [],
-        extra={"backend": backend, "model_name": name},
-    )
+    manifest = Manifest.for_stage("deploy", recipe, from_dir, extra={"backend": backend, "model_name": name,
+                                                                      "artifact": str(artifact)})
     with atomic_stage_dir(out_dir, manifest, overwrite=overwrite) as tmp:
         model_dir = tmp / REPOSITORY / name
         version = model_dir / "1"
@@ -131,14 +137,16 @@ def deploy(recipe: Recipe, out_dir: Path, engine_dir: Path | None = None, overwr
             (model_dir / "config.pbtxt").write_text(render(llmapi_model_config(recipe), header))
             (version / "model.yaml").write_text(
                 "".join(f"# {line}\n" for line in header.splitlines())
-                + yaml.safe_dump(llmapi_model_yaml(recipe), sort_keys=False)
+                + yaml.safe_dump(llmapi_model_yaml(recipe, artifact), sort_keys=False)
             )
         else:
             params = {"recipe": "recipe.yaml"}
-            if backend == "engine":
+            if backend == "reference":
+                params.update(checkpoint=str(artifact), checkpoint_manifest_sha256=manifest_sha256(artifact))
+            else:
                 spec = recipe.speculative
                 params.update(
-                    engine_dir=str(Path(engine_dir).resolve()),
+                    engine_dir=str(artifact),
                     tensor_parallel=str(recipe.parallel.tp),
                     block_size=str(spec.block_size),
                     draft_len_schedule=json.dumps({b.max_concurrency: b.draft_len for b in spec.draft_len}),

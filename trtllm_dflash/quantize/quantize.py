@@ -98,11 +98,7 @@ def resolve(recipe: Recipe) -> QuantPlan:
         activations = False  # the reference emulates weights only (recipe rules warn about it)
     if q.kv_cache not in FLOAT_FORMATS + ("fp8",):
         raise UserError(f"{file}: quantization.kv_cache: {q.kv_cache} is not implemented; allowed: fp8, {', '.join(FLOAT_FORMATS)}")
-    base = q.activations if q.activations in FLOAT_FORMATS else "bf16"
-    dtypes = {
-        "target": TORCH_DTYPES.get(q.target_weights, TORCH_DTYPES[base]),
-        "drafter": TORCH_DTYPES.get(q.drafter, TORCH_DTYPES[base]),
-    }
+    dtypes = {role: TORCH_DTYPES[q.checkpoint_dtype(role)] for role in ("target", "drafter")}
     return QuantPlan(target, drafter, activations, q.kv_cache == "fp8", dtypes)
 
 

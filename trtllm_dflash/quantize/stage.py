@@ -1,52 +1,47 @@
-"""The `quantize` stage: calibrate, then write the quantized checkpoint the backend loads.
+"""The `quantize` stage: `--from` a convert output, calibrate, write the quantized checkpoint.
 
-The quantize package calibrates and packs (quantize.py, formats.py, calibrate.py); the convert
-package lays the tensors out per rank (an earlier stage, so importing it is allowed).
+It quantizes exactly the model the convert output was made from: the source checkpoints its
+manifest lists, checked unchanged since (convert.recorded_sources). The quantize package
+calibrates and packs (quantize.py, formats.py, calibrate.py); the convert package lays the
+tensors out per rank (an earlier stage, so importing it is allowed). Output layouts:
+  trtllm  (reference / engine backends) per-rank TensorRT-LLM checkpoints with FP8 / NVFP4
+          tensors and scales, written by the converter with a QuantTransform
+  hf      (pytorch backend) ModelOpt's HF export of the target + the drafter in z-lab layout
+Both carry `calibration.json` (every amax, so every scale can be re-derived).
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
-
-def _refuse_existing(out: Path, recipe, overwrite: bool) -> None:
-    """Fail before the (long) calibration when the output directory would be refused anyway
-    (the same rules `artifacts.atomic_stage_dir` applies when writing)."""
-    from trtllm_dflash.artifacts import MANIFEST, Manifest
-    from trtllm_dflash.errors import UserError
-
-    if not out.exists():
-        return
-    if not (out / MANIFEST).exists():
-        if any(out.iterdir()):
-            raise UserError(f"{out}: exists and is not a trtllm-dflash output; choose another --out")
-        return
-    old = Manifest.read(out)
-    if old.stage != "quantize" or old.recipe_sha256 != recipe.sha256():
-        raise UserError(f"{out}: already holds a {old.stage} output of recipe {old.recipe!r} (different content); choose another --out or remove it")
-    if not overwrite:
-        raise UserError(f"{out}: already holds this quantize output; pass --overwrite to redo it")
+from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, check_out_dir, tool_versions, verify_input
+from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, plan_trtllm, recorded_sources
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe import Recipe
 
 
-def quantize(recipe, out: Path, *, calib: Path | None = None, samples: int = 32, length: int = 256, device: str | None = None,
-             overwrite: bool = False, resume: bool = False, progress: bool = True) -> Path:
-    """The quantize stage; see the module docstring."""
-    import json
-    import tempfile
-
+def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = None, samples: int = 32,
+             length: int = 256, device: str | None = None, overwrite: bool = False, resume: bool = False,
+             progress: bool = True) -> Path:
+    """The quantize stage; see the module docstring. Everything that can be checked (recipe,
+    input, sources, tp alignment, output directory) is checked before calibrating."""
     import torch
 
-    from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, sha256_file, tool_versions
-    from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, load_sources, plan_trtllm
     from trtllm_dflash.quantize.quantize import (
         Calibration, QuantTransform, Scheme, calibrate_drafter, calibrate_target, calibration_data, export_hf,
         require_modelopt, resolve,
     )
 
-    out = Path(out)
+    out, from_dir = Path(out), Path(from_dir)
     plan = resolve(recipe)
     layout = BACKEND_LAYOUT[recipe.backend.name]
-    src = load_sources(recipe)  # configs, pairing, every tensor header
+    m = verify_input(from_dir, ("convert",), recipe)
+    if m.extra.get("layout") != layout:
+        raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {recipe.backend.name} "
+                        f"backend quantizes the {layout} layout (convert without --layout)")
+    src = recorded_sources(from_dir, m)  # configs, pairing, every tensor header
     if layout == "trtllm":
         transform = QuantTransform(plan, {"target": Calibration(), "drafter": Calibration()})
         for p in plan_trtllm(src, recipe.parallel.tp).values():  # tp / alignment problems before calibrating
@@ -55,7 +50,7 @@ def quantize(recipe, out: Path, *, calib: Path | None = None, samples: int = 32,
             except Exception as e:
                 if "no calibration" not in str(e):
                     raise
-    _refuse_existing(out, recipe, overwrite)
+    check_out_dir(out, Manifest.for_stage("quantize", recipe, from_dir), overwrite)
     calibrate_target_too = plan.target is not Scheme.NONE or plan.kv_fp8
     if calibrate_target_too:
         require_modelopt()
@@ -77,12 +72,11 @@ def quantize(recipe, out: Path, *, calib: Path | None = None, samples: int = 32,
             calib_file.write_text(record)
             return convert(
                 recipe, out, layout="trtllm", transform=QuantTransform(plan, calibration), stage="quantize",
-                overwrite=overwrite, resume=resume, progress=progress, extra=extra,
-                extra_files={"calibration.json": calib_file},
+                input_dir=from_dir, sources=src, overwrite=overwrite, resume=resume, progress=progress,
+                extra=extra, extra_files={"calibration.json": calib_file},
             )
-    inputs = [{"role": role, "path": str(p), "sha256": sha256_file(p)} for role, p in src.input_files()]
-    manifest = Manifest(stage="quantize", recipe=recipe.name, recipe_sha256=recipe.sha256(), inputs=inputs,
-                        tools=tool_versions("nvidia-modelopt"), extra={"layout": "hf", **extra})
+    manifest = Manifest.for_stage("quantize", recipe, from_dir, sources=m.sources, tools=tool_versions("nvidia-modelopt"),
+                                  extra={"layout": "hf", **extra})
     with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
         export_hf(model, tmp, recipe, src.target_dir, src.drafter_dir, plan)
         (tmp / "calibration.json").write_text(record)

@@ -68,11 +68,28 @@ class ModelSource(_Section):
         return (self._base_dir / Path(s).expanduser()).resolve()
 
 
+FLOAT_FORMATS = ("fp32", "bf16", "fp16")
+
+
 class Quantization(_Section):
     target_weights: Format = Field(default="bf16", description="target linear-layer weights")
     activations: Format = Field(default="bf16", description="target GEMM inputs")
     kv_cache: Format = Field(default="bf16", description="target KV cache (and the engine drafter's context cache)")
     drafter: Format = Field(default="bf16", description="drafter linear-layer weights")
+
+    @property
+    def quantizes(self) -> bool:
+        """True when the target or the drafter weights are in a quantized format (the quantize stage runs)."""
+        return self.target_weights not in FLOAT_FORMATS or self.drafter not in FLOAT_FORMATS
+
+    def checkpoint_dtype(self, role: Literal["target", "drafter"]) -> str:
+        """The high-precision format a model's checkpoint keeps (convert's output, and every tensor
+        quantize leaves unquantized): its weight format when that is a float format, else the
+        activation format when that is, else bf16."""
+        fmt = self.target_weights if role == "target" else self.drafter
+        if fmt in FLOAT_FORMATS:
+            return fmt
+        return self.activations if self.activations in FLOAT_FORMATS else "bf16"
 
 
 class Parallel(_Section):

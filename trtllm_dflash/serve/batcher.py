@@ -9,6 +9,11 @@ between rounds instead of waiting for each other.
 Requests with different sampling settings are decoded in separate groups, because the
 reference loop applies one sampling setting per batch; groups take turns round by round.
 All greedy requests share one group.
+
+The model is anything with `decoder(**kwargs)` (a reference `Decoder` or one with the same
+admit / step / cancel / running interface), `release(decoder)` and `eos_token_ids`:
+`LocalModel` (target and drafter in this process) or checkpoint_runner's `ShardedModel`
+(tensor-parallel worker processes).
 """
 
 from __future__ import annotations
@@ -72,14 +77,34 @@ def _group_key(s: SamplingParams) -> tuple:
     return ("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)
 
 
+class LocalModel:
+    """A reference target and drafter in this process."""
+
+    def __init__(self, target, drafter):
+        self.target, self.drafter = target, drafter
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.target.cfg.eos_token_ids
+
+    def decoder(self, **kwargs) -> Decoder:
+        return Decoder(self.target, self.drafter, **kwargs)
+
+    def release(self, decoder: Decoder) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class ServingEngine:
-    def __init__(self, target, drafter, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
+    def __init__(self, model, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
                  ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64):
-        self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
         self.max_batch_size = max_batch_size
         self.inbox: queue.Queue[Job] = queue.Queue()
-        self.groups: dict[tuple, tuple[Decoder, dict[int, Job]]] = {}
+        self.groups: dict[tuple, tuple] = {}  # key -> (decoder, {request id: Job})
         self._next_id = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
@@ -111,11 +136,13 @@ class ServingEngine:
                     if decoder.running:
                         self._deliver(decoder, jobs, decoder.step())
                     if not decoder.running:
-                        del self.groups[key]
+                        self.model.release(self.groups.pop(key)[0])
             except Exception as e:  # one failing round must not take the server down: fail its requests
                 for _, jobs in self.groups.values():
                     for job in jobs.values():
                         self._finish(job, f"error: {type(e).__name__}: {e}")
+                for decoder, _ in self.groups.values():
+                    self.model.release(decoder)
                 self.groups.clear()
 
     def _admit(self) -> None:
@@ -135,18 +162,18 @@ class ServingEngine:
                 by_key.setdefault(_group_key(job.sampling), []).append(job)
         for key, new in by_key.items():
             if key not in self.groups:
-                self.groups[key] = (Decoder(self.target, self.drafter, sampling=new[0].sampling, **self.decoder_args), {})
+                self.groups[key] = (self.model.decoder(sampling=new[0].sampling, **self.decoder_args), {})
             decoder, jobs = self.groups[key]
             ids = list(range(self._next_id, self._next_id + len(new)))
             self._next_id += len(new)
             jobs.update(zip(ids, new))
             rec = decoder.admit(
                 ids, [j.prompt_ids for j in new], [j.max_tokens for j in new],
-                [j.stop_token_ids if j.stop_token_ids is not None else self.target.cfg.eos_token_ids for j in new],
+                [j.stop_token_ids if j.stop_token_ids is not None else self.model.eos_token_ids for j in new],
             )
             self._deliver(decoder, jobs, rec)
 
-    def _deliver(self, decoder: Decoder, jobs: dict[int, Job], rec: StepRecord) -> None:
+    def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord) -> None:
         for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
             job = jobs[rid]
             job.tokens.extend(toks)

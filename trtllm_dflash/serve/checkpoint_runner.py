@@ -1,9 +1,11 @@
-"""Tensor-parallel reference runs over a converted or quantized checkpoint.
+"""The reference backend over a converted or quantized checkpoint, tensor-parallel.
 
-`checkpoint_steps(DIR, tp, prompts, ...)` runs the reference DFlash loop on the TensorRT-LLM
-layout `convert` / `quantize` wrote (`target/` and `drafter/`, `rank{r}.safetensors` each), in
-`tp` processes that each hold only their rank's shard, joined by torch.distributed (gloo on CPU,
-NCCL on GPU). It yields the same `StepRecord`s as `reference.generate_steps` (from rank 0).
+`open_checkpoint(DIR)` loads the TensorRT-LLM layout `convert` / `quantize` wrote (`target/` and
+`drafter/`, `rank{r}.safetensors` each): in this process for tp = 1 (`batcher.LocalModel`), else
+in `tp` processes that each hold only their rank's shard, joined by torch.distributed (gloo on
+CPU, NCCL on GPU) (`ShardedModel`). Either hands out reference Decoders, so the serving batcher
+serves exactly the checkpoint that was deployed, and `checkpoint_steps` (`generate
+--checkpoint`) yields the same `StepRecord`s as `reference.generate_steps`.
 
 Per rank (the checkpoint's splits, weight_maps.py):
   attention   q/k/v column-parallel by heads (KV heads replicated when tp > num_kv_heads),
@@ -100,6 +102,7 @@ class CheckpointInfo:
     dtype: torch.dtype  # the checkpoint's high-precision dtype
     quantization: dict  # role -> config.json quantization section
     tokenizer_dir: Path | None
+    manifest: object  # artifacts.Manifest of the stage output
 
 
 def read_checkpoint(directory: str | Path) -> CheckpointInfo:
@@ -133,7 +136,7 @@ def read_checkpoint(directory: str | Path) -> CheckpointInfo:
     has_tok = any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
     return CheckpointInfo(
         directory, tp, tcfg, dcfg, getattr(torch, tc["dtype"]),
-        {r: c.get("quantization") or {} for r, c in cfgs.items()}, tok if has_tok else None,
+        {r: c.get("quantization") or {} for r, c in cfgs.items()}, tok if has_tok else None, m,
     )
 
 
@@ -241,8 +244,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, job: dict, out_queue) -> None:
-    from trtllm_dflash.reference import generate_steps
+def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, commands: list, replies) -> None:
+    """One rank: load its shard, then run Decoder calls as they come (every rank gets every call,
+    in the same order, so their collectives match); rank 0 answers each call."""
+    from trtllm_dflash.reference.generate import Decoder
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
     dev = f"cuda:{rank}" if device.startswith("cuda") else device
@@ -251,22 +256,127 @@ def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, j
     torch.distributed.init_process_group(
         "nccl" if dev.startswith("cuda") else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp
     )
+    answer = replies.put if rank == 0 else (lambda _: None)
     try:
-        info = read_checkpoint(directory)
-        target, drafter = load_rank(info, Comm(rank, tp), dtype, dev)
-        for rec in generate_steps(target, drafter, **job):
-            if rank == 0:
-                out_queue.put(("step", rec))
+        target, drafter = load_rank(read_checkpoint(directory), Comm(rank, tp), dtype, dev)
+        decoders: dict[int, Decoder] = {}
+        answer(("ok", None, 0))
+        while (cmd := commands[rank].get())[0] != "stop":
+            op, did, *rest = cmd
+            try:
+                result = None
+                if op == "new":
+                    decoders[did] = Decoder(target, drafter, **rest[0])
+                elif op == "call":
+                    result = getattr(decoders[did], rest[0])(*rest[1])
+                else:  # "release"
+                    decoders.pop(did, None)
+                answer(("ok", result, decoders[did].running if did in decoders else 0))
+            except UserError as e:
+                answer(("error", str(e), 0))
         # Every rank finishes its last collective before any rank tears down its group: a
         # rank that exits while its peer is still inside gloo makes the peer abort.
         torch.distributed.barrier()
-        if rank == 0:
-            out_queue.put(("done", None))
     except BaseException as e:
-        out_queue.put(("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}" if not isinstance(e, UserError) else str(e)))
+        answer(("fatal", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}", 0))
         raise
     finally:
         torch.distributed.destroy_process_group()
+
+
+class ShardedModel:
+    """The reference target + drafter of a checkpoint in `tp` worker processes (torch.distributed:
+    gloo on CPU, NCCL on GPU), each holding only its rank's shard. `decoder()` returns a proxy
+    with the reference Decoder's interface (admit / step / cancel / running) whose calls run on
+    every rank; the serving batcher and `checkpoint_steps` drive it like a local Decoder."""
+
+    def __init__(self, info: CheckpointInfo, tp: int, dtype: torch.dtype | None, device: str):
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.eos_token_ids = info.target_cfg.eos_token_ids
+        self._commands = [ctx.Queue() for _ in range(tp)]
+        self._replies = ctx.Queue()
+        self._next = 0
+        self._procs = mp.start_processes(
+            _worker, args=(tp, _free_port(), str(info.directory), dtype, device, self._commands, self._replies),
+            nprocs=tp, join=False, start_method="spawn",
+        )
+        self._reply()  # rank 0 loaded its shard
+
+    def _reply(self):
+        while True:
+            try:
+                kind, result, running = self._replies.get(timeout=0.2)
+            except queue.Empty:
+                self._procs.join(timeout=0)  # raises if a rank died
+                continue
+            if kind == "fatal":
+                raise UserError(f"tensor-parallel run failed: {result}")
+            if kind == "error":
+                raise UserError(result)
+            return result, running
+
+    def _send(self, *cmd):
+        for q in self._commands:
+            q.put(cmd)
+        return self._reply()
+
+    def decoder(self, **kwargs) -> "_RemoteDecoder":
+        self._next += 1
+        self._send("new", self._next, kwargs)
+        return _RemoteDecoder(self, self._next)
+
+    def release(self, decoder: "_RemoteDecoder") -> None:
+        self._send("release", decoder.did)
+
+    def close(self) -> None:
+        for q in self._commands:
+            q.put(("stop", 0))
+        try:
+            while not self._procs.join(timeout=30):
+                pass
+        finally:
+            for p in self._procs.processes:
+                if p.is_alive():
+                    p.terminate()
+
+
+class _RemoteDecoder:
+    """A Decoder living on every rank of a ShardedModel; rank 0's results come back."""
+
+    def __init__(self, model: ShardedModel, did: int):
+        self.model, self.did, self.running = model, did, 0
+
+    def _call(self, method: str, *args):
+        result, self.running = self.model._send("call", self.did, method, args)
+        return result
+
+    def admit(self, ids, prompts, limits, stops):
+        return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops])
+
+    def step(self):
+        return self._call("step")
+
+    def cancel(self, ids) -> None:
+        self._call("cancel", list(ids))
+
+
+def open_checkpoint(directory: str | Path, tp: int | None = None, dtype: torch.dtype | None = None,
+                    device: str = "cpu"):
+    """A convert / quantize output, ready to decode: a `LocalModel` (tp == 1) or a `ShardedModel`.
+    tp defaults to the checkpoint's (it is sharded for exactly that many ranks)."""
+    from trtllm_dflash.serve.batcher import LocalModel
+
+    info = read_checkpoint(directory)
+    tp = tp or info.tp
+    if tp != info.tp:
+        raise UserError(f"--tp {tp}: {directory} is sharded for tp={info.tp} (mapping.tp_size); convert again for another tp")
+    if device.startswith("cuda") and tp > torch.cuda.device_count():
+        raise UserError(f"--tp {tp} on {device} needs {tp} GPUs, found {torch.cuda.device_count()}")
+    if tp == 1:
+        return LocalModel(*load_rank(info, Comm(), dtype, device))
+    return ShardedModel(info, tp, dtype, device)
 
 
 def checkpoint_steps(
@@ -276,48 +386,24 @@ def checkpoint_steps(
     tp: int | None = None,
     dtype: torch.dtype | None = None,
     device: str = "cpu",
-    **kwargs,
+    mode: str = "dflash",
+    block_size: int | None = None,
+    ddtree_budget: int | None = None,
+    sampling=None,
+    stop_token_ids: Sequence[int] | None = None,
 ) -> Iterator:
-    """`reference.generate_steps` over a converted / quantized checkpoint, in `tp` processes.
+    """`reference.generate_steps` over a converted / quantized checkpoint, in `tp` processes."""
+    from trtllm_dflash.reference.verify import SamplingParams
 
-    tp defaults to the checkpoint's (it is sharded for exactly that many ranks)."""
-    info = read_checkpoint(directory)
-    tp = tp or info.tp
-    if tp != info.tp:
-        raise UserError(f"--tp {tp}: {directory} is sharded for tp={info.tp} (mapping.tp_size); convert again for another tp")
-    if device.startswith("cuda") and tp > torch.cuda.device_count():
-        raise UserError(f"--tp {tp} on {device} needs {tp} GPUs, found {torch.cuda.device_count()}")
-    job = dict(prompts=[list(p) for p in prompts], max_new_tokens=max_new_tokens, **kwargs)
-    if tp == 1:
-        from trtllm_dflash.reference import generate_steps
-
-        target, drafter = load_rank(info, Comm(), dtype, device)
-        yield from generate_steps(target, drafter, **job)
-        return
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = mp.start_processes(
-        _worker, args=(tp, _free_port(), str(directory), dtype, device, job, results), nprocs=tp, join=False,
-        start_method="spawn",
-    )
+    model = open_checkpoint(directory, tp, dtype, device)
     try:
-        while True:
-            try:
-                kind, item = results.get(timeout=0.2)
-            except queue.Empty:
-                procs.join(timeout=0)  # raises if a rank died
-                continue
-            if kind == "error":
-                raise UserError(f"tensor-parallel run failed: {item}")
-            if kind == "done":
-                break
-            yield item
-        while not procs.join(timeout=30):
-            pass
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        decoder = model.decoder(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget,
+                                sampling=sampling or SamplingParams(),
+                                max_len=max(len(p) for p in prompts) + max(limits))
+        stops = list(model.eos_token_ids if stop_token_ids is None else stop_token_ids)
+        yield decoder.admit(list(range(len(prompts))), prompts, limits, [stops] * len(prompts))
+        while decoder.running:
+            yield decoder.step()
     finally:
-        for p in procs.processes:
-            if p.is_alive():
-                p.terminate()
+        model.close()

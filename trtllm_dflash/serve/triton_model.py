@@ -48,9 +48,10 @@ class TritonPythonModel:
         import torch
         from transformers import AutoTokenizer
 
+        from trtllm_dflash.artifacts import check_files, manifest_sha256
         from trtllm_dflash.recipe import load_recipe
-        from trtllm_dflash.reference import load_pair
         from trtllm_dflash.serve.batcher import ServingEngine
+        from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
 
         cfg = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
@@ -59,16 +60,25 @@ class TritonPythonModel:
         threads = int(params.get("torch_threads", "0"))
         if threads:
             torch.set_num_threads(threads)
-        target, drafter = load_pair(recipe.target.path, recipe.drafter.path)
-        self.tokenizer = AutoTokenizer.from_pretrained(recipe.target.path)
+        # Serve exactly the artifact deploy recorded: same manifest, files unchanged.
+        checkpoint = Path(params["checkpoint"])
+        if manifest_sha256(checkpoint) != params["checkpoint_manifest_sha256"]:
+            raise RuntimeError(f"{checkpoint}: manifest.json changed since deploy; deploy again")
+        info = read_checkpoint(checkpoint)
+        check_files(checkpoint, info.manifest)
+        if info.tokenizer_dir is None:
+            raise RuntimeError(f"{checkpoint}: no tokenizer/ (the target had no tokenizer files); serving speaks text")
+        self.model = open_checkpoint(checkpoint)
+        self.tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)
         self.limits = Limits(recipe.build.max_input_len, recipe.build.max_seq_len)
         mode = "ddtree" if recipe.speculative.ddtree_budget else "dflash"
         self.engine = ServingEngine(
-            target, drafter, self.tokenizer, mode=mode, block_size=recipe.speculative.block_size,
+            self.model, self.tokenizer, mode=mode, block_size=recipe.speculative.block_size,
             ddtree_budget=recipe.speculative.ddtree_budget, max_seq_len=recipe.build.max_seq_len,
             max_batch_size=recipe.build.max_batch_size,
         )
-        pb_utils.Logger.log_info(f"dflash: {recipe.name} ready ({mode}, block {recipe.speculative.block_size})")
+        pb_utils.Logger.log_info(f"dflash: {recipe.name} ready ({mode}, block {recipe.speculative.block_size}, "
+                                 f"{info.manifest.stage} output {checkpoint}, tp {info.tp})")
 
     def execute(self, requests):
         from trtllm_dflash.reference.verify import SamplingParams
@@ -97,6 +107,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.stop()
+        self.model.close()
 
 
 class _Emitter:

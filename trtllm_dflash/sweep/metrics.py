@@ -132,6 +132,12 @@ class LevelSummary:
     inter_chunk_s: Distribution | None
     e2e_s: Distribution | None
 
+    @classmethod
+    def from_json(cls, d: dict) -> "LevelSummary":
+        """The inverse of dataclasses.asdict (summary.json rows)."""
+        dists = {k: Distribution(**d[k]) if d.get(k) else None for k in DISTRIBUTIONS}
+        return cls(**{**d, **dists})
+
     def flat(self) -> dict:
         """One CSV row: scalars plus mean/p50/p90/p99 of each distribution."""
         scalars = ("concurrency", "requests", "failed", "wall_s", "output_tokens", "output_tok_s", "output_tok_s_per_gpu", "tau")

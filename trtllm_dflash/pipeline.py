@@ -1,0 +1,157 @@
+"""`run`: a recipe through every stage into DIR/<stage>/, make-like.
+
+    recipe -> convert -> quantize -> build -> deploy -> serve -> sweep
+
+The stages a recipe runs come from recipe/stages.py (quantize when it quantizes, build on the
+engine backend). Each stage reads the output of the one before it (`--from`) and is skipped
+when its output is current: a finished output (manifest.json) made from the same recipe
+fields, from the current output of its input stage (manifest checksum), from unchanged source
+files (convert) and with unchanged files. The first stale stage and everything after it
+re-run; `--force STAGE` makes STAGE stale. Every write is atomic, convert and quantize keep
+finished shards, so a killed run resumes where it stopped.
+
+serve writes no directory: on the reference backend `run` starts the deployed model behind
+tritonserver on free loopback ports, sweeps it and stops it (skipped both when the sweep is
+current). Stages that cannot run on this machine (build, and serving a GPU backend) stop
+the run with one line saying which command to run where.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from trtllm_dflash.artifacts import MANIFEST, Manifest, changed_source, check_files, fields_diff, manifest_sha256
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.stages import STAGES, input_stage, stage_fields, stages_for
+
+# Exit code of a run that stopped at a stage belonging to another machine (not an error).
+STOPPED = 3
+
+
+@dataclass
+class StageRun:
+    stage: str
+    status: str  # "ran" | "skipped" | "stopped"
+    why: str  # why it ran (what was stale), why it was skipped, or where to run it
+    seconds: float = 0.0
+
+
+class StopHere(Exception):
+    """This stage runs elsewhere; the message says which command to run where."""
+
+
+def staleness(stage: str, out: Path, recipe: Recipe, input_dir: Path | None, extra: dict | None = None) -> str | None:
+    """Why the output in `out` is not current for `recipe` (None when it is). `extra`: settings
+    outside the recipe that the output must also have been made with (sweep: the levels)."""
+    if not (out / MANIFEST).is_file():
+        return "no finished output"
+    try:
+        m = Manifest.read(out)
+    except UserError as e:
+        return str(e)
+    if m.stage != stage:
+        return f"holds a {m.stage} output"
+    diff = fields_diff(m.recipe_fields, stage_fields(recipe, stage))
+    if diff:
+        return "recipe changed: " + ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
+    if input_dir is not None:
+        if m.input is None or m.input.get("path") != str(input_dir.resolve()) or not (input_dir / MANIFEST).is_file() \
+                or m.input.get("manifest_sha256") != manifest_sha256(input_dir):
+            return f"its input {input_dir} changed"
+    for key, value in (extra or {}).items():
+        if m.extra.get(key) != value:
+            return f"{key} changed: {m.extra.get(key)} -> {value}"
+    if m.extra.get("failed"):
+        return f"the last {stage} had {m.extra['failed']} failed requests"
+    problem = changed_source(m)
+    if problem:
+        return problem
+    try:
+        check_files(out, m)
+    except UserError as e:
+        return str(e).removeprefix(f"{out}: ")
+    return None
+
+
+def _where(recipe: Recipe, stage: str, out: Path, recipe_arg: str) -> str:
+    """One line: the command that runs `stage` of this pipeline, and on which machine."""
+    inp = out / (input_stage(recipe, stage) or "")
+    if stage == "build":
+        return (f"build: the engine build stage is NOT IMPLEMENTED yet (the engine issue); it will run as "
+                f"`trtllm-dflash build {recipe_arg} --from {inp} --out {out / 'build'}` on a GPU machine inside "
+                f"NVIDIA's Triton 25.12 trtllm-python-py3 container (TensorRT-LLM 1.2.x)")
+    container = "Triton 25.12 trtllm-python-py3 (TensorRT-LLM 1.2.x)" if recipe.backend.name == "engine" \
+        else "TensorRT-LLM >= 1.3"
+    return (f"serve: the {recipe.backend.name} backend serves on {recipe.world_size}x {recipe.gpu.name}: there, inside "
+            f"NVIDIA's {container} container, run `trtllm-dflash serve {recipe_arg} --from {out / 'deploy'} --run`, "
+            f"then `trtllm-dflash sweep {recipe_arg} --url HOST:{recipe.serve.grpc_port} --from {out / 'deploy'} "
+            f"--out {out / 'sweep'}`")
+
+
+def run(recipe: Recipe, out: Path, *, until: str | None = None, force: str | None = None,
+        recipe_arg: str = "RECIPE", levels: list[int] | None = None, progress: bool = True,
+        say: Callable[[str], None] = print) -> list[StageRun]:
+    """Take `recipe` through its stages into out/<stage>/; returns what happened to each stage.
+    Raises StopHere (after the stages before it) when a stage must run on another machine."""
+    out = Path(out)
+    order = stages_for(recipe)
+    for flag, value in (("--until", until), ("--force", force)):
+        if value is not None and value not in order:
+            raise UserError(f"{flag} {value}: recipe {recipe.name!r} runs the stages {', '.join(order)}"
+                            + ("" if value in STAGES else f"; stages: {', '.join(STAGES)}"))
+    last = order.index(until) if until else len(order) - 1
+    done: list[StageRun] = []
+    for stage in order[: last + 1]:
+        if stage == "serve":
+            continue  # runs inside the sweep step below (or stops there on a GPU backend)
+        if stage == "sweep" and recipe.backend.name != "reference" or stage == "build":
+            raise StopHere(_where(recipe, "serve" if stage == "sweep" else stage, out, recipe_arg))
+        inp = input_stage(recipe, stage)
+        input_dir = out / inp if inp else None
+        extra = {"levels": levels or recipe.sweep.concurrency} if stage == "sweep" else None
+        why = "forced (--force)" if stage == force else staleness(stage, out / stage, recipe, input_dir, extra)
+        if why is None:
+            done.append(StageRun(stage, "skipped", f"up to date: {out / stage}"))
+            say(f"{stage}: skipped (up to date: {out / stage})")
+            continue
+        say(f"{stage}: running ({why})")
+        t0 = time.perf_counter()
+        _run_stage(stage, recipe, input_dir, out / stage, progress, levels, say)
+        done.append(StageRun(stage, "ran", why, time.perf_counter() - t0))
+        say(f"{stage}: done in {done[-1].seconds:.1f} s -> {out / stage}")
+    return done
+
+
+def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, progress: bool,
+               levels: list[int] | None, say: Callable[[str], None]) -> None:
+    if stage == "convert":
+        from trtllm_dflash.convert.convert import convert
+
+        convert(recipe, out, overwrite=True, resume=True, progress=progress)
+    elif stage == "quantize":
+        from trtllm_dflash.quantize.stage import quantize
+
+        quantize(recipe, input_dir, out, overwrite=True, resume=True, progress=progress)
+    elif stage == "deploy":
+        from trtllm_dflash.deploy.repository import deploy
+
+        deploy(recipe, input_dir, out, overwrite=True)
+    elif stage == "sweep":
+        from trtllm_dflash.deploy.repository import REPOSITORY
+        from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+        from trtllm_dflash.sweep.stage import sweep
+
+        endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+        with TritonServer(input_dir / REPOSITORY, endpoints):
+            say(f"serve: tritonserver ready on grpc {endpoints.grpc_url}, http {endpoints.http_url} ({input_dir})")
+            result = sweep(recipe, endpoints.grpc_url, out, levels=levels, from_dir=input_dir)
+        say("serve: stopped")
+        failed = sum(s.failed for s in result.levels)
+        if failed:
+            raise UserError(f"sweep: {failed} requests failed; see {out / 'results.jsonl'}")
+    else:  # pragma: no cover - stages_for never yields another
+        raise AssertionError(stage)
