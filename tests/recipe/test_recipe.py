@@ -215,3 +215,13 @@ def test_arch_must_agree_with_the_local_checkpoint(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     msg = load_error(path)
     assert f"target.arch: num_layers is 6 but {tmp_path / 'target' / 'config.json'} says 4" in msg
+
+
+def test_binary_recipe_is_one_line_not_a_traceback(tmp_path, capsys):
+    from trtllm_dflash.cli import main
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\x80\x00\xff\xfe binary")
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path}: not a text file (byte 0 is not UTF-8); expected a recipe YAML file\n"

@@ -98,3 +98,23 @@ def test_recipe(qwen3_pair, tmp_path, capsys):
     assert json.loads(out)["tokens"] == ref.tokens
     rc, _, err = run_cli(capsys, "--recipe", recipe, "--target", t, "--prompt-ids", "1", "--max-new-tokens", 2)
     assert rc == 2 and "--recipe replaces --target/--drafter" in err
+
+
+def test_max_new_tokens_beyond_the_sequence_limit_is_refused(qwen3_pair, tmp_path, capsys):
+    t, d = qwen3_pair
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: tiny\nhardware: {gpu: cpu}\nbackend: reference\n"
+        f"target: {{source: {t}}}\ndrafter: {{source: {d}}}\n"
+        "quantization: {target_weights: fp32, activations: fp32, kv_cache: fp32, drafter: fp32}\n"
+        "build: {max_input_len: 16, max_seq_len: 40}\nspeculative: {block_size: 4}\n"
+    )
+    rc, _, err = run_cli(capsys, "--recipe", recipe, "--prompt-ids", "5,6,7", "--max-new-tokens", 38)
+    assert rc == 2 and err.strip() == (f"error: --max-new-tokens 38 with a prompt of 3 tokens exceeds build.max_seq_len "
+                                       f"of {recipe}, 40: at most 37 new tokens")
+    rc, out, err = run_cli(capsys, "--recipe", recipe, "--prompt-ids", "5,6,7", "--max-new-tokens", 37, "--json")
+    assert rc == 0 and len(json.loads(out)["tokens"]) <= 37, err
+    rc, _, err = run_cli(capsys, "--target", t, "--drafter", d, "--prompt-ids", "5", "--max-new-tokens", 10**6)
+    assert rc == 2 and "exceeds the target's max_position_embeddings" in err
+    rc, _, err = run_cli(capsys, "--target", t, "--drafter", d, "--prompt-ids", "5", "--max-new-tokens", 0)
+    assert rc == 2 and "--max-new-tokens 0: expected at least 1" in err

@@ -50,16 +50,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _paths(args) -> tuple[Path, Path | None, int | None, int | None]:
+def _paths(args) -> tuple[Path, Path | None, int | None, int | None, tuple[int, str]]:
+    """(target or tokenizer directory, drafter or checkpoint directory, block size, DDTree budget,
+    (longest prompt + output, what sets that limit))."""
+    from trtllm_dflash.reference.config import TargetConfig, read_json
+
     block, budget = args.block_size, args.ddtree_budget
     if args.checkpoint is not None:
-        from trtllm_dflash.serve.checkpoint_runner import checkpoint_paths
+        from trtllm_dflash.serve.checkpoint_runner import checkpoint_paths, read_checkpoint
 
-        return checkpoint_paths(args)
+        limit = read_checkpoint(args.checkpoint).target_cfg.max_position_embeddings
+        return (*checkpoint_paths(args), (limit, f"the target's max_position_embeddings ({args.checkpoint})"))
     if args.recipe is None:
         if args.target is None:
             raise UserError("give --target DIR (and --drafter DIR), or --recipe RECIPE")
-        return args.target, args.drafter, block, budget
+        cfg = TargetConfig.from_dict(read_json(args.target / "config.json"), f"--target {args.target}/config.json")
+        return args.target, args.drafter, block, budget, (cfg.max_position_embeddings, "the target's max_position_embeddings")
     if args.target is not None or args.drafter is not None:
         raise UserError("--recipe replaces --target/--drafter; give one or the other")
     from trtllm_dflash.recipe import load_recipe
@@ -71,7 +77,8 @@ def _paths(args) -> tuple[Path, Path | None, int | None, int | None]:
         if src.path is None or not src.path.is_dir():
             raise UserError(f"{args.recipe}: {name}.source {src.source!r} is not a local directory (the reference backend reads local checkpoints)")
     spec = recipe.speculative
-    return recipe.target.path, recipe.drafter.path, block or spec.block_size, budget or spec.ddtree_budget
+    return (recipe.target.path, recipe.drafter.path, block or spec.block_size, budget or spec.ddtree_budget,
+            (recipe.build.max_seq_len, f"build.max_seq_len of {args.recipe}"))
 
 
 def _tokenizer(target_dir: Path):
@@ -104,13 +111,18 @@ def run(args: argparse.Namespace) -> int:
 
     from trtllm_dflash.reference import SamplingParams, generate_steps, load_pair, load_target
 
-    target_dir, drafter_dir, block, budget = _paths(args)
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: expected at least 1")
+    target_dir, drafter_dir, block, budget, (limit, what) = _paths(args)
     args.target = target_dir
     if args.mode != "ar" and drafter_dir is None:
         raise UserError(f"--mode {args.mode} needs --drafter DIR")
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     tok = _tokenizer(target_dir)
     prompt = _prompt_ids(args, tok)
+    if len(prompt) + args.max_new_tokens > limit:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens} with a prompt of {len(prompt)} tokens exceeds {what}, "
+                        f"{limit}: at most {max(0, limit - len(prompt))} new tokens")
     dtype = getattr(torch, args.dtype)
     if args.checkpoint is not None:
         target = drafter = None  # each tensor-parallel process loads its own shard

@@ -40,11 +40,15 @@ def run_pipeline(args: argparse.Namespace, console) -> tuple[int, Path, list]:
     out = args.out or Path("runs") / recipe.name
     levels = parse_levels(args.levels, recipe.sweep.concurrency)
     recipe_arg = args.recipe or "(default recipe)"
+
+    def say(line: str) -> None:  # one line per event, never wrapped (people grep these)
+        console.print(line, markup=False, soft_wrap=True)
+
     try:
         stages = run(recipe, out, until=args.until, force=args.force, recipe_arg=recipe_arg,
-                     levels=levels if args.levels else None, progress=args.progress, say=console.print)
+                     levels=levels if args.levels else None, progress=args.progress, say=say)
     except StopHere as e:
-        console.print(f"stopped before {e}", markup=False)
+        say(f"stopped before {e}")
         return STOPPED, out, []
     return 0, out, stages
 

@@ -1,0 +1,162 @@
+"""`run`: the whole pipeline on the FP8 CPU recipe, make-like, against a real tritonserver.
+
+The server must decode the quantized model: its greedy text equals `generate --checkpoint
+DIR/quantize`, and differs from the unquantized pair's (`generate --checkpoint DIR/convert`)
+on at least one prompt.
+"""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+from checkpoints import make_drafter, make_target, write_recipe
+
+pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
+pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
+
+from trtllm_dflash.artifacts import Manifest, verify_input  # noqa: E402
+from trtllm_dflash.cli import main  # noqa: E402
+from trtllm_dflash.pipeline import StopHere, run, staleness  # noqa: E402
+from trtllm_dflash.prompts.sources import load_prompts  # noqa: E402
+from trtllm_dflash.recipe import load_recipe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FP8 = ROOT / "recipes/cpu/tiny-pystd-fp8.yaml"
+# One concurrency level, five requests of 32 tokens: enough prompts to see the quantized model.
+FAST = ["sweep.concurrency=[1]", "sweep.min_requests=4", "sweep.warmup_requests=0", "sweep.output_len=32"]
+
+
+def quiet(_):
+    pass
+
+
+@pytest.fixture(scope="module")
+def fp8_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline")
+    recipe = load_recipe(FP8, FAST)
+    return recipe, out, run(recipe, out, progress=False, say=quiet)
+
+
+def _generate(checkpoint: Path, prompt: str, n: int) -> list[int]:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", prompt, "--max-new-tokens", str(n), "--json"]) == 0
+    return json.loads(buf.getvalue())["tokens"]
+
+
+def test_served_text_is_the_quantized_models(fp8_run):
+    from transformers import AutoTokenizer
+
+    recipe, out, stages = fp8_run
+    assert [(s.stage, s.status) for s in stages] == [("convert", "ran"), ("quantize", "ran"), ("deploy", "ran"), ("sweep", "ran")]
+    deployed = Manifest.read(out / "deploy")
+    assert deployed.extra["artifact"] == str((out / "quantize").resolve())
+    sw = recipe.sweep
+    prompts = load_prompts(sw.dataset, sw.requests_at(1) + sw.warmup_requests, sw.input_len, sw.seed)
+    rows = [json.loads(line) for line in (out / "sweep/results.jsonl").read_text().splitlines()]
+    assert len(rows) == sw.requests_at(1) and not any(r["error"] for r in rows)
+    tok = AutoTokenizer.from_pretrained(out / "quantize" / "tokenizer")
+    differs = 0
+    for row in rows:
+        prompt = prompts[row["request_id"] % len(prompts)]
+        quantized = tok.decode(_generate(out / "quantize", prompt, sw.output_len))
+        assert row["text"] == quantized, f"request {row['request_id']}: served text is not the quantized model's"
+        differs += quantized != tok.decode(_generate(out / "convert", prompt, sw.output_len))
+    assert differs >= 1, "the quantized and unquantized pairs agree on every prompt: the test cannot tell them apart"
+
+
+def test_rerun_skips_everything_and_a_drafter_format_change_reruns_from_quantize(fp8_run):
+    recipe, out, _ = fp8_run
+    said = []
+    again = run(recipe, out, progress=False, say=said.append)
+    assert [(s.stage, s.status) for s in again] == [(s, "skipped") for s in ("convert", "quantize", "deploy", "sweep")]
+    assert not any("serve:" in line for line in said), "a current sweep must not start a server"
+
+    nvfp4 = load_recipe(FP8, FAST + ["quantization.drafter=nvfp4"])
+    changed = run(nvfp4, out, until="deploy", progress=False, say=quiet)
+    assert [(s.stage, s.status) for s in changed] == [("convert", "skipped"), ("quantize", "ran"), ("deploy", "ran")]
+    assert changed[1].why == "recipe changed: quantization.drafter"
+    assert staleness("sweep", out / "sweep", nvfp4, out / "deploy", {"levels": [1]}) == "recipe changed: quantization.drafter"
+    assert staleness("sweep", out / "sweep", recipe, out / "deploy", {"levels": [1]}) == f"its input {out / 'deploy'} changed"
+    assert Manifest.read(out / "quantize").extra["quantization"]["drafter"] == "nvfp4"
+
+
+@pytest.fixture()
+def tiny_recipe(tmp_path, tiny_pair):
+    return write_recipe(tmp_path / "r.yaml", *tiny_pair, fmt="fp8")
+
+
+def _cli(*args) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_bad_from_directories_get_one_line_naming_the_field_or_file(tmp_path, tiny_recipe):
+    out = tmp_path / "p"
+    recipe = load_recipe(tiny_recipe)
+    run(recipe, out, until="deploy", progress=False, say=quiet)
+    cases = [
+        (("quantize", tiny_recipe, "--from", out / "deploy", "--out", tmp_path / "q"),
+         "manifest field stage is 'deploy'; expected a convert output"),
+        (("deploy", tiny_recipe, "--set", "parallel.tp=2", "--from", out / "quantize", "--out", tmp_path / "d"),
+         "manifest field recipe_fields.parallel.tp is 1, recipe 'tiny-test' has 2"),
+        (("serve", tiny_recipe, "--from", tmp_path, "--set", "serve.http_port=1"),
+         "no manifest.json; not a finished trtllm-dflash stage output"),
+    ]
+    for args, message in cases:
+        rc, _, err = _cli(*args)
+        assert rc == 2 and err.strip().splitlines() == [f"error: {err.strip().removeprefix('error: ')}"], err
+        assert message in err, err
+    (out / "quantize" / "target" / "rank0.safetensors").write_bytes(b"tampered")
+    rc, _, err = _cli("deploy", tiny_recipe, "--from", out / "quantize", "--out", tmp_path / "d2")
+    assert rc == 2 and "file target/rank0.safetensors does not match its checksum in manifest.json" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "q").exists() and not (tmp_path / "d").exists() and not (tmp_path / "d2").exists()
+
+
+def test_kill_9_during_convert_and_quantize_then_run_again_finishes(tmp_path, tiny_recipe):
+    """A real kill -9 at points inside convert and quantize: no directory ever passes as finished
+    before it is, and the next `run` completes."""
+    out = tmp_path / "p"
+    for marker, delay in (("convert: running", 0.3), ("quantize: running", 1.5), ("quantize: running", 4.0)):
+        proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash", "run", str(tiny_recipe), "--out", str(out),
+                                 "--until", "quantize", "--no-progress"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        try:
+            for line in proc.stdout:
+                if marker in line:
+                    time.sleep(delay)
+                    break
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for stage in ("convert", "quantize"):
+            if (out / stage).exists():  # only ever a finished output
+                verify_input(out / stage, (stage,), load_recipe(tiny_recipe))
+    rc, stdout, _ = _cli("run", tiny_recipe, "--out", out, "--until", "quantize", "--no-progress")
+    assert rc == 0, stdout
+    for stage in ("convert", "quantize"):
+        verify_input(out / stage, (stage,), load_recipe(tiny_recipe))
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "leftovers of the killed runs remain"
+
+
+def test_stages_for_another_machine_stop_the_run_with_the_command(tmp_path, tiny_pair):
+    engine = load_recipe(write_recipe(tmp_path / "e.yaml", *tiny_pair, fmt="bf16", gpu="h100-sxm", backend="engine"))
+    with pytest.raises(StopHere, match=r"build: the engine build stage is NOT IMPLEMENTED yet .*trtllm-dflash build"):
+        run(engine, tmp_path / "e", progress=False, say=quiet)
+    assert (tmp_path / "e" / "convert" / "manifest.json").exists()  # what runs here did run
+    torch_recipe = write_recipe(tmp_path / "t.yaml", *tiny_pair, fmt="bf16", gpu="h100-sxm", backend="pytorch")
+    rc, stdout, _ = _cli("run", torch_recipe, "--out", tmp_path / "t", "--no-progress")
+    assert rc == 3
+    assert stdout.strip().splitlines()[-1].startswith("stopped before serve: the pytorch backend serves on 1x h100-sxm")
+    assert f"trtllm-dflash serve {torch_recipe} --from {tmp_path / 't' / 'deploy'} --run" in stdout.replace("\n", "")
+    model = (tmp_path / "t/deploy/model_repository/dflash/1/model.yaml").read_text()
+    assert f"model: {(tmp_path / 't' / 'convert').resolve()}/target" in model  # the recipe does not quantize
