@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_recipe_argument(p: argparse.ArgumentParser, required: bool = False) -> None:
@@ -20,6 +21,14 @@ def add_recipe_argument(p: argparse.ArgumentParser, required: bool = False) -> N
         metavar="KEY=VALUE",
         help="override a recipe field, e.g. --set parallel.tp=2 (repeatable)",
     )
+
+
+def add_stage_output_arguments(p: argparse.ArgumentParser, stage: str) -> None:
+    """--out, --resume, --overwrite, --no-progress of a stage that writes a checkpoint directory."""
+    p.add_argument("--out", type=Path, required=True, help="output directory (written atomically)")
+    p.add_argument("--resume", action="store_true", help="keep the shards an interrupted run of the same inputs finished")
+    p.add_argument("--overwrite", action="store_true", help=f"replace an earlier {stage} output of the same recipe")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
 
 def gib(x: float) -> str:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.commands.common import add_recipe_argument, add_stage_output_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,11 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "per TP rank, for the target and the drafter; pytorch backend: HF layout in the recipe dtype.",
     )
     add_recipe_argument(p)
-    p.add_argument("--out", type=Path, required=True, help="output directory (written atomically)")
+    add_stage_output_arguments(p, "convert")
     p.add_argument("--layout", choices=["trtllm", "hf"], default=None, help="override the backend's layout")
-    p.add_argument("--resume", action="store_true", help="keep the shards an interrupted run of the same inputs finished")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier convert output of the same recipe")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(run=run)
 
 

@@ -13,6 +13,7 @@ from trtllm_dflash.commands.run import add_pipeline_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # The same arguments as `run` (add_pipeline_arguments); only the summary differs.
     p = sub.add_parser("demo", help="run a recipe end to end and print the summary (default: the CPU recipe)")
     add_recipe_argument(p)
     add_pipeline_arguments(p)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.commands.common import add_recipe_argument, add_stage_output_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # (alike in form to convert's register: every command registers its own parser and help)
     p = sub.add_parser(
         "quantize",
         help="calibrate (nvidia-modelopt) and write FP8 / NVFP4 checkpoints for the recipe's backend",
@@ -23,15 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_recipe_argument(p)
     p.add_argument("--from", dest="from_dir", type=Path, required=True, metavar="DIR",
                    help="the convert output of this recipe (its sources are what gets quantized)")
-    p.add_argument("--out", type=Path, required=True, help="output directory (written atomically)")
+    add_stage_output_arguments(p, "quantize")
     p.add_argument("--calib", type=Path, default=None, help="calibration text (.txt) or JSONL with 'text'/'prompt' "
                    "(default: Python standard library sources, or random ids when the target has no tokenizer)")
     p.add_argument("--calib-samples", type=int, default=32, help="calibration sequences (default 32)")
     p.add_argument("--calib-len", type=int, default=256, help="tokens per calibration sequence (default 256)")
     p.add_argument("--device", default=None, help="calibration device (default: cuda if available, else cpu)")
-    p.add_argument("--resume", action="store_true", help="keep the shards an interrupted run of the same inputs finished")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier quantize output of the same recipe")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.set_defaults(run=run)
 
 

@@ -14,41 +14,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _catalog(console, as_json: bool, title: str, cat: dict, columns: tuple[str, ...], row) -> int:
+    """Print a catalog as JSON or as a table with `row(name, entry)` per entry."""
+    from rich.table import Table
+
+    if as_json:
+        print(json.dumps({k: v.model_dump() for k, v in cat.items()}, indent=2))
+        return 0
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col)
+    for name, entry in cat.items():
+        t.add_row(*row(name, entry))
+    console.print(t)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from trtllm_dflash.recipe import list_recipes, load_recipe, recipes_root
     from trtllm_dflash.recipe.hardware import hardware_catalog
     from trtllm_dflash.recipe.models import model_catalog
-    from trtllm_dflash.recipe import list_recipes, load_recipe, recipes_root
 
     console = Console()
     if args.models:
-        cat = model_catalog()
-        if args.json:
-            print(json.dumps({k: v.model_dump() for k, v in cat.items()}, indent=2))
-            return 0
-        t = Table(title="model catalog")
-        for col in ("name", "source", "family", "layers", "hidden", "heads/kv", "params"):
-            t.add_column(col)
-        for name, e in cat.items():
-            t.add_row(name, e.hf_id, e.family, str(e.num_layers), str(e.hidden_size),
-                      f"{e.num_attention_heads}/{e.num_kv_heads}", f"{e.total_params / 1e9:.3f}B")
-        console.print(t)
-        return 0
+        return _catalog(console, args.json, "model catalog", model_catalog(),
+                        ("name", "source", "family", "layers", "hidden", "heads/kv", "params"),
+                        lambda name, e: (name, e.hf_id, e.family, str(e.num_layers), str(e.hidden_size),
+                                         f"{e.num_attention_heads}/{e.num_kv_heads}", f"{e.total_params / 1e9:.3f}B"))
     if args.hardware:
-        cat = hardware_catalog()
-        if args.json:
-            print(json.dumps({k: v.model_dump() for k, v in cat.items()}, indent=2))
-            return 0
-        t = Table(title="hardware catalog")
-        for col in ("name", "SM", "memory GB", "HBM TB/s", "BF16/FP8/FP4 TFLOPS", "formats"):
-            t.add_column(col)
-        for name, g in cat.items():
-            rates = "/".join("-" if x is None else f"{x:g}" for x in (g.bf16_tflops, g.fp8_tflops, g.fp4_tflops))
-            t.add_row(name, str(g.sm or "-"), f"{g.memory_gb:g}", str(g.hbm_bandwidth_tbs or "-"), rates, ", ".join(g.formats))
-        console.print(t)
-        return 0
+        def rates(g) -> str:
+            return "/".join("-" if x is None else f"{x:g}" for x in (g.bf16_tflops, g.fp8_tflops, g.fp4_tflops))
+
+        return _catalog(console, args.json, "hardware catalog", hardware_catalog(),
+                        ("name", "SM", "memory GB", "HBM TB/s", "BF16/FP8/FP4 TFLOPS", "formats"),
+                        lambda name, g: (name, str(g.sm or "-"), f"{g.memory_gb:g}", str(g.hbm_bandwidth_tbs or "-"),
+                                         rates(g), ", ".join(g.formats)))
 
     rows = []
     for path in list_recipes():

@@ -16,6 +16,7 @@ from trtllm_dflash.recipe.stages import STAGES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # (demo registers the same arguments; only the parser name, help and run function differ)
     p = sub.add_parser("run", help="take a recipe through every stage (make-like: current stages are skipped)")
     add_recipe_argument(p)
     add_pipeline_arguments(p)

@@ -121,6 +121,8 @@ WEIGHT_MAPS: dict[str, ArchMap] = {
     ),
 }
 
+# The drafter's own map, alike in form to the target maps above by design: a table per layout
+# (z-lab names, separate q and fused kv projections for the KV-injection plugin).
 D = "layers.{}."
 DRAFTER_MAP = ArchMap(
     "DFlashDrafter",

@@ -53,7 +53,8 @@ DFLASH_OUTPUTS = (
     Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
 )
 
-# The LLM-API model of TensorRT-LLM >= 1.3 (all_models/llmapi/tensorrt_llm).
+# The LLM-API model of TensorRT-LLM >= 1.3 (all_models/llmapi/tensorrt_llm). A table like DFLASH_INPUTS
+# by design: two request interfaces, each listed once.
 LLMAPI_INPUTS = (
     Tensor("text_input", mc.TYPE_STRING, (-1,)),
     Tensor("streaming", mc.TYPE_BOOL, optional=True),

@@ -151,7 +151,7 @@ def plan(recipe: Recipe) -> MemoryPlan:
     read = (active_linear * wbytes + head) / tp
     floor_ms = read / (gpu.hbm_bandwidth_tbs * 1e12) * 1e3 if gpu.hbm_bandwidth_tbs else None
 
-    return MemoryPlan(
+    return MemoryPlan(  # (alike only in form to train/tokenizer.py's keyword list: unrelated)
         recipe=recipe.name,
         device=gpu.name,
         devices=recipe.hardware.count,
