@@ -68,7 +68,7 @@ def test_cancel_frees_the_slot_and_others_continue(pair):
         for r, toks in zip(rec.seq_ids, rec.tokens):
             out[r].extend(toks)
     dec.cancel([0])
-    assert dec.running == 1 and dec.st.tcache.k.shape[1] == 1
+    assert dec.running == 1 and dec.target.cache.k.shape[1] == 1
     while dec.running:
         rec = dec.step()
         assert rec.seq_ids == [1]

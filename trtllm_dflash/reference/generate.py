@@ -14,6 +14,11 @@ Per round, for every running sequence (one batched drafter pass, one batched tar
   4. feed    the accepted positions' target features become the next new context
 Sequences carry their own positions and lengths, stop on their own stop tokens or
 max_new_tokens, and leave the batch when done.
+
+The loop runs on a TargetRunner and a DrafterRunner (runners.py): our torch modules
+(`Decoder(target, drafter)` wraps a Target and a DFlashDraft in the reference runners) or
+the engine backend's runners (TensorRT-LLM engines, or their CPU stand-ins). Everything in
+this file is shared by both backends.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from typing import Iterator, Sequence
 import torch
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.reference.cache import KVCache
 from trtllm_dflash.reference.ddtree import build_tree, walk
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target
+from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceDrafter, ReferenceTarget, TargetRunner
 from trtllm_dflash.reference.verify import SamplingParams, greedy_verify, probs, rejection_verify, sample
 
 MODES = ("ar", "dflash", "ddtree")
@@ -80,15 +85,13 @@ class Generation:
 
 @dataclass
 class _Batch:
-    """State of the running sequences; row b is request rows[b]."""
+    """The loop's state of the running sequences; row b is request rows[b] (and row b of the runners)."""
 
     rows: list[int]
     anchor: torch.Tensor  # [B] newest committed token; not yet run through the target
-    start: torch.Tensor  # [B] its position = committed positions in the target cache
-    ctx: torch.Tensor | None  # [B, Tc, n*H] target features not yet in the drafter cache
-    ctx_pos: torch.Tensor | None  # [B, Tc] their positions; padding -> cache.trash
-    tcache: KVCache
-    dcache: KVCache | None
+    start: torch.Tensor  # [B] its position = committed positions
+    ctx: torch.Tensor | None  # [B, Tc, F] target context rows not yet given to the drafter
+    ctx_pos: torch.Tensor | None  # [B, Tc] their positions; PAD for padding
 
     def extend(self, other: "_Batch") -> None:
         """Append the rows of another batch (a newly prefilled one) to this batch."""
@@ -100,10 +103,7 @@ class _Batch:
             pad = lambda x, v: torch.nn.functional.pad(x, (0, 0, 0, n - x.shape[1]), value=v) if x.dim() == 3 else \
                 torch.nn.functional.pad(x, (0, n - x.shape[1]), value=v)  # noqa: E731
             self.ctx = torch.cat([pad(self.ctx, 0.0), pad(other.ctx, 0.0)])
-            self.ctx_pos = torch.cat([pad(self.ctx_pos, self.tcache.trash), pad(other.ctx_pos, other.tcache.trash)])
-        self.tcache.extend(other.tcache)
-        if self.dcache is not None:
-            self.dcache.extend(other.dcache)
+            self.ctx_pos = torch.cat([pad(self.ctx_pos, PAD), pad(other.ctx_pos, PAD)])
 
     def keep(self, idx: list[int]) -> None:
         sel = torch.tensor(idx, device=self.anchor.device)
@@ -111,49 +111,32 @@ class _Batch:
         self.anchor, self.start = self.anchor[sel], self.start[sel]
         if self.ctx is not None:
             self.ctx, self.ctx_pos = self.ctx[sel], self.ctx_pos[sel]
-        self.tcache.keep_rows(sel)
-        if self.dcache is not None:
-            self.dcache.keep_rows(sel)
 
 
 def _now() -> float:
     return time.perf_counter()
 
 
-def _causal_mask(start: torch.Tensor, T: int, kv_len: int) -> torch.Tensor | None:
-    """[B, 1, T, kv_len]: query t of row b (position start_b + t) sees slots <= start_b + t."""
-    rel = torch.arange(kv_len, device=start.device)[None, :] - start[:, None]  # [B, S]
-    vis = rel[:, None, :] <= torch.arange(T, device=start.device)[None, :, None]  # [B, T, S]
-    return None if bool(vis.all()) else vis[:, None]
-
-
-def _tree_mask(start: torch.Tensor, vis: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """[B, 1, n, kv_len]: committed slots (< start_b) plus the node's ancestors (vis [B, n, n])."""
-    B, n, _ = vis.shape
-    rel = torch.arange(kv_len, device=start.device)[None, :] - start[:, None]  # [B, S]
-    in_tree = (rel >= 0) & (rel < n)
-    tree_vis = vis.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [B, n, S]
-    return ((rel < 0)[:, None, :] | (in_tree[:, None, :] & tree_vis))[:, None]
-
-
-def _draft_logits(target: Target, drafter: DFlashDraft, st: _Batch, T: int) -> torch.Tensor:
+def _draft_logits(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int) -> torch.Tensor:
     """One drafter pass over [anchor, mask x (T-1)] -> logits of the mask slots [B, T-1, V].
-    Consumes the pending context features into the drafter cache."""
-    block = torch.full((len(st.rows), T), drafter.mask_token_id, dtype=torch.long, device=st.anchor.device)
-    block[:, 0] = st.anchor
-    hidden = drafter(target.embed_tokens(block), st.start, st.ctx, st.ctx_pos, st.dcache)  # [B, T, H]
+    Hands the pending context rows to the drafter. (`target` is unused: the drafter runner
+    holds what it shares with the target; tests substitute this function.)"""
+    logits = drafter.draft(st.anchor, st.start, st.ctx, st.ctx_pos, T)
     st.ctx = st.ctx[:, :0]
     st.ctx_pos = st.ctx_pos[:, :0]
-    return target.lm_head(hidden[:, 1:])
+    return logits
 
 
-def _validate_prompts(target, prompts, limits):
+def _vocab_size(target: Target | TargetRunner) -> int:
+    return target.cfg.vocab_size if isinstance(target, Target) else target.vocab_size
+
+
+def _validate_prompts(vocab: int, prompts, limits):
     bad = [n for n in limits if not isinstance(n, int) or n < 1]
     if bad:
         raise UserError(f"max_new_tokens is {bad[0]!r}, expected an integer >= 1")
     if not prompts:
         raise UserError("no prompts given")
-    vocab = target.cfg.vocab_size
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise UserError(f"prompt {i} is empty")
@@ -162,7 +145,7 @@ def _validate_prompts(target, prompts, limits):
             raise UserError(f"prompt {i}: token id {bad[0]} is outside the target's vocabulary (0..{vocab - 1})")
 
 
-def _validate(target, drafter, mode, block_size, budget):
+def _validate(drafter, mode, block_size, budget):
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if mode == "ar":
@@ -210,12 +193,12 @@ def generate_steps(
     the root) defaults to block_size - 1. Arguments are validated here, when called,
     before any work; the rounds run as the returned iterator is consumed."""
     limits = _per_request(max_new_tokens, len(prompts), "max_new_tokens", nested=False)
-    stop_lists = _per_request(
-        target.cfg.eos_token_ids if stop_token_ids is None else stop_token_ids, len(prompts), "stop_token_ids", True
-    )
-    _validate_prompts(target, prompts, limits)
+    _validate_prompts(_vocab_size(target), prompts, limits)
     decoder = Decoder(target, drafter, mode, block_size, ddtree_budget, sampling,
                       max_len=max(len(p) for p in prompts) + max(limits))
+    stop_lists = _per_request(
+        decoder.target.eos_token_ids if stop_token_ids is None else stop_token_ids, len(prompts), "stop_token_ids", True
+    )
     return _run(decoder, list(range(len(prompts))), prompts, limits, stop_lists)
 
 
@@ -232,18 +215,27 @@ class Decoder:
     batch; `step` runs one round (one batched drafter pass + one batched target pass) for
     every running request; finished requests leave the batch. `generate_steps` admits a
     fixed set of prompts once; the serving engine admits new requests between rounds.
-    `max_len` bounds prompt + generated tokens of any request (it sizes the caches)."""
+    `max_len` bounds prompt + generated tokens of any request (it sizes the caches).
 
-    def __init__(self, target: Target, drafter: DFlashDraft | None, mode: str = "dflash",
+    target / drafter: a Target and a DFlashDraft (run by the reference runners), or a
+    TargetRunner and a DrafterRunner (runners.py)."""
+
+    def __init__(self, target: Target | TargetRunner, drafter: DFlashDraft | DrafterRunner | None, mode: str = "dflash",
                  block_size: int | None = None, ddtree_budget: int | None = None,
                  sampling: SamplingParams = SamplingParams(), max_len: int = 2048):
-        self.block_size, self.budget = _validate(target, drafter, mode, block_size, ddtree_budget)
-        self.target, self.drafter, self.mode, self.sampling = target, drafter, mode, sampling
-        self.spec = mode != "ar"
-        self.capture = drafter.target_layer_ids if self.spec else ()
-        self.gen = None if sampling.greedy else torch.Generator(target.device).manual_seed(sampling.seed)
+        self.block_size, self.budget = _validate(drafter, mode, block_size, ddtree_budget)
+        self.mode, self.sampling, self.spec = mode, sampling, mode != "ar"
         # Room for a verify block past the last committed token.
-        self.cache_len = max_len + 1 + (self.budget if mode == "ddtree" else self.block_size)
+        cache_len = max_len + 1 + (self.budget if mode == "ddtree" else self.block_size)
+        capture = drafter.target_layer_ids if self.spec else ()
+        if isinstance(target, Target):
+            drafter = ReferenceDrafter(drafter, target, cache_len) if self.spec else None
+            target = ReferenceTarget(target, capture, cache_len)
+        if mode == "ddtree" and not hasattr(target, "verify_tree"):
+            raise UserError(f"mode ddtree needs a target runner that verifies trees; {type(target).__name__} does not")
+        self.target: TargetRunner = target
+        self.drafter: DrafterRunner | None = drafter if self.spec else None
+        self.gen = None if sampling.greedy else torch.Generator(target.device).manual_seed(sampling.seed)
         self.max_len = max_len
         self.st: _Batch | None = None
         self.rounds = 0
@@ -273,10 +265,15 @@ class Decoder:
         keep = [b for b, r in enumerate(self.st.rows) if r not in rows]
         for r in rows:
             self.limits.pop(r, None), self.stops.pop(r, None), self.generated.pop(r, None)
-        if not keep:
-            self.st = None
-        elif len(keep) < len(self.st.rows):
+        if len(keep) == len(self.st.rows):
+            return
+        for runner in (self.target, self.drafter):
+            if runner is not None:
+                runner.keep(keep)
+        if keep:
             self.st.keep(keep)
+        else:
+            self.st = None
 
     def cancel(self, ids: Sequence[int]) -> None:
         """Remove requests from the running batch (their slots are freed at once)."""
@@ -286,30 +283,24 @@ class Decoder:
     def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
               stops: Sequence[Sequence[int]]) -> StepRecord:
         """Prefill new requests (first token from the target) and add them to the batch."""
-        _validate_prompts(self.target, prompts, limits)
+        _validate_prompts(self.target.vocab_size, prompts, limits)
         too_long = [i for i, (p, n) in zip(ids, zip(prompts, limits)) if len(p) + n > self.max_len]
         if too_long:
             raise UserError(f"request {too_long[0]}: prompt + max_new_tokens exceeds the decoder's max_len {self.max_len}")
-        target, dev, sampling = self.target, self.target.device, self.sampling
+        dev, sampling = self.target.device, self.sampling
         for i, n, stop in zip(ids, limits, stops):
             self.limits[i], self.stops[i], self.generated[i] = n, set(stop), []
-        lengths = [len(p) for p in prompts]
-        B, P = len(prompts), max(lengths)
-        st = _Batch(list(ids), None, None, None, None, target.new_cache(B, self.cache_len),
-                    self.drafter.new_cache(B, self.cache_len) if self.spec else None)
-        # Prefill: the prompts (right-padded), logits at each prompt's last position.
+        B, P = len(prompts), max(len(p) for p in prompts)
+        plen = torch.tensor([len(p) for p in prompts], device=dev)
         t0 = _now()
-        tok = torch.zeros(B, P, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            tok[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-        plen = torch.tensor(lengths, device=dev)
-        pos = torch.arange(P, device=dev).expand(B, -1)
-        logits, feats = target(tok, pos, st.tcache, P, _causal_mask(torch.zeros_like(plen), P, P), self.capture,
-                               (plen - 1)[:, None])
-        first = logits[:, 0].argmax(-1) if sampling.greedy else sample(probs(logits[:, 0], sampling), self.gen)
-        st.anchor, st.start = first, plen
+        logits, feats = self.target.prefill(prompts)  # logits at each prompt's last position [B, V]
         if self.spec:
-            st.ctx, st.ctx_pos = feats, torch.where(pos < plen[:, None], pos, st.tcache.trash)
+            self.drafter.join(B)
+        first = logits.argmax(-1) if sampling.greedy else sample(probs(logits, sampling), self.gen)
+        st = _Batch(list(ids), first, plen, None, None)
+        if self.spec:
+            pos = torch.arange(P, device=dev).expand(B, -1)
+            st.ctx, st.ctx_pos = feats, torch.where(pos < plen[:, None], pos, PAD)
         t1 = _now()
         toks, done = self._commit(st.rows, [[t] for t in first.tolist()])
         if self.st is None:
@@ -329,10 +320,9 @@ class Decoder:
         left = max(self.limits[r] - len(self.generated[r]) for r in st.rows)
         T = 1 if self.mode == "ar" else min(self.block_size, left)
         if self.mode == "ddtree" and T > 1:
-            new, drafted, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, self.budget, self.sampling,
-                                                 self.gen, self.capture)
+            new, drafted, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, self.budget, self.sampling, self.gen)
         else:
-            new, t1, t2 = _block_round(self.target, self.drafter, st, T, self.sampling, self.gen, self.capture)
+            new, t1, t2 = _block_round(self.target, self.drafter, st, T, self.sampling, self.gen)
             drafted = [T - 1] * len(st.rows)
         rows = list(st.rows)
         toks, done = self._commit(rows, new)
@@ -340,7 +330,7 @@ class Decoder:
         return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2)
 
 
-def _block_round(target, drafter, st: _Batch, T, sampling, gen, capture):
+def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, T, sampling, gen):
     """dflash (T > 1) or a plain AR step (T == 1)."""
     B = len(st.rows)
     q = None
@@ -355,9 +345,7 @@ def _block_round(target, drafter, st: _Batch, T, sampling, gen, capture):
         draft = st.anchor.new_zeros(B, 0)
     t1 = _now()
     ids = torch.cat([st.anchor[:, None], draft], dim=1)  # [B, T]
-    pos = st.start[:, None] + torch.arange(T, device=ids.device)
-    kv_len = int(st.start.max()) + T
-    logits, feats = target(ids, pos, st.tcache, kv_len, _causal_mask(st.start, T, kv_len), capture)
+    logits, feats = target.verify(ids, st.start)
     t2 = _now()
     if sampling.greedy:
         accepted, bonus = greedy_verify(draft, logits)
@@ -365,16 +353,16 @@ def _block_round(target, drafter, st: _Batch, T, sampling, gen, capture):
         accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen)
     acc = accepted.tolist()
     new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
-    if feats is not None:  # accepted positions [start, start + a] become drafter context
+    if feats is not None and drafter is not None:  # accepted positions [start, start + a] become drafter context
         n = max(acc) + 1
         j = torch.arange(n, device=ids.device)[None, :]
         st.ctx = feats[:, :n]
-        st.ctx_pos = torch.where(j <= accepted[:, None], pos[:, :n], st.tcache.trash)
+        st.ctx_pos = torch.where(j <= accepted[:, None], st.start[:, None] + j, PAD)
     st.anchor, st.start = bonus, st.start + accepted + 1
     return new, t1, t2
 
 
-def _ddtree_round(target, drafter, st: _Batch, T, budget, sampling, gen, capture):
+def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T, budget, sampling, gen):
     B, dev = len(st.rows), st.anchor.device
     dl = _draft_logits(target, drafter, st, T)  # [B, D, V], D = T - 1
     logq = torch.log_softmax(dl.float(), -1) if sampling.greedy else probs(dl, sampling).log()
@@ -388,10 +376,7 @@ def _ddtree_round(target, drafter, st: _Batch, T, budget, sampling, gen, capture
         tok[b, :m], depth[b, :m], vis[b, :m, :m] = torch.tensor(tree.tokens), torch.tensor(tree.depths), tree.visibility()
     tok, depth, vis = tok.to(dev), depth.to(dev), vis.to(dev)
     t1 = _now()
-    slots = st.start[:, None] + torch.arange(n, device=dev)
-    kv_len = int(st.start.max()) + n
-    logits, feats = target(tok, st.start[:, None] + depth, st.tcache, kv_len, _tree_mask(st.start, vis, kv_len),
-                           capture, slots=slots)
+    logits, feats = target.verify_tree(tok, depth, vis, st.start)
     t2 = _now()
     follow = logits.argmax(-1) if sampling.greedy else sample(probs(logits, sampling), gen)  # [B, n]
     new, paths = [], []
@@ -401,13 +386,13 @@ def _ddtree_round(target, drafter, st: _Batch, T, budget, sampling, gen, capture
         paths.append(path)
         if path != list(range(len(path))):  # compact accepted nodes' K/V into contiguous slots
             src = torch.tensor(path, device=dev)
-            st.tcache.move(b, slots[b, src], slots[b, : len(path)])
+            target.compact(b, st.start[b] + src, st.start[b] + torch.arange(len(path), device=dev))
     m = max(len(p) for p in paths)
     idx = torch.tensor([p + [0] * (m - len(p)) for p in paths], device=dev)  # [B, m]
     length = torch.tensor([len(p) for p in paths], device=dev)
     j = torch.arange(m, device=dev)[None, :]
     st.ctx = feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1]))
-    st.ctx_pos = torch.where(j < length[:, None], st.start[:, None] + j, st.tcache.trash)
+    st.ctx_pos = torch.where(j < length[:, None], st.start[:, None] + j, PAD)
     st.anchor = torch.tensor([x[-1] for x in new], device=dev)
     st.start = st.start + length
     return new, [len(t) - 1 for t in trees], t1, t2
