@@ -29,6 +29,15 @@ BACKEND_FAMILIES: dict[str, set[str]] = {
     "pytorch": {"llama", "qwen3", "qwen3_moe", "gpt_oss"},
 }
 DEFAULT_TRTLLM_VERSION = {"engine": "1.2.1", "pytorch": "1.3.0"}
+# TensorRT-LLM release lines whose DFlashDecodingConfig fields deploy knows (deploy/llmapi.py
+# holds one field table per line, read from upstream; a version outside them is refused).
+PYTORCH_TRTLLM_LINES = ("1.3", "1.4")
+
+
+def trtllm_line(version: str) -> str | None:
+    """'1.3' for 1.3.0, 1.3.0rc27, 1.3.2 ...; None when the text is not a version."""
+    vt = _version_tuple(version)
+    return None if vt is None or len(vt) < 2 else f"{vt[0]}.{vt[1]}"
 
 
 def _version_tuple(v: str) -> tuple[int, ...] | None:
@@ -131,8 +140,21 @@ def check(recipe: Recipe) -> list[Issue]:
             err("backend.trtllm_version", f"{version}: the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last release with trtllm-build")
         elif backend == "pytorch" and vt < (1, 3):
             err("backend.trtllm_version", f"{version}: the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)")
+        elif backend == "pytorch" and trtllm_line(version) not in PYTORCH_TRTLLM_LINES:
+            known = ", ".join(f"{line}.x" for line in PYTORCH_TRTLLM_LINES)
+            err("backend.trtllm_version", f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM "
+                f"{trtllm_line(version)}; known: {known}")
     if backend == "pytorch" and q.drafter != "bf16":
-        err("quantization.drafter", f"{q.drafter}: TensorRT-LLM's native DFlash loads only BF16 drafters; allowed: bf16")
+        err("quantization.drafter", f"{q.drafter}: TensorRT-LLM's native DFlash loads only BF16 drafters (its fc is a plain "
+            "nn.Linear and precompute_context_kv applies the raw qkv_proj weight: modeling_dflash.py); allowed: bf16")
+    if backend == "pytorch":
+        # DecodingBaseConfig.validate_draft_len_schedule_and_sort: the smallest batch size maps to
+        # max_draft_len and no length exceeds it, i.e. the first band has the longest draft.
+        for i, band in enumerate(spec.draft_len[1:], start=1):
+            if band.draft_len > spec.draft_len[0].draft_len:
+                err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > the first band's "
+                    f"{spec.draft_len[0].draft_len}: TensorRT-LLM's draft_len_schedule needs the lowest-concurrency "
+                    "band to have the longest draft")
     if backend != "reference" and gpu.is_cpu:
         err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
 

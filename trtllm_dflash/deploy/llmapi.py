@@ -1,0 +1,229 @@
+"""TensorRT-LLM LLM-API arguments for the pytorch backend, per TensorRT-LLM version.
+
+What `deploy` writes for TensorRT-LLM >= 1.3 (native DFlash, PyTorch backend):
+- the LLM(...) arguments: Triton's LLM-API model reads them from `model.yaml`
+  (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py: every key but `triton_config`
+  goes through `update_llm_args_with_extra_dict`), and `trtllm-serve --extra_llm_api_options`
+  reads the same keys from a YAML that overrides its command line
+  (tensorrt_llm/commands/serve.py `serve`, option `--config` / `--extra_llm_api_options`);
+- `speculative_config`: a `DFlashDecodingConfig` (tensorrt_llm/llmapi/llm_args.py, a strict
+  pydantic model: an unknown key is an error at start-up, on the GPU, after the container
+  pulled). Its fields differ between releases, so the recipe's `backend.trtllm_version` picks
+  the field table below, every key written is checked against it, and a version without a
+  table is refused with the versions we know.
+
+The tables were read from upstream, never guessed (the API reference pages are rendered from
+tensorrt_llm/llmapi/llm_args.py of that release):
+- 1.3.x: `DFlashDecodingConfig` of the 1.3.0rc27 API reference. `attention_backend` there is
+  Literal["VANILLA", "TRTLLM", "FA4"], but earlier 1.3 release candidates (and the unversioned
+  reference page) have only VANILLA and TRTLLM; FA4 came with PR #18553 (Sept 2026). We write
+  only the two every 1.3 build has.
+- 1.4.x: `DFlashDecodingConfig` of the 1.4.0rc1 API reference: adds `moe_backend`,
+  `spec_dec_variant`, `context_recompute_tail` (default 0) and `skip_ctx_buffer_budget_check`,
+  and FA4.
+
+Decisions per version (what the fields are used for):
+- drafter attention (`attention_backend`, independent of the target's `attn_backend`):
+  TRTLLM on Blackwell (FlashInfer trtllm-gen kernels, SM100/SM103 only: dflash_attention.py);
+  on Hopper VANILLA (flash-attn over a dense context arena) on 1.3.x, FA4 on 1.4.x (PR #18553:
+  "selectable for SM90", the fastest Hopper row of its table).
+- prefix-cache reuse: a reused prefix never runs through the target, so the drafter gets no
+  hidden states for it (issue #16005). On 1.3.x there is no remedy: `enable_block_reuse: false`.
+  1.4.x caps reuse so at least `context_recompute_tail` prompt tokens are recomputed
+  (`_spec_recompute_claim_limit` in pyexecutor/kv_cache/kv_cache_manager_v2.py,
+  `KVCacheManager._maybe_rewind_reused_context` in pyexecutor/resource_manager.py; both
+  block-aligned), so we turn reuse on with a recompute tail of RECOMPUTE_TAIL tokens and
+  chunked prefill (the V1 manager skips the rewind without chunked prefill,
+  `KVCacheManager._maybe_apply_spec_recompute_tail`). That same gate turns the tail off when
+  a target has sliding-window layers, so such targets (gpt-oss) keep reuse off on 1.4 too.
+- `moe_backend` (1.4) would set the drafter's MoE backend; z-lab drafters are dense, so it is
+  not written (the target's comes from `moe_config`, whose default picks per GPU).
+- the drafter stays BF16: upstream loads `fc` as a plain nn.Linear and applies the raw
+  `qkv_proj` slice in `precompute_context_kv` (modeling_dflash.py), so a quantized drafter
+  does not load (recipe rule `quantization.drafter`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.rules import DEFAULT_TRTLLM_VERSION, PYTORCH_TRTLLM_LINES, trtllm_line
+
+# Prompt tokens recomputed after a prefix-cache hit on 1.4 (the drafter's context then starts
+# there). A few KV blocks: enough recent context for drafting, most of a long shared prefix reused.
+RECOMPUTE_TAIL = 512
+
+# DecodingBaseConfig fields (tensorrt_llm/llmapi/llm_args.py), the same in both tables.
+_DECODING_BASE = frozenset({
+    "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
+    "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold", "use_rejection_sampling",
+    "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty",
+})
+
+# TorchLlmArgs / BaseLlmArgs keys we write (tensorrt_llm/llmapi/llm_args.py), and the keys of
+# their nested configs: KvCacheConfig, CudaGraphConfig (BaseCudaGraphConfig).
+LLM_KEYS = frozenset({
+    "model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size",
+    "max_batch_size", "max_seq_len", "max_num_tokens", "kv_cache_config", "cuda_graph_config",
+    "enable_chunked_prefill", "return_perf_metrics", "enable_iter_perf_stats", "speculative_config",
+})
+KV_CACHE_KEYS = frozenset({"dtype", "free_gpu_memory_fraction", "enable_block_reuse"})
+CUDA_GRAPH_KEYS = frozenset({"enable_padding", "max_batch_size"})
+
+
+@dataclass(frozen=True)
+class DFlashFields:
+    """`DFlashDecodingConfig` of one TensorRT-LLM release line."""
+
+    line: str  # "1.3": every 1.3.x
+    source: str  # where the fields were read
+    fields: frozenset[str]
+    attention_backends: tuple[str, ...]  # the values we may write (see the module docstring)
+    recompute_tail: bool  # has `context_recompute_tail`
+
+
+DFLASH_FIELDS: dict[str, DFlashFields] = {
+    "1.3": DFlashFields(
+        "1.3",
+        "tensorrt_llm/llmapi/llm_args.py DFlashDecodingConfig (API reference 1.3.0rc27)",
+        _DECODING_BASE | {"mask_token_id", "target_layer_ids", "decoding_type", "attention_backend"},
+        ("VANILLA", "TRTLLM"),
+        recompute_tail=False,
+    ),
+    "1.4": DFlashFields(
+        "1.4",
+        "tensorrt_llm/llmapi/llm_args.py DFlashDecodingConfig (API reference 1.4.0rc1)",
+        _DECODING_BASE | {"mask_token_id", "target_layer_ids", "decoding_type", "attention_backend", "moe_backend",
+                          "spec_dec_variant", "context_recompute_tail", "skip_ctx_buffer_budget_check"},
+        ("VANILLA", "TRTLLM", "FA4"),
+        recompute_tail=True,
+    ),
+}
+assert set(DFLASH_FIELDS) == set(PYTORCH_TRTLLM_LINES), "one field table per TensorRT-LLM line the rules accept"
+
+
+def dflash_fields(recipe: Recipe) -> DFlashFields:
+    """The field table for the recipe's TensorRT-LLM version (default: DEFAULT_TRTLLM_VERSION)."""
+    version = recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION["pytorch"]
+    line = trtllm_line(version)
+    if line not in DFLASH_FIELDS:
+        known = ", ".join(f"{v}.x" for v in DFLASH_FIELDS)
+        raise UserError(f"backend.trtllm_version: {version}: no DFlashDecodingConfig field table for it; known: {known}")
+    return DFLASH_FIELDS[line]
+
+
+def _prefix_reuse(recipe: Recipe, table: DFlashFields) -> bool:
+    """Prefix-cache reuse keeps the drafter's context only where a recompute tail exists and applies."""
+    return table.recompute_tail and not recipe.target_facts.sliding_layers
+
+
+def speculative_config(recipe: Recipe, artifact: Path) -> dict:
+    """`speculative_config` (a DFlashDecodingConfig) for the drafter in `artifact`/drafter."""
+    table = dflash_fields(recipe)
+    spec, d = recipe.speculative, recipe.drafter_facts
+    bands = spec.draft_len
+    if recipe.gpu.is_blackwell:
+        attention = "TRTLLM"
+    else:
+        attention = "FA4" if "FA4" in table.attention_backends else "VANILLA"
+    out = {
+        "decoding_type": "DFlash",
+        # The first band is the longest draft (rule): the schedule's smallest key maps to it.
+        "max_draft_len": bands[0].draft_len if bands else spec.block_size - 1,
+        # A local directory, so upstream could also read dflash_config; the ids are written
+        # anyway (with a hub id nothing would capture the target's hidden states).
+        "speculative_model": str(Path(artifact).resolve() / "drafter"),
+        "target_layer_ids": list(d.target_layer_ids or []),
+        "attention_backend": attention,
+    }
+    if d.mask_token_id is not None:
+        out["mask_token_id"] = d.mask_token_id
+    if len(bands) > 1:
+        # {largest batch size of a band: draft length}; above the last band speculation is off.
+        out["draft_len_schedule"] = {b.max_concurrency: b.draft_len for b in bands}
+    elif bands:
+        out["max_concurrency"] = bands[0].max_concurrency
+    if _prefix_reuse(recipe, table):
+        out["context_recompute_tail"] = RECOMPUTE_TAIL
+    _check_keys(out, table.fields, f"speculative_config ({table.source})")
+    assert attention in table.attention_backends
+    return out
+
+
+def llm_args(recipe: Recipe, artifact: Path) -> dict:
+    """LLM(...) arguments serving `artifact` (a convert or quantize output in the HF layout:
+    target/ and drafter/), without Triton's `triton_config`."""
+    table = dflash_fields(recipe)
+    reuse = _prefix_reuse(recipe, table)
+    kv_dtype = {"fp8": "fp8", "nvfp4": "nvfp4"}.get(recipe.quantization.kv_cache, "auto")
+    b = recipe.build
+    out = {
+        "model": str(Path(artifact).resolve() / "target"),
+        "backend": "pytorch",
+        "tensor_parallel_size": recipe.parallel.tp,
+        "pipeline_parallel_size": recipe.parallel.pp,
+        **({"moe_expert_parallel_size": recipe.parallel.tp} if recipe.target_facts.is_moe else {}),
+        # Both also size the drafter's dense context arena: (max_batch_size + 1) x max_seq_len.
+        "max_batch_size": b.max_batch_size,
+        "max_seq_len": b.max_seq_len,
+        "max_num_tokens": b.max_num_tokens,
+        # The DFlash context arena is allocated after the KV pool: leave room for it.
+        "kv_cache_config": {"dtype": kv_dtype, "free_gpu_memory_fraction": 0.8, "enable_block_reuse": reuse},
+        "cuda_graph_config": {"enable_padding": True, "max_batch_size": b.max_batch_size},
+        **({"enable_chunked_prefill": True} if reuse else {}),
+        # Per-request acceptance (perf-metric outputs of the Triton model, /perf_metrics).
+        "return_perf_metrics": True,
+        "speculative_config": speculative_config(recipe, artifact),
+    }
+    _check_keys(out, LLM_KEYS, "LLM arguments (TorchLlmArgs)")
+    _check_keys(out["kv_cache_config"], KV_CACHE_KEYS, "kv_cache_config (KvCacheConfig)")
+    _check_keys(out["cuda_graph_config"], CUDA_GRAPH_KEYS, "cuda_graph_config (CudaGraphConfig)")
+    return out
+
+
+def model_yaml(recipe: Recipe, artifact: Path) -> dict:
+    """Triton's LLM-API `model.yaml`: the LLM arguments plus `triton_config` (max_batch_size 0:
+    the LLM batches in flight; decoupled for streaming; the model.py of the container reads both)."""
+    return {**llm_args(recipe, artifact), "triton_config": {"max_batch_size": 0, "decoupled": recipe.serve.decoupled}}
+
+
+def extra_llm_api_options(recipe: Recipe, artifact: Path) -> dict:
+    """The YAML for `trtllm-serve MODEL --extra_llm_api_options FILE`: the LLM arguments without
+    the two the command line carries (MODEL and --backend), plus iteration stats for /metrics."""
+    args = {k: v for k, v in llm_args(recipe, artifact).items() if k not in ("model", "backend")}
+    args["enable_iter_perf_stats"] = True
+    _check_keys(args, LLM_KEYS, "LLM arguments (TorchLlmArgs)")
+    return args
+
+
+def trtllm_serve_commands(recipe: Recipe, artifact: Path, options: Path) -> dict[str, list[str]]:
+    """The launch commands for trtllm-serve (tensorrt_llm/commands/serve.py) in NVIDIA's container.
+
+    single_node  one process; the LLM spawns its tp x pp MPI workers itself
+    mpirun       world size tp x pp under mpirun, each rank under trtllm-llmapi-launch (rank 0
+                 runs the server, the others run tensorrt_llm.llmapi.mgmn_worker_node:
+                 tensorrt_llm/llmapi/trtllm-llmapi-launch)
+    srun         the same under Slurm (--mpi=pmix), across ceil(world / GPUs per node) nodes
+    """
+    s = recipe.serve
+    serve = ["trtllm-serve", str(Path(artifact).resolve() / "target"), "--host", s.host, "--port", str(s.http_port),
+             "--backend", "pytorch", "--extra_llm_api_options", str(options)]
+    world = recipe.world_size
+    per_node = min(world, recipe.gpu.max_per_node)
+    nodes = math.ceil(world / per_node)
+    return {
+        "single_node": serve,
+        "mpirun": ["mpirun", "--allow-run-as-root", "-n", str(world), "trtllm-llmapi-launch", *serve],
+        "srun": ["srun", "-N", str(nodes), f"--ntasks-per-node={world // nodes}", "--mpi=pmix",
+                 "trtllm-llmapi-launch", *serve],
+    }
+
+
+def _check_keys(d: dict, allowed: frozenset[str], what: str) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:  # a bug here, not a user error: these dicts are built above
+        raise AssertionError(f"{what}: {', '.join(unknown)} not fields of it")
