@@ -24,6 +24,7 @@ COMMANDS = [
     "run",
     "convert",
     "quantize",
+    "build",
     "deploy",
     "serve",
     "sweep",

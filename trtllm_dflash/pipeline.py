@@ -12,8 +12,10 @@ finished shards, so a killed run resumes where it stopped.
 
 serve writes no directory: on the reference backend `run` starts the deployed model behind
 tritonserver on free loopback ports, sweeps it and stops it (skipped both when the sweep is
-current). Stages that cannot run on this machine (build, and serving a GPU backend) stop
-the run with one line saying which command to run where.
+current). build runs where TensorRT-LLM 1.2.x is installed; elsewhere it writes its dry-run
+plan (plan.json, a build_config.json per engine, the trtllm-build commands) as its output and
+the run goes on to deploy. Serving a GPU backend stops the run with one line saying which
+command to run where.
 """
 
 from __future__ import annotations
@@ -79,11 +81,6 @@ def staleness(stage: str, out: Path, recipe: Recipe, input_dir: Path | None, ext
 
 def _where(recipe: Recipe, stage: str, out: Path, recipe_arg: str) -> str:
     """One line: the command that runs `stage` of this pipeline, and on which machine."""
-    inp = out / (input_stage(recipe, stage) or "")
-    if stage == "build":
-        return (f"build: the engine build stage is NOT IMPLEMENTED yet (the engine issue); it will run as "
-                f"`trtllm-dflash build {recipe_arg} --from {inp} --out {out / 'build'}` on a GPU machine inside "
-                f"NVIDIA's Triton 25.12 trtllm-python-py3 container (TensorRT-LLM 1.2.x)")
     container = "Triton 25.12 trtllm-python-py3 (TensorRT-LLM 1.2.x)" if recipe.backend.name == "engine" \
         else "TensorRT-LLM >= 1.3"
     return (f"serve: the {recipe.backend.name} backend serves on {recipe.world_size}x {recipe.gpu.name}: there, inside "
@@ -108,11 +105,15 @@ def run(recipe: Recipe, out: Path, *, until: str | None = None, force: str | Non
     for stage in order[: last + 1]:
         if stage == "serve":
             continue  # runs inside the sweep step below (or stops there on a GPU backend)
-        if stage == "sweep" and recipe.backend.name != "reference" or stage == "build":
-            raise StopHere(_where(recipe, "serve" if stage == "sweep" else stage, out, recipe_arg))
+        if stage == "sweep" and recipe.backend.name != "reference":
+            raise StopHere(_where(recipe, "serve", out, recipe_arg))
         inp = input_stage(recipe, stage)
         input_dir = out / inp if inp else None
         extra = {"levels": levels or recipe.sweep.concurrency} if stage == "sweep" else None
+        if stage == "build":  # a dry-run plan is current only where no engines can be built
+            from trtllm_dflash.build.stage import cannot_build_here
+
+            extra = {"dry_run": cannot_build_here() is not None}
         why = "forced (--force)" if stage == force else staleness(stage, out / stage, recipe, input_dir, extra)
         if why is None:
             done.append(StageRun(stage, "skipped", f"up to date: {out / stage}"))
@@ -136,6 +137,13 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
         from trtllm_dflash.quantize.stage import quantize
 
         quantize(recipe, input_dir, out, overwrite=True, resume=True, progress=progress)
+    elif stage == "build":
+        from trtllm_dflash.build.stage import build, cannot_build_here
+
+        why_not = cannot_build_here()
+        if why_not:
+            say(f"build: {why_not}: writing the dry-run plan (plan.json, build_config.json per engine), no engines")
+        build(recipe, input_dir, out, dry_run=why_not is not None, overwrite=True, say=say)
     elif stage == "deploy":
         from trtllm_dflash.deploy.repository import deploy
 

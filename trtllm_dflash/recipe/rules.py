@@ -155,7 +155,10 @@ def check(recipe: Recipe) -> list[Issue]:
                 err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > the first band's "
                     f"{spec.draft_len[0].draft_len}: TensorRT-LLM's draft_len_schedule needs the lowest-concurrency "
                     "band to have the longest draft")
-    if backend != "reference" and gpu.is_cpu:
+    if backend == "engine" and gpu.is_cpu:
+        # The engine path's plan (build --dry-run), deploy and serving with reference runners run on CPU.
+        warn("backend", "engine on cpu: build --dry-run only; served with reference runners")
+    elif backend != "reference" and gpu.is_cpu:
         err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
 
     # Build limits.

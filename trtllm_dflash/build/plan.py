@@ -1,0 +1,429 @@
+"""The build plan: per engine, the `build_config.json`, the stock `trtllm-build` command, the
+plugins and the I/O tensors, all derived from the recipe (pure functions, no TensorRT).
+
+Two engines (engine-path.md §8.2, design C):
+
+target   `DFlashQwen3Target` / `DFlashLlamaTarget` (build/trtllm_models.py): the stock
+         `QWenForCausalLM` / `LLaMAForCausalLM` with the DFlash tap. No speculative decoding
+         mode: each verify round is a context request (committed tokens + drafts as prompt
+         tokens, max_tokens=1) served by the C++ Executor with KV block reuse, so its engine
+         needs `max_input_len` = `max_seq_len` - 1 and `max_seq_len` = the recipe's plus one
+         block of drafts. Extra outputs `dflash_ctx`, `dflash_tail`, `dflash_argmax`.
+drafter  `DFlashDrafter`: our model class; its attention is the AOT TensorRT Python plugin
+         `trtllm_dflash::kv_inject_attention` (plugins/kv_inject_attention/trt_plugin.py) over a
+         context arena the runner owns; `max_draft_len` = block - 1 sizes its block.
+
+`max_draft_len` is the largest draft length of the recipe (block_size - 1, or the largest
+`speculative.draft_len` band); the block is max_draft_len + 1 rows (anchor + drafts).
+
+The KV-cache dtype is not a BuildConfig field: TensorRT-LLM takes it from the checkpoint's
+`quantization.kv_cache_quant_algo` (builder.py `build()`: FP8 KV forces `strongly_typed` and FP8
+context FMHA); the plan records what the recipe's `quantization.kv_cache` asks for, and the
+stage checks the checkpoint says the same.
+
+Tensor parallelism: one engine per rank for both models, from the per-rank checkpoints
+(`rank{r}.safetensors`) convert writes; `trtllm-build --workers N` or `mpirun -n N
+trtllm-build` (commands/build.py `parallel_build`). The drafter is split per rank (DRAFTER_TP).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from trtllm_dflash.build.upstream import (
+    BUILD_CONFIG_FIELDS,
+    CONTAINER,
+    KV_CACHE_TYPES,
+    PLUGIN_CONFIG_FIELDS,
+    SPECULATIVE_DECODING_MODE,
+    TRTLLM_BUILD,
+)
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.rules import BACKEND_FAMILIES, DEFAULT_TRTLLM_VERSION
+from trtllm_dflash.recipe.stages import input_stage
+
+Role = Literal["target", "drafter"]
+ROLES: tuple[Role, ...] = ("target", "drafter")
+
+# Model classes in build/trtllm_models.py (trtllm-build --model_cls_name).
+TARGET_CLASSES = {"qwen3": "DFlashQwen3Target", "llama": "DFlashLlamaTarget"}
+DRAFTER_CLASS = "DFlashDrafter"
+MODELS_FILE = "trtllm_models.py"
+# The checkpoint architectures convert writes (convert/weight_maps.py), which the classes load.
+CHECKPOINT_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "drafter": "DFlashDrafter"}
+
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+TOKENS_PER_BLOCK = 32  # engine-path.md §8.2: 32 or 64; PluginConfig's default
+FROM_PLACEHOLDER = "FROM_DIR"  # --checkpoint_dir when the plan is made without --from
+
+DRAFTER_TP = (
+    "split: with tp > 1 the drafter engine is built per rank, like the target, from the per-rank drafter "
+    "checkpoints convert writes (fc, q/kv/o and MLP column/row splits; its KV-injection projections per KV "
+    "head). Each GPU then holds 1/tp of the drafter weights and of its context arena, which grows with "
+    "batch x context and would otherwise cap concurrency on one GPU, and the draft step uses every GPU the "
+    "target leaves idle between verify rounds. engine-path.md §8.2 recommends a TP1 drafter for drafters "
+    "under ~3B parameters to keep NCCL out of the drafter runner; that is what tp = 1 gives, and every shipped "
+    "engine recipe is tp = 1. Replicating a TP1 drafter at tp > 1 would need a second, unsharded drafter "
+    "checkpoint (convert writes one per rank) and puts the whole arena on one GPU."
+)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One engine input or output. Shapes use the symbolic dims of EnginePlan.dims; a name with
+    `{l}` stands for one tensor per drafter layer (l = 0 .. num_layers-1)."""
+
+    name: str
+    dtype: str
+    shape: tuple[str | int, ...]
+    note: str = ""
+
+
+@dataclass
+class EnginePlan:
+    role: Role
+    model_cls: str
+    checkpoint_dir: str
+    build_config_path: str
+    output_dir: str
+    build_config: dict
+    kv_cache_dtype: str
+    plugins: list[dict]
+    dims: dict[str, int]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    command: list[str]
+    mpi_command: list[str] | None
+
+
+@dataclass
+class BuildPlan:
+    recipe: str
+    trtllm_version: str
+    container: str
+    tp: int
+    pp: int
+    world_size: int
+    max_draft_len: int
+    block: int
+    from_dir: str | None
+    models_file: str
+    engines: list[EnginePlan]
+    drafter_parallelism: dict
+    launch: dict
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def engine(self, role: Role) -> EnginePlan:
+        return next(e for e in self.engines if e.role == role)
+
+
+def max_draft_len(recipe: Recipe) -> int:
+    """The longest draft of any concurrency band: block_size - 1 without bands."""
+    spec = recipe.speculative
+    return max((b.draft_len for b in spec.draft_len), default=spec.block_size - 1)
+
+
+def models_file() -> Path:
+    """build/trtllm_models.py of the installed package (trtllm-build --model_cls_file)."""
+    return Path(__file__).resolve().with_name(MODELS_FILE)
+
+
+def check_buildable(recipe: Recipe) -> None:
+    """The recipe problems that make an engine build impossible; one UserError line each.
+    (load_recipe's rules catch most of them already; build checks again for recipes loaded
+    without rules and to name the build-specific reason.)"""
+    file = recipe.file or recipe.name
+    backend = recipe.backend.name
+    if backend != "engine":
+        raise UserError(f"{file}: backend.name is {backend!r}: `build` compiles TensorRT-LLM 1.2.x engines for the "
+                        f"engine backend only; the {backend} backend has no build stage (deploy takes its "
+                        f"{input_stage(recipe, 'deploy')} output)")
+    t, d = recipe.target_facts, recipe.drafter_facts
+    if t.family not in TARGET_CLASSES or t.is_moe:
+        what = f"MoE ({t.num_experts} experts)" if t.is_moe else t.family
+        raise UserError(f"{file}: target.arch: {what} targets are not on the engine path (TensorRT-LLM 1.2.x engines "
+                        f"here: dense {', '.join(sorted(BACKEND_FAMILIES['engine']))}); use backend pytorch")
+    draft = max_draft_len(recipe)
+    trained = d.block_size
+    if trained is not None and draft + 1 > trained:
+        bands = recipe.speculative.draft_len
+        field_name = (f"speculative.draft_len.{max(range(len(bands)), key=lambda i: bands[i].draft_len)}.draft_len"
+                      if bands else "speculative.block_size")
+        raise UserError(f"{file}: {field_name}: max_draft_len {draft} needs a block of {draft + 1}, but the drafter "
+                        f"was trained with block_size {trained}; allowed: max_draft_len <= {trained - 1}")
+
+
+def _plugin_config(recipe: Recipe, role: Role) -> dict:
+    """PluginConfig values (upstream.PLUGIN_CONFIG_FIELDS); "auto" = the model dtype."""
+    q = recipe.quantization
+    fp8_kv = q.kv_cache == "fp8"
+    tp_nccl = "auto" if recipe.world_size > 1 else None
+    weights = q.target_weights if role == "target" else q.drafter
+    # builder.py build(): NVFP4 checkpoints get gemm_plugin "nvfp4" unless explicitly disabled; say so here.
+    gemm = "nvfp4" if weights == "nvfp4" else "auto"
+    if role == "target":
+        return {
+            "dtype": DTYPE_NAMES[q.checkpoint_dtype("target")],
+            "gpt_attention_plugin": "auto",
+            "gemm_plugin": gemm,
+            "nccl_plugin": tp_nccl,
+            "context_fmha": True,
+            "paged_kv_cache": True,
+            "remove_input_padding": True,
+            "tokens_per_block": TOKENS_PER_BLOCK,
+            "use_paged_context_fmha": True,  # KV block reuse across verify rounds
+            "use_fp8_context_fmha": fp8_kv,  # build() turns it on for an FP8 paged KV cache anyway
+        }
+    return {
+        "dtype": DTYPE_NAMES[q.checkpoint_dtype("drafter")],
+        "gpt_attention_plugin": None,  # the drafter's attention is trtllm_dflash::kv_inject_attention
+        "gemm_plugin": gemm,
+        "nccl_plugin": tp_nccl,
+        "context_fmha": False,
+        "paged_kv_cache": False,  # the context arena is the plugin's [batch, S_max, Hkv, D] layout
+        "remove_input_padding": True,  # context rows are packed
+        "tokens_per_block": TOKENS_PER_BLOCK,
+        "use_paged_context_fmha": False,
+        "use_fp8_context_fmha": False,
+    }
+
+
+def build_config(recipe: Recipe, role: Role) -> dict:
+    """The build_config.json of one engine: TensorRT-LLM 1.2.x BuildConfig fields only, in
+    upstream's declaration order."""
+    cfg = _build_config(recipe, role)
+    cfg["plugin_config"] = {k: cfg["plugin_config"][k] for k in PLUGIN_CONFIG_FIELDS if k in cfg["plugin_config"]}
+    return {k: cfg[k] for k in BUILD_CONFIG_FIELDS if k in cfg}
+
+
+def _build_config(recipe: Recipe, role: Role) -> dict:
+    b = recipe.build
+    draft = max_draft_len(recipe)
+    seq = b.max_seq_len + draft  # the last verify block may reach draft tokens past max_seq_len
+    common = {
+        "max_batch_size": b.max_batch_size,
+        "max_seq_len": seq,
+        "max_num_tokens": b.max_num_tokens,
+        "max_beam_width": 1,
+        "speculative_decoding_mode": SPECULATIVE_DECODING_MODE["NONE"],
+        "gather_context_logits": False,
+        "gather_generation_logits": False,
+        "strongly_typed": True,
+    }
+    if role == "target":
+        return {
+            **common,
+            # A verify round is a context request of the whole sequence (max_tokens=1): the
+            # Executor checks its length against max_input_len.
+            "max_input_len": seq - 1,
+            "max_draft_len": 0,  # drafts are prompt tokens; no spec-decoding inputs in the engine
+            "kv_cache_type": "PAGED",
+            "plugin_config": _plugin_config(recipe, role),
+        }
+    return {
+        **common,
+        "max_input_len": b.max_input_len,  # the most context rows one sequence adds in a step (prefill)
+        "max_draft_len": draft,  # block = max_draft_len + 1 rows: anchor + drafts
+        "kv_cache_type": "CONTINUOUS",  # no TensorRT-LLM KV cache: the runner-owned arena is engine I/O
+        "plugin_config": _plugin_config(recipe, role),
+    }
+
+
+def _kv_dtype(recipe: Recipe, role: Role) -> str:
+    q = recipe.quantization
+    return "fp8" if q.kv_cache == "fp8" else DTYPE_NAMES[q.checkpoint_dtype(role)]
+
+
+def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
+    """Inputs: the stock ones of GenerationMixin.prepare_basic_inputs (tensorrt_llm/models/
+    generation_mixin.py) for gpt_attention_plugin + packed input + paged KV, fed by the Executor;
+    outputs: logits plus the DFlash tap (engine-path.md §8.2)."""
+    t = recipe.target_facts
+    act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("target")]
+    layers = math.ceil(t.num_layers / recipe.parallel.pp)
+    dims = {
+        "num_tokens": cfg["max_num_tokens"], "num_seq": cfg["max_batch_size"], "max_seq_len": cfg["max_seq_len"],
+        "max_blocks_per_seq": math.ceil(cfg["max_seq_len"] / TOKENS_PER_BLOCK), "num_layers": layers,
+        "hidden": t.hidden_size, "vocab": t.vocab_size, "block": block,
+    }
+    stock = "stock (prepare_basic_inputs)"
+    inputs = [
+        Tensor("input_ids", "int32", ("num_tokens",), "packed tokens: context chunks, prompts + drafts of verify rounds"),
+        Tensor("position_ids", "int32", ("num_tokens",), stock),
+        Tensor("last_token_ids", "int32", ("num_seq",), "inclusive end offset of each sequence; the tail gather reads it"),
+        Tensor("sequence_length", "int32", ("num_seq",), stock),
+        Tensor("context_lengths", "int32", ("num_seq",), stock),
+        Tensor("host_context_lengths", "int32", ("num_seq",), stock),
+        Tensor("host_request_types", "int32", ("num_seq",), stock),
+        Tensor("host_past_key_value_lengths", "int32", ("num_seq",), stock),
+        Tensor("host_max_attention_window_sizes", "int32", ("num_layers",), stock),
+        Tensor("host_sink_token_length", "int32", (1,), stock),
+        Tensor("cache_indirection", "int32", ("num_seq", 1, "max_seq_len"), stock),
+        Tensor("kv_cache_block_offsets", "int32", (1, "num_seq", 2, "max_blocks_per_seq"), stock),
+        Tensor("host_kv_cache_block_offsets", "int32", (1, "num_seq", 2, "max_blocks_per_seq"), stock),
+        Tensor("host_kv_cache_pool_pointers", "int64", (1, 2), stock),
+        Tensor("host_kv_cache_pool_mapping", "int32", ("num_layers", 2), stock),
+        Tensor("host_runtime_perf_knobs", "int64", (16,), stock),
+        Tensor("host_context_progress", "int64", (1,), stock),
+    ]
+    if recipe.parallel.tp > 1:
+        inputs.append(Tensor("all_reduce_workspace", "int64", ("all_reduce_size",), stock + ", tp > 1"))
+    outputs = [
+        Tensor("logits", "float32", ("num_seq", "vocab"), "last token of each sequence (stock; the AR baseline uses it)"),
+        Tensor("dflash_ctx", act, ("num_tokens", "hidden"),
+               "hidden_norm(fc(concat of target_layer_ids taps)); gatherContext=true, requested on the prefill round"),
+        Tensor("dflash_tail", act, ("num_seq", "block", "hidden"),
+               "dflash_ctx rows of each sequence's last `block` tokens (clamped at its start); gatherContext=false"),
+        Tensor("dflash_argmax", "int32", ("num_seq", "block"), "greedy token after each of those rows (lm_head + top-1)"),
+    ]
+    return dims, inputs, outputs
+
+
+def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
+    """The drafter engine's own interface (§8.2 'Drafter engine', with the plugin's contract:
+    plugins/kv_inject_attention/README.md). build/trtllm_models.py implements it and the
+    TensorRT drafter runner feeds it."""
+    d = recipe.drafter_facts
+    tp = recipe.parallel.tp
+    act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("drafter")]
+    dims = {
+        "batch": cfg["max_batch_size"], "num_ctx_tokens": cfg["max_num_tokens"], "max_seq_len": cfg["max_seq_len"],
+        "hidden": d.hidden_size, "kv_heads": max(1, d.num_kv_heads // tp), "head_dim": d.head_dim,
+        "num_layers": d.num_layers, "block": block, "drafts": block - 1,
+    }
+    arena = "context arena of drafter layer {l}, updated in place with this step's rows (aliased plugin I/O)"
+    inputs = [
+        Tensor("anchor_ids", "int32", ("batch",), "last accepted token (block slot 0); slots 1.. are mask_token_id"),
+        Tensor("ctx_rows", act, ("num_ctx_tokens", "hidden"), "new context features (dflash_ctx / dflash_tail rows), packed"),
+        Tensor("ctx_positions", "int32", ("num_ctx_tokens",), "absolute position of each new row (its RoPE)"),
+        Tensor("ctx_seq_slots", "int32", ("num_ctx_tokens",), "batch row each new row belongs to"),
+        Tensor("cache_lens", "int32", ("batch",), "rows already in the arena = position of the sequence's first new row"),
+        Tensor("new_ctx_lens", "int32", ("batch",), "new rows per sequence; anchor position = cache_lens + new_ctx_lens"),
+        Tensor("k_cache_{l}", _kv_dtype(recipe, "drafter"), ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
+        Tensor("v_cache_{l}", _kv_dtype(recipe, "drafter"), ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
+    ]
+    outputs = [Tensor("draft_ids", "int32", ("batch", "drafts"), "target lm_head + top-1 on block slots 1..")]
+    return dims, inputs, outputs
+
+
+def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
+    """The plugins an engine is built with: TensorRT-LLM's own (cpp/tensorrt_llm/plugins, chosen by
+    PluginConfig) and, in the drafter, our AOT TensorRT Python plugin."""
+    from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import INPUT_NAMES, PLUGIN_ID
+
+    pc = cfg["plugin_config"]
+    dtype = lambda v: pc["dtype"] if v == "auto" else v  # noqa: E731
+    out: list[dict] = []
+    if pc["gpt_attention_plugin"]:
+        features = ["paged KV cache", "context FMHA", "paged context FMHA (KV block reuse)"]
+        if pc["use_fp8_context_fmha"]:
+            features.append("FP8 KV cache + FP8 context FMHA")
+        out.append({"name": "gpt_attention_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["gpt_attention_plugin"]),
+                    "use": "every decoder layer's attention: " + ", ".join(features)})
+    if role == "drafter":
+        d = recipe.drafter_facts
+        sliding = d.sliding_layers
+        attrs = {"scale": f"1/sqrt({d.head_dim})", "causal_block": False, "window": 0}
+        use = f"the attention of all {d.num_layers} drafter layers: block queries over the context arena + the block"
+        if sliding:
+            use += f" ({sliding} sliding layers: causal_block=true, window={d.sliding_window})"
+        out.append({"name": PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py",
+                    "kind": "TensorRT Python plugin (tensorrt.plugin), AOT: PTX compiled by triton at build time and "
+                            "embedded in the engine; no Python at inference",
+                    "inputs": list(INPUT_NAMES), "attributes": attrs, "use": use})
+    if pc["gemm_plugin"]:
+        what = "NVFP4 GEMMs" if pc["gemm_plugin"] == "nvfp4" else "unquantized GEMMs (lm_head; all GEMMs of a float model)"
+        out.append({"name": "gemm_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["gemm_plugin"]), "use": what})
+    if pc["nccl_plugin"]:
+        out.append({"name": "nccl_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["nccl_plugin"]),
+                    "use": f"all-reduce / all-gather across the {recipe.parallel.tp} tensor-parallel ranks"})
+    return out
+
+
+def _command(checkpoint: str, config: str, cls: str, output: str, workers: int) -> list[str]:
+    return [TRTLLM_BUILD, "--checkpoint_dir", checkpoint, "--build_config", config, "--model_cls_file",
+            str(models_file()), "--model_cls_name", cls, "--output_dir", output, "--workers", str(workers)]
+
+
+def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
+    """The whole plan for `recipe`; `from_dir` None (a plan before any weights) puts FROM_DIR in
+    the commands. Raises UserError for a recipe that cannot be built (check_buildable)."""
+    check_buildable(recipe)
+    out = Path(out).resolve()
+    src = str(Path(from_dir).resolve()) if from_dir is not None else FROM_PLACEHOLDER
+    draft = max_draft_len(recipe)
+    block = draft + 1
+    ws = recipe.world_size
+    engines = []
+    for role in ROLES:
+        cfg = build_config(recipe, role)
+        assert cfg["kv_cache_type"] in KV_CACHE_TYPES
+        dims, inputs, outputs = (_target_io if role == "target" else _drafter_io)(recipe, cfg, block)
+        cls = TARGET_CLASSES[recipe.target_facts.family] if role == "target" else DRAFTER_CLASS
+        paths = (f"{src}/{role}", str(out / role / "build_config.json"), str(out / role / "engines"))
+        command = _command(paths[0], paths[1], cls, paths[2], ws)
+        mpi = ["mpirun", "-n", str(ws), "--allow-run-as-root", *_command(paths[0], paths[1], cls, paths[2], 1)] \
+            if ws > 1 else None
+        engines.append(EnginePlan(role, cls, paths[0], paths[1], paths[2], cfg, _kv_dtype(recipe, role),
+                                  _plugins(recipe, role, cfg), dims, inputs, outputs, command, mpi))
+    inp = input_stage(recipe, "build")
+    launch = {
+        "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
+                  f"one process: trtllm-build --workers {ws} builds rank0..rank{ws - 1} (a spawn pool, one GPU each)"
+                  + (f"; or under MPI: mpirun -n {ws} trtllm-build ... --workers 1 (each MPI rank builds its engine "
+                     "ranks, commands/build.py parallel_build)" if ws > 1 else "")),
+        "serve": ("tritonserver with the decoupled Python model `dflash` (serve/engine_model.py): it holds the target "
+                  "Executor and the drafter runner"
+                  + (f"; the target Executor in orchestrator mode (ParallelConfig ORCHESTRATOR, spawning {ws} "
+                     "trtllmExecutorWorker processes, engine-path.md §7.2), the drafter runner one process per rank"
+                     if ws > 1 else "")),
+    }
+    notes = [
+        f"FROM_DIR: the {inp} output of this recipe (trtllm-dflash {inp} RECIPE ... --out FROM_DIR)"
+        if from_dir is None else f"checkpoints: the {inp} output {src}",
+        f"the target's KV cache dtype ({_kv_dtype(recipe, 'target')}) comes from the checkpoint's "
+        "quantization.kv_cache_quant_algo, not from build_config.json",
+        "target max_input_len = max_seq_len - 1: a verify round is a context request of the whole sequence; "
+        f"prompts stay limited to build.max_input_len = {recipe.build.max_input_len} by the server",
+    ]
+    return BuildPlan(
+        recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION["engine"],
+        container=CONTAINER, tp=recipe.parallel.tp, pp=recipe.parallel.pp, world_size=ws, max_draft_len=draft,
+        block=block, from_dir=None if from_dir is None else src, models_file=str(models_file()), engines=engines,
+        drafter_parallelism={"mode": "split per rank" if ws > 1 else "tp1 (tp = 1)", "why": DRAFTER_TP},
+        launch=launch, notes=notes,
+    )
+
+
+def _shape(shape: tuple) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def render(plan: BuildPlan, *, io: bool = True) -> str:
+    """The plan as the CLI prints it: per engine its command, plugins and (io=True) I/O tensors."""
+    lines = [f"build plan: {plan.recipe} -> TensorRT-LLM {plan.trtllm_version} engines, world size "
+             f"{plan.world_size} (tp {plan.tp} x pp {plan.pp}), max_draft_len {plan.max_draft_len} (block {plan.block})"]
+    for e in plan.engines:
+        lines.append(f"{e.role}: {e.model_cls}, KV cache {e.kv_cache_dtype}")
+        lines.append("  " + shlex.join(e.command))
+        if e.mpi_command:
+            lines.append("  or: " + shlex.join(e.mpi_command))
+        for p in e.plugins:
+            dtype = f" ({p['dtype']})" if "dtype" in p else ""
+            lines.append(f"  plugin {p['name']}{dtype}: {p['use']}")
+        if io:
+            lines.append("  dims (largest values): " + ", ".join(f"{k}={v}" for k, v in e.dims.items()))
+            for kind, tensors in (("in ", e.inputs), ("out", e.outputs)):
+                for t in tensors:
+                    lines.append(f"  {kind} {t.name} {t.dtype} {_shape(t.shape)}")
+    lines.append(f"drafter engine: {plan.drafter_parallelism['mode']}")
+    lines.append(f"launch: {plan.launch['build']}")
+    return "\n".join(lines)
