@@ -150,9 +150,12 @@ def test_kill_9_during_convert_and_quantize_then_run_again_finishes(tmp_path, ti
 
 def test_stages_for_another_machine_stop_the_run_with_the_command(tmp_path, tiny_pair):
     engine = load_recipe(write_recipe(tmp_path / "e.yaml", *tiny_pair, fmt="bf16", gpu="h100-sxm", backend="engine"))
-    with pytest.raises(StopHere, match=r"build: the engine build stage is NOT IMPLEMENTED yet .*trtllm-dflash build"):
+    with pytest.raises(StopHere, match=r"serve: the engine backend serves on 1x h100-sxm"):
         run(engine, tmp_path / "e", progress=False, say=quiet)
     assert (tmp_path / "e" / "convert" / "manifest.json").exists()  # what runs here did run
+    # No TensorRT-LLM here: build wrote its dry-run plan and deploy took it.
+    assert Manifest.read(tmp_path / "e" / "build").extra["dry_run"] is True
+    assert Manifest.read(tmp_path / "e" / "deploy").input["stage"] == "build"
     torch_recipe = write_recipe(tmp_path / "t.yaml", *tiny_pair, fmt="bf16", gpu="h100-sxm", backend="pytorch")
     rc, stdout, _ = _cli("run", torch_recipe, "--out", tmp_path / "t", "--no-progress")
     assert rc == 3

@@ -288,29 +288,31 @@ def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor
 
 
 def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
-    """The drafter engine's own interface (§8.2 'Drafter engine', with the plugin's contract:
-    plugins/kv_inject_attention/README.md). build/trtllm_models.py implements it and the
-    TensorRT drafter runner feeds it."""
+    """The drafter engine's own interface (§8.2 'Drafter engine', in the shapes of
+    build/networks.py `drafter_forward` and the plugin's contract: plugins/kv_inject_attention/
+    README.md). build/trtllm_models.py declares these in `prepare_inputs`; the TensorRT drafter
+    runner feeds them."""
     d = recipe.drafter_facts
     tp = recipe.parallel.tp
     act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("drafter")]
+    kv = _kv_dtype(recipe, "drafter")
     dims = {
-        "batch": cfg["max_batch_size"], "num_ctx_tokens": cfg["max_num_tokens"], "max_seq_len": cfg["max_seq_len"],
+        "batch": cfg["max_batch_size"], "new_ctx": cfg["max_input_len"], "max_seq_len": cfg["max_seq_len"],
         "hidden": d.hidden_size, "kv_heads": max(1, d.num_kv_heads // tp), "head_dim": d.head_dim,
         "num_layers": d.num_layers, "block": block, "drafts": block - 1,
     }
-    arena = "context arena of drafter layer {l}, updated in place with this step's rows (aliased plugin I/O)"
+    arena = "context arena of drafter layer {l}: rows < cache_lens valid; this step's rows are appended in place"
     inputs = [
-        Tensor("anchor_ids", "int32", ("batch",), "last accepted token (block slot 0); slots 1.. are mask_token_id"),
-        Tensor("ctx_rows", act, ("num_ctx_tokens", "hidden"), "new context features (dflash_ctx / dflash_tail rows), packed"),
-        Tensor("ctx_positions", "int32", ("num_ctx_tokens",), "absolute position of each new row (its RoPE)"),
-        Tensor("ctx_seq_slots", "int32", ("num_ctx_tokens",), "batch row each new row belongs to"),
-        Tensor("cache_lens", "int32", ("batch",), "rows already in the arena = position of the sequence's first new row"),
-        Tensor("new_ctx_lens", "int32", ("batch",), "new rows per sequence; anchor position = cache_lens + new_ctx_lens"),
-        Tensor("k_cache_{l}", _kv_dtype(recipe, "drafter"), ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
-        Tensor("v_cache_{l}", _kv_dtype(recipe, "drafter"), ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
+        Tensor("block_ids", "int32", ("batch", "block"), "[anchor = last accepted token, mask_token_id x drafts]"),
+        Tensor("block_positions", "int32", ("batch", "block"), "cache_lens + new_ctx_lens + 0..block-1"),
+        Tensor("ctx_rows", act, ("batch", "new_ctx", "hidden"), "new fused context rows (dflash_ctx / dflash_tail)"),
+        Tensor("ctx_positions", "int32", ("batch", "new_ctx"), "absolute position of each new row (its RoPE)"),
+        Tensor("new_ctx_lens", "int32", ("batch",), "valid new rows per sequence (the rest is padding)"),
+        Tensor("cache_lens", "int32", ("batch",), "rows already in the arena before this step"),
+        Tensor("k_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
+        Tensor("v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
     ]
-    outputs = [Tensor("draft_ids", "int32", ("batch", "drafts"), "target lm_head + top-1 on block slots 1..")]
+    outputs = [Tensor("draft_ids", "int32", ("batch", "drafts"), "the target's lm_head + top-1 on the mask slots")]
     return dims, inputs, outputs
 
 
@@ -332,7 +334,7 @@ def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
         d = recipe.drafter_facts
         sliding = d.sliding_layers
         attrs = {"scale": f"1/sqrt({d.head_dim})", "causal_block": False, "window": 0}
-        use = f"the attention of all {d.num_layers} drafter layers: block queries over the context arena + the block"
+        use = f"the attention of every drafter layer ({d.num_layers}): block queries over the context arena + the block"
         if sliding:
             use += f" ({sliding} sliding layers: causal_block=true, window={d.sliding_window})"
         out.append({"name": PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py",

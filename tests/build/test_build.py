@@ -1,0 +1,259 @@
+"""build: the plan (trtllm-build commands, plugins, I/O tensors) of every engine recipe is pinned by
+golden files; build_config.json holds TensorRT-LLM 1.2.x BuildConfig / PluginConfig fields only
+(trtllm_dflash/build/upstream.py names the upstream files) and every key we require; bad input
+is one line, exit 2, nothing written; `run` takes the CPU engine recipe through convert, build
+(dry run) and deploy.
+
+To accept an intended change, regenerate the goldens with
+`python tests/build/test_build.py --regenerate` and review the diff.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash.artifacts import Manifest, verify_input
+from trtllm_dflash.build.plan import FROM_PLACEHOLDER, make_plan, max_draft_len, models_file, render
+from trtllm_dflash.build.stage import build, cannot_build_here
+from trtllm_dflash.build.upstream import (
+    BUILD_CONFIG_FIELDS,
+    KV_CACHE_TYPES,
+    PLUGIN_CONFIG_FIELDS,
+    REQUIRED_BUILD_KEYS,
+    REQUIRED_PLUGIN_KEYS,
+)
+from trtllm_dflash.cli import main
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe import load_recipe, list_recipes
+from trtllm_dflash.recipe.rules import check
+from trtllm_dflash.recipe.schema import parse_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+TINY = ROOT / "recipes/cpu/tiny-pystd-engine.yaml"
+OUT = "<OUT>"
+ENGINE_RECIPES = sorted(p for p in list_recipes() if p.parent.name in ("hopper", "blackwell", "cpu")
+                        and parse_recipe(p).backend.name == "engine")
+NAMES = [f"{p.parent.name}-{p.stem}" for p in ENGINE_RECIPES]
+
+pytestmark = pytest.mark.skipif(cannot_build_here() is None, reason="TensorRT-LLM 1.2.x is installed: build is real")
+
+
+def golden_text(path: Path, out: Path) -> str:
+    recipe = load_recipe(path)
+    plan = build(recipe, None, out, dry_run=True, say=lambda _: None).plan
+    text = render(plan) + "\n"
+    return text.replace(str(out.resolve()), OUT).replace(str(models_file()), "<PKG>/build/trtllm_models.py")
+
+
+def test_every_hopper_and_blackwell_engine_recipe_is_covered():
+    assert {p.parent.name for p in ENGINE_RECIPES} == {"hopper", "blackwell", "cpu"}
+    assert len(ENGINE_RECIPES) >= 5 and TINY in ENGINE_RECIPES
+
+
+@pytest.mark.parametrize("path", ENGINE_RECIPES, ids=NAMES)
+def test_dry_run_plan_matches_golden(path, tmp_path):
+    """build --dry-run without weights (no --from): commands, plugins and I/O tensors."""
+    name = f"{path.parent.name}-{path.stem}.txt"
+    assert golden_text(path, tmp_path / "b") == (GOLDEN / name).read_text(), f"differs from tests/build/golden/{name}"
+
+
+@pytest.mark.parametrize("path", ENGINE_RECIPES, ids=NAMES)
+def test_build_config_holds_only_upstream_fields_and_every_required_key(path, tmp_path):
+    recipe = load_recipe(path)
+    out = build(recipe, None, tmp_path / "b", dry_run=True, say=lambda _: None).out
+    plan = json.loads((out / "plan.json").read_text())
+    for role in ("target", "drafter"):
+        cfg = json.loads((out / role / "build_config.json").read_text())
+        assert set(cfg) <= set(BUILD_CONFIG_FIELDS), set(cfg) - set(BUILD_CONFIG_FIELDS)
+        assert set(REQUIRED_BUILD_KEYS) <= set(cfg), set(REQUIRED_BUILD_KEYS) - set(cfg)
+        plugins = cfg["plugin_config"]
+        assert set(plugins) <= set(PLUGIN_CONFIG_FIELDS), set(plugins) - set(PLUGIN_CONFIG_FIELDS)
+        assert set(REQUIRED_PLUGIN_KEYS) <= set(plugins)
+        # Values from the recipe, in the JSON types BuildConfig.from_dict takes.
+        assert cfg["max_batch_size"] == recipe.build.max_batch_size
+        assert cfg["max_num_tokens"] == recipe.build.max_num_tokens
+        assert cfg["max_seq_len"] == recipe.build.max_seq_len + max_draft_len(recipe)
+        assert cfg["kv_cache_type"] in KV_CACHE_TYPES and cfg["speculative_decoding_mode"] == 1  # NONE
+        assert all(isinstance(v, (int, bool, str, type(None), dict)) for v in cfg.values())
+        assert plugins["nccl_plugin"] == ("auto" if recipe.world_size > 1 else None)
+        assert plugins["use_fp8_context_fmha"] == (role == "target" and recipe.quantization.kv_cache == "fp8")
+        engine = next(e for e in plan["engines"] if e["role"] == role)
+        assert engine["build_config"] == cfg
+        assert engine["command"][engine["command"].index("--build_config") + 1] == str(out.resolve() / role / "build_config.json")
+    target = json.loads((out / "target" / "build_config.json").read_text())
+    drafter = json.loads((out / "drafter" / "build_config.json").read_text())
+    # The target verifies drafts as prompt tokens: no speculative decoding inputs, whole-sequence requests.
+    assert target["max_draft_len"] == 0 and target["max_input_len"] == target["max_seq_len"] - 1
+    assert target["kv_cache_type"] == "PAGED" and target["plugin_config"]["use_paged_context_fmha"] is True
+    # The drafter's block is max_draft_len + 1; its attention is our plugin, not gpt_attention.
+    assert drafter["max_draft_len"] == max_draft_len(recipe) <= recipe.drafter_facts.block_size - 1
+    assert drafter["plugin_config"]["gpt_attention_plugin"] is None
+    assert "trtllm_dflash::kv_inject_attention" in [p["name"] for p in plan["engines"][1]["plugins"]]
+    m = verify_input(out, ("build",), recipe)
+    assert m.extra["dry_run"] is True and m.input is None
+
+
+def test_tp2_plan_has_per_rank_engines_the_mpi_form_and_the_nccl_plugin(tmp_path):
+    recipe = load_recipe(ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml", ["parallel.tp=2", "hardware.count=2"])
+    plan = make_plan(recipe, tmp_path / "quantize", tmp_path / "b")
+    assert plan.world_size == 2 and "split" in plan.drafter_parallelism["mode"]
+    for e in plan.engines:
+        assert e.command[-2:] == ["--workers", "2"]
+        assert e.mpi_command[:3] == ["mpirun", "-n", "2"] and e.mpi_command[-2:] == ["--workers", "1"]
+        assert e.checkpoint_dir == str((tmp_path / "quantize" / e.role).resolve())
+        assert "nccl_plugin" in [p["name"] for p in e.plugins]
+    assert plan.engine("drafter").dims["kv_heads"] == recipe.drafter_facts.num_kv_heads // 2
+    assert "all_reduce_workspace" in [t.name for t in plan.engine("target").inputs]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def cli(*args) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def one_line_error(rc: int, err: str) -> str:
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The tiny engine recipe's convert output (2 s)."""
+    from trtllm_dflash.convert.convert import convert
+
+    out = tmp_path_factory.mktemp("conv") / "convert"
+    return convert(load_recipe(TINY), out, progress=False)
+
+
+def test_build_on_a_non_engine_recipe_is_refused(tmp_path):
+    rc, _, err = cli("build", ROOT / "recipes/cpu/tiny-pystd.yaml", "--out", tmp_path / "b", "--dry-run")
+    assert "backend.name is 'reference'" in one_line_error(rc, err) and "engine backend only" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_from_that_is_not_this_recipes_checkpoint_is_refused(tmp_path, converted):
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    rc, _, err = cli("build", TINY, "--from", junk, "--out", tmp_path / "b")
+    assert f"{junk}: no manifest.json" in one_line_error(rc, err)
+    # Another recipe's convert output (tp differs): the manifest field is named.
+    rc, _, err = cli("build", TINY, "--set", "parallel.tp=2", "--from", converted, "--out", tmp_path / "b")
+    assert "manifest field recipe_fields.parallel.tp is 1" in one_line_error(rc, err)
+    # A later stage's output instead of a checkpoint.
+    b = build(load_recipe(TINY), None, tmp_path / "plan", dry_run=True, say=lambda _: None).out
+    rc, _, err = cli("build", TINY, "--from", b, "--out", tmp_path / "b")
+    assert "manifest field stage is 'build'; expected a convert output" in one_line_error(rc, err)
+    assert not (tmp_path / "b").exists()
+
+
+def test_moe_and_other_architectures_are_refused(tmp_path):
+    moe = ROOT / "recipes/hopper/h200-qwen3-coder-30b-a3b-fp8.yaml"
+    rc, _, err = cli("build", moe, "--set", "backend.name=engine", "--set", "backend.trtllm_version=1.2.1",
+                     "--out", tmp_path / "b", "--dry-run")
+    assert "engine does not support qwen3_moe targets" in one_line_error(rc, err)
+    # The build's own check (a recipe loaded without rules), naming the field.
+    recipe = parse_recipe(moe, ["backend.name=engine"])
+    with pytest.raises(UserError, match=r"target.arch: MoE \(128 experts\) targets are not on the engine path"):
+        build(recipe, None, tmp_path / "b", dry_run=True)
+    gpt_oss = parse_recipe(ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml", ["backend.name=engine"])
+    with pytest.raises(UserError, match="target.arch: .*not on the engine path.*dense llama, qwen3"):
+        build(gpt_oss, None, tmp_path / "b", dry_run=True)
+    assert not (tmp_path / "b").exists()
+
+
+def test_max_draft_len_above_the_drafters_training_is_refused(tmp_path):
+    llama = ROOT / "recipes/hopper/h100-llama-3.1-8b-fp8.yaml"  # drafter trained at block 10
+    rc, _, err = cli("build", llama, "--set", "speculative.block_size=16", "--set", "speculative.draft_len=[]",
+                     "--out", tmp_path / "b", "--dry-run")
+    assert "speculative.block_size: 16 > 10" in one_line_error(rc, err)
+    recipe = parse_recipe(llama, ["speculative.draft_len=[{max_concurrency: 64, draft_len: 12}]"])
+    with pytest.raises(UserError, match=r"speculative.draft_len.0.draft_len: max_draft_len 12 needs a block of 13, "
+                                        r"but the drafter was trained with block_size 10"):
+        build(recipe, None, tmp_path / "b", dry_run=True)
+    assert not (tmp_path / "b").exists()
+
+
+def test_without_tensorrt_llm_the_plan_is_written_then_one_line_names_the_container(tmp_path, converted):
+    out = tmp_path / "b"
+    rc, stdout, err = cli("build", TINY, "--from", converted, "--out", out)
+    line = one_line_error(rc, err)
+    assert "TensorRT-LLM is not installed here" in line and "Triton 25.12 trtllm-python-py3" in line
+    assert "TensorRT-LLM 1.2.x" in line and f"--from {converted}" in line
+    assert "trtllm-build --checkpoint_dir" in stdout  # the plan is printed too
+    m = verify_input(out, ("build",), load_recipe(TINY))
+    assert m.extra["dry_run"] is True and m.input["stage"] == "convert"
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["engines"][0]["checkpoint_dir"] == str(converted.resolve() / "target")
+    assert not list(out.rglob("*.engine"))
+    # A dry-run output is replaced by the next build without --overwrite; --from without weights is required.
+    assert cli("build", TINY, "--from", converted, "--out", out, "--dry-run")[0] == 0
+    rc, _, err = cli("build", TINY, "--out", tmp_path / "c")
+    assert "--from is required to build engines" in one_line_error(rc, err)
+    assert not (tmp_path / "c").exists()
+
+
+def test_dry_run_cli_prints_the_commands_without_weights(tmp_path):
+    rc, stdout, _ = cli("build", ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml", "--out", tmp_path / "b", "--dry-run")
+    assert rc == 0
+    assert f"trtllm-build --checkpoint_dir {FROM_PLACEHOLDER}/target --build_config {tmp_path.resolve()}/b/target/" \
+           "build_config.json" in stdout
+    assert "--model_cls_name DFlashQwen3Target" in stdout and "--model_cls_name DFlashDrafter" in stdout
+    assert stdout.strip().endswith("(plan only (dry run): plan.json, target/ and drafter/build_config.json)")
+
+
+def test_engine_on_cpu_is_a_warning_and_pytorch_on_cpu_stays_an_error():
+    issues = check(load_recipe(TINY))
+    assert [(i.level, i.message) for i in issues if i.field == "backend"] == [
+        ("warning", "engine on cpu: build --dry-run only; served with reference runners")]
+    torch_cpu = parse_recipe(TINY, ["backend={name: pytorch, trtllm_version: 1.3.0}"])
+    assert any(i.level == "error" and "pytorch needs NVIDIA GPUs" in i.message for i in check(torch_cpu))
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def test_run_takes_the_cpu_engine_recipe_through_convert_build_and_deploy(tmp_path):
+    from trtllm_dflash.pipeline import run
+
+    said: list[str] = []
+    recipe = load_recipe(TINY)
+    stages = run(recipe, tmp_path, until="deploy", progress=False, say=said.append)
+    assert [(s.stage, s.status) for s in stages] == [("convert", "ran"), ("build", "ran"), ("deploy", "ran")]
+    assert any(line.startswith("build: TensorRT-LLM is not installed here: writing the dry-run plan") for line in said)
+    built = verify_input(tmp_path / "build", ("build",), recipe)
+    assert built.extra["dry_run"] is True and built.input["path"] == str((tmp_path / "convert").resolve())
+    deployed = Manifest.read(tmp_path / "deploy")
+    assert deployed.input["stage"] == "build" and deployed.extra["artifact"] == str((tmp_path / "build").resolve())
+    config = (tmp_path / "deploy/model_repository/dflash/config.pbtxt").read_text()
+    assert str((tmp_path / "build").resolve()) in config
+    # Make-like: everything is current the second time.
+    again = run(recipe, tmp_path, until="deploy", progress=False, say=said.append)
+    assert [s.status for s in again] == ["skipped"] * 3
+
+
+def regenerate() -> None:
+    import tempfile
+
+    GOLDEN.mkdir(exist_ok=True)
+    for path, name in zip(ENGINE_RECIPES, NAMES):
+        with tempfile.TemporaryDirectory() as d:
+            (GOLDEN / f"{name}.txt").write_text(golden_text(path, Path(d) / "b"))
+        print(f"wrote tests/build/golden/{name}.txt")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--regenerate"]:
+        regenerate()
+    else:
+        sys.exit("usage: python tests/build/test_build.py --regenerate")
