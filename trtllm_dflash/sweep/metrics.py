@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from trtllm_dflash.sweep.fronts import pareto_front  # noqa: F401  (its home is fronts.py; kept importable here)
+
 NS = 1e-9
 
 
@@ -176,15 +178,3 @@ def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int) -
         inter_chunk_s=Distribution.of([g for r in ok for g in inter_chunk_latencies(r)]),
         e2e_s=Distribution.of([e2e(r) for r in ok]),
     )
-
-
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats on both axes (higher is better on both)."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        dominated = any(
-            (x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i
-        )
-        if not dominated:
-            front.append(i)
-    return front

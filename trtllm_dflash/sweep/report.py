@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtllm_dflash.sweep.metrics import LevelSummary, pareto_front
+from trtllm_dflash.sweep.fronts import pareto_front
+from trtllm_dflash.sweep.metrics import LevelSummary
 
 
 def _points(summaries: list[LevelSummary]) -> list[tuple[float, float]]:
@@ -52,7 +53,7 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
             str(s.concurrency) + (" *" if i in front else ""), str(s.requests), str(s.failed),
             f"{s.output_tok_s_per_gpu:.1f}", f"{s.tok_s_user.p50:.1f}" if s.tok_s_user else "-",
             ms(s.ttft_s, "p50"), ms(s.ttft_s, "p99"), ms(s.tpot_s, "p50"), ms(s.inter_chunk_s, "p50"),
-            f"{s.tau:.2f}" if s.tau else "-",
+            f"{s.tau:.2f}" if s.tau else "unknown",  # the server reported no verify passes
         )
     t.caption = "* on the Pareto front (tokens/s/GPU vs tokens/s/user)"
     return t
