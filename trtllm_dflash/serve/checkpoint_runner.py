@@ -166,6 +166,11 @@ def _read_rank(directory: Path, role: str, rank: int, dtype: torch.dtype) -> dic
     return _dequantized(load_file(path), dtype)
 
 
+def read_rank(info: CheckpointInfo, role: str, rank: int, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """One rank's tensors of `role` under their checkpoint names, quantized weights dequantized."""
+    return {k: v.to(device) for k, v in _read_rank(info.directory, role, rank, dtype).items()}
+
+
 def _state(arch_map, layers: list[tuple], tensors: dict[str, torch.Tensor], local_heads, experts: int,
            strip_model: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """A rank's TensorRT-LLM tensors -> reference parameter names (entries from `origin` target skipped)."""

@@ -1,0 +1,203 @@
+"""The engine backend's runners on CPU (FakeExecutor over the tap engine, the torch drafter
+network) drive the one round loop to exactly the reference runners' tokens.
+
+- greedy: random prompts, batch mixes, mid-flight joins and cancels (seeded scenarios), on
+  a Qwen3 and a Llama pair: identical tokens round by round;
+- sampling: the target's distribution (chi-square, as tests/reference/test_sampling.py);
+- the fake Executor's 1.2.1 rules: reused prefixes return no context rows, unknown outputs
+  and over-long requests are error responses;
+- a runner failure mid-round fails only that batch's requests in the serving batcher.
+"""
+
+import importlib
+import random
+
+import pytest
+import torch
+from reference_helpers import make_drafter, make_target
+from sampling_stats import PROMPT, chi_square_p, exact_joint
+
+from trtllm_dflash.reference import SamplingParams, load_pair
+from trtllm_dflash.reference.generate import Decoder
+from trtllm_dflash.serve.batcher import LocalModel
+from trtllm_dflash.serve.engine_runners import EngineTarget, TapEngine, drafter_weights, engine_model_from_pair
+from trtllm_dflash.serve.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def pair(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"engine-{request.param}")
+    t = make_target(root / "t", request.param, seed=3)
+    return load_pair(t, make_drafter(root / "d", t, seed=4, block_size=8))
+
+
+def scenario(seed: int, vocab: int):
+    """A seeded script of admits (with prompts and limits) and cancels, by round."""
+    rng = random.Random(seed)
+    events, rid = [], 0
+    for rnd in range(8):
+        if rnd == 0 or rng.random() < 0.5:
+            n = rng.randint(1, 3)
+            prompts = [[rng.randrange(vocab - 1) for _ in range(rng.randint(1, 20))] for _ in range(n)]
+            events.append((rnd, "admit", list(range(rid, rid + n)), prompts, [rng.randint(1, 30) for _ in range(n)]))
+            rid += n
+        if rid and rng.random() < 0.25:
+            events.append((rnd, "cancel", [rng.randrange(rid)], None, None))
+    return events
+
+
+def play(decoder: Decoder, events, stops) -> list:
+    """Run the script; returns every StepRecord as comparable tuples."""
+    log, rnd = [], 0
+    while True:
+        for at, kind, ids, prompts, limits in events:
+            if at != rnd:
+                continue
+            if kind == "admit":
+                rec = decoder.admit(ids, prompts, limits, [stops] * len(ids))
+                log.append(("admit", rec.seq_ids, rec.tokens, rec.finished))
+            else:
+                decoder.cancel(ids)
+        if decoder.running:
+            rec = decoder.step()
+            log.append(("step", rec.seq_ids, rec.tokens, rec.finished, rec.drafted))
+        elif rnd > max(e[0] for e in events):
+            return log
+        rnd += 1
+
+
+def oracle_drafts(monkeypatch, futures: dict[int, list[int]], corrupt_every: int = 3):
+    """Drafts = the target's true greedy continuation (futures[r] = prompt + output of request r),
+    one slot corrupted every few rounds, so rounds accept ragged amounts. The real drafter still
+    runs (its context state stays in use)."""
+    loop = importlib.import_module("trtllm_dflash.reference.generate")  # the package exports a `generate` function
+    real = loop._draft_logits
+
+    def oracle(target, drafter, st, T):
+        logits = real(target, drafter, st, T)
+        fake = torch.full_like(logits, -10.0)
+        for b, (r, start) in enumerate(zip(st.rows, st.start.tolist())):
+            future = futures.get(r, [])[start + 1 : start + T] + [0] * T
+            k = r + start  # which slot is corrupted depends on the request's state only: the same in every run
+            for j in range(T - 1):
+                bad = k % corrupt_every == 0 and j == k % (T - 1)
+                fake[b, j, (future[j] + bad) % logits.shape[-1]] = 10.0
+        return fake
+
+    monkeypatch.setattr(loop, "_draft_logits", oracle)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_engine_runners_equal_reference_runners(pair, seed, monkeypatch):
+    target, drafter = pair
+    events = scenario(seed, target.cfg.vocab_size)
+    stops = [7]  # a stop token that does occur: requests end on it too
+    ref = LocalModel(target, drafter)
+    first = play(ref.decoder(sampling=SamplingParams(), max_len=64), events, stops)
+    futures = {e_id: list(p) for e in events if e[1] == "admit" for e_id, p in zip(e[2], e[3])}
+    for rec in first:
+        for r, toks in zip(rec[1], rec[2]):
+            futures[r] += toks
+    oracle_drafts(monkeypatch, futures)
+    engine = engine_model_from_pair(target, drafter, max_seq_len=64)
+    got = play(engine.decoder(sampling=SamplingParams(), max_len=64), events, stops)
+    assert got == play(ref.decoder(sampling=SamplingParams(), max_len=64), events, stops)
+    assert any(len(set(map(len, rec[2]))) > 1 for rec in got if rec[0] == "step")  # ragged acceptance happened
+    assert engine.executor.reused_tokens > 0  # verify rounds reused their committed prefix
+
+
+@pytest.fixture(scope="module")
+def tiny8(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny8")
+    t = make_target(root / "t8", "qwen3", seed=4, vocab=8, layers=2, std=0.25)
+    d = make_drafter(root / "d8", t, seed=5, block_size=4, target_layer_ids=(0, 1), std=0.25)
+    return t, d
+
+
+@pytest.mark.parametrize("s", [SamplingParams(temperature=1.0, seed=11), SamplingParams(temperature=0.8, top_k=4, seed=12)],
+                         ids=["t1", "topk"])
+def test_sampling_through_engine_runners_keeps_the_target_distribution(tiny8, s):
+    target, drafter = load_pair(*tiny8)
+    n = 6000  # 6000 requests per round through the fake Executor: alpha 1e-3 as the reference test
+    decoder = engine_model_from_pair(target, drafter, max_seq_len=16).decoder(sampling=s, max_len=16)
+    rec = decoder.admit(list(range(n)), [PROMPT] * n, [4] * n, [[]] * n)
+    tokens = [list(t) for t in rec.tokens]
+    while decoder.running:
+        rec = decoder.step()
+        for r, t in zip(rec.seq_ids, rec.tokens):
+            tokens[r] += t
+    p = chi_square_p([tuple(t[:3]) for t in tokens], exact_joint(tiny8[0], s))
+    assert p > 1e-3, f"chi-square rejects the target distribution through the engine runners: p = {p:.2e}"
+
+
+def test_fake_executor_follows_the_121_rules(pair):
+    target, drafter = pair
+    w = drafter_weights(target, drafter)
+    engine = TapEngine(target, {k: w[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")},
+                       tuple(drafter.target_layer_ids), drafter.cfg.rms_norm_eps, tail=8)
+    ex = FakeExecutor(engine, max_seq_len=40, max_input_len=32, tokens_per_block=4, enable_partial_reuse=False)
+    ctx = OutputConfig([AdditionalModelOutput("dflash_ctx", gather_context=True)])
+    seq = list(range(1, 23))
+
+    def rows(tokens, salt):
+        (r,) = ex.await_responses(ex.enqueue_request(Request(tokens, 1, ctx, cache_salt_id=salt)))
+        return r.result.additional_outputs[0].output.shape[0]
+
+    assert rows(seq, salt=1) == 22  # nothing cached yet: every prompt row
+    assert rows(seq + [5, 6], salt=1) == 24 - 20  # 22 tokens cached -> 5 whole blocks of 4 reused
+    assert rows(seq, salt=2) == 22  # another salt sees nothing of salt 1
+    (bad,) = ex.await_responses(ex.enqueue_request(Request(seq, 1, OutputConfig([AdditionalModelOutput("hidden")]))))
+    assert bad.has_error() and "not an output of the engine" in bad.error_msg
+    (long,) = ex.await_responses(ex.enqueue_request(Request(list(range(40)), 1, ctx)))
+    assert long.has_error() and "exceeds max_seq_len 40" in long.error_msg
+    # the engine runner refuses a prefill whose context rows were hidden by reuse
+    runner = EngineTarget(ex, vocab_size=target.cfg.vocab_size, eos_token_ids=(), tail=8, greedy=True)
+    runner._salts = iter([1])
+    with pytest.raises(RuntimeError, match="KV reuse hid some"):
+        runner.prefill([seq])
+
+
+def test_a_failing_round_fails_only_its_batch(pair):
+    import threading
+
+    from trtllm_dflash.serve.batcher import Job, ServingEngine
+
+    target, drafter = pair
+    model = engine_model_from_pair(target, drafter, max_seq_len=64)
+    real, calls = model.executor.engine.run, [0]
+
+    def flaky(sequences):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("engine step failed (injected)")
+        return real(sequences)
+
+    model.executor.engine.run = flaky
+
+    class Tok:  # token ids as text
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    done = {}
+    finished = threading.Event()
+
+    def emit(name):
+        def f(update):
+            if update.finish_reason is not None:
+                done[name] = update.finish_reason
+                if len(done) == 3:
+                    finished.set()
+        return f
+
+    eng = ServingEngine(model, Tok(), max_seq_len=64, max_batch_size=4)
+    try:
+        eng.submit(Job([1, 2, 3], 20, emit("a"), stop_token_ids=[]))
+        eng.submit(Job([4, 5], 20, emit("b"), stop_token_ids=[]))
+        while len(done) < 2:
+            threading.Event().wait(0.05)
+        eng.submit(Job([6, 7, 8], 10, emit("c"), stop_token_ids=[]))
+        assert finished.wait(30)
+    finally:
+        eng.stop()
+    assert done["a"].startswith("error: RuntimeError") and "injected" in done["a"] and done["b"] == done["a"]
+    assert done["c"] == "length"

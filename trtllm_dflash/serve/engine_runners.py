@@ -1,0 +1,245 @@
+"""The engine backend's runners (design C): the round loop of reference/generate.py over
+TensorRT-LLM 1.2.1 engines, or over their CPU stand-ins.
+
+  EngineTarget    TargetRunner over an Executor: every round, one context request per running
+                  sequence (its committed tokens + [anchor, drafts] as prompt tokens, max_tokens 1,
+                  a per-sequence cache salt so only its own prefix is reused). Prefill asks for
+                  `dflash_ctx` (gather_context: one fused context row per prompt token); verify
+                  asks for the per-sequence tails: `dflash_tail` (the fused rows of the last
+                  `tail` positions) and `dflash_logits` (their logits) or `dflash_argmax` (greedy)
+  EngineDrafter   DrafterRunner over the drafter network (build/networks.py) with TorchOps and
+                  an Arena: the CPU implementation of the drafter engine
+  TapEngine       the CPU stand-in of the target engine that FakeExecutor runs: our reference
+                  Target plus the tap network, full sequences, the engine's output names
+  EngineModel     what the serving batcher asks for decoders (same interface as LocalModel)
+
+The TensorRT runners (the real Executor and the drafter engine) are in trt_runners.py, GPU-only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import torch
+
+from trtllm_dflash.build.networks import DrafterSpec, drafter_forward, target_tap
+from trtllm_dflash.build.ops_torch import Arena, TorchOps
+from trtllm_dflash.reference.generate import Decoder
+from trtllm_dflash.reference.runners import PAD, causal_mask
+from trtllm_dflash.reference.target import Rope, Target
+from trtllm_dflash.serve.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+
+# The target engine's extra outputs (build stage I/O, trtllm_models.py): per token or per sequence.
+ENGINE_OUTPUTS = {"dflash_ctx": "token", "dflash_tail": "sequence", "dflash_logits": "sequence",
+                  "dflash_argmax": "sequence"}
+
+
+class TapEngine:
+    """CPU stand-in of the target engine: Target forward over whole sequences, the fused
+    context rows (target_tap), and the last `tail` positions' rows, logits and argmax."""
+
+    output_kinds = ENGINE_OUTPUTS
+
+    def __init__(self, target: Target, tap_weights: dict[str, torch.Tensor], capture: tuple[int, ...], eps: float,
+                 tail: int):
+        self.target, self.capture, self.eps, self.tail = target, capture, eps, tail
+        self.tap = TorchOps(tap_weights)
+
+    @torch.inference_mode()
+    def run(self, sequences):
+        dev = self.target.device
+        lengths = [len(s) for s in sequences]
+        B, L = len(sequences), max(lengths)
+        tok = torch.zeros(B, L, dtype=torch.long, device=dev)  # right-padded
+        for b, s in enumerate(sequences):
+            tok[b, : len(s)] = torch.tensor(s, dtype=torch.long)
+        pos = torch.arange(L, device=dev).expand(B, -1)
+        cache = self.target.new_cache(B, L)
+        logits, feats = self.target(tok, pos, cache, L, causal_mask(torch.zeros(B, dtype=torch.long, device=dev), L, L),
+                                    self.capture)  # [B, L, V], [B, L, n*H]
+        ctx = target_tap(self.tap, [feats], self.eps)  # [B, L, H]
+        out = []
+        for b, n in enumerate(lengths):
+            rows = (torch.arange(self.tail, device=dev) + n - self.tail).clamp(min=0)  # the last `tail` positions
+            out.append({"logits": logits[b, n - 1], "dflash_ctx": ctx[b, :n], "dflash_tail": ctx[b, rows],
+                        "dflash_logits": logits[b, rows], "dflash_argmax": logits[b, rows].argmax(-1).to(torch.int32)})
+        return out
+
+
+class EngineTarget:
+    """TargetRunner over a 1.2.1 Executor (or FakeExecutor) serving the DFlash target engine."""
+
+    _salts = itertools.count(1)
+
+    def __init__(self, executor, *, vocab_size: int, eos_token_ids: tuple[int, ...], tail: int,
+                 greedy: bool, device: torch.device | str = "cpu"):
+        self.ex, self.tail, self.greedy = executor, tail, greedy
+        self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, torch.device(device)
+        self.salt: list[int] = []
+        self.committed: list[list[int]] = []  # tokens at positions [0, start) of every row
+        self.last: list[list[int]] = []  # the tokens of the row's last verify (anchor + drafts)
+
+    def _requests(self, inputs: list[list[int]], salts: list[int], names: list[tuple[str, bool]]) -> list[dict]:
+        outputs = OutputConfig([AdditionalModelOutput(n, gather_context=g) for n, g in names])
+        ids = [self.ex.enqueue_request(Request(list(inp), 1, outputs, cache_salt_id=s)) for inp, s in zip(inputs, salts)]
+        results = []
+        for rid in ids:
+            (resp,) = self.ex.await_responses(rid)
+            if resp.has_error():
+                raise RuntimeError(f"target engine request failed: {resp.error_msg}")
+            results.append({o.name: torch.as_tensor(o.output, device=self.device) for o in resp.result.additional_outputs})
+        return results
+
+    def _scores(self, out: dict, n: int) -> torch.Tensor:
+        """The last n tail positions' logits [n, V]; greedy engines return one-hot argmax instead."""
+        if not self.greedy:
+            return out["dflash_logits"][-n:].float()
+        return torch.nn.functional.one_hot(out["dflash_argmax"][-n:].long(), self.vocab_size).float()
+
+    def _tail(self) -> list[tuple[str, bool]]:
+        return [("dflash_tail", False), ("dflash_argmax" if self.greedy else "dflash_logits", False)]
+
+    def prefill(self, prompts):
+        salts = [next(self._salts) for _ in prompts]
+        outs = self._requests(prompts, salts, [("dflash_ctx", True), *self._tail()])
+        P = max(len(p) for p in prompts)
+        feats = torch.zeros(len(prompts), P, outs[0]["dflash_ctx"].shape[-1], dtype=outs[0]["dflash_ctx"].dtype,
+                            device=self.device)
+        for b, (p, out) in enumerate(zip(prompts, outs)):
+            if out["dflash_ctx"].shape[0] != len(p):  # a reused prefix has no context rows (1.2.1 rule)
+                raise RuntimeError(f"prefill returned {out['dflash_ctx'].shape[0]} context rows for a {len(p)}-token "
+                                   "prompt: KV reuse hid some (the cache salt must be new)")
+            feats[b, : len(p)] = out["dflash_ctx"]
+        self.salt += salts
+        self.committed += [list(p) for p in prompts]
+        self.last += [[] for _ in prompts]
+        return torch.stack([self._scores(out, 1)[0] for out in outs]), feats
+
+    def verify(self, tokens, start):
+        T = tokens.shape[1]
+        if T > self.tail:
+            raise RuntimeError(f"verify block of {T} tokens is longer than the engine's tail of {self.tail} rows")
+        inputs = []
+        for b, s in enumerate(start.tolist()):
+            have = self.committed[b]
+            have += self.last[b][: s - len(have)]  # the anchor and accepted drafts of the last round
+            assert len(have) == s, f"row {b}: {len(have)} committed tokens for position {s}"
+            self.last[b] = tokens[b].tolist()
+            inputs.append(have + self.last[b])
+        outs = self._requests(inputs, self.salt, self._tail())
+        logits = torch.stack([self._scores(out, T) for out in outs])  # [B, T, V]
+        feats = torch.stack([out["dflash_tail"][-T:] for out in outs])  # [B, T, H]
+        return logits, feats
+
+    def keep(self, idx):
+        gone = set(range(len(self.salt))) - set(idx)
+        for b in gone:
+            if hasattr(self.ex, "release_salt"):
+                self.ex.release_salt(self.salt[b])
+        self.salt = [self.salt[i] for i in idx]
+        self.committed = [self.committed[i] for i in idx]
+        self.last = [self.last[i] for i in idx]
+
+
+class EngineDrafter:
+    """DrafterRunner: the drafter network (build/networks.py) on torch, over an Arena."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], spec: DrafterSpec, rope: Rope, *, block_size: int,
+                 mask_token_id: int, target_layer_ids: tuple[int, ...], max_len: int):
+        self.w, self.spec, self.rope = weights, spec, rope
+        self.block_size, self.mask_token_id, self.target_layer_ids = block_size, mask_token_id, target_layer_ids
+        emb = weights["transformer.vocab_embedding.weight"]
+        self.arena = Arena(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len, emb.dtype, emb.device)
+
+    def join(self, n):
+        self.arena.join(n)
+
+    @torch.inference_mode()
+    def draft(self, anchor, start, ctx, ctx_pos, T):
+        new = (ctx_pos != PAD).sum(1).to(torch.int32)  # valid rows are a prefix of each row
+        if not torch.equal(self.arena.lens + new, start.to(torch.int32)):
+            raise RuntimeError("drafter context is not contiguous with the anchor position")
+        block = torch.full((anchor.shape[0], T), self.mask_token_id, dtype=torch.long, device=anchor.device)
+        block[:, 0] = anchor
+        blk_pos = start[:, None] + torch.arange(T, device=anchor.device)
+        ops = TorchOps(self.w, self.rope, self.arena, new)
+        logits = drafter_forward(ops, self.spec, block, blk_pos, ctx, ctx_pos.clamp(min=0))
+        self.arena.lens = self.arena.lens + new
+        return logits
+
+    def keep(self, idx):
+        self.arena.keep(idx)
+
+
+class EngineModel:
+    """Engine runners for the serving batcher: one executor and one drafter weight set shared by
+    the decoders of every sampling group."""
+
+    def __init__(self, executor, drafter_weights: dict, drafter_cfg, *, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 device: str = "cpu"):
+        self.executor, self.w, self.cfg = executor, drafter_weights, drafter_cfg
+        self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, device
+        self.spec = DrafterSpec.from_config(drafter_cfg)
+        self.rope = Rope(drafter_cfg.rope, drafter_cfg.head_dim).to(device)
+
+    def decoder(self, *, sampling, mode: str = "dflash", block_size: int | None = None, ddtree_budget: int | None = None,
+                max_len: int = 2048) -> Decoder:
+        block = block_size or self.cfg.block_size
+        target = EngineTarget(self.executor, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
+                              tail=self.cfg.block_size, greedy=sampling.greedy, device=self.device)
+        drafter = EngineDrafter(self.w, self.spec, self.rope, block_size=self.cfg.block_size,
+                                mask_token_id=self.cfg.mask_token_id, target_layer_ids=self.cfg.target_layer_ids,
+                                max_len=max_len + 1 + block)
+        return Decoder(target, drafter, mode, block_size, ddtree_budget, sampling, max_len)
+
+    def release(self, decoder: Decoder) -> None:
+        pass
+
+    def close(self) -> None:
+        self.executor.shutdown()
+
+
+def open_cpu_engine(checkpoint: str | Path, max_seq_len: int, max_input_len: int, dtype: torch.dtype | None = None,
+                    device: str = "cpu") -> EngineModel:
+    """The engine runners on CPU over a convert / quantize output (tp 1): FakeExecutor over
+    TapEngine for the target, the torch drafter network for the drafter."""
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.serve.checkpoint_runner import Comm, load_rank, read_checkpoint, read_rank
+
+    info = read_checkpoint(checkpoint)
+    if info.tp != 1:
+        raise UserError(f"{checkpoint}: the CPU engine runners run tp=1 checkpoints; this one is sharded for tp={info.tp}")
+    target, _ = load_rank(info, Comm(), dtype, device)
+    weights = read_rank(info, "drafter", 0, dtype or info.dtype, device)
+    d = info.drafter_cfg
+    tap = {k: weights[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")}
+    engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size)
+    executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
+    return EngineModel(executor, weights, d, vocab_size=info.target_cfg.vocab_size,
+                       eos_token_ids=info.target_cfg.eos_token_ids, device=device)
+
+
+def drafter_weights(target: Target, drafter) -> dict[str, torch.Tensor]:
+    """A reference pair's drafter under the engine checkpoint's names (tp 1), built with the
+    convert stage's own map (convert/weight_maps.py DRAFTER_MAP) from the modules' tensors."""
+    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, combine, model_entries, source_name
+
+    sources = dict(drafter.state_dict())
+    sources.update({"model.embed_tokens.weight": target.embed_tokens.weight, "lm_head.weight": target.lm_head.weight})
+    out = {}
+    for entry, layer in model_entries(DRAFTER_MAP, drafter.cfg, drafter=True):
+        name = entry.dst.replace("{}", str(layer)) if layer is not None else entry.dst
+        out[name] = combine(entry, [[sources[source_name(s, layer)] for s in entry.src]])
+    return out
+
+
+def engine_model_from_pair(target: Target, drafter, max_seq_len: int) -> EngineModel:
+    """The CPU engine runners over an in-memory reference pair (tests, benchmarks)."""
+    d = drafter.cfg
+    weights = drafter_weights(target, drafter)
+    tap = {k: weights[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")}
+    engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size)
+    executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
+    return EngineModel(executor, weights, d, vocab_size=target.cfg.vocab_size, eos_token_ids=target.cfg.eos_token_ids,
+                       device=str(target.device))

@@ -1,0 +1,161 @@
+"""A CPU stand-in for TensorRT-LLM 1.2.1's Executor serving our DFlash target engine.
+
+It has the Python bindings' shape (`tensorrt_llm.bindings.executor`: Executor.enqueue_request /
+await_responses / cancel_request / shutdown; Request with output_config and a cache salt;
+Result.additional_outputs) and models the 1.2.1 rules the engine runner depends on (upstream:
+cpp/tensorrt_llm/batch_manager/utils/inflightBatchingUtils.cpp::copyAdditionalOutputs for the
+additional-output rows, cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp for block reuse,
+cpp/include/tensorrt_llm/executor/executor.h for the request fields):
+  - every request is a context request (design C: drafts travel as prompt tokens, max_tokens 1);
+  - KV-cache block reuse: a request reuses the longest prefix of tokens an earlier request
+    with the same cache salt already computed (whole blocks of tokens_per_block, or any
+    prefix with partial reuse), never the last input token;
+  - additional outputs: a `gather_context` output (one row per token, e.g. dflash_ctx)
+    returns rows only for the positions that were computed, i.e. not reused; an output
+    without it (one row per sequence, e.g. dflash_tail) returns that sequence's row;
+    requesting an output the engine does not have is an error;
+  - input + max_tokens beyond max_seq_len, or more than max_input_len prompt tokens, is an
+    error response (the server keeps serving).
+The engine itself is `engine.run(sequences) -> [{output name: tensor}]` over full token
+sequences (the stand-in recomputes a sequence from scratch; what it *reports* follows the
+reuse rules above). Tensor-parallel ranks are an engine concern (ShardedTapEngine).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class AdditionalModelOutput:
+    name: str
+    gather_context: bool = False
+
+
+@dataclass
+class OutputConfig:
+    additional_model_outputs: list[AdditionalModelOutput] = field(default_factory=list)
+    exclude_input_from_output: bool = True
+
+
+@dataclass
+class Request:
+    input_token_ids: list[int]
+    max_tokens: int
+    output_config: OutputConfig = field(default_factory=OutputConfig)
+    cache_salt_id: int | None = None
+    streaming: bool = False
+
+
+@dataclass(frozen=True)
+class AdditionalOutput:
+    name: str
+    output: torch.Tensor
+
+
+@dataclass
+class Result:
+    output_token_ids: list[list[int]]  # per beam
+    is_final: bool
+    additional_outputs: list[AdditionalOutput]
+
+
+@dataclass
+class Response:
+    request_id: int
+    result: Result | None = None
+    error_msg: str | None = None
+
+    def has_error(self) -> bool:
+        return self.error_msg is not None
+
+
+class TapEngine(Protocol):
+    """The target engine: full-sequence outputs, per token ('token') or per sequence ('sequence')."""
+
+    output_kinds: dict[str, str]
+
+    def run(self, sequences: list[list[int]]) -> list[dict[str, torch.Tensor]]:
+        """For each sequence: 'logits' at its last position [V], and every additional output
+        (per-token outputs [len, ...], per-sequence outputs [...])."""
+
+
+class FakeExecutor:
+    def __init__(self, engine: TapEngine, *, max_seq_len: int, max_input_len: int, tokens_per_block: int = 32,
+                 enable_block_reuse: bool = True, enable_partial_reuse: bool = True):
+        self.engine = engine
+        self.max_seq_len, self.max_input_len = max_seq_len, max_input_len
+        self.tokens_per_block, self.reuse, self.partial = tokens_per_block, enable_block_reuse, enable_partial_reuse
+        self._ids = itertools.count(1)
+        self._queue: dict[int, Request] = {}
+        self._done: dict[int, Response] = {}
+        self._cached: dict[int | None, list[list[int]]] = {}  # cache salt -> token sequences with KV blocks
+        self.requests = 0  # requests served (for tests and stats)
+        self.reused_tokens = 0  # prompt tokens that KV reuse saved
+
+    def enqueue_request(self, request: Request) -> int:
+        rid = next(self._ids)
+        names = [o.name for o in request.output_config.additional_model_outputs]
+        unknown = [n for n in names if n not in self.engine.output_kinds]
+        if unknown:
+            self._done[rid] = Response(rid, error_msg=f"additional output {unknown[0]!r} is not an output of the engine")
+        elif len(request.input_token_ids) + request.max_tokens > self.max_seq_len:
+            self._done[rid] = Response(rid, error_msg=f"input length {len(request.input_token_ids)} + max_tokens "
+                                                      f"{request.max_tokens} exceeds max_seq_len {self.max_seq_len}")
+        elif len(request.input_token_ids) > self.max_input_len:
+            self._done[rid] = Response(rid, error_msg=f"input length {len(request.input_token_ids)} exceeds "
+                                                      f"max_input_len {self.max_input_len}")
+        else:
+            self._queue[rid] = request
+        return rid
+
+    def cancel_request(self, rid: int) -> None:
+        self._queue.pop(rid, None)
+
+    def _reused(self, salt: int | None, tokens: list[int]) -> int:
+        if not self.reuse:
+            return 0
+        best = 0
+        for seq in self._cached.get(salt, []):
+            n = next((i for i, (a, b) in enumerate(zip(seq, tokens)) if a != b), min(len(seq), len(tokens)))
+            best = max(best, n)
+        best = min(best, len(tokens) - 1)  # the last input token is always computed (its logits)
+        return best if self.partial else best - best % self.tokens_per_block
+
+    def _step(self) -> None:
+        """One engine step over everything queued (all context requests of one batch)."""
+        if not self._queue:
+            return
+        batch = list(self._queue.items())
+        self._queue.clear()
+        outs = self.engine.run([r.input_token_ids for _, r in batch])
+        for (rid, req), out in zip(batch, outs):
+            reused = self._reused(req.cache_salt_id, req.input_token_ids)
+            extra = []
+            for o in req.output_config.additional_model_outputs:
+                t = out[o.name]
+                if self.engine.output_kinds[o.name] == "token":
+                    # context outputs cover the computed (not reused) positions only
+                    t = t[reused:] if o.gather_context else t[-1:]
+                extra.append(AdditionalOutput(o.name, t))
+            token = int(out["logits"].argmax())  # the executor's own greedy token (max_tokens == 1)
+            self._cached.setdefault(req.cache_salt_id, []).append(list(req.input_token_ids))
+            self.requests += 1
+            self.reused_tokens += reused
+            self._done[rid] = Response(rid, Result([[token]], True, extra))
+
+    def await_responses(self, request_id: int) -> list[Response]:
+        if request_id not in self._done:
+            self._step()
+        return [self._done.pop(request_id)]
+
+    def release_salt(self, salt: int) -> None:
+        """The salt's sequences are finished: their blocks may be evicted (the stand-in frees them)."""
+        self._cached.pop(salt, None)
+
+    def shutdown(self) -> None:
+        self._queue.clear()
