@@ -201,3 +201,28 @@ def test_a_failing_round_fails_only_its_batch(pair):
         eng.stop()
     assert done["a"].startswith("error: RuntimeError") and "injected" in done["a"] and done["b"] == done["a"]
     assert done["c"] == "length"
+
+
+def test_emulated_engine_at_tp2_reproduces_tp1(tmp_path):
+    """The engine runners' rank logic (target and drafter split per rank, FakeExecutor on every
+    rank, collectives over gloo in two processes) gives the tp = 1 reference tokens on the
+    shipped pair."""
+    from trtllm_dflash.convert.convert import convert
+    from trtllm_dflash.prompts.sources import heldout_token_prompts
+    from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
+
+    def tokens(directory, runners, prompts):
+        got = [[] for _ in prompts]
+        rounds = 0
+        for rec in checkpoint_steps(directory, prompts, 24, runners=runners):
+            rounds += rec.round > 0
+            for r, t in zip(rec.seq_ids, rec.tokens):
+                got[r] += t
+        return got, rounds
+
+    one, two = load_recipe(None), load_recipe(None, ["parallel.tp=2"])
+    prompts = heldout_token_prompts(one.target.path, 2, 32)
+    ref, rounds = tokens(convert(one, tmp_path / "tp1", progress=False), "reference", prompts)
+    assert rounds <= 12  # drafts were accepted: about two or more tokens per round (23 rounds at one token each)
+    assert tokens(convert(two, tmp_path / "tp2", progress=False), "emulated", prompts) == (ref, rounds)

@@ -46,19 +46,49 @@ class Arena:
         self.lens = self.lens[sel]
 
 
+# Tensor parallelism as the convert stage splits the drafter checkpoint (convert/weight_maps.py
+# DRAFTER_MAP) and as TensorRT-LLM's ColumnLinear / RowLinear / vocab-parallel Embedding run it:
+# q, kv, mlp.fc and mlp.gate stay local (per rank's heads / FFN columns); these need a collective.
+GATHERED = ("dflash.fc", "lm_head")  # column-parallel, output all-gathered (fc before hidden_norm)
+REDUCED = ("attention.dense", "mlp.proj")  # row-parallel, output all-reduced (bias added once, after)
+
+
+class SingleRank:
+    """The collectives of one process (tp = 1): identities. serve/checkpoint_runner.Comm is the tp > 1 one."""
+
+    rank, world = 0, 1
+
+    def all_reduce(self, x):
+        return x
+
+    def all_gather_last(self, x):
+        return x
+
+
 class TorchOps:
-    """ops over `weights` {checkpoint name: tensor}; `arena` and `new_lens` [B] (context rows
-    each sequence appends in this pass) for the drafter, None for the target tap."""
+    """ops over `weights` {checkpoint name: tensor} of one rank; `arena` and `new_lens` [B]
+    (context rows each sequence appends in this pass) for the drafter, None for the target tap;
+    `comm` runs the tensor-parallel collectives (rank logic above)."""
 
     def __init__(self, weights: dict[str, torch.Tensor], rope: Rope | None = None, arena: Arena | None = None,
-                 new_lens: torch.Tensor | None = None):
-        self.w, self.rope_table, self.arena, self.new_lens = weights, rope, arena, new_lens
+                 new_lens: torch.Tensor | None = None, comm=SingleRank()):
+        self.w, self.rope_table, self.arena, self.new_lens, self.comm = weights, rope, arena, new_lens, comm
 
     def embed(self, ids, name):
-        return F.embedding(ids, self.w[name + ".weight"])
+        table = self.w[name + ".weight"]  # vocab-parallel: rows [rank * n, (rank + 1) * n)
+        if self.comm.world == 1:
+            return F.embedding(ids, table)
+        local = ids - self.comm.rank * table.shape[0]
+        inside = (local >= 0) & (local < table.shape[0])
+        return self.comm.all_reduce(F.embedding(local.clamp(0, table.shape[0] - 1), table) * inside[..., None])
 
     def linear(self, x, name):
-        return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
+        bias = self.w.get(name + ".bias")
+        if self.comm.world > 1 and name.endswith(REDUCED):
+            y = self.comm.all_reduce(F.linear(x, self.w[name + ".weight"]))
+            return y if bias is None else y + bias
+        y = F.linear(x, self.w[name + ".weight"], bias)
+        return self.comm.all_gather_last(y) if self.comm.world > 1 and name in GATHERED else y
 
     def rms_norm(self, x, name, eps):
         w = self.w[name + ".weight"]

@@ -249,11 +249,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, commands: list, replies) -> None:
+RUNNERS = ("reference", "emulated")  # what decodes a checkpoint on CPU: our torch modules, or the engine runners
+
+
+def _rank_model(runners: str, info: CheckpointInfo, comm: Comm, dtype, device: str, max_seq_len: int):
+    """One rank's model: the reference runners over its shard, or the engine runners (design C,
+    FakeExecutor + the torch drafter network) over it."""
+    if runners == "emulated":
+        from trtllm_dflash.serve.engine_runners import open_emulated
+
+        return open_emulated(info, comm, dtype, device, max_seq_len)
+    from trtllm_dflash.serve.batcher import LocalModel
+
+    return LocalModel(*load_rank(info, comm, dtype, device))
+
+
+def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, runners: str, max_seq_len: int,
+            commands: list, replies) -> None:
     """One rank: load its shard, then run Decoder calls as they come (every rank gets every call,
     in the same order, so their collectives match); rank 0 answers each call."""
-    from trtllm_dflash.reference.generate import Decoder
-
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
     dev = f"cuda:{rank}" if device.startswith("cuda") else device
     if dev.startswith("cuda"):
@@ -263,15 +277,15 @@ def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, c
     )
     answer = replies.put if rank == 0 else (lambda _: None)
     try:
-        target, drafter = load_rank(read_checkpoint(directory), Comm(rank, tp), dtype, dev)
-        decoders: dict[int, Decoder] = {}
+        model = _rank_model(runners, read_checkpoint(directory), Comm(rank, tp), dtype, dev, max_seq_len)
+        decoders: dict = {}
         answer(("ok", None, 0))
         while (cmd := commands[rank].get())[0] != "stop":
             op, did, *rest = cmd
             try:
                 result = None
                 if op == "new":
-                    decoders[did] = Decoder(target, drafter, **rest[0])
+                    decoders[did] = model.decoder(**rest[0])
                 elif op == "call":
                     result = getattr(decoders[did], rest[0])(*rest[1])
                 else:  # "release"
@@ -295,7 +309,8 @@ class ShardedModel:
     with the reference Decoder's interface (admit / step / cancel / running) whose calls run on
     every rank; the serving batcher and `checkpoint_steps` drive it like a local Decoder."""
 
-    def __init__(self, info: CheckpointInfo, tp: int, dtype: torch.dtype | None, device: str):
+    def __init__(self, info: CheckpointInfo, tp: int, dtype: torch.dtype | None, device: str,
+                 runners: str = "reference", max_seq_len: int = 2048):
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -304,7 +319,8 @@ class ShardedModel:
         self._replies = ctx.Queue()
         self._next = 0
         self._procs = mp.start_processes(
-            _worker, args=(tp, _free_port(), str(info.directory), dtype, device, self._commands, self._replies),
+            _worker, args=(tp, _free_port(), str(info.directory), dtype, device, runners, max_seq_len, self._commands,
+                           self._replies),
             nprocs=tp, join=False, start_method="spawn",
         )
         self._reply()  # rank 0 loaded its shard
@@ -368,11 +384,13 @@ class _RemoteDecoder:
 
 
 def open_checkpoint(directory: str | Path, tp: int | None = None, dtype: torch.dtype | None = None,
-                    device: str = "cpu"):
-    """A convert / quantize output, ready to decode: a `LocalModel` (tp == 1) or a `ShardedModel`.
-    tp defaults to the checkpoint's (it is sharded for exactly that many ranks)."""
-    from trtllm_dflash.serve.batcher import LocalModel
-
+                    device: str = "cpu", runners: str = "reference", max_seq_len: int = 2048):
+    """A convert / quantize output, ready to decode: one model in this process (tp == 1) or a
+    `ShardedModel` (tp worker processes). runners: "reference" (our torch modules) or "emulated"
+    (the engine backend's runners over FakeExecutor). tp defaults to the checkpoint's (it is
+    sharded for exactly that many ranks); max_seq_len bounds an emulated engine's requests."""
+    if runners not in RUNNERS:
+        raise UserError(f"runners {runners!r}: allowed: {', '.join(RUNNERS)}")
     info = read_checkpoint(directory)
     tp = tp or info.tp
     if tp != info.tp:
@@ -380,8 +398,8 @@ def open_checkpoint(directory: str | Path, tp: int | None = None, dtype: torch.d
     if device.startswith("cuda") and tp > torch.cuda.device_count():
         raise UserError(f"--tp {tp} on {device} needs {tp} GPUs, found {torch.cuda.device_count()}")
     if tp == 1:
-        return LocalModel(*load_rank(info, Comm(), dtype, device))
-    return ShardedModel(info, tp, dtype, device)
+        return _rank_model(runners, info, Comm(), dtype, device, max_seq_len)
+    return ShardedModel(info, tp, dtype, device, runners, max_seq_len)
 
 
 def checkpoint_steps(
@@ -396,13 +414,15 @@ def checkpoint_steps(
     ddtree_budget: int | None = None,
     sampling=None,
     stop_token_ids: Sequence[int] | None = None,
+    runners: str = "reference",
 ) -> Iterator:
-    """`reference.generate_steps` over a converted / quantized checkpoint, in `tp` processes."""
+    """`reference.generate_steps` over a converted / quantized checkpoint, in `tp` processes,
+    with the reference runners or the emulated engine runners."""
     from trtllm_dflash.reference.verify import SamplingParams
 
-    model = open_checkpoint(directory, tp, dtype, device)
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    model = open_checkpoint(directory, tp, dtype, device, runners, max(len(p) for p in prompts) + max(limits))
     try:
-        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         decoder = model.decoder(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget,
                                 sampling=sampling or SamplingParams(),
                                 max_len=max(len(p) for p in prompts) + max(limits))

@@ -18,13 +18,14 @@ The TensorRT runners (the real Executor and the drafter engine) are in trt_runne
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from pathlib import Path
 
 import torch
 
 from trtllm_dflash.build.networks import DrafterSpec, drafter_forward, target_tap
-from trtllm_dflash.build.ops_torch import Arena, TorchOps
+from trtllm_dflash.build.ops_torch import Arena, SingleRank, TorchOps
+from trtllm_dflash.convert.weight_maps import Heads
 from trtllm_dflash.reference.generate import Decoder
 from trtllm_dflash.reference.runners import PAD, causal_mask
 from trtllm_dflash.reference.target import Rope, Target
@@ -42,9 +43,9 @@ class TapEngine:
     output_kinds = ENGINE_OUTPUTS
 
     def __init__(self, target: Target, tap_weights: dict[str, torch.Tensor], capture: tuple[int, ...], eps: float,
-                 tail: int):
+                 tail: int, comm=SingleRank()):
         self.target, self.capture, self.eps, self.tail = target, capture, eps, tail
-        self.tap = TorchOps(tap_weights)
+        self.tap = TorchOps(tap_weights, comm=comm)
 
     @torch.inference_mode()
     def run(self, sequences):
@@ -56,14 +57,15 @@ class TapEngine:
             tok[b, : len(s)] = torch.tensor(s, dtype=torch.long)
         pos = torch.arange(L, device=dev).expand(B, -1)
         cache = self.target.new_cache(B, L)
+        n = torch.tensor(lengths, device=dev)[:, None]
+        rows = (torch.arange(self.tail, device=dev)[None, :] + n - self.tail).clamp(min=0)  # [B, tail]: the last positions
         logits, feats = self.target(tok, pos, cache, L, causal_mask(torch.zeros(B, dtype=torch.long, device=dev), L, L),
-                                    self.capture)  # [B, L, V], [B, L, n*H]
+                                    self.capture, logits_at=rows)  # [B, tail, V], [B, L, n*H]
         ctx = target_tap(self.tap, [feats], self.eps)  # [B, L, H]
         out = []
-        for b, n in enumerate(lengths):
-            rows = (torch.arange(self.tail, device=dev) + n - self.tail).clamp(min=0)  # the last `tail` positions
-            out.append({"logits": logits[b, n - 1], "dflash_ctx": ctx[b, :n], "dflash_tail": ctx[b, rows],
-                        "dflash_logits": logits[b, rows], "dflash_argmax": logits[b, rows].argmax(-1).to(torch.int32)})
+        for b, length in enumerate(lengths):
+            out.append({"logits": logits[b, -1], "dflash_ctx": ctx[b, :length], "dflash_tail": ctx[b, rows[b]],
+                        "dflash_logits": logits[b], "dflash_argmax": logits[b].argmax(-1).to(torch.int32)})
         return out
 
 
@@ -146,8 +148,8 @@ class EngineDrafter:
     """DrafterRunner: the drafter network (build/networks.py) on torch, over an Arena."""
 
     def __init__(self, weights: dict[str, torch.Tensor], spec: DrafterSpec, rope: Rope, *, block_size: int,
-                 mask_token_id: int, target_layer_ids: tuple[int, ...], max_len: int):
-        self.w, self.spec, self.rope = weights, spec, rope
+                 mask_token_id: int, target_layer_ids: tuple[int, ...], max_len: int, comm=SingleRank()):
+        self.w, self.spec, self.rope, self.comm = weights, spec, rope, comm
         self.block_size, self.mask_token_id, self.target_layer_ids = block_size, mask_token_id, target_layer_ids
         emb = weights["transformer.vocab_embedding.weight"]
         self.arena = Arena(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_len, emb.dtype, emb.device)
@@ -163,7 +165,7 @@ class EngineDrafter:
         block = torch.full((anchor.shape[0], T), self.mask_token_id, dtype=torch.long, device=anchor.device)
         block[:, 0] = anchor
         blk_pos = start[:, None] + torch.arange(T, device=anchor.device)
-        ops = TorchOps(self.w, self.rope, self.arena, new)
+        ops = TorchOps(self.w, self.rope, self.arena, new, self.comm)
         logits = drafter_forward(ops, self.spec, block, blk_pos, ctx, ctx_pos.clamp(min=0))
         self.arena.lens = self.arena.lens + new
         return logits
@@ -174,13 +176,16 @@ class EngineDrafter:
 
 class EngineModel:
     """Engine runners for the serving batcher: one executor and one drafter weight set shared by
-    the decoders of every sampling group."""
+    the decoders of every sampling group. With tp > 1 this is one rank's model (its shards and
+    `comm`), driven by checkpoint_runner.ShardedModel like the reference runners."""
 
     def __init__(self, executor, drafter_weights: dict, drafter_cfg, *, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 device: str = "cpu"):
-        self.executor, self.w, self.cfg = executor, drafter_weights, drafter_cfg
+                 device: str = "cpu", comm=SingleRank()):
+        self.executor, self.w, self.cfg, self.comm = executor, drafter_weights, drafter_cfg, comm
         self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, device
-        self.spec = DrafterSpec.from_config(drafter_cfg)
+        heads = Heads(drafter_cfg.num_heads, drafter_cfg.num_kv_heads, drafter_cfg.head_dim).local(comm.world)
+        self.spec = dataclasses.replace(DrafterSpec.from_config(drafter_cfg), num_heads=heads.num_heads,
+                                        num_kv_heads=heads.num_kv_heads)  # this rank's heads
         self.rope = Rope(drafter_cfg.rope, drafter_cfg.head_dim).to(device)
 
     def decoder(self, *, sampling, mode: str = "dflash", block_size: int | None = None, ddtree_budget: int | None = None,
@@ -190,7 +195,7 @@ class EngineModel:
                               tail=self.cfg.block_size, greedy=sampling.greedy, device=self.device)
         drafter = EngineDrafter(self.w, self.spec, self.rope, block_size=self.cfg.block_size,
                                 mask_token_id=self.cfg.mask_token_id, target_layer_ids=self.cfg.target_layer_ids,
-                                max_len=max_len + 1 + block)
+                                max_len=max_len + 1 + block, comm=self.comm)
         return Decoder(target, drafter, mode, block_size, ddtree_budget, sampling, max_len)
 
     def release(self, decoder: Decoder) -> None:
@@ -200,24 +205,20 @@ class EngineModel:
         self.executor.shutdown()
 
 
-def open_cpu_engine(checkpoint: str | Path, max_seq_len: int, max_input_len: int, dtype: torch.dtype | None = None,
-                    device: str = "cpu") -> EngineModel:
-    """The engine runners on CPU over a convert / quantize output (tp 1): FakeExecutor over
-    TapEngine for the target, the torch drafter network for the drafter."""
-    from trtllm_dflash.errors import UserError
-    from trtllm_dflash.serve.checkpoint_runner import Comm, load_rank, read_checkpoint, read_rank
+def open_emulated(info, comm, dtype: torch.dtype | None, device: str, max_seq_len: int) -> EngineModel:
+    """The engine runners on CPU over one rank of a convert / quantize output: FakeExecutor over
+    TapEngine (this rank's target shard + tap) for the target, the torch drafter network on this
+    rank's drafter shard (the drafter is split per rank like the target: build/plan.py DRAFTER_TP)."""
+    from trtllm_dflash.serve.checkpoint_runner import load_rank, read_rank
 
-    info = read_checkpoint(checkpoint)
-    if info.tp != 1:
-        raise UserError(f"{checkpoint}: the CPU engine runners run tp=1 checkpoints; this one is sharded for tp={info.tp}")
-    target, _ = load_rank(info, Comm(), dtype, device)
-    weights = read_rank(info, "drafter", 0, dtype or info.dtype, device)
+    target, _ = load_rank(info, comm, dtype, device)
+    weights = read_rank(info, "drafter", comm.rank, dtype or info.dtype, device)
     d = info.drafter_cfg
     tap = {k: weights[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")}
-    engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size)
+    engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size, comm=comm)
     executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
     return EngineModel(executor, weights, d, vocab_size=info.target_cfg.vocab_size,
-                       eos_token_ids=info.target_cfg.eos_token_ids, device=device)
+                       eos_token_ids=info.target_cfg.eos_token_ids, device=device, comm=comm)
 
 
 def drafter_weights(target: Target, drafter) -> dict[str, torch.Tensor]:
