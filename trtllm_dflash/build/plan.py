@@ -382,7 +382,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
                   f"one process: trtllm-build --workers {ws} builds rank0..rank{ws - 1} (a spawn pool, one GPU each)"
                   + (f"; or under MPI: mpirun -n {ws} trtllm-build ... --workers 1 (each MPI rank builds its engine "
                      "ranks, commands/build.py parallel_build)" if ws > 1 else "")),
-        "serve": ("tritonserver with the decoupled Python model `dflash` (serve/engine_model.py): it holds the target "
+        "serve": ("tritonserver with the decoupled Python model `dflash` (serve/triton_model.py): it holds the target "
                   "Executor and the drafter runner"
                   + (f"; the target Executor in orchestrator mode (ParallelConfig ORCHESTRATOR, spawning {ws} "
                      "trtllmExecutorWorker processes, engine-path.md §7.2), the drafter runner one process per rank"
