@@ -28,6 +28,7 @@ COMMANDS = [
     "deploy",
     "serve",
     "sweep",
+    "project",
     "demo",
     "generate",
     "train-drafter",

@@ -41,6 +41,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     d.set_defaults(run=run)
 
+    a = kinds.add_parser("acceptance", help="tau and the conditional acceptance of every draft slot, measured by "
+                         "the reference backend on held-out prompts (for `project --acceptance`)",
+                         description="Greedy DFlash decoding of held-out prompts with the reference backend; every "
+                         "verify round tells which draft slots it reached and which it accepted.")
+    add_recipe_argument(a)
+    a.add_argument("--prompts", type=int, default=16, help="held-out prompts (default 16)")
+    a.add_argument("--prompt-len", type=int, default=64)
+    a.add_argument("--max-new-tokens", type=int, default=128)
+    a.add_argument("--block-size", type=int, default=None, help="default: the recipe's speculative.block_size")
+    a.add_argument("--threads", type=int, default=2)
+    a.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    a.set_defaults(run=run_acceptance)
+
 
 def run(args) -> int:
     import torch
@@ -70,6 +83,34 @@ def run(args) -> int:
                 baselines=args.baselines, ar_draft=ar_draft)
     res["recipe"] = recipe.name
     print_report(res, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(res))
+    return 0
+
+
+def run_acceptance(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trtllm_dflash.project.acceptance import measure
+    from trtllm_dflash.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
+    for name in ("prompts", "prompt_len", "max_new_tokens", "threads"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} is {getattr(args, name)}, expected >= 1")
+    if args.block_size is not None and args.block_size < 2:
+        raise UserError(f"--block-size is {args.block_size}, expected >= 2")
+    prof = measure(recipe, prompts=args.prompts, prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
+                   block_size=args.block_size, threads=args.threads)
+    res = {"recipe": recipe.name, **prof.to_json()}
+    t = Table(title=f"{recipe.name}: acceptance per draft slot (tau {res['tau']:.2f})")
+    for col in ("slot", "reached", "accepted", "conditional acceptance", "tau at this draft length"):
+        t.add_column(col, justify="right")
+    for j, a in enumerate(prof.conditional, start=1):
+        t.add_row(str(j), str(prof.reached[j - 1]), str(prof.accepted[j - 1]), f"{a:.3f}", f"{prof.tau(j):.2f}")
+    t.caption = prof.source
+    Console(stderr=args.json).print(t)
     if args.json:
         print(json.dumps(res))
     return 0

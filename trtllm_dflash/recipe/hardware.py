@@ -31,6 +31,23 @@ GB = 1e9
 GiB = 2**30
 
 
+class Measured(BaseModel):
+    """Rates and costs measured on a real machine (`source` says how and where). Projections
+    (trtllm_dflash/project) use them in place of the catalog's peak x an assumed efficiency and
+    of the assumed overheads; a field left out keeps the assumption."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(description="how, where and when these were measured")
+    memory_bandwidth_gbs: float | None = Field(default=None, gt=0, description="achieved streaming read bandwidth, GB/s")
+    tensor_gflops: float | None = Field(default=None, gt=0, description="achieved dense matmul rate of the model's GEMMs, GFLOP/s")
+    attention_fraction: float | None = Field(
+        default=None, gt=0, le=1, description="attention kernel's achieved fraction of the memory bandwidth")
+    layer_overhead_us: float | None = Field(default=None, ge=0, description="fixed cost per decoder layer per forward pass, us")
+    step_overhead_ms: float | None = Field(default=None, ge=0, description="fixed launch/scheduling cost per decoding step, ms")
+    seq_overhead_us: float | None = Field(default=None, ge=0, description="cost per sequence in flight per decoding step, us")
+
+
 class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,9 +59,16 @@ class GpuSpec(BaseModel):
     bf16_tflops: float | None
     fp8_tflops: float | None
     fp4_tflops: float | None
-    nvlink_gbs: float | None
+    nvlink_gbs: float | None = Field(description="NVLink bandwidth per GPU, both directions together, GB/s")
     formats: list[Format]
     max_per_node: int = Field(gt=0)
+    measured: Measured | None = None
+
+    def dense_tflops(self, fmt: str) -> float | None:
+        """Peak dense tensor throughput for GEMMs whose inputs are in `fmt` (None when the catalog
+        has none: fp32 and every rate on cpu)."""
+        return {"bf16": self.bf16_tflops, "fp16": self.bf16_tflops, "fp8": self.fp8_tflops,
+                "nvfp4": self.fp4_tflops, "mxfp4": self.fp4_tflops}.get(fmt)
 
     @property
     def is_cpu(self) -> bool:

@@ -1,0 +1,139 @@
+"""`trtllm-dflash project` and `bench acceptance` end to end through the CLI (in process)."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash.cli import main
+from trtllm_dflash.project.projection import AR, BANDS, BEST
+from trtllm_dflash.recipe import list_recipes
+from trtllm_dflash.sweep.metrics import Distribution, LevelSummary
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+GPU_RECIPES = sorted(p for p in list_recipes() if p.parent.name in ("hopper", "blackwell"))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run_json(args, capsys) -> dict:
+    assert main(args + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=lambda p: p.stem)
+def test_project_runs_for_every_shipped_gpu_recipe(recipe, tmp_path, capsys):
+    out = tmp_path / "p"
+    data = run_json(["project", str(recipe), "--out", str(out)], capsys)
+    assert {AR, BANDS, BEST} <= set(data["curves"]) and data["acceptance"]["source"]
+    ar, bands = data["curves"][AR], data["curves"][BANDS]
+    assert [r["concurrency"] for r in ar] == data["levels"]
+    # Rows are sweep rows: they load back as LevelSummary, and DFlash beats AR per user at c=1.
+    rows = [LevelSummary.from_json(r) for r in bands]
+    assert rows[0].tok_s_user.p50 > LevelSummary.from_json(ar[0]).tok_s_user.p50
+    # Throughput grows and interactivity falls with concurrency.
+    assert [r.output_tok_s_per_gpu for r in rows] == sorted(r.output_tok_s_per_gpu for r in rows)
+    assert data["headline"]["bands_vs_ar"]["max_tok_s_user"][BANDS] > data["headline"]["bands_vs_ar"]["max_tok_s_user"][AR]
+    assert data["steps"][BANDS][0]["bytes_read"] > 0 and data["steps"][BANDS][0]["verify_flops"] > 0
+    assert (out / "projection.png").read_bytes()[:8] == PNG
+    assert (out / "projection.csv").read_text().startswith("curve,draft_len,concurrency")
+
+
+def test_project_table_names_the_headline_and_the_suggested_bands(tmp_path, capsys):
+    recipe = RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml"
+    assert main(["project", str(recipe), "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    for words in ("headline ratios", "500-600", "suggested speculative.draft_len", "model card"):
+        assert words in text
+
+
+def _sweep_dir(path: Path, rows: list[tuple[int, float, float]]) -> Path:
+    """A sweep output directory with summary.json rows (concurrency, tok/s/user, tok/s/GPU)."""
+    path.mkdir()
+    levels = []
+    for c, user, gpu in rows:
+        d = Distribution(5, user, user, user, user, user, user)
+        levels.append(asdict(LevelSummary(c, 5, 0, 1.0, 100, gpu, gpu, 3.0, None, None, d, None, None)))
+    (path / "summary.json").write_text(json.dumps(levels))
+    return path
+
+
+def test_measured_sweep_is_overlaid_and_compared(tmp_path, capsys):
+    recipe = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
+    proj = run_json(["project", str(recipe), "--out", str(tmp_path / "a")], capsys)
+    bands = {r["concurrency"]: r for r in proj["curves"][BANDS]}
+    # A "measured" sweep 10% slower than the projection at c=1 and 4, plus a level it did not project.
+    measured = _sweep_dir(tmp_path / "sweep", [(c, bands[c]["tok_s_user"]["p50"] / 1.1,
+                                                bands[c]["output_tok_s_per_gpu"] / 1.1) for c in (1, 4)] + [(3, 50, 50)])
+    data = run_json(["project", str(recipe), "--out", str(tmp_path / "b"), "--measured", str(measured)], capsys)
+    cmp_rows = data["measured"]["vs_projection"]
+    assert [r["concurrency"] for r in cmp_rows] == [1, 4]
+    assert all(r["tok_s_user_error"] == pytest.approx(0.1) for r in cmp_rows)
+    assert len(data["measured"]["levels"]) == 3
+    assert (tmp_path / "b" / "projection.png").read_bytes()[:8] == PNG
+    assert main(["project", str(recipe), "--out", str(tmp_path / "c"), "--measured", str(measured)]) == 0
+    assert "measured sweep vs projection" in capsys.readouterr().out
+
+
+def test_acceptance_file_and_assumptions_change_the_projection(tmp_path, capsys):
+    recipe = RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml"
+    base = run_json(["project", str(recipe), "--out", str(tmp_path / "a")], capsys)
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("tau: 3.0\ndraft_len: 15\nsource: a pessimistic guess\n")
+    low = run_json(["project", str(recipe), "--out", str(tmp_path / "b"), "--acceptance", str(acc)], capsys)
+    assert low["acceptance"]["source"].startswith("a pessimistic guess")
+    assert low["curves"][BANDS][0]["tok_s_user"]["p50"] < base["curves"][BANDS][0]["tok_s_user"]["p50"]
+    fast = run_json(["project", str(recipe), "--out", str(tmp_path / "c"), "--assume", "step_overhead_ms=0"], capsys)
+    assert fast["assumptions"]["step_overhead_ms"] == 0
+    assert fast["curves"][AR][0]["tok_s_user"]["p50"] > base["curves"][AR][0]["tok_s_user"]["p50"]
+    lv = run_json(["project", str(recipe), "--out", str(tmp_path / "d"), "--levels", "1,3"], capsys)
+    assert lv["levels"] == [1, 3]
+
+
+def test_levels_that_do_not_fit_are_left_out(tmp_path, capsys):
+    recipe = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
+    data = run_json(["project", str(recipe), "--out", str(tmp_path), "--levels", "1,64,65,5000",
+                     "--set", "build.max_batch_size=6000"], capsys)
+    assert 1 in data["levels"] and 5000 not in data["levels"]
+    assert "memory plan" in data["skipped_levels"]["5000"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--acceptance", "missing.json"], "--acceptance missing.json: file not found"),
+    (["--acceptance", "poetry"], "--acceptance poetry: drafter 'qwen3-8b-dflash-b16' has published acceptance for"),
+    (["--assume", "speed=2"], "--assume 'speed=2': expected KEY=VALUE with KEY one of"),
+    (["--assume", "tensor_efficiency=1.5"], "--assume tensor_efficiency: 1.5 is out of range"),
+    (["--measured", "."], "--measured .: no summary.json"),
+    (["--levels", "a,b"], "--levels: expected comma-separated integers"),
+    (["--calibrate"], "--calibrate: measures this machine; recipe 'h100-qwen3-8b-fp8' runs on h100-sxm"),
+])
+def test_bad_input_is_one_line_with_exit_code_2(args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc = main(["project", str(RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml"), "--out", str(tmp_path / "o")] + args)
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_bench_acceptance_json_feeds_project(tmp_path, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["bench", "acceptance", "--prompts", "2", "--prompt-len", "32", "--max-new-tokens", "24",
+                     "--threads", "1", "--json"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    res = json.loads(out)
+    assert res["recipe"] == "cpu-tiny-pystd" and len(res["conditional_acceptance"]) == 15
+    assert res["tau"] == pytest.approx(res["tau_by_draft_len"]["15"]) and res["reached"][0] > 0
+    acc = tmp_path / "acc.json"
+    acc.write_text(out)
+    data = run_json(["project", str(RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml"), "--out", str(tmp_path / "p"),
+                     "--acceptance", str(acc)], capsys)
+    assert data["acceptance"]["conditional_acceptance"] == res["conditional_acceptance"]
+
+
+def test_bench_acceptance_refuses_bad_numbers(capsys):
+    assert main(["bench", "acceptance", "--prompts", "0"]) == 2
+    assert "--prompts is 0, expected >= 1" in capsys.readouterr().err

@@ -1,0 +1,167 @@
+"""Projected curves of a recipe: AR, DFlash at each draft length, the recipe's draft-length bands
+and the best draft length per concurrency, each as sweep rows (sweep/metrics.py LevelSummary),
+with the headline ratios of sweep/fronts.py.
+
+Workload: the recipe's sweep section. Each level c runs c sequences of `input_len` prompt tokens
+and `output_len` output tokens; the step time is taken at the mean running context
+ctx = input_len + output_len / 2. Levels beyond build.max_batch_size or beyond the memory plan's
+largest concurrency (recipe/planner.py) are left out and listed in `skipped`.
+
+A projected row reads like a measured one: output tokens/s per GPU, tokens/s/user = tau / T
+(= 1 / TPOT), TPOT = T / tau, inter-chunk latency = T (one chunk per step), TTFT = prompt pass
++ T, E2E = TTFT + (output_len - 1) * TPOT. Distributions of a projection are single values
+(n = 0: no requests were measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from trtllm_dflash.project.acceptance import AcceptanceProfile
+from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepCost, StepModel
+from trtllm_dflash.recipe.planner import plan
+from trtllm_dflash.recipe.schema import Recipe
+from trtllm_dflash.sweep.fronts import Comparison, Curve, compare
+from trtllm_dflash.sweep.metrics import Distribution, LevelSummary
+
+AR = "AR"
+BANDS = "DFlash (recipe bands)"
+BEST = "DFlash (best draft length)"
+DEFAULT_BANDS = ((500.0, 600.0),)  # tokens/s/user: NVIDIA's "N x the throughput at 500-600 tok/s/user"
+
+
+def dflash_name(k: int) -> str:
+    return f"DFlash K={k}"
+
+
+def _point(v: float) -> Distribution:
+    return Distribution(n=0, mean=v, p50=v, p90=v, p99=v, min=v, max=v)
+
+
+def level_row(s: StepCost, gpus: int, output_len: int) -> LevelSummary:
+    """A projected step as a sweep row."""
+    T = s.seconds
+    tpot = T / s.tau
+    ttft = s.t_prefill + T
+    return LevelSummary(
+        concurrency=s.concurrency, requests=0, failed=0, wall_s=0.0, output_tokens=0,
+        output_tok_s=s.concurrency * s.tau / T, output_tok_s_per_gpu=s.tok_s_gpu(gpus),
+        tau=s.tau, ttft_s=_point(ttft), tpot_s=_point(tpot), tok_s_user=_point(1 / tpot),
+        inter_chunk_s=_point(T), e2e_s=_point(ttft + (output_len - 1) * tpot),
+    )
+
+
+def curve_of(name: str, rows: list[LevelSummary]) -> Curve:
+    """A sweep's (or a projection's) rows as a fronts.Curve labelled by concurrency."""
+    return Curve(name, [((r.tok_s_user.p50 if r.tok_s_user else 0.0), r.output_tok_s_per_gpu) for r in rows],
+                 [r.concurrency for r in rows])
+
+
+@dataclass
+class Projection:
+    recipe: str
+    device: str
+    gpus: int
+    tp: int
+    input_len: int
+    output_len: int
+    context: int
+    assumptions: Assumptions
+    rates_source: str
+    acceptance: AcceptanceProfile
+    levels: list[int]
+    skipped: dict[int, str]
+    curves: dict[str, list[LevelSummary]]
+    draft_lens: dict[str, list[int]]  # curve -> draft length used at each level
+    steps: dict[str, list[dict]]  # curve -> per-level breakdown (bytes, FLOPs, ms per part)
+    suggested_bands: list[dict]
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+
+    def curve(self, name: str) -> Curve:
+        return curve_of(name, self.curves[name])
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe, "device": self.device, "gpus": self.gpus, "tp": self.tp,
+            "workload": {"input_len": self.input_len, "output_len": self.output_len, "mean_context": self.context},
+            "assumptions": self.assumptions.to_json(), "rates": self.rates_source,
+            "acceptance": self.acceptance.to_json(), "levels": self.levels,
+            "skipped_levels": {str(k): v for k, v in self.skipped.items()},
+            "curves": {name: [asdict(r) for r in rows] for name, rows in self.curves.items()},
+            "draft_lens": self.draft_lens, "steps": self.steps, "suggested_bands": self.suggested_bands,
+            "headline": {name: c.to_json() for name, c in self.comparisons.items()},
+        }
+
+
+def feasible_levels(recipe: Recipe, levels: list[int]) -> tuple[list[int], dict[int, str]]:
+    """The levels the deployment can hold (max_batch_size, memory plan), and why others cannot."""
+    p = plan(recipe)
+    cap = min(recipe.build.max_batch_size, p.max_concurrency)
+    keep, skipped = [], {}
+    for c in levels:
+        if c > recipe.build.max_batch_size:
+            skipped[c] = f"above build.max_batch_size {recipe.build.max_batch_size}"
+        elif c > p.max_concurrency:
+            skipped[c] = f"the memory plan holds at most {p.max_concurrency} sequences of build.max_seq_len"
+        else:
+            keep.append(c)
+    return keep, skipped if cap >= 1 else {c: "nothing fits in memory" for c in levels}
+
+
+def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions = Assumptions(),
+            levels: list[int] | None = None, bands: tuple[tuple[float, float], ...] = DEFAULT_BANDS,
+            model: StepModel | None = None) -> Projection:
+    """Every curve of the module docstring for `recipe` with acceptance `profile`."""
+    model = model or StepModel(Deployment.from_recipe(recipe), assumptions)
+    dep = model.dep
+    sw = recipe.sweep
+    isl, osl = sw.input_len, sw.output_len
+    ctx = isl + osl // 2
+    levels, skipped = feasible_levels(recipe, levels or sw.concurrency)
+    k_max = min(recipe.speculative.block_size - 1, profile.max_draft_len)
+
+    def step(c: int, k: int) -> StepCost:
+        return model.step(c, k, profile.tau(k), ctx, isl, osl)
+
+    grid = {k: [step(c, k) for c in levels] for k in range(0, k_max + 1)}
+    curves: dict[str, list[LevelSummary]] = {}
+    used: dict[str, list[int]] = {}
+    steps: dict[str, list[dict]] = {}
+
+    def add(name: str, chosen: list[StepCost]) -> None:
+        curves[name] = [level_row(s, dep.gpus, osl) for s in chosen]
+        used[name] = [s.draft_len for s in chosen]
+        steps[name] = [{"concurrency": s.concurrency, "draft_len": s.draft_len, "tau": s.tau, **s.breakdown_ms()}
+                       for s in chosen]
+
+    add(AR, grid[0])
+    for k in range(1, k_max + 1):
+        add(dflash_name(k), grid[k])
+    band_ks = [min(recipe.speculative.draft_len_at(c), k_max) for c in levels]
+    add(BANDS, [grid[k][i] for i, k in enumerate(band_ks)])
+    best = [max((grid[k][i] for k in range(1, k_max + 1)), key=lambda s: s.tok_s_user) for i in range(len(levels))]
+    add(BEST, best)
+
+    suggested: list[dict] = []
+    for c, s in zip(levels, best):
+        if suggested and suggested[-1]["draft_len"] == s.draft_len:
+            suggested[-1]["max_concurrency"] = c
+        else:
+            suggested.append({"max_concurrency": c, "draft_len": s.draft_len})
+
+    proj = Projection(
+        recipe=recipe.name, device=f"{recipe.hardware.count}x {recipe.hardware.gpu}", gpus=dep.gpus, tp=dep.tp,
+        input_len=isl, output_len=osl, context=ctx, assumptions=model.a, rates_source=model.rates.source,
+        acceptance=profile, levels=levels, skipped=skipped, curves=curves, draft_lens=used, steps=steps,
+        suggested_bands=suggested,
+    )
+    ar = proj.curve(AR)
+    # Every DFlash point of every draft length: the front NVIDIA's plots take over configurations.
+    all_dfl = Curve("DFlash (all draft lengths)",
+                    [p for k in range(1, k_max + 1) for p in proj.curve(dflash_name(k)).points])
+    proj.comparisons = {
+        "bands_vs_ar": compare(proj.curve(BANDS), ar, bands),
+        "best_vs_ar": compare(proj.curve(BEST), ar, bands),
+        "all_draft_lens_vs_ar": compare(all_dfl, ar, bands),
+    }
+    return proj

@@ -1,0 +1,182 @@
+"""Projection reports: rich tables, the JSON/CSV files and the plot (tokens/s/GPU against
+tokens/s/user, every curve with its Pareto front, a measured sweep overlaid)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.project.projection import AR, BANDS, BEST, Projection, curve_of, dflash_name
+from trtllm_dflash.sweep.fronts import front
+from trtllm_dflash.sweep.metrics import LevelSummary
+
+SUMMARY = "summary.json"  # what a sweep directory holds (sweep/stage.py)
+
+
+def read_measured(directory: Path) -> list[LevelSummary]:
+    """The level summaries of a sweep output directory."""
+    path = Path(directory) / SUMMARY
+    if not path.is_file():
+        raise UserError(f"--measured {directory}: no {SUMMARY} (expected a sweep output directory)")
+    try:
+        return [LevelSummary.from_json(d) for d in json.loads(path.read_text())]
+    except (json.JSONDecodeError, TypeError, KeyError) as e:
+        raise UserError(f"--measured {path}: not a sweep summary ({type(e).__name__}: {e})") from None
+
+
+def served_curve(recipe) -> tuple[str, str]:
+    """The projected curve a sweep of this recipe measures, and a note about it."""
+    if recipe.backend.name == "reference":
+        name = dflash_name(recipe.speculative.block_size - 1)
+        note = "the reference server drafts block_size - 1 tokens at every concurrency"
+        if recipe.speculative.ddtree_budget:
+            note += "; it decodes DDTree (speculative.ddtree_budget is set), which the projection does not model"
+        return name, note
+    return BANDS, "the server applies speculative.draft_len per concurrency band"
+
+
+def measured_vs_projected(proj: Projection, measured: list[LevelSummary], curve: str) -> list[dict]:
+    """Per concurrency both have: measured and projected tokens/s/user and tokens/s/GPU, relative error."""
+    rows = {r.concurrency: r for r in proj.curves[curve]}
+    out = []
+    for m in measured:
+        p = rows.get(m.concurrency)
+        if p is None or not m.tok_s_user:
+            continue
+        mu, pu = m.tok_s_user.p50, p.tok_s_user.p50
+        out.append({"concurrency": m.concurrency, "measured_tok_s_user": mu, "projected_tok_s_user": pu,
+                    "tok_s_user_error": pu / mu - 1, "measured_tok_s_gpu": m.output_tok_s_per_gpu,
+                    "projected_tok_s_gpu": p.output_tok_s_per_gpu,
+                    "tok_s_gpu_error": p.output_tok_s_per_gpu / m.output_tok_s_per_gpu - 1 if m.output_tok_s_per_gpu else None,
+                    "measured_tau": m.tau, "projected_tau": p.tau})
+    return out
+
+
+def levels_table(proj: Projection):
+    from rich.table import Table
+
+    t = Table(title=f"{proj.recipe}: projected on {proj.device} (prompt {proj.input_len}, output {proj.output_len} tokens)")
+    for col in ("conc", "AR tok/s/user", "AR tok/s/GPU", "bands K", "tau", "tok/s/user", "tok/s/GPU", "step ms",
+                "x AR (same conc)", "best K", "best tok/s/user", "best tok/s/GPU"):
+        t.add_column(col, justify="right")
+    ar, bands, best = proj.curves[AR], proj.curves[BANDS], proj.curves[BEST]
+    for i, c in enumerate(proj.levels):
+        a, b, s = ar[i], bands[i], best[i]
+        t.add_row(str(c), f"{a.tok_s_user.p50:,.1f}", f"{a.output_tok_s_per_gpu:,.1f}", str(proj.draft_lens[BANDS][i]),
+                  f"{b.tau:.2f}", f"{b.tok_s_user.p50:,.1f}", f"{b.output_tok_s_per_gpu:,.1f}",
+                  f"{b.inter_chunk_s.p50 * 1e3:.2f}", f"{b.tok_s_user.p50 / a.tok_s_user.p50:.2f}",
+                  str(proj.draft_lens[BEST][i]), f"{s.tok_s_user.p50:,.1f}", f"{s.output_tok_s_per_gpu:,.1f}")
+    skipped = "; ".join(f"c={c}: {why}" for c, why in proj.skipped.items())
+    t.caption = (f"acceptance: {proj.acceptance.source}" + (f"\nleft out: {skipped}" if skipped else "")
+                 + f"\nsuggested speculative.draft_len: {proj.suggested_bands}")
+    return t
+
+
+def headline_table(proj: Projection):
+    from rich.table import Table
+
+    t = Table(title="headline ratios (DFlash / AR)")
+    for col in ("DFlash curve", "highest tok/s/user DFlash / AR", "throughput x AR at equal tok/s/user",
+                "x AR at 500-600 tok/s/user", "tok/s/user x AR at equal concurrency"):
+        t.add_column(col, justify="right")
+    for name, c in proj.comparisons.items():
+        num_max, den_max = c.max_user_rate[c.num], c.max_user_rate[c.den]
+        rs = [r for _, r in c.throughput_ratios]
+        eq = list(c.user_rate_ratios.values())
+        band = next(iter(c.bands.values()), None)
+        t.add_row(c.num, f"{num_max:,.0f} / {den_max:,.0f}",
+                  f"{min(rs):.1f}-{max(rs):.1f} over {c.overlap[0]:,.0f}-{c.overlap[1]:,.0f}" if rs else "fronts do not overlap",
+                  f"{band[0]:.1f}-{band[1]:.1f}" if band else "not reached by both",
+                  f"{min(eq):.2f}-{max(eq):.2f}" if eq else "-")
+    return t
+
+
+def comparison_table(rows: list[dict], curve: str):
+    from rich.table import Table
+
+    t = Table(title=f"measured sweep vs projection ({curve})")
+    for col in ("conc", "measured tok/s/user", "projected", "error", "measured tok/s/GPU", "projected", "error",
+                "measured tau", "projected tau"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["concurrency"]), f"{r['measured_tok_s_user']:,.1f}", f"{r['projected_tok_s_user']:,.1f}",
+                  f"{100 * r['tok_s_user_error']:+.0f}%", f"{r['measured_tok_s_gpu']:,.1f}",
+                  f"{r['projected_tok_s_gpu']:,.1f}",
+                  f"{100 * r['tok_s_gpu_error']:+.0f}%" if r["tok_s_gpu_error"] is not None else "-",
+                  f"{r['measured_tau']:.2f}" if r["measured_tau"] else "-", f"{r['projected_tau']:.2f}")
+    return t
+
+
+def write_files(proj: Projection, out: Path, measured: list[LevelSummary] | None = None,
+                comparison: list[dict] | None = None, measured_label: str = "measured") -> dict[str, Path]:
+    """projection.json, projection.csv (one row per curve and level), projection.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = proj.to_json()
+    if measured is not None:
+        from dataclasses import asdict
+
+        data["measured"] = {"label": measured_label, "levels": [asdict(m) for m in measured],
+                            "vs_projection": comparison or []}
+    paths = {"json": out / "projection.json", "csv": out / "projection.csv", "png": out / "projection.png"}
+    paths["json"].write_text(json.dumps(data, indent=2))
+    with open(paths["csv"], "w", newline="") as f:
+        rows = [{"curve": name, "draft_len": k, **r.flat()}
+                for name, levels in proj.curves.items() for r, k in zip(levels, proj.draft_lens[name])]
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    plot(proj, paths["png"], measured, measured_label)
+    return paths
+
+
+def plot(proj: Projection, path: Path, measured: list[LevelSummary] | None = None,
+         measured_label: str = "measured", draft_lens: list[int] | None = None) -> Path:
+    """tokens/s/GPU against tokens/s/user: AR, DFlash at a few draft lengths, the recipe's bands
+    (annotated with the concurrency), the best draft length, the AR and DFlash Pareto fronts, a
+    measured sweep on top. Log-scaled throughput when it spans more than 20x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k_all = sorted(int(n.split("=")[1]) for n in proj.curves if n.startswith("DFlash K="))
+    if draft_lens is None:  # the band lengths, the longest, and one short one
+        draft_lens = sorted({*proj.draft_lens[BANDS], k_all[-1], min(3, k_all[-1])} & set(k_all))
+    fig, ax = plt.subplots(figsize=(7.2, 4.8), dpi=110)
+    shades = plt.cm.Blues([0.35 + 0.6 * i / max(1, len(draft_lens) - 1) for i in range(len(draft_lens))])
+    for k, color in zip(draft_lens, shades):
+        pts = proj.curve(dflash_name(k)).points
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=color, linewidth=1, alpha=0.8,
+                label=f"DFlash K={k} (tau {proj.acceptance.tau(k):.2f})")
+    for name, style, color, width in ((AR, "o-", "#555555", 1.8), (BANDS, "o-", "#76b900", 2.4),
+                                      (BEST, "s--", "#2f6b00", 1.2)):
+        pts = proj.curve(name).points
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, linewidth=width, markersize=4, label=name)
+    for c, (x, y) in zip(proj.levels, proj.curve(BANDS).points):
+        ax.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color="#3b5e00")
+    every_dfl = [p for k in k_all for p in proj.curve(dflash_name(k)).points]
+    for pts, label in ((proj.curve(AR).points, "AR front"), (every_dfl, "DFlash front (all draft lengths)")):
+        f = front(pts)
+        ax.plot([p[0] for p in f], [p[1] for p in f], ":", color="black", linewidth=1,
+                label=label if label.startswith("DFlash") else None)
+    if measured:
+        m = curve_of(measured_label, measured)
+        ax.plot([p[0] for p in m.points], [p[1] for p in m.points], "D-", color="#d62728", markersize=5,
+                linewidth=1.5, label=measured_label)
+    ys = [p[1] for name in proj.curves for p in proj.curve(name).points if p[1] > 0]
+    if ys and max(ys) / min(ys) > 20:
+        ax.set_yscale("log")
+    xs_max = max(p[0] for name in proj.curves for p in proj.curve(name).points)
+    if xs_max > 600:
+        ax.axvspan(500, 600, color="#fff3b0", alpha=0.6, zorder=0, label="500-600 tok/s/user")
+    ax.set_xlabel("tokens/s/user (= 1/TPOT)")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_title(f"{proj.recipe}: projection ({proj.device})", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,381 @@
+"""Step-time model: how long one decoding step of a recipe takes on its hardware.
+
+Everything below is per GPU of the tensor-parallel group (tp ranks split every weight matrix,
+every KV head and every GEMM evenly), for `c` sequences in flight whose running context
+(prompt + tokens generated so far) is `ctx` tokens. Units: bytes [B], FLOP, seconds [s].
+
+Steps
+-----
+    AR step       T_ar(c)    = target pass over c tokens (1 per sequence)
+                               + t_step + c * t_seq + prefill share
+    DFlash round  T_dfl(c,K) = drafter pass (K+1 slots per sequence, LM head on K of them)
+                               + target verify pass over c * (K+1) tokens
+                               + 2 * t_step + c * t_seq + prefill share
+    t_step is the fixed launch/scheduling cost of one forward pass (a DFlash round launches two:
+    the drafter's and the verify), t_seq the cost of one sequence in flight per step.
+    prefill share = c * t_prefill(ISL) / (steps per request),  steps per request = (OSL - 1) / tau
+                    (every request's prompt pass is paid by the steps of the requests in flight)
+
+A pass over n tokens (q tokens per sequence, n = c * q)
+-------------------------------------------------------
+    weight bytes    W = L * (attention params + MLP params touched) * bytes(weight format) / tp
+                        + vocab * hidden * bytes(checkpoint dtype) / tp           (LM head, read once)
+                        MLP params touched, MoE: router + E * (1 - (1 - k/E)^n) experts per layer
+                        (expected distinct experts under uniform top-k routing: an upper bound)
+    GEMM FLOPs      F = 2 * n * L * (attention + k active experts' or the dense MLP's params) / tp
+                        + 2 * n_logits * vocab * hidden / tp
+    KV bytes        A = c * KV bytes of a sequence of ctx + q tokens on one rank
+                        (recipe/planner.py target_kv_bytes_per_seq: K and V, kv-cache format,
+                        sliding-window layers capped at window + q tokens)
+    attention FLOPs   = 4 * n * visible ctx * heads * head_dim * L / tp           (QK^T and PV)
+    all-reduce        = 2 per layer * (t_ar + 2 (tp - 1) / tp * n * hidden * 2 B / (B_link * e_link))
+                        (ring all-reduce of BF16 activations; B_link = one direction of NVLink)
+
+    t_pass = W / (B_hbm * e_hbm) + F / (P_fmt * e_tensor)                          weights and GEMMs
+           + A / (B_hbm * e_att) + attention FLOPs / (P_bf16 * e_att)              attention kernel
+           + all-reduces + L * t_layer                                             communication, launches
+
+Memory traffic and tensor math are ADDED, not overlapped (max): at decode sizes a GEMM does not
+hide its weight stream behind its math, and between the two limits the sum is the better
+estimate (an upper bound of the roofline's max, equal to it far from the ridge point).
+
+The drafter pass is the same formula over the drafter: its linear params (fusion `fc` included)
+at the drafter format, K+1 query slots per sequence through its layers, the new context of tau
+tokens per sequence through `fc` and every layer's K/V projections, its context cache
+(planner.drafter_ctx_bytes_per_seq, the cache format the backend keeps), and the target's LM head
+on the K draft slots.
+
+Rates: B_hbm, P_fmt from the hardware catalog (recipe/catalog/hardware.yaml) times the assumed
+efficiencies below, or the catalog entry's `measured` rates (used as they are, efficiency 1);
+P_fmt is the dense rate of the GEMM input format: the activation format for the target (fp8 ->
+FP8, nvfp4 -> FP4, bf16 -> BF16), the weight format for a quantized drafter, BF16 for attention
+and the LM head. Metrics, as a sweep measures them (sweep/metrics.py):
+
+    tokens/s/user = tau / T                 tokens/s/GPU = c * tau / T / GPUs
+    TTFT          = t_prefill(ISL) + T      (a new request waits for the step in progress)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GpuSpec
+from trtllm_dflash.recipe.models import ArchFacts
+from trtllm_dflash.recipe.planner import context_cache_format, drafter_ctx_bytes_per_seq, target_kv_bytes_per_seq
+from trtllm_dflash.recipe.schema import Recipe
+
+ACT_BYTES = 2.0  # bytes per activation element all-reduced between tp ranks (BF16)
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Every number the model needs that no catalog gives: one set of defaults for every GPU.
+    A catalog entry's `measured` block replaces the matching assumption (cpu: all of them).
+
+    Where the defaults come from (none is fitted to a single published point):
+    - hbm_efficiency 0.80: decode GEMV/GEMM kernels stream weights at 75-90% of peak HBM
+      bandwidth (perf-anchors.md Appendix A uses 80% for its "@80% BW" column).
+    - tensor_efficiency 0.50: dense GEMMs with tens to hundreds of rows (decode and verify
+      batches) reach 40-70% of the dense peak, FP8/FP4 ones the lower end; large prefill GEMMs do
+      better, so this is conservative for prompts.
+    - attention_efficiency 0.50: decode/verify attention (few queries over a long KV cache) reaches
+      about half of peak bandwidth; replaced by the kernel's measured fraction (`measured.
+      attention_fraction`, e.g. perf/bench_kv_inject.py's hbm_fraction on that GPU) when a GPU run
+      records one.
+    - nvlink_efficiency 0.70 and allreduce_latency_us 6: NCCL/custom one-shot all-reduce bus
+      bandwidth reaches 60-80% of one NVLink direction; a small-message all-reduce costs a few us.
+    - layer_overhead_us 16: kernel boundaries per decoder layer per pass (12-16 kernels with launch
+      gaps, ramp-up and tail under CUDA graphs, about 1 us each).
+    - step_overhead_ms 0.5: host scheduling, input preparation, CUDA-graph launch and sampling of
+      one forward pass.
+    - seq_overhead_us 30: per sequence per step: request bookkeeping, acceptance, detokenize and
+      stream (the Python executor loops over the requests in flight).
+    """
+
+    hbm_efficiency: float = 0.80
+    tensor_efficiency: float = 0.50
+    attention_efficiency: float = 0.50
+    nvlink_efficiency: float = 0.70
+    allreduce_latency_us: float = 6.0
+    layer_overhead_us: float = 16.0
+    step_overhead_ms: float = 0.5
+    seq_overhead_us: float = 30.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The rates one projection runs with (SI units), and where they came from."""
+
+    memory_bps: float  # weight streaming bandwidth, B/s
+    attention_bps: float  # attention kernel bandwidth, B/s
+    attention_flops: float  # attention kernel FLOP/s
+    link_bps: float | None  # all-reduce bus bandwidth (one direction x efficiency), B/s
+    allreduce_latency_s: float
+    layer_s: float
+    step_s: float
+    seq_s: float
+    tensor: dict[str, float]  # GEMM input format -> FLOP/s
+    source: str
+
+    def gemm_flops(self, fmt: str) -> float:
+        if fmt not in self.tensor:
+            raise UserError(f"no dense tensor rate for {fmt} GEMMs on this device ({self.source})")
+        return self.tensor[fmt]
+
+
+def rates_for(gpu: GpuSpec, a: Assumptions) -> Rates:
+    """Catalog peaks x assumed efficiencies, with the entry's measured values taking precedence."""
+    m = gpu.measured
+    if m is not None and m.memory_bandwidth_gbs:
+        mem = m.memory_bandwidth_gbs * 1e9
+        att_base = mem
+    elif gpu.hbm_bandwidth_tbs:
+        mem = gpu.hbm_bandwidth_tbs * 1e12 * a.hbm_efficiency
+        att_base = gpu.hbm_bandwidth_tbs * 1e12
+    else:
+        raise UserError(f"hardware {gpu.name}: no memory bandwidth in the catalog and none measured "
+                        f"(calibrate it: trtllm-dflash project RECIPE --calibrate)")
+    att_fraction = (m.attention_fraction if m and m.attention_fraction else None)
+    if m is not None and m.tensor_gflops:
+        tensor = {f: m.tensor_gflops * 1e9 for f in ("fp32", "bf16", "fp16", "fp8", "nvfp4", "mxfp4")}
+        att_flops = m.tensor_gflops * 1e9 * (att_fraction or 1.0)
+        att_bps = att_base * (att_fraction or 1.0)
+    else:
+        tensor = {f: gpu.dense_tflops(f) * 1e12 * a.tensor_efficiency
+                  for f in ("bf16", "fp16", "fp8", "nvfp4", "mxfp4") if gpu.dense_tflops(f)}
+        att_flops = (gpu.bf16_tflops or 0) * 1e12 * (att_fraction or a.attention_efficiency)
+        att_bps = att_base * (att_fraction or a.attention_efficiency)
+    link = gpu.nvlink_gbs / 2 * 1e9 * a.nvlink_efficiency if gpu.nvlink_gbs else None
+
+    def pick(field: str, default: float) -> float:
+        v = getattr(m, field) if m is not None else None
+        return default if v is None else v
+
+    measured = f"; measured: {m.source}" if m is not None else ""
+    return Rates(
+        memory_bps=mem, attention_bps=att_bps, attention_flops=att_flops, link_bps=link,
+        allreduce_latency_s=a.allreduce_latency_us * 1e-6,
+        layer_s=pick("layer_overhead_us", a.layer_overhead_us) * 1e-6,
+        step_s=pick("step_overhead_ms", a.step_overhead_ms) * 1e-3,
+        seq_s=pick("seq_overhead_us", a.seq_overhead_us) * 1e-6,
+        tensor=tensor, source=f"catalog {gpu.name}{measured}",
+    )
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """One forward pass on one rank: what it moves and computes, and the time of each part [s]."""
+
+    weight_bytes: float
+    kv_bytes: float
+    gemm_flops: float
+    attention_flops: float
+    t_weights: float
+    t_gemm: float
+    t_attention: float
+    t_allreduce: float
+    t_layers: float
+
+    @property
+    def seconds(self) -> float:
+        return self.t_weights + self.t_gemm + self.t_attention + self.t_allreduce + self.t_layers
+
+    def __add__(self, other: "PassCost") -> "PassCost":
+        return PassCost(*(getattr(self, f) + getattr(other, f) for f in PassCost.__dataclass_fields__))
+
+
+ZERO = PassCost(0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One decoding step (AR) or round (DFlash) of `concurrency` sequences."""
+
+    concurrency: int
+    draft_len: int  # 0 = AR
+    tau: float  # tokens committed per step per sequence
+    target: PassCost
+    drafter: PassCost
+    t_overhead: float  # fixed step + per-sequence costs
+    t_prefill_share: float  # the prompt passes of new requests, per step
+    t_prefill: float  # one request's prompt pass
+
+    @property
+    def seconds(self) -> float:
+        return self.target.seconds + self.drafter.seconds + self.t_overhead + self.t_prefill_share
+
+    @property
+    def tok_s_user(self) -> float:
+        return self.tau / self.seconds
+
+    def tok_s_gpu(self, gpus: int) -> float:
+        return self.concurrency * self.tau / self.seconds / gpus
+
+    def breakdown_ms(self) -> dict:
+        t, d = self.target, self.drafter
+        return {
+            "step_ms": self.seconds * 1e3,
+            "target_weights_ms": t.t_weights * 1e3, "target_gemm_ms": t.t_gemm * 1e3,
+            "target_attention_ms": t.t_attention * 1e3, "target_allreduce_ms": t.t_allreduce * 1e3,
+            "target_layers_ms": t.t_layers * 1e3, "drafter_ms": d.seconds * 1e3,
+            "overhead_ms": self.t_overhead * 1e3, "prefill_share_ms": self.t_prefill_share * 1e3,
+            "bytes_read": t.weight_bytes + t.kv_bytes + d.weight_bytes + d.kv_bytes,
+            "weight_bytes": t.weight_bytes + d.weight_bytes, "kv_bytes": t.kv_bytes, "drafter_ctx_bytes": d.kv_bytes,
+            "verify_flops": t.gemm_flops + t.attention_flops, "drafter_flops": d.gemm_flops + d.attention_flops,
+        }
+
+
+def _compute_format(fmt: str, fallback: str) -> str:
+    """Quantized formats compute in themselves (W8A8 / W4A4); float weights in `fallback`."""
+    return fmt if fmt in ("fp8", "nvfp4", "mxfp4") else fallback
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The facts of one recipe the model reads (so tests can build one without a recipe file)."""
+
+    name: str
+    gpu: GpuSpec
+    tp: int
+    gpus: int  # GPUs the throughput is divided by (tokens/s/GPU); 1 on cpu
+    target: ArchFacts
+    drafter: ArchFacts
+    weight_format: str  # target linear layers
+    gemm_format: str  # target GEMM inputs
+    head_format: str  # embedding / LM head (the checkpoint's high-precision dtype)
+    kv_format: str
+    drafter_format: str
+    drafter_gemm_format: str
+    ctx_format: str  # the drafter's context cache
+    block_size: int
+
+    @classmethod
+    def from_recipe(cls, r: Recipe) -> "Deployment":
+        q = r.quantization
+        head = q.checkpoint_dtype("target")
+        if not r.gpu.is_cpu and head == "fp32":
+            head = "bf16"
+        return cls(
+            name=r.name, gpu=r.gpu, tp=r.parallel.tp, gpus=1 if r.gpu.is_cpu else r.world_size,
+            target=r.target_facts, drafter=r.drafter_facts, weight_format=q.target_weights,
+            gemm_format=q.activations, head_format=head, kv_format=q.kv_cache, drafter_format=q.drafter,
+            drafter_gemm_format=_compute_format(q.drafter, q.checkpoint_dtype("drafter")),
+            ctx_format=context_cache_format(r), block_size=r.speculative.block_size,
+        )
+
+
+class StepModel:
+    """The formulas of the module docstring for one deployment."""
+
+    def __init__(self, dep: Deployment, assumptions: Assumptions = Assumptions()):
+        self.dep, self.a = dep, assumptions
+        self.rates = rates_for(dep.gpu, assumptions)
+        if dep.tp > 1 and self.rates.link_bps is None:
+            raise UserError(f"hardware.gpu {dep.gpu.name}: no interconnect bandwidth in the catalog to project "
+                            f"parallel.tp={dep.tp}")
+
+    # ---- pieces
+
+    def _allreduce(self, layers: int, n: int, hidden: int) -> float:
+        tp = self.dep.tp
+        if tp == 1:
+            return 0.0
+        per = self.rates.allreduce_latency_s + 2 * (tp - 1) / tp * n * hidden * ACT_BYTES / self.rates.link_bps
+        return 2 * layers * per
+
+    def _attention(self, kv_bytes: float, flops: float) -> float:
+        r = self.rates
+        return kv_bytes / r.attention_bps + (flops / r.attention_flops if r.attention_flops else 0.0)
+
+    def _head(self, n_logits: int) -> tuple[float, float]:
+        """(bytes, FLOPs) of the target's LM head over n_logits positions, on one rank."""
+        t, tp = self.dep.target, self.dep.tp
+        params = t.vocab_size * t.hidden_size
+        return params * BYTES_PER_ELEMENT[self.dep.head_format] / tp, 2 * n_logits * params / tp
+
+    def target_pass(self, seqs: int, q: int, ctx: int, logits_per_seq: int | None = None) -> PassCost:
+        """The target over `q` new tokens for each of `seqs` sequences whose cache holds `ctx` tokens."""
+        d, t, r, tp = self.dep, self.dep.target, self.rates, self.dep.tp
+        n = seqs * q
+        h = t.hidden_size
+        attn = t.attention_params_per_layer
+        if t.is_moe:
+            expert = 3 * h * t.moe_intermediate_size
+            distinct = t.num_experts * (1 - (1 - t.experts_per_token / t.num_experts) ** n)
+            touched = attn + distinct * expert + h * t.num_experts
+            active = attn + t.experts_per_token * expert + h * t.num_experts
+        else:
+            touched = active = attn + t.mlp_params_per_layer
+        head_bytes, head_flops = self._head(seqs * (q if logits_per_seq is None else logits_per_seq))
+        wbytes = t.num_layers * touched * BYTES_PER_ELEMENT[d.weight_format] / tp + head_bytes
+        gemm = 2 * n * t.num_layers * active / tp
+        kv = seqs * target_kv_bytes_per_seq(t, tp, ctx, q, BYTES_PER_ELEMENT[d.kv_format])
+        full = t.num_layers - t.sliding_layers
+        visible = full * (ctx + q) + t.sliding_layers * min(ctx + q, (t.sliding_window or 0) + q)
+        att_flops = 4 * n * visible * t.num_attention_heads * t.head_dim / tp
+        return PassCost(
+            weight_bytes=wbytes, kv_bytes=kv, gemm_flops=gemm + head_flops, attention_flops=att_flops,
+            t_weights=wbytes / r.memory_bps,
+            t_gemm=gemm / r.gemm_flops(d.gemm_format) + head_flops / r.gemm_flops(d.head_format),
+            t_attention=self._attention(kv, att_flops),
+            t_allreduce=self._allreduce(t.num_layers, n, h),
+            t_layers=t.num_layers * r.layer_s,
+        )
+
+    def drafter_pass(self, seqs: int, draft_len: int, ctx: int, new_ctx: float) -> PassCost:
+        """One DFlash drafter pass: K+1 slots per sequence, `new_ctx` newly committed tokens per
+        sequence projected into its context cache, the target's LM head on the K draft slots."""
+        d, f, r, tp = self.dep, self.dep.drafter, self.rates, self.dep.tp
+        q = draft_len + 1
+        n = seqs * q
+        h = f.hidden_size
+        n_feat = len(f.target_layer_ids or [])
+        per_layer = f.attention_params_per_layer + f.mlp_params_per_layer
+        kv_proj = 2 * h * f.num_kv_heads * f.head_dim  # each layer's K/V projection of the context
+        head_bytes, head_flops = self._head(seqs * draft_len)
+        wbytes = f.linear_params * BYTES_PER_ELEMENT[d.drafter_format] / tp + head_bytes
+        gemm = (2 * n * f.num_layers * per_layer + 2 * seqs * new_ctx * (n_feat * h * h + f.num_layers * kv_proj)) / tp
+        ctx_bytes = seqs * drafter_ctx_bytes_per_seq(f, tp, ctx, q, BYTES_PER_ELEMENT[d.ctx_format])
+        att_flops = 4 * n * (ctx + q) * f.num_attention_heads * f.head_dim * f.num_layers / tp
+        return PassCost(
+            weight_bytes=wbytes, kv_bytes=ctx_bytes, gemm_flops=gemm + head_flops, attention_flops=att_flops,
+            t_weights=wbytes / r.memory_bps,
+            t_gemm=gemm / r.gemm_flops(d.drafter_gemm_format) + head_flops / r.gemm_flops(d.head_format),
+            t_attention=self._attention(ctx_bytes, att_flops),
+            t_allreduce=self._allreduce(f.num_layers, n, h),
+            t_layers=f.num_layers * r.layer_s,
+        )
+
+    def prefill(self, prompt_len: int) -> float:
+        """Seconds of one request's prompt pass (logits at its last position only)."""
+        return self.target_pass(1, prompt_len, 0, logits_per_seq=1).seconds
+
+    # ---- steps
+
+    def step(self, concurrency: int, draft_len: int, tau: float, ctx: int,
+             prompt_len: int = 0, output_len: int = 0) -> StepCost:
+        """One AR step (draft_len 0, tau 1) or DFlash round of `concurrency` sequences at context
+        `ctx`; prompt_len/output_len > 0 add the share of the prompt passes of new requests."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if draft_len < 0 or draft_len >= max(2, self.dep.block_size):
+            raise UserError(f"draft length {draft_len}: must be in 0..{self.dep.block_size - 1} (speculative.block_size "
+                            f"{self.dep.block_size})")
+        c = concurrency
+        if draft_len == 0:
+            target, drafter, tau = self.target_pass(c, 1, ctx), ZERO, 1.0
+        else:
+            target = self.target_pass(c, draft_len + 1, ctx)
+            drafter = self.drafter_pass(c, draft_len, ctx, tau)
+        passes = 1 if draft_len == 0 else 2  # a DFlash round launches two passes: drafter, then verify
+        overhead = passes * self.rates.step_s + c * self.rates.seq_s
+        t_pre = self.prefill(prompt_len) if prompt_len > 0 else 0.0
+        share = c * t_pre / max(1.0, (output_len - 1) / tau) if output_len > 0 else 0.0
+        return StepCost(c, draft_len, tau, target, drafter, overhead, share, t_pre)
+
+    def with_assumptions(self, **changes) -> "StepModel":
+        return StepModel(self.dep, replace(self.a, **changes))
