@@ -7,6 +7,10 @@ peaked logits) make greedy outputs varied and free of near-ties.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -89,3 +93,25 @@ def deployed(recipe, root: Path) -> Path:
 
     run(recipe, root, until="deploy", progress=False, say=lambda _: None)
     return root / "deploy"
+
+
+def start_openai_server(recipe_arg: list[str], deploy: Path, port: int) -> subprocess.Popen:
+    """`trtllm-dflash serve ... --api openai` in its own session; returns once it printed `ready:`."""
+    proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash", "serve", *recipe_arg, "--from", str(deploy),
+                             "--api", "openai", "--http-port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    line = proc.stdout.readline()
+    if not line.startswith("ready: openai model"):
+        proc.kill()
+        raise AssertionError(f"server did not start: {line}{proc.stderr.read()}")
+    return proc
+
+
+def stop_server(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return rc, proc.stdout.read()

@@ -1,10 +1,16 @@
-"""`trtllm-dflash serve RECIPE --from DEPLOY_DIR`: serve a deploy output behind a real Triton server.
+"""`trtllm-dflash serve RECIPE --from DEPLOY_DIR [--api triton|openai]`: serve a deploy output.
 
-reference backend: starts tritonserver on loopback over the deployed repository (which
-serves the checkpoint deploy recorded, and nothing else), prints one `ready:` line and
-serves until SIGTERM / SIGINT, then stops the server and removes its workspace.
-engine / pytorch backends (GPU): prints the launch command for NVIDIA's container
-(mpirun with world size tp*pp when > 1); --run executes it.
+reference backend
+  --api triton (default)  a real tritonserver on loopback over the deployed repository
+  --api openai            an OpenAI-compatible server (serve/openai.py) on --host:--http-port
+  Either serves the checkpoint deploy recorded, and nothing else, prints one `ready:` line and
+  serves until SIGTERM / SIGINT, then stops cleanly.
+engine / pytorch backends (GPU): print the launch command for NVIDIA's container; --run
+  executes it (--container IMAGE: inside `docker run` of that image).
+  --api triton   tritonserver over the repository (pytorch: TensorRT-LLM's LLM-API model)
+  --api openai   pytorch only: trtllm-serve with the deployed extra_llm_api_options.yaml, the
+                 command deploy wrote to trtllm_serve/launch.json (--launcher picks single_node,
+                 mpirun or srun; the multi-node forms run every rank under trtllm-llmapi-launch)
 """
 
 from __future__ import annotations
@@ -14,31 +20,71 @@ from pathlib import Path
 
 from trtllm_dflash.commands.common import add_recipe_argument
 
+LAUNCHERS = ("single_node", "mpirun", "srun")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the recipe behind a real Triton Inference Server")
+    p = sub.add_parser("serve", help="serve a deploy output: Triton Inference Server or an OpenAI-compatible endpoint")
     add_recipe_argument(p)
     p.add_argument("--from", dest="from_dir", type=Path, required=True, metavar="DIR",
                    help="the deploy output of this recipe to serve")
+    p.add_argument("--api", choices=("triton", "openai"), default="triton",
+                   help="triton (default): Triton Inference Server; openai: /v1/completions and /v1/chat/completions "
+                   "(reference backend: our server; pytorch backend: trtllm-serve)")
     p.add_argument("--host", default=None, help="bind address (default: the recipe's serve.host)")
-    p.add_argument("--http-port", type=int, default=None)
+    p.add_argument("--http-port", type=int, default=None, help="HTTP port (Triton HTTP, or the OpenAI server's)")
     p.add_argument("--grpc-port", type=int, default=None)
     p.add_argument("--metrics-port", type=int, default=None)
-    p.add_argument("--run", action="store_true", help="GPU backends: run the printed launch command")
+    p.add_argument("--run", dest="execute", action="store_true", help="GPU backends: run the printed launch command")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="single_node",
+                   help="GPU backends: single_node (default), or an MPI world of tp*pp ranks under mpirun / srun")
+    p.add_argument("--container", metavar="IMAGE", default=None,
+                   help="GPU backends: run inside `docker run IMAGE` (NVIDIA's TensorRT-LLM container of the "
+                   "recipe's version)")
     p.set_defaults(run=run)
+
+
+def _override(cmd: list[str], flag: str, value) -> list[str]:
+    if value is None:
+        return cmd
+    out = list(cmd)
+    out[out.index(flag) + 1] = str(value)
+    return out
+
+
+def _gpu_command(args, recipe, repository: Path, endpoints) -> list[str]:
+    import json
+
+    from trtllm_dflash.deploy.repository import LAUNCH, TRTLLM_SERVE
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.serve.launch import launch_command
+
+    backend = recipe.backend.name
+    if args.api == "triton":
+        return launch_command(repository, endpoints, recipe.world_size, recipe.serve.model_name,
+                              llmapi=backend == "pytorch", launcher=args.launcher)
+    if backend != "pytorch":
+        raise UserError(f"--api openai: the {backend} backend serves Triton only (the OpenAI endpoint is the reference "
+                        "backend's server, or trtllm-serve for the pytorch backend)")
+    launch = args.from_dir / TRTLLM_SERVE / LAUNCH
+    if not launch.is_file():
+        raise UserError(f"{args.from_dir}: no {TRTLLM_SERVE}/{LAUNCH}; deploy again with this version of trtllm-dflash")
+    cmd = json.loads(launch.read_text())[args.launcher]
+    return _override(_override(cmd, "--host", args.host), "--port", args.http_port)
 
 
 def run(args: argparse.Namespace) -> int:
     import shlex
+    import shutil
     import signal
     import subprocess
     import threading
 
-    from trtllm_dflash.artifacts import verify_input
+    from trtllm_dflash.artifacts import Manifest, verify_input
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer, launch_command
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer, in_container
 
     recipe = load_recipe(args.recipe, args.overrides)
     s = recipe.serve
@@ -47,11 +93,20 @@ def run(args: argparse.Namespace) -> int:
     verify_input(args.from_dir, ("deploy",), recipe)
     repository = (args.from_dir / REPOSITORY).resolve()
     if recipe.backend.name != "reference":
-        cmd = launch_command(repository, endpoints, recipe.world_size, s.model_name, llmapi=recipe.backend.name == "pytorch")
+        cmd = _gpu_command(args, recipe, repository, endpoints)
+        if args.container:
+            artifact = Manifest.read(args.from_dir).extra.get("artifact")
+            cmd = in_container(cmd, args.container, [args.from_dir] + ([Path(artifact)] if artifact else []))
         print(shlex.join(cmd))
-        if args.run:
-            return subprocess.call(cmd)
-        return 0
+        if not args.execute:
+            return 0
+        if shutil.which(cmd[0]) is None:
+            raise UserError(f"{cmd[0]}: not found on PATH; run this inside NVIDIA's TensorRT-LLM container of version "
+                            f"{recipe.backend.trtllm_version or 'the recipe names'}, or pass --container IMAGE")
+        return subprocess.call(cmd)
+
+    if args.api == "openai":
+        return _serve_openai(args, recipe, endpoints)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -65,5 +120,31 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(0.5):
             if server.proc.poll() is not None:
                 raise UserError(f"tritonserver exited with code {server.proc.returncode}: {server.failure_reason()}")
+    print("stopped", flush=True)
+    return 0
+
+
+def _serve_openai(args, recipe, endpoints) -> int:
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.serve.deployed import open_deployed, repository_model
+    from trtllm_dflash.serve.launch import port_in_use
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("--api openai needs fastapi and uvicorn: pip install 'trtllm_dflash[serve]'") from None
+    host, port = endpoints.host, endpoints.http_port
+    if port_in_use(host, port):
+        raise UserError(f"serve.http_port: {host}:{port} is already in use")
+    from trtllm_dflash.serve.openai import run_server
+
+    name = recipe.serve.model_name
+    deployed = open_deployed(*repository_model(args.from_dir, name))
+    try:
+        run_server(deployed, name, host, port, on_ready=lambda: print(
+            f"ready: openai model {name!r} on http://{host}:{port}/v1", flush=True))
+    finally:
+        deployed.close()
     print("stopped", flush=True)
     return 0

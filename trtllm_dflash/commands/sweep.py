@@ -1,4 +1,7 @@
-"""`trtllm-dflash sweep RECIPE --url HOST:PORT`: concurrency vs interactivity against a running server."""
+"""`trtllm-dflash sweep RECIPE --url HOST:PORT [--api triton|openai]`: concurrency vs interactivity
+against a running server: Triton's dflash model (gRPC streaming, or HTTP with --http), or any
+OpenAI-compatible endpoint (--api openai: our reference server, trtllm-serve, vLLM, SGLang), with
+the same load generator and metrics."""
 
 from __future__ import annotations
 
@@ -9,10 +12,15 @@ from trtllm_dflash.commands.common import add_recipe_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="sweep concurrency against a running Triton server (gRPC streaming)")
+    p = sub.add_parser("sweep", help="sweep concurrency against a running server (Triton or OpenAI-compatible)")
     add_recipe_argument(p)
-    p.add_argument("--url", required=True, help="Triton endpoint HOST:PORT (gRPC port, or HTTP port with --http)")
-    p.add_argument("--http", action="store_true", help="use HTTP generate_stream (server-sent events) instead of gRPC")
+    p.add_argument("--url", required=True, help="HOST:PORT: Triton's gRPC port (HTTP port with --http), or the "
+                   "OpenAI server's (--api openai; http://HOST:PORT[/v1] also accepted)")
+    p.add_argument("--api", choices=("triton", "openai"), default="triton",
+                   help="triton (default): the dflash model; openai: POST /v1/completions, streamed")
+    p.add_argument("--http", action="store_true", help="--api triton: HTTP generate_stream (server-sent events) instead of gRPC")
+    p.add_argument("--model", default=None, help="--api openai: model id (default: the recipe's serve.model_name when "
+                   "the server lists it, else the server's only model)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/<recipe name>/sweep)")
     p.add_argument("--from", dest="from_dir", type=Path, default=None, metavar="DIR",
                    help="the deploy output the server serves (recorded as the sweep's input)")
@@ -49,16 +57,19 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.sweep.stage import sweep
 
     recipe = load_recipe(args.recipe, args.overrides)
-    if recipe.backend.name == "pytorch":
+    if recipe.backend.name == "pytorch" and args.api == "triton":
         raise UserError(
-            "sweep speaks the dflash model interface (reference and engine backends); for the pytorch "
-            "backend's LLM-API model use the aiperf command in the README"
+            "--api triton speaks the dflash model interface (reference and engine backends); for the pytorch "
+            "backend sweep trtllm-serve with --api openai (serve --api openai prints its launch command)"
         )
+    if args.http and args.api != "triton":
+        raise UserError("--http: only with --api triton (the OpenAI API is HTTP already)")
     if args.from_dir is not None:
         verify_input(args.from_dir, ("deploy",), recipe, check_contents=False)
     out = args.out or Path("runs") / recipe.name / "sweep"
     result = sweep(recipe, args.url, out, levels=parse_levels(args.levels, recipe.sweep.concurrency),
-                   protocol="http" if args.http else "grpc", temperature=args.temperature, from_dir=args.from_dir)
+                   protocol="openai" if args.api == "openai" else "http" if args.http else "grpc",
+                   temperature=args.temperature, from_dir=args.from_dir, model=args.model)
     if args.json:
         print(json.dumps([asdict(s) for s in result.levels], indent=2))
     else:

@@ -228,29 +228,42 @@ class TritonServer:
         self.stop()
 
 
-def launch_command(repository: Path, endpoints: Endpoints, world_size: int, model_name: str, llmapi: bool) -> list[str]:
-    """The GPU launch command inside NVIDIA's Triton + TensorRT-LLM container.
+def launch_command(repository: Path, endpoints: Endpoints, world_size: int, model_name: str, llmapi: bool,
+                   launcher: str = "single_node") -> list[str]:
+    """The GPU launch command of tritonserver inside NVIDIA's Triton + TensorRT-LLM container.
 
-    World size 1: one tritonserver. Otherwise one tritonserver per rank under mpirun; ranks
-    other than 0 load only the model (explicit model control) and each rank gets its own
-    Python-backend shared-memory prefix. The LLM-API model runs each rank under
-    trtllm-llmapi-launch.
+    Engine backend (our Triton model over TensorRT-LLM 1.2.x engines): world size 1 is one
+    tritonserver; otherwise one tritonserver per rank under mpirun, ranks other than 0 loading
+    only the model (explicit model control), each with its own Python-backend shared-memory prefix.
+
+    pytorch backend (TensorRT-LLM's LLM-API model): on one node a single tritonserver; its model
+    creates LLM(...) with model.yaml's tensor_parallel_size, which spawns the MPI workers itself
+    (the documented multi-GPU setup of triton_backend/all_models/llmapi). launcher "mpirun" /
+    "srun" start an MPI world of tp x pp ranks, every rank under trtllm-llmapi-launch: rank 0 runs
+    tritonserver, the others run tensorrt_llm.llmapi.mgmn_worker_node
+    (tensorrt_llm/llmapi/trtllm-llmapi-launch), and model.py hands COMM_WORLD to the LLM.
     """
     e = endpoints
     server = "/opt/tritonserver/bin/tritonserver"
+    common = [
+        f"--model-repository={repository}",
+        f"--http-address={e.host}",
+        f"--grpc-address={e.host}",
+        f"--http-port={e.http_port}",
+        f"--grpc-port={e.grpc_port}",
+        f"--metrics-port={e.metrics_port}",
+        "--disable-auto-complete-config",
+    ]
+    if llmapi:
+        one = [server, *common]
+        if launcher == "single_node":
+            return one
+        if launcher == "mpirun":
+            return ["mpirun", "--allow-run-as-root", "-n", str(world_size), "trtllm-llmapi-launch", *one]
+        return ["srun", "-n", str(world_size), "--mpi=pmix", "trtllm-llmapi-launch", *one]
 
     def rank(i: int) -> list[str]:
-        cmd = (["trtllm-llmapi-launch"] if llmapi else []) + [
-            server,
-            f"--model-repository={repository}",
-            f"--http-address={e.host}",
-            f"--grpc-address={e.host}",
-            f"--http-port={e.http_port}",
-            f"--grpc-port={e.grpc_port}",
-            f"--metrics-port={e.metrics_port}",
-            "--disable-auto-complete-config",
-            f"--backend-config=python,shm-region-prefix-name=prefix{i}_",
-        ]
+        cmd = [server, *common, f"--backend-config=python,shm-region-prefix-name=prefix{i}_"]
         if i > 0:
             cmd += ["--model-control-mode=explicit", f"--load-model={model_name}"]
         return cmd
@@ -261,3 +274,15 @@ def launch_command(repository: Path, endpoints: Endpoints, world_size: int, mode
     for i in range(world_size):
         cmd += ["-n", "1", *rank(i)] + ([":"] if i < world_size - 1 else [])
     return cmd
+
+
+def in_container(cmd: list[str], image: str, paths: list[Path]) -> list[str]:
+    """`cmd` inside the container `image` (NVIDIA's TensorRT-LLM or Triton + TensorRT-LLM image,
+    the user's choice of tag): all GPUs, host IPC (NCCL, MPI shared memory), the host's network
+    (the server binds the address it was given, loopback included) and the paths the command
+    reads mounted at the same place."""
+    run = ["docker", "run", "--rm", "--gpus", "all", "--ipc", "host", "--network", "host", "--ulimit", "memlock=-1",
+           "--ulimit", "stack=67108864"]
+    for path in dict.fromkeys(str(Path(p).resolve()) for p in paths):
+        run += ["-v", f"{path}:{path}"]
+    return [*run, image, *cmd]

@@ -109,13 +109,17 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     return req
 
 
-def check_lengths(prompt_tokens: int, max_tokens: int, limits: Limits) -> None:
+def check_lengths(prompt_tokens: int, max_tokens: int, limits: Limits, prompt_field: str = "text_input",
+                  max_tokens_field: str = "max_tokens") -> None:
+    """The prompt and the output fit the build limits; messages name the request's own fields
+    (the OpenAI server's are `prompt` / `messages` and `max_tokens` / `max_completion_tokens`)."""
     if prompt_tokens > limits.max_input_len:
         raise RequestError(
-            f"text_input: prompt is {prompt_tokens} tokens, longer than the build limit max_input_len {limits.max_input_len}"
+            f"{prompt_field}: prompt is {prompt_tokens} tokens, longer than the build limit max_input_len {limits.max_input_len}"
         )
     room = limits.max_seq_len - prompt_tokens
     if max_tokens > room:
         raise RequestError(
-            f"max_tokens: {max_tokens} > {room} (build limit max_seq_len {limits.max_seq_len} minus {prompt_tokens} prompt tokens)"
+            f"{max_tokens_field}: {max_tokens} > {room} (build limit max_seq_len {limits.max_seq_len} minus "
+            f"{prompt_tokens} prompt tokens)"
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtllm_dflash.serve.requests import Limits, RequestError, check_lengths, parse_request
+from trtllm_dflash.serve.requests import RequestError, check_lengths, parse_request
 
 INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop_words", "stream",
           "exclude_input_in_output")
@@ -45,40 +45,17 @@ def _response(update) -> "pb_utils.InferenceResponse":
 
 class TritonPythonModel:
     def initialize(self, args):
-        import torch
-        from transformers import AutoTokenizer
-
-        from trtllm_dflash.artifacts import check_files, manifest_sha256
-        from trtllm_dflash.recipe import load_recipe
-        from trtllm_dflash.serve.batcher import ServingEngine
-        from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
+        from trtllm_dflash.serve.deployed import open_deployed
 
         cfg = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        recipe = load_recipe(version_dir / params["recipe"], check_rules=False)
-        threads = int(params.get("torch_threads", "0"))
-        if threads:
-            torch.set_num_threads(threads)
-        # Serve exactly the artifact deploy recorded: same manifest, files unchanged.
-        checkpoint = Path(params["checkpoint"])
-        if manifest_sha256(checkpoint) != params["checkpoint_manifest_sha256"]:
-            raise RuntimeError(f"{checkpoint}: manifest.json changed since deploy; deploy again")
-        info = read_checkpoint(checkpoint)
-        check_files(checkpoint, info.manifest)
-        if info.tokenizer_dir is None:
-            raise RuntimeError(f"{checkpoint}: no tokenizer/ (the target had no tokenizer files); serving speaks text")
-        self.model = open_checkpoint(checkpoint)
-        self.tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)
-        self.limits = Limits(recipe.build.max_input_len, recipe.build.max_seq_len)
-        mode = "ddtree" if recipe.speculative.ddtree_budget else "dflash"
-        self.engine = ServingEngine(
-            self.model, self.tokenizer, mode=mode, block_size=recipe.speculative.block_size,
-            ddtree_budget=recipe.speculative.ddtree_budget, max_seq_len=recipe.build.max_seq_len,
-            max_batch_size=recipe.build.max_batch_size,
-        )
-        pb_utils.Logger.log_info(f"dflash: {recipe.name} ready ({mode}, block {recipe.speculative.block_size}, "
-                                 f"{info.manifest.stage} output {checkpoint}, tp {info.tp})")
+        # The same loader and engine as the OpenAI-compatible server (serve/deployed.py).
+        self.deployed = open_deployed(version_dir, params)
+        self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
+        d = self.deployed
+        pb_utils.Logger.log_info(f"dflash: {d.recipe.name} ready ({d.mode}, block {d.recipe.speculative.block_size}, "
+                                 f"{d.stage} output {d.checkpoint}, tp {d.tp})")
 
     def execute(self, requests):
         from trtllm_dflash.reference.verify import SamplingParams
@@ -106,8 +83,7 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.engine.stop()
-        self.model.close()
+        self.deployed.close()
 
 
 class _Emitter:

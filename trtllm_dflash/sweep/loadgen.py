@@ -1,9 +1,18 @@
-"""Concurrency sweep against a running Triton server (the `dflash` model interface).
+"""Concurrency sweep against a running server: Triton (the `dflash` model interface) or any
+OpenAI-compatible endpoint (ours, trtllm-serve, vLLM, SGLang).
 
 For each concurrency level C: warm-up requests first (excluded), then max(min_requests,
-factor x C) measured requests, C at a time, each a gRPC bidirectional stream (decoupled
-model). A request is complete at the response whose `finish_reason` is set (the asyncio
-client cannot ask for Triton's empty final response: that parameter is reserved there).
+factor x C) measured requests, C at a time, each a stream:
+- protocol "grpc": a gRPC bidirectional stream (decoupled model); "http": Triton's HTTP
+  generate_stream (server-sent events). A request is complete at the response whose
+  `finish_reason` is set (the asyncio client cannot ask for Triton's empty final response:
+  that parameter is reserved there).
+- protocol "openai": POST /v1/completions with stream and stream_options.include_usage
+  (server-sent events up to `data: [DONE]`). Tokens per chunk and verify passes come from
+  the `dflash` extension field where the server sends it (serve/openai.py); otherwise each
+  text chunk counts one token, corrected by the final `usage`, and verify passes come from
+  trtllm-serve's `avg_decoded_tokens_per_iter` where present, else they are unknown (tau is
+  then reported as unknown, never guessed).
 Every chunk's arrival time and token count are recorded (`RequestRecord`); the metrics
 come from trtllm_dflash/sweep/metrics.py. Outputs in OUT/: results.jsonl (one row per request),
 summary.csv and summary.json (one row per level), and sweep.png (tokens/s/GPU against
@@ -76,6 +85,83 @@ async def _http_events(session, url: str, model: str, prompt: str, max_tokens: i
                 yield json.loads(line[5:])
 
 
+def openai_base(url: str) -> str:
+    """http://HOST:PORT from HOST:PORT, http://HOST:PORT or http://HOST:PORT/v1."""
+    url = url.rstrip("/").removesuffix("/v1")
+    return url if url.startswith(("http://", "https://")) else f"http://{url}"
+
+
+def openai_model(url: str, wanted: str) -> str:
+    """The model id to request: `wanted` when the server lists it, else the server's only model
+    (trtllm-serve names its model by the path it was started with)."""
+    import urllib.request
+
+    from trtllm_dflash.errors import UserError
+
+    try:
+        with urllib.request.urlopen(f"{openai_base(url)}/v1/models", timeout=10) as r:
+            ids = [m["id"] for m in json.loads(r.read())["data"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--url {url}: no OpenAI-compatible server answers GET /v1/models ({e})") from None
+    if wanted in ids or len(ids) != 1:
+        if wanted not in ids:
+            raise UserError(f"--url {url}: serves {ids}, not {wanted!r}; pass --model NAME")
+        return wanted
+    return ids[0]
+
+
+def _openai_rounds(tokens: int, avg_decoded_tokens_per_iter) -> int:
+    """Verify passes from trtllm-serve's per-request acceptance length: it counts tokens per
+    iteration with the context (prefill) iteration included, so passes = tokens / AL - 1 [I]."""
+    if not avg_decoded_tokens_per_iter or tokens < 1:
+        return 0
+    return max(0, round(tokens / float(avg_decoded_tokens_per_iter)) - 1)
+
+
+async def _openai_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float):
+    """Chunks of one streamed /v1/completions request, as the dflash model's response dicts;
+    the last one (finish_reason set) comes after `data: [DONE]`, with the final token count."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+            "stream": True, "stream_options": {"include_usage": True}}
+    tokens, rounds, reason, usage, avg = 0, 0, None, None, None
+    async with session.post(f"{openai_base(url)}/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            text = await resp.text()
+            try:
+                text = json.loads(text)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                pass
+            yield {"error": f"HTTP {resp.status}: {text}"}
+            return
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                yield {"error": chunk["error"].get("message", chunk["error"])}
+                return
+            ext = chunk.get("dflash")
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                reason = choice.get("finish_reason") or reason
+                avg = choice.get("avg_decoded_tokens_per_iter", avg)
+                text = choice.get("text") or ""
+                n = ext["tokens"] - tokens if ext else int(bool(text))
+                if n > 0 or text:
+                    tokens += n
+                    yield {"text_output": text, "output_token_count": n, "rounds": ext["rounds"] if ext else 0}
+            if ext:
+                rounds = ext["rounds"]
+    final = (usage or {}).get("completion_tokens", tokens)
+    # Tokens the chunks did not account for (a server without per-chunk counts) belong to the last chunk.
+    yield {"extra_tokens": max(0, final - tokens), "rounds": rounds or _openai_rounds(final, avg),
+           "finish_reason": reason or "stop"}
+
+
 async def _consume(record: RequestRecord, events) -> RequestRecord:
     """Fill `record` from a stream of responses; a request ends at the one with a finish_reason."""
     record.start_ns = time.perf_counter_ns()
@@ -92,6 +178,8 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
                 record.chunk_ns.append(now)
                 record.chunk_tokens.append(n)
                 texts.append(text.decode("utf-8") if isinstance(text, bytes) else text)
+            if event.get("extra_tokens") and record.chunk_tokens:
+                record.chunk_tokens[-1] += int(event["extra_tokens"])
             record.rounds = int(event.get("rounds", record.rounds))
             if event.get("finish_reason"):
                 record.end_ns = now
@@ -108,13 +196,14 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
                     max_tokens: int, seed: int, temperature: float, on_done=None, protocol: str = "grpc"
                     ) -> list[RequestRecord]:
-    if protocol == "http":
+    if protocol in ("http", "openai"):
         import aiohttp
 
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        events = _http_events if protocol == "http" else _openai_events
 
         async def send(rec, prompt, s):
-            return await _consume(rec, _http_events(session, url, model, prompt, max_tokens, s, temperature))
+            return await _consume(rec, events(session, url, model, prompt, max_tokens, s, temperature))
 
         async def close():
             await session.close()

@@ -14,23 +14,29 @@ from pathlib import Path
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.prompts.sources import load_prompts
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.sweep.loadgen import SweepResult, run_sweep
+from trtllm_dflash.sweep.loadgen import SweepResult, openai_model, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
 
 SUMMARY = "summary.json"
 
 
 def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = None, protocol: str = "grpc",
-          temperature: float = 0.0, from_dir: Path | None = None) -> SweepResult:
-    """Run the load generator against `url` and write OUT (replacing an earlier sweep of this recipe)."""
+          temperature: float = 0.0, from_dir: Path | None = None, model: str | None = None) -> SweepResult:
+    """Run the load generator against `url` and write OUT (replacing an earlier sweep of this recipe).
+    protocol: "grpc" / "http" (Triton, the dflash model) or "openai" (/v1/completions of any
+    OpenAI-compatible server; the model id is `model`, else the recipe's serve.model_name when the
+    server lists it, else the server's only model)."""
     sw = recipe.sweep
     levels = levels or sw.concurrency
+    name = model or recipe.serve.model_name
+    if protocol == "openai":
+        name = openai_model(url, name) if model is None else name
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
-        "url": url, "protocol": protocol, "levels": levels, "temperature": temperature})
+        "url": url, "protocol": protocol, "levels": levels, "temperature": temperature, "model": name})
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
-        result = run_sweep(url, recipe.serve.model_name, levels, sw.requests_at, sw.warmup_requests, prompts,
+        result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts,
                            sw.output_len, gpus=gpus, out_dir=tmp, seed=sw.seed, temperature=temperature,
                            title=f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu}, {recipe.backend.name})",
                            protocol=protocol)

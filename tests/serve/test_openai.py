@@ -1,0 +1,233 @@
+"""`serve --api openai` on the embedded default, a real server on a free loopback port, driven
+by the official `openai` client (and raw HTTP for malformed requests).
+
+Greedy output must be `generate --checkpoint <the deployed convert output>`'s, token for token;
+every bad input gets an OpenAI error object naming the field and the server keeps serving.
+"""
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="needs the openai client (the dev extra)")
+pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)")
+
+from serve_helpers import start_openai_server, stop_server  # noqa: E402
+
+from trtllm_dflash.cli import main  # noqa: E402
+from trtllm_dflash.pipeline import run  # noqa: E402
+from trtllm_dflash.recipe import load_recipe  # noqa: E402
+from trtllm_dflash.serve.launch import free_port  # noqa: E402
+
+PROMPT = "def parse_args(argv):\n    "
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("openai")
+    run(load_recipe(None), root, until="deploy", progress=False, say=lambda _: None)
+    port = free_port()
+    proc = start_openai_server([], root / "deploy", port)
+    yield f"http://127.0.0.1:{port}", root, proc
+    rc, out = stop_server(proc)
+    assert rc == 0 and "stopped" in out, f"unclean stop: rc {rc}, {out!r}"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def generate_text(checkpoint: Path, prompt: str, n: int) -> str:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", prompt, "--max-new-tokens", str(n),
+                     "--json"]) == 0
+    return json.loads(buf.getvalue())["text"]
+
+
+def post(url: str, body, path="/v1/completions") -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data, {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["dflash"]
+
+
+def test_streamed_greedy_completion_equals_generate(server, client):
+    url, root, _ = server
+    chunks = list(client.completions.create(model="dflash", prompt=PROMPT, max_tokens=48, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1, "expected several chunks"
+    assert text == generate_text(root / "convert", PROMPT, 48)
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason in ("length", "stop")
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens > 0 and 0 < usage.completion_tokens <= 48
+    stats = chunks[-1].model_extra["dflash"]
+    assert stats["tokens"] == usage.completion_tokens and stats["rounds"] >= 1
+    assert stats["acceptance_length"] == pytest.approx((stats["tokens"] - 1) / stats["rounds"])
+    assert stats["accepted_draft_tokens"] <= stats["draft_tokens"]
+
+
+def test_non_streaming_completion(server, client):
+    _, root, _ = server
+    r = client.completions.create(model="dflash", prompt=PROMPT, max_tokens=20, temperature=0)
+    assert r.choices[0].text == generate_text(root / "convert", PROMPT, 20)
+    assert r.usage.completion_tokens == r.model_extra["dflash"]["tokens"] <= 20
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_completions_use_the_documented_fallback_template(client):
+    from trtllm_dflash.serve.openai import FALLBACK_CHAT_TEMPLATE  # noqa: F401  (the tiny tokenizer has no template)
+
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os"}]
+    r = client.chat.completions.create(model="dflash", messages=messages, max_tokens=16, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    # The fallback renders "role: content" lines, then "assistant:".
+    same = client.completions.create(model="dflash", prompt="system: You write Python.\nuser: import os\nassistant:",
+                                     max_tokens=16, temperature=0)
+    assert r.choices[0].message.content == same.choices[0].text
+    streamed = client.chat.completions.create(model="dflash", messages=messages, max_tokens=16, temperature=0,
+                                              stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == same.choices[0].text
+    assert client.models.list().data[0].model_extra["chat_template"] == "fallback"
+
+
+def test_sampling_with_a_seed_is_reproducible(client):
+    kw = dict(model="dflash", prompt=PROMPT, max_tokens=16, temperature=0.8, top_p=0.9, seed=7)
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens > 0
+
+
+BAD = [
+    (b'{"model": "dflash", "prompt": ', 400, None, "request body: not valid JSON"),
+    ({"model": "dflash"}, 400, "prompt", "prompt: required"),
+    ({"model": "dflash", "prompt": ""}, 400, "prompt", "prompt: empty prompt"),
+    ({"model": "dflash", "prompt": ["a", "b"]}, 400, "prompt", "prompt: one prompt per request"),
+    ({"model": "dflash", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", "max_tokens: Input should be greater than 0"),
+    ({"model": "dflash", "prompt": "x", "max_tokens": 100000}, 400, "max_tokens",
+     "max_tokens: 100000 > 511 (build limit max_seq_len 512"),
+    ({"model": "dflash", "prompt": "x = 1\n" * 200}, 400, "prompt", "longer than the build limit max_input_len 256"),
+    ({"model": "dflash", "prompt": "x", "temperature": -0.5}, 400, "temperature", "temperature: Input should be greater than or equal to 0"),
+    ({"model": "dflash", "prompt": "x", "top_p": 0}, 400, "top_p", "top_p: Input should be greater than 0"),
+    ({"model": "dflash", "prompt": "x", "top_p": 1.5}, 400, "top_p", "top_p: Input should be less than or equal to 1"),
+    ({"model": "gpt-4", "prompt": "x"}, 404, "model", "model: 'gpt-4' does not exist"),
+    ({"model": "dflash", "prompt": "x", "n": 2}, 400, "n", "n: 2 > 1"),
+    ({"model": "dflash", "prompt": "x", "echo": True}, 400, "echo", "echo: not supported"),
+]
+
+
+@pytest.mark.parametrize("body,status,param,message", BAD, ids=[m.split(":")[0] + str(i) for i, (_, _, _, m) in enumerate(BAD)])
+def test_bad_completions_get_openai_errors_and_the_server_keeps_serving(server, client, body, status, param, message):
+    code, answer = post(server[0], body)
+    assert code == status, answer
+    err = answer["error"]
+    assert message in err["message"] and err["param"] == param and err["type"] == "invalid_request_error"
+    assert client.completions.create(model="dflash", prompt="x", max_tokens=2, temperature=0).usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("body,param,message", [
+    ({"model": "dflash", "messages": []}, "messages", "messages: List should have at least 1 item"),
+    ({"model": "dflash", "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role", "messages.0.role"),
+    ({"model": "dflash", "messages": [{"role": "user", "content": ""}]}, "messages", "every message is empty"),
+    ({"model": "dflash", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
+     "max_completion_tokens", "max_completion_tokens: Input should be greater than 0"),
+])
+def test_bad_chat_requests(server, client, body, param, message):
+    code, answer = post(server[0], body, "/v1/chat/completions")
+    assert code == 400 and message in answer["error"]["message"] and answer["error"]["param"] == param
+    r = client.chat.completions.create(model="dflash", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
+def test_openai_client_raises_the_error_type(client):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model="dflash", prompt="x", max_tokens=2, temperature=-1)
+
+
+def test_a_client_leaving_mid_stream_frees_its_slot(server, client):
+    url = server[0]
+    before = health(url)["ended"].get("cancelled", 0)
+    stream = client.completions.create(model="dflash", prompt=PROMPT, max_tokens=400, temperature=0, stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].text is not None
+    stream.close()  # drop the connection after one chunk
+    deadline = time.monotonic() + 120
+    while health(url)["ended"].get("cancelled", 0) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    state = health(url)
+    assert state["ended"].get("cancelled", 0) == before + 1, "the engine never dropped the abandoned request"
+    assert state["running"] == 0
+    r = client.completions.create(model="dflash", prompt="import sys\n", max_tokens=8, temperature=0)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_sixteen_concurrent_streams_all_complete_and_are_exact(server):
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
+
+    url, root, _ = server
+    prompts = [f"def f{i}(x):\n    return x * {i} + " for i in range(16)]
+    aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+    async def one(prompt):
+        stream = await aclient.completions.create(model="dflash", prompt=prompt, max_tokens=24, temperature=0,
+                                                  stream=True)
+        parts, reason = [], None
+        async for c in stream:
+            if c.choices:
+                parts.append(c.choices[0].text)
+                reason = c.choices[0].finish_reason or reason
+        return "".join(parts), reason
+
+    async def all_of():
+        try:
+            return await asyncio.gather(*(one(p) for p in prompts))
+        finally:
+            await aclient.close()
+
+    results = asyncio.run(all_of())
+    assert all(reason in ("length", "stop") for _, reason in results)
+    tok = AutoTokenizer.from_pretrained(root / "convert" / "tokenizer")
+    ids = [tok(p)["input_ids"] for p in prompts]
+    tokens = [[] for _ in prompts]
+    for rec in checkpoint_steps(root / "convert", ids, 24, mode="ddtree", block_size=16, ddtree_budget=32):
+        for i, t in zip(rec.seq_ids, rec.tokens):
+            tokens[i] += t
+    expected = [tok.decode(t, skip_special_tokens=True) for t in tokens]
+    assert [text for text, _ in results] == expected
+
+
+def test_a_busy_port_is_refused_with_the_field(server):
+    url, root, _ = server
+    port = url.rsplit(":", 1)[1]
+    r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", "--from", str(root / "deploy"), "--api", "openai",
+                        "--http-port", port], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"serve.http_port: 127.0.0.1:{port} is already in use" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,86 @@
+"""`serve` for the GPU backends prints (or runs) the launch command for NVIDIA's container:
+tritonserver over the repository, or trtllm-serve exactly as deploy wrote it to launch.json."""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
+from trtllm_dflash.deploy.repository import deploy
+from trtllm_dflash.recipe import load_recipe
+from trtllm_dflash.recipe.stages import input_stage
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT_OSS = ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"
+
+
+@pytest.fixture(scope="module")
+def deployed_pytorch(tmp_path_factory):
+    """A deploy output of the gpt-oss recipe over a stand-in quantize output (deploy reads manifests only)."""
+    root = tmp_path_factory.mktemp("pytorch")
+    recipe = load_recipe(GPT_OSS)
+    stage = input_stage(recipe, "deploy")
+    with atomic_stage_dir(root / stage, Manifest.for_stage(stage, recipe, extra={"layout": "hf"})) as d:
+        (d / "weights.safetensors").write_bytes(b"stand-in")
+    return deploy(recipe, root / stage, root / "deploy"), (root / stage).resolve()
+
+
+def serve(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(GPT_OSS), *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_openai_api_prints_the_deployed_trtllm_serve_command(deployed_pytorch):
+    out, artifact = deployed_pytorch
+    launch = json.loads((out / "trtllm_serve/launch.json").read_text())
+    r = serve("--from", out, "--api", "openai")
+    assert r.returncode == 0, r.stderr
+    assert shlex.split(r.stdout.strip()) == launch["single_node"]
+    r = serve("--from", out, "--api", "openai", "--launcher", "mpirun", "--host", "0.0.0.0", "--http-port", "9000")
+    cmd = shlex.split(r.stdout.strip())
+    assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "8", "trtllm-llmapi-launch"]
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == "9000"
+    r = serve("--from", out, "--api", "openai", "--launcher", "srun")
+    assert shlex.split(r.stdout.strip())[:6] == ["srun", "-N", "1", "--ntasks-per-node=8", "--mpi=pmix", "trtllm-llmapi-launch"]
+
+
+def test_container_wraps_the_command_and_mounts_what_it_reads(deployed_pytorch):
+    out, artifact = deployed_pytorch
+    r = serve("--from", out, "--api", "openai", "--container", "example/tensorrt-llm:1.3.0")
+    cmd = shlex.split(r.stdout.strip())
+    image = cmd.index("example/tensorrt-llm:1.3.0")
+    assert cmd[:3] == ["docker", "run", "--rm"] and cmd[image + 1] == "trtllm-serve"
+    mounts = [cmd[i + 1] for i, a in enumerate(cmd[:image]) if a == "-v"]
+    assert f"{out.resolve()}:{out.resolve()}" in mounts and f"{artifact}:{artifact}" in mounts
+
+
+def test_triton_api_runs_one_tritonserver_on_a_node(deployed_pytorch):
+    out, _ = deployed_pytorch
+    cmd = shlex.split(serve("--from", out).stdout.strip())
+    # The LLM-API model spawns its tp workers itself: one server, auto-complete off, no mpirun.
+    assert cmd[0] == "/opt/tritonserver/bin/tritonserver" and "--disable-auto-complete-config" in cmd
+    assert f"--model-repository={(out / 'model_repository').resolve()}" in cmd
+    cmd = shlex.split(serve("--from", out, "--launcher", "mpirun").stdout.strip())
+    assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "8", "trtllm-llmapi-launch"] and cmd.count("-n") == 1
+
+
+def test_run_outside_the_container_says_where_to_run(deployed_pytorch):
+    out, _ = deployed_pytorch
+    r = serve("--from", out, "--api", "openai", "--run")
+    assert r.returncode == 2 and "trtllm-serve: not found on PATH; run this inside NVIDIA's TensorRT-LLM container" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_engine_backend_has_no_openai_endpoint(tmp_path):
+    recipe_path = ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml"
+    recipe = load_recipe(recipe_path)
+    with atomic_stage_dir(tmp_path / "build", Manifest.for_stage("build", recipe)) as d:
+        (d / "x").write_bytes(b"stand-in")
+    out = deploy(recipe, tmp_path / "build", tmp_path / "deploy")
+    r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe_path), "--from", str(out), "--api",
+                        "openai"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--api openai: the engine backend serves Triton only" in r.stderr

@@ -1,0 +1,92 @@
+"""`sweep --api openai` measures what `sweep --api triton` measures.
+
+Both real servers serve the same deploy output of the embedded default (tritonserver with the
+dflash model, and `serve --api openai`); the same greedy sweep against each must give the same
+tokens and the same verify passes (so the same tau) for every request.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
+pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)")
+
+from serve_helpers import start_openai_server, stop_server  # noqa: E402
+
+from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
+from trtllm_dflash.pipeline import run  # noqa: E402
+from trtllm_dflash.recipe import load_recipe  # noqa: E402
+from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
+from trtllm_dflash.sweep.stage import sweep  # noqa: E402
+
+SMALL = ["sweep.min_requests=4", "sweep.warmup_requests=1", "sweep.output_len=32"]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    root = tmp_path_factory.mktemp("apis")
+    recipe = load_recipe(None, SMALL)
+    run(recipe, root, until="deploy", progress=False, say=lambda _: None)
+    triton = TritonServer(root / "deploy" / REPOSITORY, Endpoints("127.0.0.1", free_port(), free_port(), free_port())).start()
+    port = free_port()
+    proc = start_openai_server(["--set", SMALL[0], "--set", SMALL[1], "--set", SMALL[2]], root / "deploy", port)
+    yield recipe, root, triton, f"127.0.0.1:{port}"
+    triton.stop()
+    stop_server(proc)
+
+
+def rows(out):
+    return sorted((json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()),
+                  key=lambda r: (r["concurrency"], r["request_id"]))
+
+
+def test_openai_sweep_gives_the_tokens_and_tau_of_the_triton_sweep(both, tmp_path):
+    recipe, root, triton, openai_url = both
+    a = sweep(recipe, triton.endpoints.grpc_url, tmp_path / "triton", levels=[1, 2], from_dir=root / "deploy")
+    b = sweep(recipe, openai_url, tmp_path / "openai", levels=[1, 2], protocol="openai", from_dir=root / "deploy")
+    ra, rb = rows(tmp_path / "triton"), rows(tmp_path / "openai")
+    assert len(ra) == len(rb) == sum(max(4, 5 * c) + 1 for c in (1, 2))
+    for x, y in zip(ra, rb):
+        assert x["error"] is None and y["error"] is None
+        assert (x["request_id"], x["output_tokens"], x["rounds"]) == (y["request_id"], y["output_tokens"], y["rounds"])
+    for la, lb in zip(a.levels, b.levels):
+        assert la.output_tokens == lb.output_tokens and la.failed == lb.failed == 0
+        assert la.tau == lb.tau and la.tau >= 1.0
+        assert lb.output_tok_s > 0 and lb.tpot_s is not None
+
+
+def test_sweep_command_with_api_openai(both, tmp_path):
+    recipe, root, _, openai_url = both
+    cmd = [sys.executable, "-m", "trtllm_dflash", "sweep", *sum((["--set", s] for s in SMALL), []), "--url",
+           f"http://{openai_url}/v1", "--api", "openai", "--out", str(tmp_path), "--levels", "2", "--json",
+           "--from", str(root / "deploy")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    levels = json.loads(r.stdout[r.stdout.index("["):])
+    assert [lv["concurrency"] for lv in levels] == [2] and levels[0]["failed"] == 0 and levels[0]["tau"] >= 1.0
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["extra"]["protocol"] == "openai" and manifest["extra"]["model"] == "dflash"
+
+
+def test_sweep_refuses_an_unknown_model_and_a_wrong_api(both, tmp_path):
+    recipe, root, triton, openai_url = both
+    base = [sys.executable, "-m", "trtllm_dflash", "sweep", "--out", str(tmp_path), "--levels", "1"]
+    # A server with one model is measured under its own id (trtllm-serve names it by its path) ...
+    r = subprocess.run(base + ["--url", openai_url, "--api", "openai", "--set", "serve.model_name=other", "--set",
+                               "sweep.min_requests=1", "--set", "sweep.warmup_requests=0", "--set", "sweep.output_len=4"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and json.loads((tmp_path / "manifest.json").read_text())["extra"]["model"] == "dflash"
+    # ... and a model it does not serve fails every request with the server's error, not the sweep.
+    r = subprocess.run(base + ["--url", openai_url, "--api", "openai", "--model", "other", "--set", "sweep.min_requests=1",
+                               "--set", "sweep.warmup_requests=0"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    failed = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert failed and all("HTTP 404: model: 'other' does not exist" in row["error"] for row in failed)
+    r = subprocess.run(base + ["--url", f"127.0.0.1:{free_port()}", "--api", "openai"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "no OpenAI-compatible server answers GET /v1/models" in r.stderr
+    r = subprocess.run(base + ["--url", openai_url, "--api", "openai", "--http"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--http: only with --api triton" in r.stderr

@@ -1,0 +1,88 @@
+"""Open what `deploy` wrote for the reference backend: one loader for every front end.
+
+The Triton model (serve/triton_model.py) and the OpenAI-compatible server (serve/openai.py)
+serve the same deployment through the same engine: the checkpoint deploy recorded (checked
+against its manifest checksum and file checksums), opened by checkpoint_runner.open_checkpoint
+(tp worker processes when the checkpoint is sharded), the target's tokenizer, and one
+in-flight batching ServingEngine (serve/batcher.py) set up from the deployed recipe.
+
+Inputs are the model's config.pbtxt parameters (`recipe`, `checkpoint`,
+`checkpoint_manifest_sha256`, optional `runners` and `torch_threads`) and its version directory,
+exactly as Triton hands them to `initialize`; `repository_model` reads them from a deploy output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.serve.requests import Limits
+
+
+@dataclass
+class Deployed:
+    recipe: object  # the deployed recipe (Recipe)
+    model: object  # LocalModel | ShardedModel
+    tokenizer: object
+    engine: object  # ServingEngine
+    limits: Limits
+    mode: str  # "dflash" | "ddtree"
+    checkpoint: Path
+    tp: int
+    stage: str  # "convert" | "quantize"
+
+    def close(self) -> None:
+        self.engine.stop()
+        self.model.close()
+
+
+def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
+    import torch
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.artifacts import check_files, manifest_sha256
+    from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.serve.batcher import ServingEngine
+    from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
+
+    recipe = load_recipe(Path(version_dir) / params["recipe"], check_rules=False)
+    threads = int(params.get("torch_threads", "0"))
+    if threads:
+        torch.set_num_threads(threads)
+    # Serve exactly the artifact deploy recorded: same manifest, files unchanged.
+    checkpoint = Path(params["checkpoint"])
+    if manifest_sha256(checkpoint) != params["checkpoint_manifest_sha256"]:
+        raise UserError(f"{checkpoint}: manifest.json changed since deploy; deploy again")
+    info = read_checkpoint(checkpoint)
+    check_files(checkpoint, info.manifest)
+    if info.tokenizer_dir is None:
+        raise UserError(f"{checkpoint}: no tokenizer/ (the target had no tokenizer files); serving speaks text")
+    spec, build = recipe.speculative, recipe.build
+    model = open_checkpoint(checkpoint, runners=params.get("runners", "reference"), max_seq_len=build.max_seq_len)
+    tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)
+    mode = "ddtree" if spec.ddtree_budget else "dflash"
+    engine = ServingEngine(
+        model, tokenizer, mode=mode, block_size=spec.block_size, ddtree_budget=spec.ddtree_budget,
+        max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size,
+    )
+    return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
+                    checkpoint, info.tp, info.manifest.stage)
+
+
+def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, dict[str, str]]:
+    """(version directory, config.pbtxt parameters) of the reference model in a deploy output."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from trtllm_dflash.deploy.repository import REPOSITORY
+
+    model_dir = Path(deploy_dir) / REPOSITORY / model_name
+    try:
+        cfg = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
+    except (OSError, text_format.ParseError) as e:
+        raise UserError(f"{model_dir / 'config.pbtxt'}: cannot read the deployed model: {e}") from None
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    if "checkpoint" not in params:
+        raise UserError(f"{model_dir / 'config.pbtxt'}: no checkpoint parameter: not a reference-backend deployment")
+    return model_dir / "1", params

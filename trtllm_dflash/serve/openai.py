@@ -1,0 +1,439 @@
+"""OpenAI-compatible HTTP server for the reference backend (FastAPI + uvicorn).
+
+    trtllm-dflash serve RECIPE --from DEPLOY_DIR --api openai      (127.0.0.1 by default)
+
+Serves the deployed checkpoint through the same loader and in-flight batching engine as the
+Triton model (serve/deployed.py, serve/batcher.py), so concurrent requests are decoded together
+and a greedy completion is token for token `generate --checkpoint` of that checkpoint.
+
+Routes
+  GET  /v1/models              the one served model (the recipe's serve.model_name)
+  POST /v1/completions         prompt: a string, a list of one string, or a list of token ids
+  POST /v1/chat/completions    messages rendered with the target tokenizer's chat template, or
+                               FALLBACK_CHAT_TEMPLATE when the tokenizer has none (the embedded
+                               tiny pair's has none): one "role: content" line per message, then
+                               "assistant:" (the fallback in use is logged and shown in /v1/models)
+  GET  /health                 200 once the engine is loaded, with the engine's running and
+                               queued requests and how many requests ended, by finish reason
+Both generation routes take stream (server-sent events ending with `data: [DONE]`),
+stream_options.include_usage, max_tokens (chat: also max_completion_tokens; default 16 for
+completions, the rest of build.max_seq_len for chat), temperature (default 1, as OpenAI's;
+0 = greedy), top_p, top_k (extension), seed, stop. Every response carries `usage` (streams:
+in a last chunk when include_usage is set) and the extension field `dflash`:
+  {"tokens", "rounds", "draft_tokens", "accepted_draft_tokens", "acceptance_length"}
+cumulative for the request so far (rounds = target verify passes, the prefill excluded;
+acceptance_length = tau = (tokens - 1) / rounds). A stop token ends the request with
+finish_reason "stop" and is not part of the text.
+
+Bad input gets an OpenAI error object {"error": {"message", "type", "param", "code"}} with
+status 400 (404 for an unknown model), one line naming the field; a client that disconnects
+mid-stream frees its slot at the next round (the engine drops cancelled requests). The
+server keeps serving either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtllm_dflash.serve.requests import RequestError, check_lengths
+
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class OpenAIError(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+# ----------------------------------------------------------------------------- request bodies
+
+
+class _Body(BaseModel):
+    # OpenAI clients send fields this server does not use (user, metadata, ...): allowed and ignored,
+    # except the ones below that would change the result, which are refused when set.
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(default=None, gt=0)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    n: int = Field(default=1, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: Any = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+    tools: list[Any] | None = None
+    top_logprobs: int | None = None
+
+
+def _validation_error(e: ValidationError) -> OpenAIError:
+    err = e.errors()[0]
+    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "list[", "str", "int"))]
+    param = ".".join(loc) or None
+    msg = err["msg"]
+    if err["type"] == "missing":
+        msg = "required"
+    shown = err.get("input")
+    got = "" if err["type"] == "missing" or isinstance(shown, (dict, list)) else f" (got {shown!r})"
+    return OpenAIError(f"{param}: {msg}{got}" if param else f"{msg}{got}", param)
+
+
+def _unsupported(body: _Body) -> None:
+    """Refuse the options that would change the result, naming the field."""
+    if body.n > 1:
+        raise OpenAIError(f"n: {body.n} > 1: this server returns one choice per request", "n")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(body, name):
+            raise OpenAIError(f"{name}: not supported (only 0)", name)
+    if body.logprobs not in (None, False, 0):
+        raise OpenAIError("logprobs: not supported", "logprobs")
+    if body.logit_bias:
+        raise OpenAIError("logit_bias: not supported", "logit_bias")
+    if isinstance(body, CompletionBody):
+        if body.echo:
+            raise OpenAIError("echo: not supported (the prompt is never echoed)", "echo")
+        if body.best_of not in (None, 1):
+            raise OpenAIError("best_of: only 1 is supported", "best_of")
+        if body.suffix:
+            raise OpenAIError("suffix: not supported", "suffix")
+    if isinstance(body, ChatBody):
+        if body.tools:
+            raise OpenAIError("tools: not supported", "tools")
+        if body.top_logprobs:
+            raise OpenAIError("top_logprobs: not supported", "top_logprobs")
+
+
+# ----------------------------------------------------------------------------- the service
+
+
+@dataclass
+class _Stream:
+    """One request's updates, handed from the engine thread to the event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    ended: Any  # Counter of finish reasons (the service's)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    gone: threading.Event = field(default_factory=threading.Event)  # the client left
+
+    def emit(self, update) -> None:  # engine thread
+        if update.finish_reason is not None:
+            self.ended[update.finish_reason.split(":")[0]] += 1
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
+
+
+class Service:
+    """The OpenAI semantics over a `Deployed` (serve/deployed.py); FastAPI routes call it."""
+
+    def __init__(self, deployed, model_name: str):
+        self.deployed = deployed
+        self.model_name = model_name
+        tok = deployed.tokenizer
+        self.chat_template = getattr(tok, "chat_template", None) or FALLBACK_CHAT_TEMPLATE
+        self.fallback_template = self.chat_template is FALLBACK_CHAT_TEMPLATE
+        # Text of the stop tokens: a completion that stops on one ends before it.
+        self.stop_texts = sorted({tok.decode([i]) for i in deployed.model.eos_token_ids} - {""}, key=len, reverse=True)
+        self.created = int(time.time())
+        self.ended: Counter = Counter()
+
+    # -- parsing
+
+    def parse(self, raw: bytes, kind: type[_Body]) -> _Body:
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise OpenAIError(f"request body: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise OpenAIError("request body: expected a JSON object")
+        try:
+            body = kind.model_validate(data)
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        if body.model != self.model_name:
+            raise OpenAIError(f"model: {body.model!r} does not exist; this server serves {self.model_name!r}",
+                              "model", status=404, code="model_not_found")
+        _unsupported(body)
+        return body
+
+    def prompt_ids(self, body: _Body) -> tuple[list[int], str]:
+        """(token ids, the field they came from)."""
+        tok = self.deployed.tokenizer
+        if isinstance(body, ChatBody):
+            messages = []
+            for i, m in enumerate(body.messages):
+                content = m.content
+                if isinstance(content, list):
+                    parts = [p.get("text") for p in content]
+                    if any(p.get("type") != "text" or not isinstance(t, str) for p, t in zip(content, parts)):
+                        raise OpenAIError(f"messages.{i}.content: only text parts are supported", f"messages.{i}.content")
+                    content = "".join(parts)
+                messages.append({"role": m.role, "content": content or ""})
+            if not any(m["content"] for m in messages):
+                raise OpenAIError("messages: every message is empty", "messages")
+            text = tok.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                           add_generation_prompt=True)
+            return tok(text, add_special_tokens=False)["input_ids"], "messages"
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+            vocab = len(tok)
+            if any(not 0 <= x < vocab for x in prompt):
+                raise OpenAIError(f"prompt: token ids must be in 0..{vocab - 1}", "prompt")
+            return list(prompt), "prompt"
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise OpenAIError(f"prompt: one prompt per request, got {len(prompt)}", "prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise OpenAIError("prompt: empty prompt", "prompt")
+        return tok(prompt)["input_ids"], "prompt"
+
+    def max_tokens(self, body: _Body, prompt_tokens: int, prompt_field: str) -> int:
+        want = body.max_tokens
+        if isinstance(body, ChatBody):
+            want = body.max_completion_tokens or want
+            default = self.deployed.limits.max_seq_len - prompt_tokens
+        else:
+            default = COMPLETIONS_DEFAULT_MAX_TOKENS
+        n = want if want is not None else max(1, default)
+        field = "max_completion_tokens" if isinstance(body, ChatBody) and body.max_completion_tokens else "max_tokens"
+        try:
+            check_lengths(prompt_tokens, n, self.deployed.limits, prompt_field=prompt_field, max_tokens_field=field)
+        except RequestError as e:
+            raise OpenAIError(str(e), str(e).split(":")[0]) from None
+        return n
+
+    # -- running
+
+    def submit(self, body: _Body, ids: list[int], max_tokens: int, stream: _Stream) -> None:
+        from trtllm_dflash.reference.verify import SamplingParams
+        from trtllm_dflash.serve.batcher import Job
+
+        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                  seed=body.seed if body.seed is not None else 0)
+        stops = [body.stop] if isinstance(body.stop, str) else [w for w in body.stop or [] if w]
+        self.deployed.engine.submit(Job(ids, max_tokens, stream.emit, sampling, stop_words=stops,
+                                        cancelled=stream.gone.is_set))
+
+    def finish_text(self, text: str, reason: str | None) -> str:
+        if reason == "stop":
+            for s in self.stop_texts:
+                if text.endswith(s):
+                    return text[: -len(s)]
+        return text
+
+    @staticmethod
+    def stats(update) -> dict:
+        return {"tokens": update.total_tokens, "rounds": update.rounds, "draft_tokens": update.drafted,
+                "accepted_draft_tokens": update.accepted, "acceptance_length": update.acceptance_length}
+
+    @staticmethod
+    def usage(prompt_tokens: int, update) -> dict:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": update.total_tokens,
+                "total_tokens": prompt_tokens + update.total_tokens}
+
+
+def _engine_failure(reason: str) -> OpenAIError:
+    return OpenAIError(f"generation failed: {reason.removeprefix('error: ')}", None, status=500, kind="server_error")
+
+
+def create_app(deployed, model_name: str):
+    """The FastAPI application serving `deployed` (a serve.deployed.Deployed) as `model_name`."""
+    service = Service(deployed, model_name)
+    app = FastAPI(title="trtllm_dflash", docs_url=None, redoc_url=None)
+    app.state.service = service
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request, e: OpenAIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.get("/health")
+    async def health():
+        engine = deployed.engine
+        for _ in range(10):  # the engine thread may resize its groups while we count them
+            try:
+                running = engine.running
+                break
+            except RuntimeError:
+                await asyncio.sleep(0.01)
+        else:
+            running = None
+        return {"status": "ok", "running": running, "queued": engine.inbox.qsize(), "ended": dict(service.ended)}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": service.created, "owned_by": "trtllm_dflash",
+            "chat_template": "fallback" if service.fallback_template else "tokenizer",
+        }]}
+
+    async def generate(request: Request, kind: type[_Body]):
+        body = service.parse(await request.body(), kind)
+        ids, prompt_field = service.prompt_ids(body)
+        max_tokens = service.max_tokens(body, len(ids), prompt_field)
+        chat = kind is ChatBody
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        obj = "chat.completion" if chat else "text_completion"
+        stream = _Stream(asyncio.get_running_loop(), service.ended)
+        service.submit(body, ids, max_tokens, stream)
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_sse(service, stream, rid, obj + ".chunk" if chat else obj, chat, len(ids),
+                                          include_usage), media_type="text/event-stream")
+        return JSONResponse(await _whole(service, request, stream, rid, obj, chat, len(ids)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, CompletionBody)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, ChatBody)
+
+    return app
+
+
+def _choice(chat: bool, text: str, reason: str | None, delta: bool) -> dict:
+    if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    key = "delta" if delta else "message"
+    message = {"content": text} if delta else {"role": "assistant", "content": text}
+    return {"index": 0, key: message, "logprobs": None, "finish_reason": reason}
+
+
+async def _whole(service: Service, request, stream: _Stream, rid: str, obj: str, chat: bool, prompt_tokens: int) -> dict:
+    parts, update = [], None
+    try:
+        while True:
+            try:
+                update = await asyncio.wait_for(stream.queue.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    stream.gone.set()
+                continue
+            parts.append(update.text)
+            if update.finish_reason is not None:
+                break
+    finally:
+        if update is None or update.finish_reason is None:
+            stream.gone.set()
+    reason = update.finish_reason
+    if reason.startswith("error"):
+        raise _engine_failure(reason)
+    text = service.finish_text("".join(parts), reason)
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": service.model_name,
+            "choices": [_choice(chat, text, reason, delta=False)], "usage": service.usage(prompt_tokens, update),
+            "dflash": service.stats(update)}
+
+
+async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool, prompt_tokens: int,
+               include_usage: bool):
+    """Server-sent events of one request; the client leaving (the task is cancelled) frees its slot."""
+    created = int(time.time())
+
+    def event(payload: dict) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    def chunk(choices: list, update) -> str:
+        return event({"id": rid, "object": obj, "created": created, "model": service.model_name,
+                      "choices": choices, "dflash": service.stats(update)})
+
+    done = False
+    try:
+        if chat:  # OpenAI's first chat chunk carries the role
+            yield event({"id": rid, "object": obj, "created": created, "model": service.model_name,
+                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]})
+        while True:
+            update = await stream.queue.get()
+            reason = update.finish_reason
+            if reason is not None and reason.startswith("error"):
+                done = True
+                yield event(_engine_failure(reason).body())
+                break
+            if reason == "cancelled":
+                done = True
+                break
+            text = service.finish_text(update.text, reason)
+            if text or reason is not None:
+                yield chunk([_choice(chat, text, reason, delta=True)], update)
+            if reason is not None:
+                done = True
+                if include_usage:  # OpenAI's usage chunk: no choices
+                    yield event({"id": rid, "object": obj, "created": created, "model": service.model_name,
+                                 "choices": [], "usage": service.usage(prompt_tokens, update),
+                                 "dflash": service.stats(update)})
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:
+            stream.gone.set()  # the engine drops the request at its next round
+
+
+# ----------------------------------------------------------------------------- running a server
+
+
+def run_server(deployed, model_name: str, host: str, port: int, on_ready=None) -> None:
+    """Serve until SIGINT / SIGTERM, then return (a graceful stop); `on_ready()` runs once the
+    socket is bound. uvicorn stops on those signals and re-raises them once stopped, to the
+    handlers it found: ours ignore them, so the caller can release the model and exit 0."""
+    import signal
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(create_app(deployed, model_name), host=host, port=port,
+                                           log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+
+    def announce():
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started and on_ready is not None:
+            on_ready()
+
+    threading.Thread(target=announce, daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+    server.run()
