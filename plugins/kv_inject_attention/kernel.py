@@ -166,6 +166,39 @@ def _append_context_fwd(
     tl.store(v_ptrs, v.to(V_CACHE.dtype.element_ty), mask=ok[:, None])
 
 
+@triton.jit
+def _append_context_aot(
+    # inputs (the TensorRT plugin trtllm_dflash::kv_append's input order)
+    K_CACHE, V_CACHE, K_NEW, V_NEW, CACHE_LENS, NEW_LENS, K_SCALE, V_SCALE,
+    # int32 scalars
+    NUM_KV_HEADS, SCALE_STRIDE,
+    stride_kcb, stride_kcs, stride_kch,
+    stride_vcb, stride_vcs, stride_vch,
+    stride_knb, stride_knn, stride_knh,
+    stride_vnb, stride_vnn, stride_vnh,
+    # outputs: the caches with this step's rows (bound to the same memory as K_CACHE / V_CACHE at
+    # run time, so only the new rows are written) and the new lengths cache_lens + new_lens
+    K_OUT, V_OUT, LENS_OUT,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZE: tl.constexpr,
+):
+    """The append in the TensorRT AOT argument order (inputs, int32 args, outputs): the rows go to
+    K_OUT / V_OUT, and LENS_OUT gives the attention layer that reads them a data dependency."""
+    _append_context_fwd(K_OUT, V_OUT, K_NEW, V_NEW, CACHE_LENS, NEW_LENS, K_SCALE, V_SCALE, NUM_KV_HEADS, SCALE_STRIDE,
+                        stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                        stride_knb, stride_knn, stride_knh, stride_vnb, stride_vnn, stride_vnh,
+                        HEAD_DIM, BLOCK_N, QUANTIZE)
+    if (tl.program_id(0) % NUM_KV_HEADS == 0) & (tl.program_id(1) == 0):
+        b = (tl.program_id(0) // NUM_KV_HEADS).to(tl.int64)
+        tl.store(LENS_OUT + b, tl.load(CACHE_LENS + b) + tl.load(NEW_LENS + b))
+
+
+@triton.jit
+def _abi_probe(X, N, Y):
+    """Three parameters: whatever else the compiled PTX declares is what this triton appends to
+    every kernel (trt_plugin.triton_extra_params)."""
+    tl.store(Y, tl.load(X) + N)
+
+
 # ---------------------------------------------------------------------------------------
 # Launch configuration (no @triton.autotune: it cannot run under the interpreter)
 # ---------------------------------------------------------------------------------------

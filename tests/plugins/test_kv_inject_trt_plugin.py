@@ -138,7 +138,8 @@ trtp = types.ModuleType("tensorrt.plugin")
 trtp.TensorDesc, trtp.KernelLaunchParams, trtp.SymInt32, trtp.SymIntExprs = TensorDesc, KernelLaunchParams, SymInt32, SymIntExprs
 trtp.register, trtp.aot_impl = decorator("register"), decorator("aot_impl")
 trtp.cdiv = lambda a, b: -(-a // b)
-trtp.op = types.SimpleNamespace(trtllm_dflash=types.SimpleNamespace(kv_inject_attention=Op("trtllm_dflash::kv_inject_attention")))
+trtp.op = types.SimpleNamespace(trtllm_dflash=types.SimpleNamespace(
+    kv_inject_attention=Op("trtllm_dflash::kv_inject_attention"), kv_append=Op("trtllm_dflash::kv_append")))
 trt = types.ModuleType("tensorrt")
 trt.plugin = trtp
 trt.Weights = lambda array: ("weights", array.tolist())
@@ -146,42 +147,47 @@ sys.modules["tensorrt"], sys.modules["tensorrt.plugin"] = trt, trtp
 
 from triton.backends.compiler import GPUTarget
 from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
-import trtllm_dflash.plugins.kv_inject_attention.trt_plugin as mod
+import triton
 
-results = {}
+SM90 = GPUTarget("cuda", 90, 32)  # no GPU here: compile for sm_90
+results = {"triton": triton.__version__, "pad": trt_plugin.triton_extra_params(SM90)}
 # 1) what TensorRT would see at registration
-assert trt_plugin.register_plugin() is trt_plugin.register_plugin()  # idempotent
-desc_fn = registry[("register", "trtllm_dflash::kv_inject_attention")]
-aot_fn = registry[("aot_impl", "trtllm_dflash::kv_inject_attention")]
-results["register_params"] = list(inspect.signature(desc_fn).parameters)
-results["register_annotations"] = [getattr(p.annotation, "__name__", str(p.annotation))
-                                   for p in inspect.signature(desc_fn).parameters.values()]
-results["aot_params"] = list(inspect.signature(aot_fn).parameters)
-ret = inspect.signature(aot_fn).return_annotation
-results["aot_return"] = [typing.get_origin(ret) is tuple, len(typing.get_args(ret))]
+plugins = trt_plugin.register_plugin(SM90)
+assert trt_plugin.register_plugin() is plugins and plugins.padding == results["pad"]  # idempotent
+def signature(kind, plugin_id):
+    fn = registry[(kind, plugin_id)]
+    sig = inspect.signature(fn)
+    ret = sig.return_annotation
+    return dict(params=list(sig.parameters),
+                annotations=[getattr(p.annotation, "__name__", str(p.annotation)) for p in sig.parameters.values()],
+                ret=[getattr(a, "__name__", str(a)) for a in typing.get_args(ret)], ret_tuple=typing.get_origin(ret) is tuple)
+for key, pid in (("attention", "trtllm_dflash::kv_inject_attention"), ("append", "trtllm_dflash::kv_append")):
+    results[key] = dict(register=signature("register", pid), aot=signature("aot_impl", pid))
 
-# 2) build time: shape/type inference and the AOT implementation for a concrete problem
-B, T, S, Hq, Hkv, D = 4, 16, 3000, 8, 2, 64
+# 2) build time: shape/type inference and the AOT implementations for concrete problems
+B, T, S, Hq, Hkv, D, N = 4, 16, 3000, 8, 2, 64, 40
 descs = [TensorDesc((B, T, Hq, D), "BF16"), TensorDesc((B, T, Hkv, D), "BF16"), TensorDesc((B, T, Hkv, D), "BF16"),
          TensorDesc((B, S, Hkv, D), "FP8"), TensorDesc((B, S, Hkv, D), "FP8"), TensorDesc((B,), "INT32"),
          TensorDesc((Hkv,), "FLOAT"), TensorDesc((Hkv,), "FLOAT")]
-results["inferred"] = desc_fn(*descs, 0.125, True, 2048)[1] is descs[0]
-mod.compile_attention_kernel.__defaults__ = (GPUTarget("cuda", 90, 32),)  # no GPU here: pick sm_90
-import os, triton
-try:
-    aot_fn(*descs, 0.125, True, 2048, (descs[0].like(),), 0)
-    results["abi_error"] = None
-except NotImplementedError as e:
-    results["abi_error"] = str(e)
-results["triton"] = triton.__version__
-os.environ[trt_plugin.ALLOW_EXTRA_PARAMS_ENV] = "1"
-name, ptx, launch, extra = aot_fn(*descs, 0.125, True, 2048, (descs[0].like(),), 0)
-results["kernel"] = dict(name=name, entry=f".entry {name}(" in ptx, num_params=ptx.split(f".entry {name}(")[1].split(")")[0].count(".param"),
-                         grid=[int(launch.grid_x), int(launch.grid_y)], block_x=launch.block_x, shared=launch.shared_mem,
-                         extra=[a.value for a in extra],
-                         expected_extra=trt_plugin.scalar_args(B, T, S, Hq, Hkv, D, True))
+out = registry[("register", "trtllm_dflash::kv_inject_attention")](*descs, 0.125, True, 2048)
+results["attention"]["inferred"] = [out[0][1] is descs[0], [o[1] is descs[5] for o in out[1:]]]
+name, ptx, launch, extra = registry[("aot_impl", "trtllm_dflash::kv_inject_attention")](*descs, 0.125, True, 2048, out, 0)
+results["attention"]["kernel"] = dict(
+    name=name, num_params=trt_plugin.ptx_param_count(ptx, name), grid=[int(launch.grid_x), int(launch.grid_y)],
+    block_x=launch.block_x, shared=launch.shared_mem, extra=[a.value for a in extra],
+    expected_extra=trt_plugin.scalar_args(B, T, S, Hq, Hkv, D, True))
+adescs = [TensorDesc((B, S, Hkv, D), "FP8"), TensorDesc((B, S, Hkv, D), "FP8"), TensorDesc((B, N, Hkv, D), "BF16"),
+          TensorDesc((B, N, Hkv, D), "BF16"), TensorDesc((B,), "INT32"), TensorDesc((B,), "INT32"),
+          TensorDesc((1,), "FLOAT"), TensorDesc((1,), "FLOAT")]
+out = registry[("register", "trtllm_dflash::kv_append")](*adescs)
+results["append"]["inferred"] = [o[1] is adescs[i] for o, i in zip(out, [0, 1, 4] + [4] * results["pad"])]
+name, ptx, launch, extra = registry[("aot_impl", "trtllm_dflash::kv_append")](*adescs, out, 0)
+results["append"]["kernel"] = dict(
+    name=name, num_params=trt_plugin.ptx_param_count(ptx, name), grid=[int(launch.grid_x), int(launch.grid_y)],
+    block_x=launch.block_x, extra=[a.value for a in extra],
+    expected_extra=trt_plugin.append_scalar_args(N, S, Hkv, D, False))
 
-# 3) network construction through the insert helper
+# 3) network construction through the insert helpers
 class ITensor:
     def __init__(self, shape, dtype): self.shape, self.dtype = shape, DataType(dtype)
 class Layer:
@@ -200,6 +206,8 @@ net = Network()
 t = lambda *s: ITensor(s, "HALF")
 trt_plugin.insert_kv_inject_attention(net, t(-1, 16, 8, 128), t(-1, 16, 2, 128), t(-1, 16, 2, 128), t(-1, -1, 2, 128),
                                       t(-1, -1, 2, 128), ITensor((-1,), "INT32"), causal_block=True)
+trt_plugin.insert_kv_append(net, t(-1, -1, 2, 128), t(-1, -1, 2, 128), t(-1, -1, 2, 128), t(-1, -1, 2, 128),
+                            ITensor((-1,), "INT32"), ITensor((-1,), "INT32"))
 results["network"] = net.calls
 try:
     trt_plugin.insert_kv_inject_attention(net, t(-1, 16, 8, 128), t(-1, 16, 2, 128), t(-1, 16, 2, 128),
@@ -211,39 +219,62 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-def test_aot_plugin_end_to_end_with_stand_in_tensorrt():
+def test_aot_plugins_end_to_end_with_stand_in_tensorrt():
     pytest.importorskip("triton", reason="triton is not installed (pip install 'trtllm_dflash[kernels]')",
                         exc_type=ImportError)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.split("RESULTS ", 1)[1])
+    pad = results["pad"]
+    # Triton >= 3.3 appends the global and profile scratch pointers to every kernel; 3.2.0 appends none.
+    assert pad == (0 if results["triton"].startswith(("3.0", "3.1", "3.2")) else 2), results["triton"]
 
+    att, app = results["attention"], results["append"]
     inputs = list(trt_plugin.INPUT_NAMES)
-    assert results["register_params"] == inputs + ["scale", "causal_block", "window"]
-    assert results["register_annotations"] == ["TensorDesc"] * 8 + ["float", "bool", "int"]
-    assert results["aot_params"] == inputs + ["scale", "causal_block", "window", "outputs", "tactic"]
-    assert results["aot_return"] == [True, 4]
-    assert results["inferred"] is True
+    assert att["register"]["params"] == inputs + ["scale", "causal_block", "window"]
+    assert att["register"]["annotations"] == ["TensorDesc"] * 8 + ["float", "bool", "int"]
+    assert att["register"]["ret_tuple"] and att["register"]["ret"] == ["TensorDesc"] * (1 + pad)
+    assert att["aot"]["params"] == inputs + ["scale", "causal_block", "window", "outputs", "tactic"]
+    assert att["aot"]["ret_tuple"] and len(att["aot"]["ret"]) == 4
+    assert att["inferred"] == [True, [True] * pad]  # out like q; padding like cache_lens
+    assert app["register"]["params"] == list(trt_plugin.APPEND_INPUT_NAMES)
+    assert app["register"]["ret"] == ["TensorDesc"] * (3 + pad)
+    assert app["aot"]["params"] == list(trt_plugin.APPEND_INPUT_NAMES) + ["outputs", "tactic"]
+    assert app["inferred"] == [True] * (3 + pad)  # k/v caches, lens, padding
 
-    k = results["kernel"]
-    assert k["name"] == "_kv_inject_attention_fwd" and k["entry"]
+    k = att["kernel"]
+    assert k["name"] == "_kv_inject_attention_fwd"
     assert k["grid"] == [4 * 2, 1]  # B * Hkv programs; T * GROUP = 64 rows fit one BLOCK_M
     assert k["block_x"] % 32 == 0 and 0 < k["shared"] <= trt_plugin.MAX_STATIC_SHARED_MEM
     assert k["extra"] == k["expected_extra"] and len(k["extra"]) == 22
-    # 8 inputs + 22 int32 + 1 output is what TensorRT passes. Triton >= 3.3 appends two scratch
-    # pointers to every kernel (3.2.0 does not): the AOT impl then refuses unless overridden.
-    if k["num_params"] == 31:
-        assert results["abi_error"] is None
-    else:
-        assert k["num_params"] == 33 and not results["triton"].startswith(("3.0", "3.1", "3.2"))
-        assert "33 PTX parameters" in results["abi_error"] and "triton==3.2.0" in results["abi_error"]
+    # What TensorRT passes (8 inputs, 22 int32, the output, the padding outputs) is what the PTX declares.
+    assert k["num_params"] == 8 + 22 + 1 + pad
+    k = app["kernel"]
+    assert k["name"] == "_append_context_aot" and k["grid"] == [4 * 2, 3]  # 40 new rows in tiles of 16
+    assert k["extra"] == k["expected_extra"] and len(k["extra"]) == 14
+    assert k["num_params"] == 8 + 14 + 3 + pad
 
-    constant, plugin = results["network"]
-    assert constant == ["add_constant", [1], [1.0]]  # scale input for a non-FP8 cache
+    constant, plugin, constant2, append = results["network"]
+    assert constant == constant2 == ["add_constant", [1], [1.0]]  # scale inputs for a non-FP8 cache
     assert plugin == ["add_plugin", "trtllm_dflash::kv_inject_attention", 8,
                       [["scale", "float", 1 / math.sqrt(128)], ["causal_block", "bool", True], ["window", "int", 0]], True]
+    assert append == ["add_plugin", "trtllm_dflash::kv_append", 8, [], True]
     assert results["bad_window"].startswith("kv_inject_attention: window = 0")
+
+
+def test_check_launch_abi_names_the_mismatch():
+    compiled = trt_plugin.CompiledKernel("k", "", 4, 0, 0, num_params=33, abi_params=31)
+    trt_plugin.check_launch_abi("p", compiled, 2)
+    with pytest.raises(NotImplementedError, match="33 PTX parameters, but TensorRT's AOT launch passes 31"):
+        trt_plugin.check_launch_abi("p", compiled, 0)
+
+
+def test_append_scalar_args_are_the_torch_launchers_arguments():
+    B, N, S, Hkv, D = 3, 5, 40, 2, 64
+    kc, kn = torch.empty(B, S, Hkv, D), torch.empty(B, N, Hkv, D)
+    assert trt_plugin.append_scalar_args(N, S, Hkv, D, True) == [Hkv, 1, *kc.stride()[:3], *kc.stride()[:3],
+                                                                 *kn.stride()[:3], *kn.stride()[:3]]
 
 
 def test_register_needs_tensorrt():
