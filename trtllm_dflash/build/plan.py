@@ -282,6 +282,8 @@ def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor
                "hidden_norm(fc(concat of target_layer_ids taps)); gatherContext=true, requested on the prefill round"),
         Tensor("dflash_tail", act, ("num_seq", "block", "hidden"),
                "dflash_ctx rows of each sequence's last `block` tokens (clamped at its start); gatherContext=false"),
+        Tensor("dflash_logits", "float32", ("num_seq", "block", "vocab"),
+               "logits of those rows (lm_head); gatherContext=false, requested by sampling decoders"),
         Tensor("dflash_argmax", "int32", ("num_seq", "block"), "greedy token after each of those rows (lm_head + top-1)"),
     ]
     return dims, inputs, outputs
@@ -299,9 +301,11 @@ def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tenso
     dims = {
         "batch": cfg["max_batch_size"], "new_ctx": cfg["max_input_len"], "max_seq_len": cfg["max_seq_len"],
         "hidden": d.hidden_size, "kv_heads": max(1, d.num_kv_heads // tp), "head_dim": d.head_dim,
-        "num_layers": d.num_layers, "block": block, "drafts": block - 1,
+        "num_layers": d.num_layers, "block": block, "drafts": block - 1, "vocab": recipe.target_facts.vocab_size,
     }
     arena = "context arena of drafter layer {l}: rows < cache_lens valid; this step's rows are appended in place"
+    present = ("the arena after this step's append (trtllm_dflash::kv_append): the runner binds it to the "
+               "{kv}_cache_{l} buffer, so only the new rows are written")
     inputs = [
         Tensor("block_ids", "int32", ("batch", "block"), "[anchor = last accepted token, mask_token_id x drafts]"),
         Tensor("block_positions", "int32", ("batch", "block"), "cache_lens + new_ctx_lens + 0..block-1"),
@@ -312,14 +316,27 @@ def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tenso
         Tensor("k_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
         Tensor("v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
     ]
-    outputs = [Tensor("draft_ids", "int32", ("batch", "drafts"), "the target's lm_head + top-1 on the mask slots")]
+    if tp > 1:
+        inputs.append(Tensor("all_reduce_workspace", "int64", ("all_reduce_size",), "tp > 1 (prepare_basic_inputs' form)"))
+    outputs = [
+        Tensor("draft_ids", "int32", ("batch", "drafts"), "the target's lm_head + top-1 on the mask slots"),
+        Tensor("draft_logits", act, ("batch", "drafts", "vocab"), "their logits (the DrafterRunner result)"),
+        Tensor("present_k_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), present.format(kv="k", l="{l}")),
+        Tensor("present_v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), present.format(kv="v", l="{l}")),
+    ]
     return dims, inputs, outputs
 
 
 def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
     """The plugins an engine is built with: TensorRT-LLM's own (cpp/tensorrt_llm/plugins, chosen by
     PluginConfig) and, in the drafter, our AOT TensorRT Python plugin."""
-    from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import INPUT_NAMES, PLUGIN_ID
+    from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import (
+        APPEND_INPUT_NAMES,
+        APPEND_OUTPUT_NAMES,
+        APPEND_PLUGIN_ID,
+        INPUT_NAMES,
+        PLUGIN_ID,
+    )
 
     pc = cfg["plugin_config"]
     dtype = lambda v: pc["dtype"] if v == "auto" else v  # noqa: E731
@@ -337,9 +354,13 @@ def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
         use = f"the attention of every drafter layer ({d.num_layers}): block queries over the context arena + the block"
         if sliding:
             use += f" ({sliding} sliding layers: causal_block=true, window={d.sliding_window})"
-        out.append({"name": PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py",
-                    "kind": "TensorRT Python plugin (tensorrt.plugin), AOT: PTX compiled by triton at build time and "
-                            "embedded in the engine; no Python at inference",
+        kind = ("TensorRT Python plugin (tensorrt.plugin), AOT: PTX compiled by triton at build time and embedded in "
+                "the engine; no Python at inference")
+        out.append({"name": APPEND_PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py", "kind": kind,
+                    "inputs": list(APPEND_INPUT_NAMES), "outputs": list(APPEND_OUTPUT_NAMES), "attributes": {},
+                    "use": f"every drafter layer ({d.num_layers}): this step's context K/V rows into the layer's arena, "
+                           "in place (outputs present_*_cache_{l} bound to the k_cache_{l} / v_cache_{l} buffers)"})
+        out.append({"name": PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py", "kind": kind,
                     "inputs": list(INPUT_NAMES), "attributes": attrs, "use": use})
     if pc["gemm_plugin"]:
         what = "NVFP4 GEMMs" if pc["gemm_plugin"] == "nvfp4" else "unquantized GEMMs (lm_head; all GEMMs of a float model)"
