@@ -105,11 +105,11 @@ def run(recipe: Recipe, out: Path, *, until: str | None = None, force: str | Non
     for stage in order[: last + 1]:
         if stage == "serve":
             continue  # runs inside the sweep step below (or stops there on a GPU backend)
-        if stage == "sweep" and recipe.backend.name != "reference":
+        if stage == "sweep" and serving_runners(recipe) is None:
             raise StopHere(_where(recipe, "serve", out, recipe_arg))
         inp = input_stage(recipe, stage)
         input_dir = out / inp if inp else None
-        extra = {"levels": levels or recipe.sweep.concurrency} if stage == "sweep" else None
+        extra = {"levels": levels or recipe.sweep.concurrency, "runners": serving_runners(recipe)} if stage == "sweep" else None
         if stage == "build":  # a dry-run plan is current only where no engines can be built
             from trtllm_dflash.build.stage import cannot_build_here
 
@@ -125,6 +125,18 @@ def run(recipe: Recipe, out: Path, *, until: str | None = None, force: str | Non
         done.append(StageRun(stage, "ran", why, time.perf_counter() - t0))
         say(f"{stage}: done in {done[-1].seconds:.1f} s -> {out / stage}")
     return done
+
+
+def serving_runners(recipe: Recipe) -> str | None:
+    """What serves the deployment when `run` sweeps it on this machine: the reference runners for
+    the reference backend; for an engine recipe on cpu hardware, the engine runners emulated on
+    CPU (FakeExecutor for TensorRT-LLM's Executor, the torch drafter network); None when the
+    deployment serves only on GPUs (the run stops there)."""
+    if recipe.backend.name == "reference":
+        return "reference"
+    if recipe.backend.name == "engine" and recipe.gpu.is_cpu:
+        return "emulated"
+    return None
 
 
 def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, progress: bool,
@@ -149,14 +161,24 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
 
         deploy(recipe, input_dir, out, overwrite=True)
     elif stage == "sweep":
+        import tempfile
+
         from trtllm_dflash.deploy.repository import REPOSITORY
         from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+        from trtllm_dflash.serve.overlay import with_runners
         from trtllm_dflash.sweep.stage import sweep
 
+        runners = serving_runners(recipe)
         endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
-        with TritonServer(input_dir / REPOSITORY, endpoints):
-            say(f"serve: tritonserver ready on grpc {endpoints.grpc_url}, http {endpoints.http_url} ({input_dir})")
-            result = sweep(recipe, endpoints.grpc_url, out, levels=levels, from_dir=input_dir)
+        with tempfile.TemporaryDirectory(prefix="trtllm-dflash-runners-") as work:
+            repository = input_dir / REPOSITORY
+            if runners != "reference":  # the deployment names tensorrt: serve a copy naming these runners
+                repository = with_runners(repository, recipe.serve.model_name, runners, Path(work))
+            with TritonServer(repository, endpoints):
+                say(f"serve: tritonserver ready on grpc {endpoints.grpc_url}, http {endpoints.http_url} ({input_dir}, "
+                    f"{runners} runners)")
+                result = sweep(recipe, endpoints.grpc_url, out, levels=levels, from_dir=input_dir,
+                               note={"runners": runners})
         say("serve: stopped")
         failed = sum(s.failed for s in result.levels)
         if failed:

@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, default=None)
     p.add_argument("--metrics-port", type=int, default=None)
     p.add_argument("--run", dest="execute", action="store_true", help="GPU backends: run the printed launch command")
+    p.add_argument("--runners", choices=("reference", "emulated", "tensorrt"), default=None,
+                   help="what decodes the dflash model (default: what deploy chose: reference, or tensorrt on the engine "
+                   "backend); reference / emulated serve an engine deployment's checkpoint on this machine (emulated: "
+                   "the engine runners over a CPU stand-in of TensorRT-LLM's Executor)")
     p.add_argument("--launcher", choices=LAUNCHERS, default="single_node",
                    help="GPU backends: single_node (default), or an MPI world of tp*pp ranks under mpirun / srun")
     p.add_argument("--container", metavar="IMAGE", default=None,
@@ -78,13 +82,15 @@ def run(args: argparse.Namespace) -> int:
     import shutil
     import signal
     import subprocess
+    import tempfile
     import threading
 
     from trtllm_dflash.artifacts import Manifest, verify_input
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer, in_container
+    from trtllm_dflash.serve.launch import Endpoints, in_container
+    from trtllm_dflash.serve.overlay import with_runners
 
     recipe = load_recipe(args.recipe, args.overrides)
     s = recipe.serve
@@ -92,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
                           args.metrics_port or s.metrics_port)
     verify_input(args.from_dir, ("deploy",), recipe)
     repository = (args.from_dir / REPOSITORY).resolve()
-    if recipe.backend.name != "reference":
+    local = recipe.backend.name == "reference" or args.runners in ("reference", "emulated")
+    if not local:
         cmd = _gpu_command(args, recipe, repository, endpoints)
         if args.container:
             artifact = Manifest.read(args.from_dir).extra.get("artifact")
@@ -111,17 +118,27 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    with tempfile.TemporaryDirectory(prefix="trtllm-dflash-runners-") as work:
+        if args.runners:  # the deploy output stays as it is: a copy names the runners
+            repository = with_runners(repository, s.model_name, args.runners, Path(work))
+        _serve_triton(repository, endpoints, s.model_name, stop)
+    print("stopped", flush=True)
+    return 0
+
+
+def _serve_triton(repository: Path, endpoints, model_name: str, stop) -> None:
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.serve.launch import TritonServer
+
     with TritonServer(repository, endpoints) as server:
         print(
-            f"ready: model {s.model_name!r} on http://{endpoints.http_url} grpc {endpoints.grpc_url} "
+            f"ready: model {model_name!r} on http://{endpoints.http_url} grpc {endpoints.grpc_url} "
             f"metrics http://{endpoints.host}:{endpoints.metrics_port}/metrics",
             flush=True,
         )
         while not stop.wait(0.5):
             if server.proc.poll() is not None:
                 raise UserError(f"tritonserver exited with code {server.proc.returncode}: {server.failure_reason()}")
-    print("stopped", flush=True)
-    return 0
 
 
 def _serve_openai(args, recipe, endpoints) -> int:
@@ -140,7 +157,10 @@ def _serve_openai(args, recipe, endpoints) -> int:
     from trtllm_dflash.serve.openai import run_server
 
     name = recipe.serve.model_name
-    deployed = open_deployed(*repository_model(args.from_dir, name))
+    version_dir, params = repository_model(args.from_dir, name)
+    if args.runners:
+        params["runners"] = args.runners
+    deployed = open_deployed(version_dir, params)
     try:
         run_server(deployed, name, host, port, on_ready=lambda: print(
             f"ready: openai model {name!r} on http://{host}:{port}/v1", flush=True))

@@ -21,11 +21,13 @@ SUMMARY = "summary.json"
 
 
 def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = None, protocol: str = "grpc",
-          temperature: float = 0.0, from_dir: Path | None = None, model: str | None = None) -> SweepResult:
+          temperature: float = 0.0, from_dir: Path | None = None, model: str | None = None,
+          note: dict | None = None) -> SweepResult:
     """Run the load generator against `url` and write OUT (replacing an earlier sweep of this recipe).
     protocol: "grpc" / "http" (Triton, the dflash model) or "openai" (/v1/completions of any
     OpenAI-compatible server; the model id is `model`, else the recipe's serve.model_name when the
-    server lists it, else the server's only model)."""
+    server lists it, else the server's only model). `note`: more facts about the server for the
+    manifest (e.g. which runners served it)."""
     sw = recipe.sweep
     levels = levels or sw.concurrency
     name = model or recipe.serve.model_name
@@ -33,7 +35,7 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
         name = openai_model(url, name) if model is None else name
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
-        "url": url, "protocol": protocol, "levels": levels, "temperature": temperature, "model": name})
+        "url": url, "protocol": protocol, "levels": levels, "temperature": temperature, "model": name, **(note or {})})
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
         result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts,

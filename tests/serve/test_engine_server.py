@@ -1,0 +1,69 @@
+"""The engine backend's deployment behind a real tritonserver on CPU: `serve --runners reference`
+and `--runners emulated` run the very model file the GPU deployment runs (serve/triton_model.py),
+over the checkpoint the (dry-run) engines were built from. The reference model's streaming,
+bad-input, cancel and concurrency tests (tests/serve/test_server.py) run unchanged against
+them, greedy text equal to the reference backend's `generate`."""
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from serve_helpers import deployed, make_pair, write_recipe
+
+pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
+
+# The reference model's tests, collected again here with this module's `served` fixture.
+from test_server import (  # noqa: E402, F401
+    reference_text,
+    test_bad_requests_get_named_errors_and_the_server_keeps_serving,
+    test_cancelled_stream_frees_its_slot,
+    test_concurrent_requests_are_batched_and_exact,
+    test_streaming_deltas_concatenate_to_the_reference_completion,
+)
+
+from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
+from trtllm_dflash.recipe import load_recipe  # noqa: E402
+from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
+from trtllm_dflash.serve.overlay import with_runners  # noqa: E402
+
+
+# The emulated runners (the engine backend's own runners) run in the default suite; the
+# reference runners over the engine deployment only with -m slow (they are the reference model's).
+@pytest.fixture(scope="module", params=[pytest.param("reference", marks=pytest.mark.slow), "emulated"])
+def served(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"engine-{request.param}")
+    make_pair(root)
+    ports = (free_port(), free_port(), free_port())
+    recipe = load_recipe(write_recipe(root, ports), ["backend=engine"])
+    out = deployed(recipe, root / "pipeline")  # convert, build (dry run: no TensorRT-LLM here), deploy
+    work = tempfile.TemporaryDirectory()
+    repository = with_runners(out / REPOSITORY, recipe.serve.model_name, request.param, Path(work.name))
+    server = TritonServer(repository, Endpoints("127.0.0.1", *ports)).start()
+    yield recipe, server
+    server.stop()
+    work.cleanup()
+
+
+@pytest.mark.slow  # the streaming test above already compares with the reference's `generate`
+def test_served_text_equals_generate(served):
+    recipe, server = served
+    ckpt = Path(recipe.file).parent / "pipeline" / "convert"
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash", "generate", "--checkpoint", str(ckpt), "--prompt",
+                           "def area(r):\n    return", "--max-new-tokens", "24"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip("\n") == reference_text(recipe, "def area(r):\n    return", 24)
+
+
+def test_runners_override_refuses_a_pytorch_repository(tmp_path):
+    from trtllm_dflash.errors import UserError
+
+    model = tmp_path / "repo" / "m"
+    model.mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    with pytest.raises(UserError, match="has no runners parameter"):
+        with_runners(tmp_path / "repo", "m", "reference", tmp_path / "work")
+    with pytest.raises(UserError, match="--runners gpu: allowed: reference, emulated, tensorrt"):
+        with_runners(tmp_path / "repo", "m", "gpu", tmp_path / "work")

@@ -1,0 +1,43 @@
+"""`serve --runners R`: serve a deployed repository with other runners than deploy chose.
+
+The deploy output is never edited: the repository is copied (config.pbtxt, model.py and
+recipe.yaml are small; the checkpoint and engines stay where the parameters point) into a
+work directory with the dflash model's `runners` parameter replaced. Triton then loads the
+very same model file (serve/triton_model.py) with, e.g., the reference runners over the
+checkpoint an engine deployment was built from.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtllm_dflash.errors import UserError
+
+RUNNERS = ("reference", "emulated", "tensorrt")
+
+
+def with_runners(repository: Path, model_name: str, runners: str, workdir: Path) -> Path:
+    """A copy of `repository` in `workdir` whose model `model_name` runs `runners`; returns its path."""
+    if runners not in RUNNERS:
+        raise UserError(f"--runners {runners}: allowed: {', '.join(RUNNERS)}")
+    config = Path(repository) / model_name / "config.pbtxt"
+    if not config.is_file():
+        raise UserError(f"{repository}: no model {model_name!r} (config.pbtxt missing)")
+    cfg = text_format.Parse(config.read_text(), mc.ModelConfig())
+    if "runners" not in cfg.parameters:
+        raise UserError(f"{config}: the {model_name!r} model has no runners parameter (a pytorch-backend "
+                        "repository runs TensorRT-LLM's own model: --runners does not apply)")
+    if runners != "tensorrt" and "checkpoint" not in cfg.parameters:
+        raise UserError(f"{config}: --runners {runners} serves the checkpoint the engines were built from, and this "
+                        "deployment records none (deploy from a build output made with --from)")
+    out = Path(workdir) / "model_repository"
+    shutil.copytree(repository, out)
+    cfg.parameters["runners"].string_value = runners
+    header = "".join(line + "\n" for line in config.read_text().splitlines() if line.startswith("#"))
+    (out / model_name / "config.pbtxt").write_text(
+        header + f"# runners replaced by `serve --runners {runners}`\n" + text_format.MessageToString(cfg))
+    return out
