@@ -2,7 +2,10 @@
 
 Both real servers serve the same deploy output of the embedded default (tritonserver with the
 dflash model, and `serve --api openai`); the same greedy sweep against each must give the same
-tokens and the same verify passes (so the same tau) for every request.
+tokens for every request, and at concurrency 1 the same verify passes (so the same tau). Above
+concurrency 1 which requests share a round depends on timing, and a batch of another size can
+flip a near-tie among the drafter's proposals: the output stays the target's (lossless) but a
+round may accept one token fewer or more, so tau there agrees closely, not exactly.
 """
 
 import json
@@ -51,10 +54,13 @@ def test_openai_sweep_gives_the_tokens_and_tau_of_the_triton_sweep(both, tmp_pat
     assert len(ra) == len(rb) == sum(max(4, 5 * c) + 1 for c in (1, 2))
     for x, y in zip(ra, rb):
         assert x["error"] is None and y["error"] is None
-        assert (x["request_id"], x["output_tokens"], x["rounds"]) == (y["request_id"], y["output_tokens"], y["rounds"])
+        assert (x["request_id"], x["output_tokens"]) == (y["request_id"], y["output_tokens"])
+        assert x["text"].startswith(y["text"]) and y["text"]  # the OpenAI text ends before a stop token's text
+        if x["concurrency"] == 1:
+            assert x["rounds"] == y["rounds"], f"request {x['request_id']}: verify passes differ at concurrency 1"
     for la, lb in zip(a.levels, b.levels):
-        assert la.output_tokens == lb.output_tokens and la.failed == lb.failed == 0
-        assert la.tau == lb.tau and la.tau >= 1.0
+        assert la.output_tokens == lb.output_tokens and la.failed == lb.failed == 0 and la.tau >= 1.0
+        assert la.tau == lb.tau if la.concurrency == 1 else la.tau == pytest.approx(lb.tau, rel=0.05)
         assert lb.output_tok_s > 0 and lb.tpot_s is not None
 
 
