@@ -122,29 +122,29 @@ def _validation_error(e: ValidationError) -> OpenAIError:
     return OpenAIError(f"{param}: {msg}{got}" if param else f"{msg}{got}", param)
 
 
+# Options that would change the result, refused when set to anything but their neutral value
+# (None, 0, False or empty); fields a route does not have are never set.
+_REFUSED = (
+    ("frequency_penalty", "not supported (only 0)"),
+    ("presence_penalty", "not supported (only 0)"),
+    ("logprobs", "not supported"),
+    ("top_logprobs", "not supported"),
+    ("logit_bias", "not supported"),
+    ("echo", "not supported (the prompt is never echoed)"),
+    ("suffix", "not supported"),
+    ("tools", "not supported"),
+)
+
+
 def _unsupported(body: _Body) -> None:
     """Refuse the options that would change the result, naming the field."""
     if body.n > 1:
         raise OpenAIError(f"n: {body.n} > 1: this server returns one choice per request", "n")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(body, name):
-            raise OpenAIError(f"{name}: not supported (only 0)", name)
-    if body.logprobs not in (None, False, 0):
-        raise OpenAIError("logprobs: not supported", "logprobs")
-    if body.logit_bias:
-        raise OpenAIError("logit_bias: not supported", "logit_bias")
-    if isinstance(body, CompletionBody):
-        if body.echo:
-            raise OpenAIError("echo: not supported (the prompt is never echoed)", "echo")
-        if body.best_of not in (None, 1):
-            raise OpenAIError("best_of: only 1 is supported", "best_of")
-        if body.suffix:
-            raise OpenAIError("suffix: not supported", "suffix")
-    if isinstance(body, ChatBody):
-        if body.tools:
-            raise OpenAIError("tools: not supported", "tools")
-        if body.top_logprobs:
-            raise OpenAIError("top_logprobs: not supported", "top_logprobs")
+    if getattr(body, "best_of", None) not in (None, 1):
+        raise OpenAIError("best_of: only 1 is supported", "best_of")
+    for name, why in _REFUSED:
+        if getattr(body, name, None):
+            raise OpenAIError(f"{name}: {why}", name)
 
 
 # ----------------------------------------------------------------------------- the service
