@@ -83,9 +83,11 @@ def _where(recipe: Recipe, stage: str, out: Path, recipe_arg: str) -> str:
     """One line: the command that runs `stage` of this pipeline, and on which machine."""
     container = "Triton 25.12 trtllm-python-py3 (TensorRT-LLM 1.2.x)" if recipe.backend.name == "engine" \
         else "TensorRT-LLM >= 1.3"
+    # The pytorch backend is swept through trtllm-serve's OpenAI endpoint (sweep --api openai).
+    api, port = (" --api openai", recipe.serve.http_port) if recipe.backend.name == "pytorch" else ("", recipe.serve.grpc_port)
     return (f"serve: the {recipe.backend.name} backend serves on {recipe.world_size}x {recipe.gpu.name}: there, inside "
-            f"NVIDIA's {container} container, run `trtllm-dflash serve {recipe_arg} --from {out / 'deploy'} --run`, "
-            f"then `trtllm-dflash sweep {recipe_arg} --url HOST:{recipe.serve.grpc_port} --from {out / 'deploy'} "
+            f"NVIDIA's {container} container, run `trtllm-dflash serve {recipe_arg} --from {out / 'deploy'} --run{api}`, "
+            f"then `trtllm-dflash sweep {recipe_arg}{api} --url HOST:{port} --from {out / 'deploy'} "
             f"--out {out / 'sweep'}`")
 
 
