@@ -53,7 +53,8 @@ def _sweep_dir(path: Path, rows: list[tuple[int, float, float]]) -> Path:
     levels = []
     for c, user, gpu in rows:
         d = Distribution(5, user, user, user, user, user, user)
-        levels.append(asdict(LevelSummary(c, 5, 0, 1.0, 100, gpu, gpu, 3.0, None, None, d, None, None)))
+        tpot = Distribution(5, 1 / user, 1 / user, 1 / user, 1 / user, 1 / user, 1 / user)
+        levels.append(asdict(LevelSummary(c, 5, 0, 1.0, 100, gpu, gpu, 3.0, None, tpot, d, None, None)))
     (path / "summary.json").write_text(json.dumps(levels))
     return path
 

@@ -23,11 +23,11 @@ Where profiles come from, each with its source recorded:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -68,7 +68,7 @@ class AcceptanceProfile:
         return tau
 
     @classmethod
-    def geometric(cls, tau: float, draft_len: int, source: str, task: str = "") -> "AcceptanceProfile":
+    def geometric(cls, tau: float, draft_len: int, source: str, task: str = "") -> AcceptanceProfile:
         """The constant-acceptance profile with acceptance length `tau` at `draft_len` slots."""
         if not 1.0 <= tau <= draft_len + 1:
             raise UserError(f"tau {tau} at draft length {draft_len}: must be in [1, {draft_len + 1}]")
@@ -85,7 +85,7 @@ class AcceptanceProfile:
 
     @classmethod
     def from_rounds(cls, rounds: Sequence[tuple[int, int]], max_draft_len: int, source: str,
-                    task: str = "") -> "AcceptanceProfile":
+                    task: str = "") -> AcceptanceProfile:
         """From verify rounds (accepted drafts, drafted slots): slot j was reached when the round
         drafted it and accepted at least j-1 drafts, and accepted when it accepted at least j."""
         reached, acc = [0] * max_draft_len, [0] * max_draft_len

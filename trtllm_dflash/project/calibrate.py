@@ -5,20 +5,22 @@ decodes of held-out prompts at batch 1 and 4; every round's StepRecord times the
 (t_verify: a 1-token step in AR, a block verify in DFlash) and the drafter pass (t_draft). The
 step model writes each pass as
 
-    t = (weight + KV bytes) / BW + (GEMM + attention FLOPs) / P + layers * t_layer
+    t = (weight + KV bytes) / BW + (GEMM + attention FLOPs) / P + (layers + 1) * t_layer
 
 with the bytes, FLOPs and layers of that pass (stepmodel.py). BW [B/s] is measured directly: a
 read of a buffer the size of the target's weights, as the passes read them (so the caches the
-model enjoys count). P [FLOP/s] and t_layer [s] are then a least-squares fit over the medians of
-the six pass kinds (AR step, verify and drafter pass at two batch sizes: the FLOPs span 60x, so
-the two separate), each weighted by 1/t so that every pass counts by its relative error.
+model enjoys count). P [FLOP/s] and t_layer [s] are then a least-squares fit over the lower
+quartiles of the six pass kinds (AR step, verify and drafter pass at two batch sizes: the FLOPs
+span 60x, so the two separate), each weighted by 1/t so that every pass counts by its relative
+error.
 
-Serving (optional, a running server of the recipe at `url`): short probes at concurrency 1 and 4
-with the sweep's load generator and prompts of another seed than the sweep's; a request's round
-time is (end - first chunk) / rounds; subtracting the calibrated passes and the prompt-pass share
-leaves t_step (per forward pass) and t_seq (per sequence in flight):
+Serving (optional, a running server of the recipe at `url`): short probes at concurrency 1 and 8
+with the sweep's load generator and prompts of another seed than the sweep's. A request's round
+time is (end - first chunk) / rounds; a level's is the median over its requests (as a sweep
+reports). Subtracting the calibrated passes and the prompt-pass share leaves t_step (per forward
+pass) and t_seq (per sequence in flight):
 
-    round(c) - passes(c) - prefill share(c) = 2 * t_step + c * t_seq      (c = 1, 4)
+    round(c) - passes(c) - prefill share(c) = 2 * t_step + c * t_seq      (c = 1, 8)
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ BATCHES = (1, 4)
 @dataclass
 class Calibration:
     measured: Measured
-    passes: dict  # pass kind -> median seconds, and the fit's inputs
+    passes: dict  # pass kind -> seconds (lower quartile), and the fit's inputs
     serving: dict | None = None
 
     def to_json(self) -> dict:
@@ -53,12 +55,19 @@ def _unit_model(recipe) -> StepModel:
     return StepModel(replace(dep, gpu=dep.gpu.model_copy(update={"measured": unit})), Assumptions())
 
 
+def _low(xs: list[float]) -> float:
+    """The lower quartile: the cost without the other jobs of a shared machine, which a busy
+    moment inflates (a median still moves when a neighbour runs for a third of the time)."""
+    xs = sorted(xs)
+    return xs[(len(xs) - 1) // 4]
+
+
 def _features(cost, layers: int) -> list[float]:
     return [cost.weight_bytes + cost.kv_bytes, cost.gemm_flops + cost.attention_flops, float(layers)]
 
 
 def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: int = 48) -> dict:
-    """Median seconds of every pass kind, and the (context, tau) they ran at."""
+    """Lower-quartile seconds of every pass kind, and the (context, tau) they ran at."""
     import torch
 
     from trtllm_dflash.prompts.sources import heldout_token_prompts
@@ -81,7 +90,7 @@ def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: i
         t0 = time.perf_counter()
         buf.sum()
         reads.append(time.perf_counter() - t0)
-    out["read_bytes"], out["read_s"] = buf.numel() * 4, statistics.median(reads[5:])
+    out["read_bytes"], out["read_s"] = buf.numel() * 4, _low(reads[5:])
     for _ in generate_steps(target, drafter, ps[:1], 8, mode="dflash", block_size=block, stop_token_ids=[]):
         pass  # warm-up
     for mode in ("ar", "dflash"):
@@ -99,9 +108,9 @@ def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: i
             if not verify:
                 raise UserError(f"calibration: no full {mode} round at batch {b}; raise new_tokens")
             tau = committed / rounds
-            out[f"{mode}_target_b{b}"] = statistics.median(verify)
+            out[f"{mode}_target_b{b}"] = _low(verify)
             if mode == "dflash":
-                out[f"dflash_drafter_b{b}"] = statistics.median(draft)
+                out[f"dflash_drafter_b{b}"] = _low(draft)
                 out[f"tau_b{b}"] = tau
     out["context"] = prompt_len + new_tokens // 2
     out["block_size"] = block
@@ -109,7 +118,7 @@ def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: i
 
 
 def fit_passes(recipe, timings: dict) -> dict:
-    """BW from the buffer read; P and t_layer by weighted least squares over the pass medians."""
+    """BW from the buffer read; P and t_layer by weighted least squares over the passes' lower quartiles."""
     import numpy as np
 
     m = _unit_model(recipe)
@@ -117,11 +126,11 @@ def fit_passes(recipe, timings: dict) -> dict:
     ctx, k = timings["context"], timings["block_size"] - 1
     rows, ts = [], []
     for b in BATCHES:
-        rows.append(_features(m.target_pass(b, 1, ctx), m.dep.target.num_layers))
+        rows.append(_features(m.target_pass(b, 1, ctx), m.dep.target.num_layers + 1))
         ts.append(timings[f"ar_target_b{b}"])
-        rows.append(_features(m.target_pass(b, k + 1, ctx), m.dep.target.num_layers))
+        rows.append(_features(m.target_pass(b, k + 1, ctx), m.dep.target.num_layers + 1))
         ts.append(timings[f"dflash_target_b{b}"])
-        rows.append(_features(m.drafter_pass(b, k, ctx, timings[f"tau_b{b}"]), m.dep.drafter.num_layers))
+        rows.append(_features(m.drafter_pass(b, k, ctx, timings[f"tau_b{b}"]), m.dep.drafter.num_layers + 1))
         ts.append(timings[f"dflash_drafter_b{b}"])
     a, t = np.array(rows), np.array(ts)
     rest = t - a[:, 0] / bw  # what the memory traffic leaves to the math and the layers
@@ -135,36 +144,46 @@ def fit_passes(recipe, timings: dict) -> dict:
             "fit_relative_errors": [float(e) for e in pred / t - 1]}
 
 
-def measure_serving(recipe, url: str, passes: Measured, requests_per_level: int = 6, protocol: str = "grpc") -> dict:
-    """Round times of a running server at concurrency 1 and 4, and the t_step / t_seq they imply."""
+PROBE_LEVELS = (1, 8)
+
+
+def measure_serving(recipe, url: str, passes: Measured, levels: tuple[int, int] = PROBE_LEVELS,
+                    waves: int = 3, protocol: str = "grpc") -> dict:
+    """Round times of a running server at two concurrencies (`waves` x c requests each, at least 8,
+    after 2 warm-up requests), and the t_step / t_seq they imply. The first c requests of a level
+    start together and share one batched prompt pass; a sweep's requests soon arrive one by one,
+    each with its own prompt pass (what the model's prefill share counts), so only requests after
+    the first c are timed."""
     import asyncio
 
     from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.sweep.loadgen import run_level
 
     sw = recipe.sweep
-    prompts = load_prompts(sw.dataset, 4 * requests_per_level + 4, sw.input_len, sw.seed + 1000)
+    counts = {c: max(8, waves * c) for c in levels}
+    prompts = load_prompts(sw.dataset, sum(counts.values()) + 4, sw.input_len, sw.seed + 1000)
     dep = Deployment.from_recipe(recipe)
     model = StepModel(replace(dep, gpu=dep.gpu.model_copy(update={"measured": passes.model_copy(
         update={"step_overhead_ms": 0.0, "seq_overhead_us": 0.0})})), Assumptions())
     k = recipe.speculative.block_size - 1
-    levels = {}
-    for c in BATCHES:
-        n = max(requests_per_level, 2 * c)
-        recs = asyncio.run(run_level(url, recipe.serve.model_name, prompts, c, n, 1, sw.output_len, sw.seed + 1000,
-                                     0.0, protocol=protocol))
-        ok = [r for r in recs if not r.warmup and r.ok and r.rounds > 0 and len(r.chunk_ns) > 1]
+    probe = lambda c, n, warmup: asyncio.run(run_level(
+        url, recipe.serve.model_name, prompts, c, n, warmup, sw.output_len, sw.seed + 1000, 0.0, protocol=protocol))
+    probe(1, 0, 2)  # a fresh server's first requests are slow
+    found = {}
+    for c, n in counts.items():
+        ok = [r for r in probe(c, n, 0) if r.ok and r.rounds > 0 and len(r.chunk_ns) > 1 and r.request_id >= c]
         if not ok:
             raise UserError(f"calibration: no request at concurrency {c} streamed more than one chunk from {url}")
         rounds = [(r.end_ns - r.chunk_ns[0]) * 1e-9 / r.rounds for r in ok]
         tau = sum(r.output_tokens - 1 for r in ok) / sum(r.rounds for r in ok)
         modelled = model.step(c, k, tau, sw.input_len + sw.output_len // 2, sw.input_len, sw.output_len).seconds
-        levels[c] = {"round_s": statistics.median(rounds), "tau": tau, "modelled_without_overhead_s": modelled}
-    (c1, l1), (c2, l2) = sorted(levels.items())
+        found[c] = {"requests": len(ok), "round_s": statistics.median(rounds), "tau": tau,
+                    "modelled_without_overhead_s": modelled}
+    (c1, l1), (c2, l2) = sorted(found.items())
     r1, r2 = l1["round_s"] - l1["modelled_without_overhead_s"], l2["round_s"] - l2["modelled_without_overhead_s"]
     seq = max(0.0, (r2 - r1) / (c2 - c1))
     step = max(0.0, (r1 - c1 * seq) / 2)
-    return {"levels": {str(c): v for c, v in levels.items()}, "step_overhead_ms": step * 1e3, "seq_overhead_us": seq * 1e6}
+    return {"levels": {str(c): v for c, v in found.items()}, "step_overhead_ms": step * 1e3, "seq_overhead_us": seq * 1e6}
 
 
 def calibrate(recipe, url: str | None = None, protocol: str = "grpc") -> Calibration:

@@ -7,9 +7,9 @@ and `output_len` output tokens; the step time is taken at the mean running conte
 ctx = input_len + output_len / 2. Levels beyond build.max_batch_size or beyond the memory plan's
 largest concurrency (recipe/planner.py) are left out and listed in `skipped`.
 
-A projected row reads like a measured one: output tokens/s per GPU, tokens/s/user = tau / T
-(= 1 / TPOT), TPOT = T / tau, inter-chunk latency = T (one chunk per step), TTFT = prompt pass
-+ T, E2E = TTFT + (output_len - 1) * TPOT. Distributions of a projection are single values
+A projected row reads like a measured one (stepmodel.py, "Metrics"): tokens/s/user = tau / T
+(= 1 / TPOT), TPOT = T / tau, inter-chunk latency = T (one chunk per step), TTFT, E2E, and output
+tokens/s per GPU = c * output_len / E2E / GPUs. Distributions of a projection are single values
 (n = 0: no requests were measured).
 """
 
@@ -38,16 +38,15 @@ def _point(v: float) -> Distribution:
     return Distribution(n=0, mean=v, p50=v, p90=v, p99=v, min=v, max=v)
 
 
-def level_row(s: StepCost, gpus: int, output_len: int) -> LevelSummary:
+def level_row(s: StepCost, gpus: int) -> LevelSummary:
     """A projected step as a sweep row."""
     T = s.seconds
     tpot = T / s.tau
-    ttft = s.t_prefill + T
     return LevelSummary(
         concurrency=s.concurrency, requests=0, failed=0, wall_s=0.0, output_tokens=0,
-        output_tok_s=s.concurrency * s.tau / T, output_tok_s_per_gpu=s.tok_s_gpu(gpus),
-        tau=s.tau, ttft_s=_point(ttft), tpot_s=_point(tpot), tok_s_user=_point(1 / tpot),
-        inter_chunk_s=_point(T), e2e_s=_point(ttft + (output_len - 1) * tpot),
+        output_tok_s=s.tok_s_gpu(1), output_tok_s_per_gpu=s.tok_s_gpu(gpus),
+        tau=s.tau, ttft_s=_point(s.ttft), tpot_s=_point(tpot), tok_s_user=_point(1 / tpot),
+        inter_chunk_s=_point(T), e2e_s=_point(s.e2e),
     )
 
 
@@ -123,13 +122,13 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
     def step(c: int, k: int) -> StepCost:
         return model.step(c, k, profile.tau(k), ctx, isl, osl)
 
-    grid = {k: [step(c, k) for c in levels] for k in range(0, k_max + 1)}
+    grid = {k: [step(c, k) for c in levels] for k in range(k_max + 1)}
     curves: dict[str, list[LevelSummary]] = {}
     used: dict[str, list[int]] = {}
     steps: dict[str, list[dict]] = {}
 
     def add(name: str, chosen: list[StepCost]) -> None:
-        curves[name] = [level_row(s, dep.gpus, osl) for s in chosen]
+        curves[name] = [level_row(s, dep.gpus) for s in chosen]
         used[name] = [s.draft_len for s in chosen]
         steps[name] = [{"concurrency": s.concurrency, "draft_len": s.draft_len, "tau": s.tau, **s.breakdown_ms()}
                        for s in chosen]

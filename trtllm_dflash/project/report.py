@@ -8,7 +8,14 @@ import json
 from pathlib import Path
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.project.projection import AR, BANDS, BEST, Projection, curve_of, dflash_name
+from trtllm_dflash.project.projection import (
+    AR,
+    BANDS,
+    BEST,
+    Projection,
+    curve_of,
+    dflash_name,
+)
 from trtllm_dflash.sweep.fronts import front
 from trtllm_dflash.sweep.metrics import LevelSummary
 
@@ -37,18 +44,28 @@ def served_curve(recipe) -> tuple[str, str]:
     return BANDS, "the server applies speculative.draft_len per concurrency band"
 
 
+def pooled_tok_s_user(m: LevelSummary) -> float | None:
+    """tokens/s/user of all a level's requests together: 1 / mean TPOT (equal-length requests)."""
+    return 1 / m.tpot_s.mean if m.tpot_s and m.tpot_s.mean else None
+
+
 def measured_vs_projected(proj: Projection, measured: list[LevelSummary], curve: str) -> list[dict]:
-    """Per concurrency both have: measured and projected tokens/s/user and tokens/s/GPU, relative error."""
+    """Per concurrency both have: measured and projected tokens/s/user and tokens/s/GPU, relative
+    errors. The projection has one tau for every request, so its tokens/s/user is the pooled rate
+    (1 / mean TPOT); the median request's rate (the sweep's p50, plotted) moves with the spread of
+    per-request tau as well, and is reported beside it."""
     rows = {r.concurrency: r for r in proj.curves[curve]}
     out = []
     for m in measured:
         p = rows.get(m.concurrency)
-        if p is None or not m.tok_s_user:
+        pooled = pooled_tok_s_user(m)
+        if p is None or pooled is None:
             continue
-        mu, pu = m.tok_s_user.p50, p.tok_s_user.p50
-        out.append({"concurrency": m.concurrency, "measured_tok_s_user": mu, "projected_tok_s_user": pu,
-                    "tok_s_user_error": pu / mu - 1, "measured_tok_s_gpu": m.output_tok_s_per_gpu,
-                    "projected_tok_s_gpu": p.output_tok_s_per_gpu,
+        pu = p.tok_s_user.p50
+        out.append({"concurrency": m.concurrency, "measured_tok_s_user": pooled, "projected_tok_s_user": pu,
+                    "tok_s_user_error": pu / pooled - 1,
+                    "measured_tok_s_user_p50": m.tok_s_user.p50 if m.tok_s_user else None,
+                    "measured_tok_s_gpu": m.output_tok_s_per_gpu, "projected_tok_s_gpu": p.output_tok_s_per_gpu,
                     "tok_s_gpu_error": p.output_tok_s_per_gpu / m.output_tok_s_per_gpu - 1 if m.output_tok_s_per_gpu else None,
                     "measured_tau": m.tau, "projected_tau": p.tau})
     return out
@@ -81,7 +98,7 @@ def headline_table(proj: Projection):
     for col in ("DFlash curve", "highest tok/s/user DFlash / AR", "throughput x AR at equal tok/s/user",
                 "x AR at 500-600 tok/s/user", "tok/s/user x AR at equal concurrency"):
         t.add_column(col, justify="right")
-    for name, c in proj.comparisons.items():
+    for c in proj.comparisons.values():
         num_max, den_max = c.max_user_rate[c.num], c.max_user_rate[c.den]
         rs = [r for _, r in c.throughput_ratios]
         eq = list(c.user_rate_ratios.values())
@@ -97,12 +114,14 @@ def comparison_table(rows: list[dict], curve: str):
     from rich.table import Table
 
     t = Table(title=f"measured sweep vs projection ({curve})")
-    for col in ("conc", "measured tok/s/user", "projected", "error", "measured tok/s/GPU", "projected", "error",
-                "measured tau", "projected tau"):
+    for col in ("conc", "measured tok/s/user (pooled)", "projected", "error", "measured p50", "measured tok/s/GPU",
+                "projected", "error", "measured tau", "projected tau"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(str(r["concurrency"]), f"{r['measured_tok_s_user']:,.1f}", f"{r['projected_tok_s_user']:,.1f}",
-                  f"{100 * r['tok_s_user_error']:+.0f}%", f"{r['measured_tok_s_gpu']:,.1f}",
+                  f"{100 * r['tok_s_user_error']:+.0f}%",
+                  f"{r['measured_tok_s_user_p50']:,.1f}" if r["measured_tok_s_user_p50"] else "-",
+                  f"{r['measured_tok_s_gpu']:,.1f}",
                   f"{r['projected_tok_s_gpu']:,.1f}",
                   f"{100 * r['tok_s_gpu_error']:+.0f}%" if r["tok_s_gpu_error"] is not None else "-",
                   f"{r['measured_tau']:.2f}" if r["measured_tau"] else "-", f"{r['projected_tau']:.2f}")

@@ -14,7 +14,8 @@ Steps
     t_step is the fixed launch/scheduling cost of one forward pass (a DFlash round launches two:
     the drafter's and the verify), t_seq the cost of one sequence in flight per step.
     prefill share = c * t_prefill(ISL) / (steps per request),  steps per request = (OSL - 1) / tau
-                    (every request's prompt pass is paid by the steps of the requests in flight)
+                    (every request's prompt pass, t_step included, is paid by the steps of the
+                    requests in flight)
 
 A pass over n tokens (q tokens per sequence, n = c * q)
 -------------------------------------------------------
@@ -33,7 +34,9 @@ A pass over n tokens (q tokens per sequence, n = c * q)
 
     t_pass = W / (B_hbm * e_hbm) + F / (P_fmt * e_tensor)                          weights and GEMMs
            + A / (B_hbm * e_att) + attention FLOPs / (P_bf16 * e_att)              attention kernel
-           + all-reduces + L * t_layer                                             communication, launches
+           + all-reduces + (L + 1) * t_layer                                       communication, launches
+    (the embedding or the drafter's context fusion, and the final norm and LM head, launch about
+    one more layer's worth of kernels: hence L + 1)
 
 Memory traffic and tensor math are ADDED, not overlapped (max): at decode sizes a GEMM does not
 hide its weight stream behind its math, and between the two limits the sum is the better
@@ -51,8 +54,10 @@ P_fmt is the dense rate of the GEMM input format: the activation format for the 
 FP8, nvfp4 -> FP4, bf16 -> BF16), the weight format for a quantized drafter, BF16 for attention
 and the LM head. Metrics, as a sweep measures them (sweep/metrics.py):
 
-    tokens/s/user = tau / T                 tokens/s/GPU = c * tau / T / GPUs
-    TTFT          = t_prefill(ISL) + T      (a new request waits for the step in progress)
+    tokens/s/user = tau / T                                  (= 1 / TPOT)
+    TTFT          = t_prefill(ISL) + T (c > 1: a new request waits for the step in progress)
+    E2E           = TTFT + (OSL - 1) * T / tau
+    tokens/s/GPU  = c * OSL / E2E / GPUs                     (closed loop: c request slots)
 """
 
 from __future__ import annotations
@@ -62,7 +67,11 @@ from dataclasses import asdict, dataclass, replace
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GpuSpec
 from trtllm_dflash.recipe.models import ArchFacts
-from trtllm_dflash.recipe.planner import context_cache_format, drafter_ctx_bytes_per_seq, target_kv_bytes_per_seq
+from trtllm_dflash.recipe.planner import (
+    context_cache_format,
+    drafter_ctx_bytes_per_seq,
+    target_kv_bytes_per_seq,
+)
 from trtllm_dflash.recipe.schema import Recipe
 
 ACT_BYTES = 2.0  # bytes per activation element all-reduced between tp ranks (BF16)
@@ -184,7 +193,7 @@ class PassCost:
     def seconds(self) -> float:
         return self.t_weights + self.t_gemm + self.t_attention + self.t_allreduce + self.t_layers
 
-    def __add__(self, other: "PassCost") -> "PassCost":
+    def __add__(self, other: PassCost) -> PassCost:
         return PassCost(*(getattr(self, f) + getattr(other, f) for f in PassCost.__dataclass_fields__))
 
 
@@ -202,7 +211,8 @@ class StepCost:
     drafter: PassCost
     t_overhead: float  # fixed step + per-sequence costs
     t_prefill_share: float  # the prompt passes of new requests, per step
-    t_prefill: float  # one request's prompt pass
+    t_prefill: float  # one request's prompt pass, with its launch
+    output_len: int = 0  # tokens per request (0: a steady decode, no request boundaries)
 
     @property
     def seconds(self) -> float:
@@ -212,7 +222,21 @@ class StepCost:
     def tok_s_user(self) -> float:
         return self.tau / self.seconds
 
+    @property
+    def ttft(self) -> float:
+        """A new request's prompt pass, after the step in progress when there is one (c > 1)."""
+        return self.t_prefill + (self.seconds if self.concurrency > 1 else 0.0)
+
+    @property
+    def e2e(self) -> float:
+        return self.ttft + max(0, self.output_len - 1) * self.seconds / self.tau
+
     def tok_s_gpu(self, gpus: int) -> float:
+        """Output tokens/s per GPU: every one of c request slots delivers output_len tokens per
+        request lifetime (E2E, the first token's wait included), as a closed-loop sweep measures;
+        c * tau / T without request boundaries."""
+        if self.output_len > 0:
+            return self.concurrency * self.output_len / self.e2e / gpus
         return self.concurrency * self.tau / self.seconds / gpus
 
     def breakdown_ms(self) -> dict:
@@ -254,7 +278,7 @@ class Deployment:
     block_size: int
 
     @classmethod
-    def from_recipe(cls, r: Recipe) -> "Deployment":
+    def from_recipe(cls, r: Recipe) -> Deployment:
         q = r.quantization
         head = q.checkpoint_dtype("target")
         if not r.gpu.is_cpu and head == "fp32":
@@ -297,9 +321,22 @@ class StepModel:
         params = t.vocab_size * t.hidden_size
         return params * BYTES_PER_ELEMENT[self.dep.head_format] / tp, 2 * n_logits * params / tp
 
+    def _cost(self, wbytes: float, kv: float, gemm: float, gemm_format: str, head_flops: float, att_flops: float,
+              layers: int, n: int, hidden: int) -> PassCost:
+        """The times of a pass from what it moves and computes (module docstring, "A pass")."""
+        r = self.rates
+        return PassCost(
+            weight_bytes=wbytes, kv_bytes=kv, gemm_flops=gemm + head_flops, attention_flops=att_flops,
+            t_weights=wbytes / r.memory_bps,
+            t_gemm=gemm / r.gemm_flops(gemm_format) + head_flops / r.gemm_flops(self.dep.head_format),
+            t_attention=self._attention(kv, att_flops),
+            t_allreduce=self._allreduce(layers, n, hidden),
+            t_layers=(layers + 1) * r.layer_s,
+        )
+
     def target_pass(self, seqs: int, q: int, ctx: int, logits_per_seq: int | None = None) -> PassCost:
         """The target over `q` new tokens for each of `seqs` sequences whose cache holds `ctx` tokens."""
-        d, t, r, tp = self.dep, self.dep.target, self.rates, self.dep.tp
+        d, t, tp = self.dep, self.dep.target, self.dep.tp
         n = seqs * q
         h = t.hidden_size
         attn = t.attention_params_per_layer
@@ -317,19 +354,12 @@ class StepModel:
         full = t.num_layers - t.sliding_layers
         visible = full * (ctx + q) + t.sliding_layers * min(ctx + q, (t.sliding_window or 0) + q)
         att_flops = 4 * n * visible * t.num_attention_heads * t.head_dim / tp
-        return PassCost(
-            weight_bytes=wbytes, kv_bytes=kv, gemm_flops=gemm + head_flops, attention_flops=att_flops,
-            t_weights=wbytes / r.memory_bps,
-            t_gemm=gemm / r.gemm_flops(d.gemm_format) + head_flops / r.gemm_flops(d.head_format),
-            t_attention=self._attention(kv, att_flops),
-            t_allreduce=self._allreduce(t.num_layers, n, h),
-            t_layers=t.num_layers * r.layer_s,
-        )
+        return self._cost(wbytes, kv, gemm, d.gemm_format, head_flops, att_flops, t.num_layers, n, h)
 
     def drafter_pass(self, seqs: int, draft_len: int, ctx: int, new_ctx: float) -> PassCost:
         """One DFlash drafter pass: K+1 slots per sequence, `new_ctx` newly committed tokens per
         sequence projected into its context cache, the target's LM head on the K draft slots."""
-        d, f, r, tp = self.dep, self.dep.drafter, self.rates, self.dep.tp
+        d, f, tp = self.dep, self.dep.drafter, self.dep.tp
         q = draft_len + 1
         n = seqs * q
         h = f.hidden_size
@@ -341,14 +371,7 @@ class StepModel:
         gemm = (2 * n * f.num_layers * per_layer + 2 * seqs * new_ctx * (n_feat * h * h + f.num_layers * kv_proj)) / tp
         ctx_bytes = seqs * drafter_ctx_bytes_per_seq(f, tp, ctx, q, BYTES_PER_ELEMENT[d.ctx_format])
         att_flops = 4 * n * (ctx + q) * f.num_attention_heads * f.head_dim * f.num_layers / tp
-        return PassCost(
-            weight_bytes=wbytes, kv_bytes=ctx_bytes, gemm_flops=gemm + head_flops, attention_flops=att_flops,
-            t_weights=wbytes / r.memory_bps,
-            t_gemm=gemm / r.gemm_flops(d.drafter_gemm_format) + head_flops / r.gemm_flops(d.head_format),
-            t_attention=self._attention(ctx_bytes, att_flops),
-            t_allreduce=self._allreduce(f.num_layers, n, h),
-            t_layers=f.num_layers * r.layer_s,
-        )
+        return self._cost(wbytes, ctx_bytes, gemm, d.drafter_gemm_format, head_flops, att_flops, f.num_layers, n, h)
 
     def prefill(self, prompt_len: int) -> float:
         """Seconds of one request's prompt pass (logits at its last position only)."""
@@ -373,9 +396,9 @@ class StepModel:
             drafter = self.drafter_pass(c, draft_len, ctx, tau)
         passes = 1 if draft_len == 0 else 2  # a DFlash round launches two passes: drafter, then verify
         overhead = passes * self.rates.step_s + c * self.rates.seq_s
-        t_pre = self.prefill(prompt_len) if prompt_len > 0 else 0.0
+        t_pre = self.prefill(prompt_len) + self.rates.step_s if prompt_len > 0 else 0.0
         share = c * t_pre / max(1.0, (output_len - 1) / tau) if output_len > 0 else 0.0
-        return StepCost(c, draft_len, tau, target, drafter, overhead, share, t_pre)
+        return StepCost(c, draft_len, tau, target, drafter, overhead, share, t_pre, max(0, output_len))
 
-    def with_assumptions(self, **changes) -> "StepModel":
+    def with_assumptions(self, **changes) -> StepModel:
         return StepModel(self.dep, replace(self.a, **changes))

@@ -18,8 +18,9 @@ The ratios are NVIDIA's way of comparing speculative decoding with AR decoding:
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
 
 Point = tuple[float, float]  # (tokens/s/user, tokens/s/GPU)
 
@@ -67,7 +68,7 @@ def throughput_at(points: Sequence[Point], user_rate: float) -> float | None:
     f = front(points)
     if not f or not f[0][0] <= user_rate <= f[-1][0]:
         return None
-    for (x0, y0), (x1, y1) in zip(f, f[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(f):
         if x0 <= user_rate <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (user_rate - x0) / (x1 - x0)
     return f[0][1]  # a one-point front, exactly at its tokens/s/user
