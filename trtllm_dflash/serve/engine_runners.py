@@ -13,7 +13,8 @@ TensorRT-LLM 1.2.1 engines, or over their CPU stand-ins.
                   Target plus the tap network, full sequences, the engine's output names
   EngineModel     what the serving batcher asks for decoders (same interface as LocalModel)
 
-The TensorRT runners (the real Executor and the drafter engine) are in trt_runners.py, GPU-only.
+The TensorRT runners (the real Executor and the drafter engine) are in trt_runners.py, GPU-only; the
+drafter engine's runner (ArenaDrafter) is serve/drafter_runner.py.
 """
 
 from __future__ import annotations
@@ -179,9 +180,12 @@ class EngineModel:
     the decoders of every sampling group. With tp > 1 this is one rank's model (its shards and
     `comm`), driven by checkpoint_runner.ShardedModel like the reference runners."""
 
-    def __init__(self, executor, drafter_weights: dict, drafter_cfg, *, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 device: str = "cpu", comm=SingleRank()):
+    def __init__(self, executor, drafter_weights: dict | None, drafter_cfg, *, vocab_size: int,
+                 eos_token_ids: tuple[int, ...], device: str = "cpu", comm=SingleRank(), drafter_factory=None):
+        # drafter_factory(max_len) -> DrafterRunner replaces EngineDrafter over drafter_weights (the
+        # drafter engine's runner, serve/trt_runners.py); None: the torch drafter network.
         self.executor, self.w, self.cfg, self.comm = executor, drafter_weights, drafter_cfg, comm
+        self.drafter_factory = drafter_factory
         self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, device
         heads = Heads(drafter_cfg.num_heads, drafter_cfg.num_kv_heads, drafter_cfg.head_dim).local(comm.world)
         self.spec = dataclasses.replace(DrafterSpec.from_config(drafter_cfg), num_heads=heads.num_heads,
@@ -193,9 +197,12 @@ class EngineModel:
         block = block_size or self.cfg.block_size
         target = EngineTarget(self.executor, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                               tail=self.cfg.block_size, greedy=sampling.greedy, device=self.device)
-        drafter = EngineDrafter(self.w, self.spec, self.rope, block_size=self.cfg.block_size,
-                                mask_token_id=self.cfg.mask_token_id, target_layer_ids=self.cfg.target_layer_ids,
-                                max_len=max_len + 1 + block, comm=self.comm)
+        if self.drafter_factory is not None:
+            drafter = self.drafter_factory(max_len + 1 + block)
+        else:
+            drafter = EngineDrafter(self.w, self.spec, self.rope, block_size=self.cfg.block_size,
+                                    mask_token_id=self.cfg.mask_token_id, target_layer_ids=self.cfg.target_layer_ids,
+                                    max_len=max_len + 1 + block, comm=self.comm)
         return Decoder(target, drafter, mode, block_size, ddtree_budget, sampling, max_len)
 
     def release(self, decoder: Decoder) -> None:
