@@ -97,6 +97,8 @@ def test_levels_that_do_not_fit_are_left_out(tmp_path, capsys):
                      "--set", "build.max_batch_size=6000"], capsys)
     assert 1 in data["levels"] and 5000 not in data["levels"]
     assert "memory plan" in data["skipped_levels"]["5000"]
+    assert main(["project", str(recipe), "--out", str(tmp_path), "--levels", "65,128"]) == 2
+    assert "no concurrency level to project: 65: above build.max_batch_size 64" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
@@ -138,3 +140,20 @@ def test_bench_acceptance_json_feeds_project(tmp_path, capsys):
 def test_bench_acceptance_refuses_bad_numbers(capsys):
     assert main(["bench", "acceptance", "--prompts", "0"]) == 2
     assert "--prompts is 0, expected >= 1" in capsys.readouterr().err
+
+
+def test_a_gpu_runs_measured_attention_fraction_replaces_the_assumption(tmp_path, capsys):
+    """perf/bench_kv_inject.py's JSON line (median hbm_fraction of its rows) -> measured attention."""
+    recipe = str(RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml")
+    bench = tmp_path / "kv.json"
+    rows = [{"batch": 8, "cache_len": n, "hbm_fraction": f} for n, f in ((1024, 0.6), (4096, 0.8), (16384, 0.9))]
+    bench.write_text("table ...\n" + json.dumps({"bench": "kv_inject_attention", "hardware": "h100-sxm",
+                                                  "hbm_gbs": 3350, "rows": rows}) + "\n")
+    base = run_json(["project", recipe, "--out", str(tmp_path / "a")], capsys)
+    fast = run_json(["project", recipe, "--out", str(tmp_path / "b"), "--attention-bench", str(bench)], capsys)
+    assert "attention kernel" in fast["rates"]
+    assert fast["steps"][BANDS][-1]["target_attention_ms"] == pytest.approx(
+        base["steps"][BANDS][-1]["target_attention_ms"] * 0.5 / 0.8)
+    bench.write_text(json.dumps({"bench": "kv_inject_attention", "hardware": "b200", "rows": rows}))
+    assert main(["project", recipe, "--out", str(tmp_path / "c"), "--attention-bench", str(bench)]) == 2
+    assert "measured on 'b200', the recipe runs on 'h100-sxm'" in capsys.readouterr().err

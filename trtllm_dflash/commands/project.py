@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--levels", default=None, help="comma-separated concurrency levels (default: the recipe's sweep)")
     p.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
                    help="replace a model assumption, e.g. --assume tensor_efficiency=0.6 (repeatable)")
+    p.add_argument("--attention-bench", type=Path, default=None, metavar="FILE",
+                   help="output of perf/bench_kv_inject.py on the recipe's GPU: its median hbm_fraction replaces "
+                        "the assumed attention efficiency")
     p.add_argument("--calibrate", action="store_true",
                    help="cpu recipes: measure this machine's rates and overheads first (a few seconds)")
     p.add_argument("--json", action="store_true", help="print the projection as JSON")
@@ -82,6 +85,14 @@ def run(args: argparse.Namespace) -> int:
         console.print("calibrating this machine ...")
         calibration = calibrate(recipe)
         dep = replace(dep, gpu=recipe.gpu.model_copy(update={"measured": calibration.measured}))
+    if args.attention_bench is not None:
+        from trtllm_dflash.project.stepmodel import attention_fraction_from_bench
+        from trtllm_dflash.recipe.hardware import Measured
+
+        fraction = attention_fraction_from_bench(args.attention_bench, recipe.hardware.gpu)
+        base = dep.gpu.measured or Measured(source=f"attention kernel: {args.attention_bench}")
+        dep = replace(dep, gpu=dep.gpu.model_copy(update={"measured": base.model_copy(
+            update={"attention_fraction": fraction})}))
     proj = project(recipe, profile, assumptions, levels, model=StepModel(dep, assumptions))
     measured = report.read_measured(args.measured) if args.measured else None
     curve, note = report.served_curve(recipe)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from trtllm_dflash.errors import UserError
 from trtllm_dflash.project.acceptance import AcceptanceProfile
 from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepCost, StepModel
 from trtllm_dflash.recipe.planner import plan
@@ -95,16 +96,18 @@ class Projection:
 def feasible_levels(recipe: Recipe, levels: list[int]) -> tuple[list[int], dict[int, str]]:
     """The levels the deployment can hold (max_batch_size, memory plan), and why others cannot."""
     p = plan(recipe)
-    cap = min(recipe.build.max_batch_size, p.max_concurrency)
     keep, skipped = [], {}
-    for c in levels:
+    for c in sorted(set(levels)):
         if c > recipe.build.max_batch_size:
             skipped[c] = f"above build.max_batch_size {recipe.build.max_batch_size}"
         elif c > p.max_concurrency:
             skipped[c] = f"the memory plan holds at most {p.max_concurrency} sequences of build.max_seq_len"
         else:
             keep.append(c)
-    return keep, skipped if cap >= 1 else {c: "nothing fits in memory" for c in levels}
+    if not keep:
+        raise UserError(f"{recipe.name}: no concurrency level to project: " +
+                        "; ".join(f"{c}: {why}" for c, why in skipped.items()))
+    return keep, skipped
 
 
 def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions = Assumptions(),

@@ -136,6 +136,32 @@ class Rates:
         return self.tensor[fmt]
 
 
+def attention_fraction_from_bench(path, gpu: str) -> float:
+    """The attention kernel's achieved fraction of peak HBM bandwidth from the JSON line that
+    perf/bench_kv_inject.py prints on a GPU (median hbm_fraction over its rows); it must have been
+    measured on the recipe's GPU."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    try:
+        lines = [ln for ln in Path(path).read_text().splitlines() if ln.lstrip().startswith("{")]
+        data = json.loads(lines[-1]) if lines else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"--attention-bench {path}: not the JSON bench_kv_inject.py prints ({type(e).__name__})") from None
+    if not isinstance(data, dict) or data.get("bench") != "kv_inject_attention":
+        raise UserError(f"--attention-bench {path}: no kv_inject_attention JSON line (python -m "
+                        "trtllm_dflash.perf.bench_kv_inject --hardware GPU prints one)")
+    if data.get("skipped"):
+        raise UserError(f"--attention-bench {path}: the benchmark was skipped there ({data['skipped']})")
+    if data.get("hardware") != gpu:
+        raise UserError(f"--attention-bench {path}: measured on {data.get('hardware')!r}, the recipe runs on {gpu!r}")
+    fractions = [r["hbm_fraction"] for r in data.get("rows", []) if 0 < r.get("hbm_fraction", 0) <= 1]
+    if not fractions:
+        raise UserError(f"--attention-bench {path}: no row with an hbm_fraction in (0, 1]")
+    return statistics.median(fractions)
+
+
 def rates_for(gpu: GpuSpec, a: Assumptions) -> Rates:
     """Catalog peaks x assumed efficiencies, with the entry's measured values taking precedence."""
     m = gpu.measured
