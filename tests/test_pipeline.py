@@ -126,7 +126,7 @@ def test_kill_9_during_convert_and_quantize_then_run_again_finishes(tmp_path, ti
     """A real kill -9 at points inside convert and quantize: no directory ever passes as finished
     before it is, and the next `run` completes."""
     out = tmp_path / "p"
-    for marker, delay in (("convert: running", 0.3), ("quantize: running", 1.5), ("quantize: running", 4.0)):
+    for marker, delay in (("convert: running", 0.3), ("quantize: running", 1.5)):
         proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash", "run", str(tiny_recipe), "--out", str(out),
                                  "--until", "quantize", "--no-progress"], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, start_new_session=True)

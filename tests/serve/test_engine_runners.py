@@ -203,6 +203,7 @@ def test_a_failing_round_fails_only_its_batch(pair):
     assert done["c"] == "length"
 
 
+@pytest.mark.slow  # two spawned ranks for each of two runs: about 15 s
 def test_emulated_engine_at_tp2_reproduces_tp1(tmp_path):
     """The engine runners' rank logic (target and drafter split per rank, FakeExecutor on every
     rank, collectives over gloo in two processes) gives the tp = 1 reference tokens on the
@@ -224,5 +225,5 @@ def test_emulated_engine_at_tp2_reproduces_tp1(tmp_path):
     one, two = load_recipe(None), load_recipe(None, ["parallel.tp=2"])
     prompts = heldout_token_prompts(one.target.path, 2, 32)
     ref, rounds = tokens(convert(one, tmp_path / "tp1", progress=False), "reference", prompts)
-    assert rounds <= 12  # drafts were accepted: about two or more tokens per round (23 rounds at one token each)
+    assert rounds < 20  # drafts were accepted (at one token per round this takes 23 rounds)
     assert tokens(convert(two, tmp_path / "tp2", progress=False), "emulated", prompts) == (ref, rounds)
