@@ -1,0 +1,156 @@
+"""A stand-in for `tensorrt_llm.bindings.executor` (TensorRT-LLM 1.2.1's nanobind module) with the
+signatures of cpp/tensorrt_llm/nanobind/executor/{request,executorConfig}.cpp (Request takes
+everything after max_tokens by keyword; OutputConfig / AdditionalModelOutput keywords) and the
+result conventions of the C++ batch manager: additional outputs named "context_<name>"
+([promptLen, ...], reused rows unwritten) and "generation_<name>" ([beam, maxNewTokens, ...])
+(batch_manager/llmRequest.cpp createResult, llmRequest.h allocAdditionalOutputs); KV reuse per
+cache salt in whole blocks, reported in request_perf_metrics.kv_cache_metrics.num_reused_blocks.
+
+The engine is a serve/engine_runners.py TapEngine (full-sequence outputs by name).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from types import SimpleNamespace
+
+import torch
+
+
+class CommunicationType(enum.Enum):
+    MPI = 0
+
+
+class CommunicationMode(enum.Enum):
+    LEADER = 0
+    ORCHESTRATOR = 1
+
+
+class ModelType(enum.Enum):
+    DECODER_ONLY = 0
+
+
+class AdditionalModelOutput:
+    def __init__(self, name, gather_context=False):
+        self.name, self.gather_context = name, gather_context
+
+
+class OutputConfig:
+    def __init__(self, return_log_probs=None, return_context_logits=None, return_generation_logits=None,
+                 exclude_input_from_output=None, return_encoder_output=None, return_perf_metrics=None,
+                 additional_model_outputs=None):
+        self.exclude_input_from_output = bool(exclude_input_from_output)
+        self.return_perf_metrics = bool(return_perf_metrics)
+        self.additional_model_outputs = additional_model_outputs
+
+
+class Request:
+    def __init__(self, input_token_ids, max_tokens, *, streaming=False, sampling_config=None, output_config=None,
+                 end_id=None, pad_id=None, cache_salt_id=None):
+        assert isinstance(input_token_ids, list) and all(isinstance(t, int) for t in input_token_ids)
+        self.input_token_ids, self.max_tokens, self.streaming = input_token_ids, max_tokens, streaming
+        self.output_config, self.cache_salt_id = output_config or OutputConfig(), cache_salt_id
+
+
+class KvCacheConfig:
+    def __init__(self, enable_block_reuse=True, max_tokens=None, max_attention_window=None, sink_token_length=None,
+                 free_gpu_memory_fraction=None, *, enable_partial_reuse=True, copy_on_partial_reuse=True):
+        self.enable_block_reuse, self.free_gpu_memory_fraction = enable_block_reuse, free_gpu_memory_fraction
+
+
+class OrchestratorConfig:
+    def __init__(self, is_orchestrator=True, worker_executable_path="", orch_leader_comm=None, spawn_processes=True):
+        self.is_orchestrator, self.worker_executable_path = is_orchestrator, worker_executable_path
+
+
+class ParallelConfig:
+    def __init__(self, communication_type=CommunicationType.MPI, communication_mode=CommunicationMode.LEADER,
+                 device_ids=None, participant_ids=None, orchestrator_config=None):
+        self.communication_type, self.communication_mode = communication_type, communication_mode
+        self.device_ids, self.orchestrator_config = device_ids, orchestrator_config
+
+
+class ExecutorConfig:
+    def __init__(self, max_beam_width=1, scheduler_config=None, kv_cache_config=None, enable_chunked_context=False,
+                 normalize_log_probs=True, iter_stats_max_iterations=1000, request_stats_max_iterations=0,
+                 batching_type=None, max_batch_size=None, max_num_tokens=None, parallel_config=None,
+                 additional_model_outputs=None, gather_generation_logits=False):
+        self.max_beam_width, self.kv_cache_config = max_beam_width, kv_cache_config
+        self.enable_chunked_context, self.parallel_config = enable_chunked_context, parallel_config
+        self.additional_model_outputs = additional_model_outputs
+
+
+class _Response:
+    def __init__(self, request_id, result=None, error_msg=None):
+        self.request_id, self.result, self._error = request_id, result, error_msg
+
+    def has_error(self):
+        return self._error is not None
+
+    @property
+    def error_msg(self):
+        return self._error
+
+
+class Executor:
+    """Runs every queued request when a response is awaited (one engine step, all context requests)."""
+
+    def __init__(self, engine, model_type=ModelType.DECODER_ONLY, config=None, *, tokens_per_block=4):
+        self.engine, self.config, self.tokens_per_block = engine, config or ExecutorConfig(), tokens_per_block
+        self.bound = {o.name for o in (self.config.additional_model_outputs or [])}
+        self._ids = itertools.count(1)
+        self._queue, self._done, self._cached = {}, {}, {}
+        self.requests: list[Request] = []
+
+    def enqueue_request(self, request: Request) -> int:
+        rid = next(self._ids)
+        self.requests.append(request)
+        self._queue[rid] = request
+        return rid
+
+    def _reused_blocks(self, salt, tokens) -> int:
+        best = 0
+        for seq in self._cached.get(salt, []):
+            best = max(best, next((i for i, (a, b) in enumerate(zip(seq, tokens)) if a != b), min(len(seq), len(tokens))))
+        return min(best, len(tokens) - 1) // self.tokens_per_block
+
+    def await_responses(self, request_id, timeout=None):
+        if request_id not in self._done:
+            batch = list(self._queue.items())
+            self._queue.clear()
+            outs = self.engine.run([r.input_token_ids for _, r in batch])
+            for (rid, req), out in zip(batch, outs):
+                blocks = self._reused_blocks(req.cache_salt_id, req.input_token_ids)
+                extra, error = [], None
+                for o in req.output_config.additional_model_outputs or []:
+                    if o.name not in self.bound:
+                        error = f"additional output {o.name} is not in the ExecutorConfig"
+                        break
+                    t = out[o.name]
+                    if o.gather_context:
+                        ctx = t.clone()
+                        ctx[: blocks * self.tokens_per_block] = 0  # reused rows are never written
+                        extra.append(SimpleNamespace(name="context_" + o.name, output=ctx))
+                        t = t[-1]  # the last context row is also the first generation step's
+                    extra.append(SimpleNamespace(name="generation_" + o.name, output=t[None, None]))
+                self._cached.setdefault(req.cache_salt_id, []).append(list(req.input_token_ids))
+                metrics = SimpleNamespace(kv_cache_metrics=SimpleNamespace(num_reused_blocks=blocks))
+                result = SimpleNamespace(output_token_ids=[[int(out["logits"].argmax())]], is_final=True,
+                                         additional_outputs=extra,
+                                         request_perf_metrics=metrics if req.output_config.return_perf_metrics else None)
+                self._done[rid] = _Response(rid, error_msg=error) if error else _Response(rid, result)
+        return [self._done.pop(request_id)]
+
+    def cancel_request(self, request_id):
+        self._queue.pop(request_id, None)
+
+    def shutdown(self):
+        self._queue.clear()
+
+
+def module() -> SimpleNamespace:
+    """The stand-in as a module-like namespace (what trt_runners takes as `bindings`)."""
+    return SimpleNamespace(**{n: globals()[n] for n in (
+        "CommunicationType", "CommunicationMode", "ModelType", "AdditionalModelOutput", "OutputConfig", "Request",
+        "KvCacheConfig", "OrchestratorConfig", "ParallelConfig", "ExecutorConfig", "Executor")})

@@ -1,0 +1,111 @@
+"""serve/trt_runners.py on CPU, against a stand-in of TensorRT-LLM 1.2.1's executor bindings
+(tests/helpers/fake_bindings.py: keyword-only Request arguments, "context_"/"generation_" output
+names, reused rows left unwritten): the Executor configuration, the adapter EngineTarget drives,
+and a whole greedy decode through TrtExecutor + ArenaDrafter equal to the CPU engine runners."""
+
+import fake_bindings
+import pytest
+from reference_helpers import make_drafter, make_target
+
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.reference import SamplingParams, load_pair
+from trtllm_dflash.serve import trt_runners
+from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
+from trtllm_dflash.serve.engine_runners import EngineModel, EngineTarget, TapEngine, engine_model_from_pair
+from trtllm_dflash.serve.fake_executor import AdditionalModelOutput, OutputConfig, Request
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trt-runners")
+    t = make_target(root / "t", "qwen3", seed=3)
+    return load_pair(t, make_drafter(root / "d", t, seed=4, block_size=8))
+
+
+def test_executor_config_binds_the_dflash_outputs_and_orchestrates_tp(monkeypatch):
+    b = fake_bindings.module()
+    cfg = trt_runners.executor_config(1, bindings=b)
+    assert cfg.kv_cache_config.enable_block_reuse and not cfg.enable_chunked_context and cfg.max_beam_width == 1
+    assert [(o.name, o.gather_context) for o in cfg.additional_model_outputs] == [
+        ("dflash_ctx", True), ("dflash_tail", False), ("dflash_logits", False), ("dflash_argmax", False)]
+    assert cfg.parallel_config is None
+    monkeypatch.setattr(trt_runners, "executor_worker_path", lambda: "/wheel/tensorrt_llm/bin/executorWorker")
+    cfg = trt_runners.executor_config(2, bindings=b, device_ids=[0, 1])
+    p = cfg.parallel_config
+    assert p.communication_mode is b.CommunicationMode.ORCHESTRATOR and p.device_ids == [0, 1]
+    assert p.orchestrator_config.is_orchestrator and p.orchestrator_config.worker_executable_path.endswith("executorWorker")
+
+
+def _tap_executor(target, drafter, **kw):
+    base = engine_model_from_pair(target, drafter, max_seq_len=64)
+    d = drafter.cfg
+    engine = TapEngine(target, {k: base.w[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")},
+                       tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size)
+    b = fake_bindings.module()
+    return base, trt_runners.TrtExecutor(b.Executor(engine, config=trt_runners.executor_config(1, bindings=b), **kw), b)
+
+
+def test_adapter_translates_requests_and_outputs(pair):
+    target, drafter = pair
+    _, ex = _tap_executor(target, drafter)
+    out = OutputConfig([AdditionalModelOutput("dflash_ctx", True), AdditionalModelOutput("dflash_tail", False)])
+    rid = ex.enqueue_request(Request([1, 2, 3, 4, 5], 1, out, cache_salt_id=7))  # EngineTarget's positional form
+    (sent,) = ex.ex.requests
+    assert sent.output_config.return_perf_metrics and sent.output_config.exclude_input_from_output
+    assert sent.cache_salt_id == 7 and sent.max_tokens == 1
+    (resp,) = ex.await_responses(rid)
+    got = {o.name: o.output for o in resp.result.additional_outputs}
+    assert got["dflash_ctx"].shape == (5, target.cfg.hidden_size) and got["dflash_tail"].shape == (8, target.cfg.hidden_size)
+    # A prefill over a reused prefix would return unwritten context rows: an error response instead.
+    rid = ex.enqueue_request(Request([1, 2, 3, 4, 5, 6, 7, 8, 9], 1, out, cache_salt_id=7))
+    (resp,) = ex.await_responses(rid)
+    assert resp.has_error() and "1 KV-cache blocks were reused" in resp.error_msg
+    tail_only = OutputConfig([AdditionalModelOutput("dflash_tail", False)])
+    (resp,) = ex.await_responses(ex.enqueue_request(Request([1, 2, 3, 4, 5, 6, 7, 8, 9], 1, tail_only, cache_salt_id=7)))
+    assert not resp.has_error() and not ex.ex.requests[-1].output_config.return_perf_metrics
+
+
+def test_greedy_decode_through_the_adapter_and_the_drafter_runner(pair):
+    target, drafter = pair
+    base, ex = _tap_executor(target, drafter)
+    d = drafter.cfg
+
+    def factory(max_len):
+        return ArenaDrafter(TorchDrafterSession(base.w, base.spec, base.rope, max_len=max_len), block_size=d.block_size,
+                            mask_token_id=d.mask_token_id, target_layer_ids=tuple(d.target_layer_ids), max_len=max_len)
+
+    model = EngineModel(ex, None, d, vocab_size=target.cfg.vocab_size, eos_token_ids=target.cfg.eos_token_ids,
+                        drafter_factory=factory)
+    prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
+
+    def tokens(m):
+        dec = m.decoder(sampling=SamplingParams(), max_len=32)
+        rec = dec.admit([0, 1, 2], prompts, [9, 4, 6], [[], [], []])
+        out = {r: list(t) for r, t in zip(rec.seq_ids, rec.tokens)}
+        while dec.running:
+            rec = dec.step()
+            for r, t in zip(rec.seq_ids, rec.tokens):
+                out[r] += t
+        return out
+
+    assert tokens(model) == tokens(engine_model_from_pair(target, drafter, max_seq_len=64))
+    assert isinstance(model.decoder(sampling=SamplingParams(), max_len=8).target, EngineTarget)
+
+
+def test_open_trt_engine_refuses_a_dry_run_build(tmp_path):
+    with pytest.raises(UserError, match="no plan.json; not an output of `trtllm-dflash build`"):
+        trt_runners.open_trt_engine(tmp_path)
+    (tmp_path / "plan.json").write_text("{}")
+    (tmp_path / "target" / "engines").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"target/engines: no rank0.engine / config.json \(a --dry-run build\?\)"):
+        trt_runners.open_trt_engine(tmp_path)
+
+
+def test_the_module_imports_no_tensorrt_at_import_time():
+    import subprocess
+    import sys
+
+    code = ("import sys; import trtllm_dflash.serve.trt_runners, trtllm_dflash.serve.drafter_runner, "
+            "trtllm_dflash.build.engine_io; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'tensorrt_llm')]; assert not bad, bad")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
