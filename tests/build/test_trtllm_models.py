@@ -1,0 +1,166 @@
+"""build/trtllm_models.py and build/ops_trtllm.py (GPU-only code) run on CPU against a torch-backed
+stand-in of TensorRT-LLM's functional API, layers and model base classes (tests/helpers/
+fake_trtllm.py), loaded the way trtllm-build loads them (SourceFileLoader('models', file)):
+
+- the drafter class registers in MODEL_MAP, loads the convert stage's drafter checkpoint, declares
+  exactly the build plan's inputs (names, dtypes, dims) and marks exactly its outputs, and its
+  network (networks.drafter_forward over TrtllmOps) drafts what the torch network drafts, through
+  the drafter runner (present outputs written into the bound arena);
+- the target classes tap the right layers, take the tap weights from the drafter checkpoint,
+  keep the tap out of quantization, and mark dflash_ctx / _tail / _logits / _argmax by the
+  engine_io row rule.
+What this cannot check: TensorRT itself (shapes are concrete here, layers run eagerly) and
+TensorRT-LLM's real layer internals; docs/gpu.md lists the GPU checks.
+"""
+
+from pathlib import Path
+
+import fake_trtllm
+import pytest
+import torch
+
+from trtllm_dflash.build import engine_io
+from trtllm_dflash.build.networks import DrafterSpec, target_tap
+from trtllm_dflash.build.ops_torch import TorchOps
+from trtllm_dflash.build.plan import make_plan, models_file
+from trtllm_dflash.recipe import load_recipe
+from trtllm_dflash.reference.runners import PAD
+from trtllm_dflash.reference.target import Rope
+from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
+
+ROOT = Path(__file__).resolve().parents[2]
+# trtllm-build itself loads the file with the deprecated SourceFileLoader.load_module.
+pytestmark = pytest.mark.filterwarnings("ignore:the load_module\\(\\) method is deprecated:DeprecationWarning")
+TINY = ROOT / "recipes/cpu/tiny-pystd-engine.yaml"
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    from trtllm_dflash.convert.convert import convert
+
+    return convert(load_recipe(TINY), tmp_path_factory.mktemp("conv") / "convert", progress=False)
+
+
+class FakeEngineSession:
+    """The drafter 'engine' = the network built by DFlashDrafter, evaluated by the stand-in."""
+
+    def __init__(self, model, torch_session, limits):
+        self.model, self.limits, self.calls = model, limits, []
+        for attr in ("num_layers", "num_kv_heads", "head_dim", "vocab_size", "dtype", "kv_dtype", "device", "max_len"):
+            setattr(self, attr, getattr(torch_session, attr))
+
+    def run(self, inputs, outputs):
+        net = fake_trtllm.run(self.model, inputs, **self.limits)
+        self.calls.append(net)
+        assert set(net.outputs) == set(outputs) and not any(net.casts[n] for n in outputs if n.startswith("present_"))
+        for name, t in outputs.items():
+            if name.startswith("present_"):
+                assert net.outputs[name] is inputs[name.removeprefix("present_")]  # written in place
+            else:
+                t.copy_(net.outputs[name])
+
+
+def _drafter(converted, monkeypatch):
+    fake_trtllm.install(monkeypatch)
+    models = fake_trtllm.load_models_file(models_file())
+    assert fake_trtllm.MODEL_MAP["DFlashDrafter"] is models.DFlashDrafter
+    config = fake_trtllm.PretrainedConfig.from_json_file(converted / "drafter" / "config.json")
+    assert type(config) is models.DFlashDrafterConfig and config.dflash["block_size"] == 16
+    return models, models.DFlashDrafter.from_checkpoint(str(converted / "drafter"), config=config)
+
+
+def test_drafter_network_drafts_what_the_torch_network_drafts(converted, monkeypatch):
+    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint, read_rank
+
+    models, model = _drafter(converted, monkeypatch)
+    assert model.unused == []  # every checkpoint tensor but the target's dflash.* is a parameter
+    info = read_checkpoint(converted)
+    d = info.drafter_cfg
+    torch_session = TorchDrafterSession(read_rank(info, "drafter", 0, torch.float32), DrafterSpec.from_config(d),
+                                        Rope(d.rope, d.head_dim), max_len=64)
+    recipe = load_recipe(TINY)
+    plan = make_plan(recipe, None, Path("/nonexistent")).engine("drafter")
+    limits = dict(max_batch_size=plan.build_config["max_batch_size"], max_input_len=plan.build_config["max_input_len"],
+                  max_seq_len=plan.build_config["max_seq_len"], max_draft_len=plan.build_config["max_draft_len"],
+                  use_cache=True, max_beam_width=1, max_num_tokens=plan.build_config["max_num_tokens"])
+    engine = FakeEngineSession(model, torch_session, limits)
+    kw = dict(block_size=d.block_size, mask_token_id=d.mask_token_id, target_layer_ids=tuple(d.target_layer_ids),
+              max_len=64)
+    runners = [ArenaDrafter(torch_session, **kw), ArenaDrafter(engine, **kw)]
+    H, gen, lens = d.hidden_size, torch.Generator().manual_seed(0), [0, 0]
+    for r in runners:
+        r.join(2)
+    for new_rows, T in (([6, 3], 16), ([2, 5], 16), ([1, 1], 8)):
+        n = max(new_rows)
+        ctx = torch.randn(2, n, H, generator=gen)
+        pos = torch.tensor([[lens[b] + j if j < m else PAD for j in range(n)] for b, m in enumerate(new_rows)])
+        start = torch.tensor([a + m for a, m in zip(lens, new_rows)])
+        outs = [r.draft(torch.tensor([7, 9]), start, ctx, pos, T) for r in runners]
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(engine.calls[-1].outputs["draft_ids"].long(), outs[0].argmax(-1))
+        lens = start.tolist()
+    for layer in range(d.num_layers):
+        torch.testing.assert_close(runners[1].arena.k[layer][:, :9], runners[0].arena.k[layer][:, :9])
+
+    # The engine's interface is the build plan's: inputs (names, dtypes, dims) and outputs.
+    net = engine.calls[0]
+    layers = [str(i) for i in range(d.num_layers)]
+    expand = lambda tensors: [t.name.replace("{l}", layer) for t in tensors for layer in (layers if "{l}" in t.name else [""])]  # noqa: E731
+    assert sorted(net.inputs) == sorted(expand(plan.inputs))
+    assert sorted(net.outputs) == sorted(expand(plan.outputs))
+    for t in plan.inputs:
+        got = net.inputs[t.name.replace("{l}", "0")]
+        assert got["dims"] == list(t.shape) and str(got["dtype"]).removeprefix("torch.") == t.dtype, t.name
+    assert net.plugins == ["kv_append", "kv_inject_attention"] * d.num_layers
+
+
+def test_target_tap_marks_the_dflash_outputs_by_the_row_rule(converted, monkeypatch):
+    fake_trtllm.install(monkeypatch)
+    models = fake_trtllm.load_models_file(models_file())
+    config = fake_trtllm.PretrainedConfig.from_json_file(converted / "target" / "config.json")
+    model = models.DFlashQwen3Target.from_checkpoint(str(converted / "target"), config=config)
+    dflash = engine_io.read_drafter_config(converted / "target")["dflash"]
+    assert model.tap_layer_ids == tuple(dflash["target_layer_ids"]) and model.tail == dflash["block_size"] == 16
+    assert "dflash.fc.weight" not in model.unused and model.config.dflash == dflash  # lands in the engine's config.json
+
+    lengths = [5, 23, 1]
+    ids = torch.randint(0, config.vocab_size, (sum(lengths),), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    last = torch.tensor(lengths).cumsum(0).to(torch.int32)
+    net = fake_trtllm.NET
+    net.outputs.clear()
+    model(input_ids=fake_trtllm.Tensor(t=ids), last_token_ids=fake_trtllm.Tensor(t=last), use_cache=True)
+
+    # Independently: the stand-in's layers in torch, the tap with TorchOps, the rows by engine_io.tail_rows.
+    w = dict((n, p.raw) for n, p in model.named_parameters())
+    h, taps = w["transformer.vocab_embedding.weight"][ids.long()], {}
+    eps = config.norm_epsilon
+    for i in range(config.num_hidden_layers):
+        norm = w[f"transformer.layers.{i}.post_layernorm.weight"]
+        h = h + torch.tanh(norm * torch.nn.functional.rms_norm(h.float(), norm.shape, eps=eps).to(h.dtype))
+        taps[i] = h
+    tap = engine_io.tap_weights(converted / "target", 0, torch.float32)
+    ctx = target_tap(TorchOps(tap), [torch.cat([taps[i] for i in model.tap_layer_ids], -1)], eps)
+    rows = engine_io.tail_rows(last, 16)
+    final = w["transformer.ln_f.weight"] * torch.nn.functional.rms_norm(h, h.shape[-1:], eps=eps)
+    logits = torch.nn.functional.linear(final[rows], w["lm_head.weight"])
+    out = net.outputs
+    torch.testing.assert_close(out["dflash_ctx"], ctx, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["dflash_tail"], ctx[rows], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["dflash_logits"], logits, rtol=1e-5, atol=1e-5)
+    assert out["dflash_logits"].dtype == torch.float32 and out["dflash_argmax"].dtype == torch.int32
+    assert torch.equal(out["dflash_argmax"].long(), out["dflash_logits"].argmax(-1))
+    assert out["dflash_tail"].shape == (3, 16, config.hidden_size)
+
+
+def test_target_tap_is_kept_out_of_quantization(converted, monkeypatch):
+    fake_trtllm.install(monkeypatch)
+    models = fake_trtllm.load_models_file(models_file())
+    for given, kept in ((["lm_head"], ["lm_head"]), (None, ["*lm_head", "*router", "*vocab_embedding"])):
+        config = fake_trtllm.PretrainedConfig.from_json_file(converted / "target" / "config.json")
+        config.quantization.quant_algo, config.quantization.exclude_modules = "FP8", given
+        model = models.DFlashLlamaTarget.from_checkpoint(str(converted / "target"), config=config)
+        excluded = model.config.quantization.exclude_modules
+        assert excluded[-1] == "dflash.*" and all(k in excluded for k in kept)
+    config = fake_trtllm.PretrainedConfig.from_json_file(converted / "target" / "config.json")
+    with pytest.raises(ValueError, match="no `dflash` section"):
+        models.DFlashQwen3Target(config)

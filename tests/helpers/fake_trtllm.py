@@ -1,0 +1,505 @@
+"""A torch-backed stand-in for the parts of TensorRT-LLM 1.2.x (and `tensorrt`) that
+build/ops_trtllm.py and build/trtllm_models.py call, so the GPU-only network code runs on CPU:
+every functional op is evaluated eagerly on torch tensors, network inputs take their values
+from a feed, marked outputs are collected.
+
+The semantics are the ones read in upstream (tensorrt_llm/functional.py, module.py,
+models/modeling_utils.py, layers/*), and strict where TensorRT is strict:
+- `view(shape)`: a 0 copies the input's dim (zero_is_placeholder), one -1;
+- elementwise ops: python ints / floats become constants of the other operand's type, the
+  lower rank is expanded with leading 1s (broadcast_helper), and both dtypes must then match
+  (a strongly typed network has no implicit promotion);
+- `concat` takes ints and rank-0 tensors (shape() values); `shape(x)` is int64 (TensorRT 10);
+- `index_select` wants a rank-1 index; `argmax(keepdim=False)` raises, as the stored 1.2-era
+  implementation is broken on that path (it calls .get_output on a Tensor);
+- `Tensor(name=..., is_network_input=True)` checks the fed value against the declared dtype,
+  static dims and dim_range;
+- `mark_output(name, dtype)` records whether a cast was needed;
+- PretrainedModel.from_checkpoint: rank file -> preprocess_weights_hook -> cls(config) -> load
+  (required parameters must be provided).
+Layers compute like TensorRT-LLM's: Linear = F.linear in the weight dtype, RmsNorm in fp32 then
+the input dtype times the weight, Embedding = gather. tp = 1 only.
+
+The AOT plugins are replaced (see `install`) by the KV-injection torch reference, the append
+writing into the bound arena buffer as the engine does when the runner binds present = past.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import sys
+import types
+from collections import OrderedDict
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32,
+          "int64": torch.int64, "fp8": torch.float8_e4m3fn}
+
+
+class Net:
+    """The network being 'built': feed, declared inputs, marked outputs, plugin calls."""
+
+    def __init__(self):
+        self.feed, self.inputs, self.outputs, self.casts, self.plugins = {}, {}, {}, {}, []
+
+
+NET = Net()
+
+
+def _dtype(d):
+    return DTYPES[d] if isinstance(d, str) else d
+
+
+class Tensor:
+    def __init__(self, name=None, dtype=None, shape=None, dim_range=None, is_network_input=True, t=None):
+        if t is not None:
+            self.t = t
+            return
+        value = NET.feed[name]
+        assert value.dtype == _dtype(dtype), f"{name}: fed {value.dtype}, declared {dtype}"
+        assert len(value.shape) == len(shape), f"{name}: fed rank {value.dim()}, declared {shape}"
+        for i, ((dim_name, ranges), declared, got) in enumerate(zip(dim_range.items(), shape, value.shape)):
+            assert len(ranges) == 1, "one optimization profile"
+            if declared == -1:
+                lo, opt, hi = ranges[0]
+                assert lo <= opt <= hi and lo <= got <= hi, f"{name} dim {dim_name}: {got} outside {ranges[0]}"
+            else:
+                assert declared == got == ranges[0], f"{name} dim {dim_name}: {got} != static {declared}"
+        NET.inputs[name] = dict(dtype=_dtype(dtype), shape=list(shape), dims=list(dim_range))
+        self.t = value
+
+    @property
+    def dtype(self):
+        return self.t.dtype
+
+    def ndim(self):
+        return self.t.dim()
+
+    def rank(self):
+        return self.t.dim()
+
+    def size(self, i=None):
+        return tuple(self.t.shape) if i is None else self.t.shape[i]
+
+    def view(self, shape, zero_is_placeholder=True):
+        dims = shape.t.tolist() if isinstance(shape, Tensor) else list(shape)
+        assert dims.count(-1) <= 1
+        dims = [self.t.shape[i] if d == 0 and zero_is_placeholder else d for i, d in enumerate(dims)]
+        return Tensor(t=self.t.reshape(dims))
+
+    def mark_output(self, name=None, dtype=None):
+        dtype = self.dtype if dtype is None else _dtype(dtype)
+        NET.casts[name] = dtype != self.dtype
+        NET.outputs[name] = self.t if dtype == self.dtype else self.t.to(dtype)
+
+    def __add__(self, b):
+        return _binary(self, b, torch.add)
+
+    def __radd__(self, b):
+        return _binary(b, self, torch.add)
+
+    def __sub__(self, b):
+        return _binary(self, b, torch.sub)
+
+    def __mul__(self, b):
+        return _binary(self, b, torch.mul)
+
+    def __rmul__(self, b):
+        return _binary(b, self, torch.mul)
+
+
+def _const(x, like: Tensor) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    dtype = like.dtype if (isinstance(x, float) and like.dtype.is_floating_point) or (
+        isinstance(x, int) and not like.dtype.is_floating_point) else (torch.float32 if isinstance(x, float) else torch.int32)
+    return Tensor(t=torch.tensor([x], dtype=dtype))
+
+
+def _binary(a, b, op) -> Tensor:
+    a = _const(a, b) if not isinstance(a, Tensor) else a
+    b = _const(b, a)
+    ta, tb = a.t, b.t
+    while ta.dim() < tb.dim():
+        ta = ta[None]
+    while tb.dim() < ta.dim():
+        tb = tb[None]
+    assert ta.dtype == tb.dtype, f"elementwise op on {ta.dtype} and {tb.dtype} (strongly typed: cast first)"
+    return Tensor(t=op(ta, tb))
+
+
+# ----------------------------------------------------------------------------- functional
+
+
+def constant(arr):
+    return Tensor(t=torch.from_numpy(np.ascontiguousarray(arr)).clone())
+
+
+def cast(x, dtype):
+    return Tensor(t=x.t.to(_dtype(dtype)))
+
+
+def concat(inputs, dim=0):
+    tensors = [i for i in inputs if isinstance(i, Tensor)]
+    kind = tensors[0].dtype if tensors else torch.int32
+    ts = []
+    for i in inputs:
+        t = torch.tensor([i], dtype=kind) if isinstance(i, int) else i.t
+        ts.append(t.reshape(1) if t.dim() == 0 else t)
+    assert len({t.dtype for t in ts}) == 1, [t.dtype for t in ts]
+    return Tensor(t=torch.cat(ts, dim=dim))
+
+
+def shape(x, dim=None):
+    s = torch.tensor(x.t.shape, dtype=torch.int64)
+    return Tensor(t=s if dim is None else s[dim])
+
+
+def slice(x, starts, sizes, strides=None):  # noqa: A001 (upstream's name)
+    starts = starts.t.tolist() if isinstance(starts, Tensor) else list(starts)
+    sizes = sizes.t.tolist() if isinstance(sizes, Tensor) else list(sizes)
+    return Tensor(t=x.t[tuple(builtins.slice(s, s + n) for s, n in zip(starts, sizes))])
+
+
+def split(x, sizes, dim=0):
+    return [Tensor(t=t) for t in torch.split(x.t, sizes, dim=dim)]
+
+
+def unsqueeze(x, axis):
+    return Tensor(t=x.t.unsqueeze(axis))
+
+
+def cos(x):
+    return Tensor(t=torch.cos(x.t))
+
+
+def sin(x):
+    return Tensor(t=torch.sin(x.t))
+
+
+def silu(x):
+    return Tensor(t=F.silu(x.t))
+
+
+def maximum(a, b):
+    return _binary(a, b, torch.maximum)
+
+
+def index_select(x, dim, index):
+    assert index.t.dim() == 1, "index_select wants a rank-1 index"
+    return Tensor(t=torch.index_select(x.t, dim, index.t.long()))
+
+
+def argmax(x, dim, keepdim=False):
+    if not keepdim:
+        raise NotImplementedError("argmax(keepdim=False) is broken in the stored 1.2-era functional.py")
+    return Tensor(t=x.t.argmax(dim, keepdim=True).to(torch.int32))
+
+
+# ----------------------------------------------------------------------------- module, layers
+
+
+class Parameter:
+    def __init__(self, value=None, shape=None, dtype=None, **_):
+        self.dtype = _dtype(dtype) if dtype is not None else None
+        self.shape = tuple(shape) if shape is not None else None
+        self.raw = None if value is None else torch.as_tensor(value)
+
+    def is_inited(self):
+        return self.raw is not None
+
+    @property
+    def value(self):
+        return Tensor(t=self.raw)
+
+    @value.setter
+    def value(self, v):
+        v = torch.as_tensor(v)
+        assert tuple(v.shape) == self.shape, f"shape {tuple(v.shape)} != {self.shape}"
+        self.raw = v if self.dtype is None else v.to(self.dtype)
+
+
+class Module:
+    def __init__(self):
+        self.__dict__["_modules"], self.__dict__["_parameters"] = {}, {}
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        for store in ("_parameters", "_modules"):
+            d = self.__dict__.get(store, {})
+            if name in d:
+                return d[name]
+        raise AttributeError(name)
+
+    def __call__(self, *a, **kw):
+        return self.forward(*a, **kw)
+
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, m in self._modules.items():
+            yield from m.named_modules(prefix + ("." if prefix else "") + name)
+
+    def named_parameters(self):
+        for prefix, m in self.named_modules():
+            for name, p in m._parameters.items():
+                yield prefix + ("." if prefix else "") + name, p
+
+
+class ModuleList(Module):
+    def __init__(self, modules):
+        super().__init__()
+        for i, m in enumerate(modules):
+            self._modules[str(i)] = m
+
+    def __getitem__(self, i):
+        return self._modules[str(i)]
+
+    def __len__(self):
+        return len(self._modules)
+
+
+class _Linear(Module):
+    def __init__(self, in_features, out_features, bias=True, dtype=None, tp_group=None, tp_size=1, gather_output=True,
+                 **_):
+        super().__init__()
+        assert tp_size == 1, "the stand-in runs tp = 1"
+        self.weight = Parameter(shape=(out_features, in_features), dtype=dtype)
+        self.bias = Parameter(shape=(out_features,), dtype=dtype) if bias else None
+
+    def forward(self, x):
+        w = self.weight.raw
+        assert x.dtype == w.dtype, f"linear input {x.dtype}, weight {w.dtype}"
+        return Tensor(t=F.linear(x.t, w, None if self.bias is None else self.bias.raw))
+
+
+class ColumnLinear(_Linear):
+    pass
+
+
+class RowLinear(_Linear):
+    pass
+
+
+class RmsNorm(Module):
+    def __init__(self, normalized_shape, num_groups=1, eps=1e-6, dtype=None, **_):
+        super().__init__()
+        self.eps = eps
+        self.weight = Parameter(shape=(normalized_shape,), dtype=dtype)
+
+    def forward(self, x):
+        w = self.weight.raw
+        return Tensor(t=w * F.rms_norm(x.t.float(), w.shape, eps=self.eps).to(x.dtype))
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings, embedding_dim, dtype=None, **_):
+        super().__init__()
+        self.weight = Parameter(shape=(num_embeddings, embedding_dim), dtype=dtype)
+
+    def forward(self, ids):
+        return Tensor(t=F.embedding(ids.t.long(), self.weight.raw))
+
+
+# ----------------------------------------------------------------------------- models
+
+
+MODEL_MAP: dict = {}
+
+
+def _mapping(d):
+    d = dict(d or {})
+    return SimpleNamespace(world_size=d.get("world_size", 1), tp_size=d.get("tp_size", 1), pp_size=d.get("pp_size", 1),
+                           rank=0, tp_group=None, tp_rank=0)
+
+
+class PretrainedConfig:
+    def __init__(self, *, architecture, dtype, hidden_size, num_hidden_layers, num_attention_heads, mapping=None,
+                 quantization=None, logits_dtype="float32", norm_epsilon=1e-5, **kwargs):
+        self.architecture, self.dtype, self.hidden_size = architecture, dtype, hidden_size
+        self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
+        self.logits_dtype, self.norm_epsilon, self.mapping = logits_dtype, norm_epsilon, _mapping(mapping)
+        q = dict(quantization or {})
+        self.quantization = SimpleNamespace(quant_algo=q.get("quant_algo"), kv_cache_quant_algo=q.get("kv_cache_quant_algo"),
+                                            exclude_modules=q.get("exclude_modules"))
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+    @classmethod
+    def from_json_file(cls, path):
+        cfg = json.loads(Path(path).read_text())
+        return getattr(MODEL_MAP[cfg["architecture"]], "config_class", PretrainedConfig)(**cfg)
+
+    def set_rank(self, rank):
+        self.mapping.rank = rank
+
+
+class PretrainedModel(Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir, rank=None, config=None, *, preprocess_weights_hook=None):
+        from safetensors.torch import load_file
+
+        if config is None:
+            config = PretrainedConfig.from_json_file(f"{ckpt_dir}/config.json")
+        if rank is not None:
+            config.set_rank(rank)
+        weights = load_file(f"{ckpt_dir}/rank{config.mapping.rank}.safetensors")
+        if preprocess_weights_hook is not None:
+            weights = preprocess_weights_hook(weights)
+        model = cls(config)
+        missing = [n for n, p in model.named_parameters() if not p.is_inited() and n not in weights]
+        assert not missing, f"Required but not provided tensors: {missing}"
+        params = dict(model.named_parameters())
+        model.unused = sorted(set(weights) - set(params))  # upstream only warns
+        for n, v in weights.items():
+            if n in params:
+                params[n].value = v
+        return model
+
+
+class _StockLayer(Module):
+    """A stand-in decoder layer (residual update from its own norm weight); returns
+    (hidden, presents) with use_cache like the stock layers."""
+
+    def __init__(self, config, idx):
+        super().__init__()
+        self.layer_idx = idx
+        self.post_layernorm = RmsNorm(config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
+
+    def forward(self, hidden, use_cache=False, **_):
+        out = Tensor(t=hidden.t + torch.tanh(self.post_layernorm(hidden).t))
+        return (out, None) if use_cache else out
+
+
+class _Stock(PretrainedModel):
+    """DecoderModelForCausalLM's contract: transformer.{vocab_embedding, layers, ln_f}, lm_head;
+    forward marks `logits` (the last token of each sequence) and returns (lm_logits, hidden,
+    all_hidden_states = the packed ln_f output)."""
+
+    config_class = PretrainedConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.transformer = Module()
+        self.transformer.vocab_embedding = Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype)
+        self.transformer.layers = ModuleList([_StockLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.transformer.ln_f = RmsNorm(config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
+        self.lm_head = ColumnLinear(config.hidden_size, config.vocab_size, bias=False, dtype=config.dtype)
+
+    def forward(self, input_ids, position_ids=None, use_cache=False, last_token_ids=None, **_):
+        h = self.transformer.vocab_embedding(input_ids)
+        for i in range(len(self.transformer.layers)):
+            h = self.transformer.layers[i](h, use_cache=use_cache)
+            h = h[0] if use_cache else h
+        final = self.transformer.ln_f(h)
+        logits = self.lm_head(index_select(final, 0, last_token_ids - 1))
+        logits.mark_output("logits", self.config.logits_dtype)
+        return logits, h, final
+
+
+class QWenForCausalLM(_Stock):
+    pass
+
+
+class LLaMAForCausalLM(_Stock):
+    pass
+
+
+class _AllReduceHelper:
+    def __init__(self):
+        self.calls = []
+
+    def set_workspace_tensor(self, mapping, num_profiles=None):
+        self.calls.append((mapping.tp_size, num_profiles))
+
+
+HELPER = _AllReduceHelper()
+
+
+def install(monkeypatch) -> Net:
+    """Put the stand-ins in sys.modules (tensorrt, tensorrt_llm.*) and reload build/ops_trtllm.py and
+    build/trtllm_models.py against them, with the plugins replaced by their torch reference."""
+    global NET
+    NET = Net()
+    mods = {}
+
+    def mod(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        mods[name] = m
+        return m
+
+    mod("tensorrt", int32=torch.int32, float32=torch.float32, bfloat16=torch.bfloat16, float16=torch.float16,
+        fp8=torch.float8_e4m3fn)
+    functional = {n: globals()[n] for n in ("Tensor", "constant", "cast", "concat", "shape", "slice", "split",
+                                            "unsqueeze", "cos", "sin", "silu", "maximum", "index_select", "argmax")}
+    mod("tensorrt_llm")
+    mod("tensorrt_llm.functional", **functional)
+    mod("tensorrt_llm.layers", ColumnLinear=ColumnLinear, RowLinear=RowLinear, RmsNorm=RmsNorm, Embedding=Embedding)
+    MODEL_MAP.clear()
+    MODEL_MAP.update({"Qwen3ForCausalLM": QWenForCausalLM, "LlamaForCausalLM": LLaMAForCausalLM})
+    mod("tensorrt_llm.models", MODEL_MAP=MODEL_MAP, QWenForCausalLM=QWenForCausalLM, LLaMAForCausalLM=LLaMAForCausalLM)
+    mod("tensorrt_llm.models.modeling_utils", PretrainedConfig=PretrainedConfig, PretrainedModel=PretrainedModel)
+    mod("tensorrt_llm.module", Module=Module, ModuleList=ModuleList)
+    mod("tensorrt_llm.parameter", Parameter=Parameter)
+    mod("tensorrt_llm.plugin", current_all_reduce_helper=lambda: HELPER)
+    mod("tensorrt_llm._utils", str_dtype_to_torch=_dtype, str_dtype_to_trt=_dtype)
+    for name, m in mods.items():
+        monkeypatch.setitem(sys.modules, name, m)
+    for name in ("trtllm_dflash.build.ops_trtllm", "trtllm_dflash.build.trtllm_models", "models"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+    from trtllm_dflash.build import ops_trtllm
+    from trtllm_dflash.plugins.kv_inject_attention import append_context_reference, kv_inject_attention_reference
+
+    def append(k_cache, v_cache, k_new, v_new, cache_lens, new_lens, *, k_scale=None, v_scale=None):
+        NET.plugins.append("kv_append")
+        lens = cache_lens.t.clone()
+        scales = {} if k_scale is None else dict(k_scale=k_scale.t, v_scale=v_scale.t)
+        append_context_reference(k_cache.t, v_cache.t, k_new.t, v_new.t, lens, new_lens.t, **scales)
+        return k_cache, v_cache, Tensor(t=lens)  # written in place: the bound present = past buffer
+
+    def attention(q, k, v, k_cache, v_cache, cache_lens, *, scale=None, causal_block=False, window=None, k_scale=None,
+                  v_scale=None):
+        NET.plugins.append("kv_inject_attention")
+        scales = {} if k_scale is None else dict(k_scale=k_scale.t, v_scale=v_scale.t)
+        return Tensor(t=kv_inject_attention_reference(q.t, k.t, v.t, k_cache.t, v_cache.t, cache_lens.t, scale=scale,
+                                                      causal_block=causal_block, window=window, **scales))
+
+    monkeypatch.setattr(ops_trtllm, "kv_append_trtllm", append)
+    monkeypatch.setattr(ops_trtllm, "kv_inject_attention_trtllm", attention)
+    return NET
+
+
+def load_models_file(path: Path):
+    """What trtllm-build does: SourceFileLoader('models', --model_cls_file).load_module()."""
+    from importlib.machinery import SourceFileLoader
+
+    return SourceFileLoader("models", str(path)).load_module()
+
+
+def run(model, feed: dict, **prepare_kwargs) -> Net:
+    """prepare_inputs(**prepare_kwargs) with `feed` as the input values, then forward."""
+    NET.feed, NET.inputs, NET.outputs, NET.casts, NET.plugins = dict(feed), {}, {}, {}, []
+    inputs = model.prepare_inputs(**prepare_kwargs)
+    model(**inputs)
+    return NET
+
+
+__all__ = ["OrderedDict", "install", "load_models_file", "run"]
