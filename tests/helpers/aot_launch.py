@@ -34,15 +34,29 @@ class Launch:
     num_warps: int
 
 
+def _dynamic(meta, dims):
+    """The meta the plugin sees in an engine: dims `dims` are dynamic (None)."""
+    return type(meta)(tuple(None if i in dims else d for i, d in enumerate(meta.shape)), meta.dtype)
+
+
+def attention_problem(q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale, *, causal_block=False,
+                      window=None, dynamic=False):
+    """The plugin's problem for these tensors; dynamic=True: B, T, S unknown, as in an engine whose
+    batch, block and arena length are dynamic (the kernel is then compiled for BLOCK_M = 128)."""
+    metas = [tensor_meta(t) for t in (q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale)]
+    if dynamic:
+        metas = [_dynamic(m, {0, 1}) for m in metas[:5]] + [_dynamic(metas[5], {0})] + metas[6:]
+    return trt_plugin.plugin_problem(metas, 1.0 / q.shape[-1] ** 0.5, causal_block, window or 0)
+
+
 def attention_launch(kernel, q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale=None, v_scale=None, *,
-                     causal_block=False, window=None) -> Launch:
-    metas = [tensor_meta(t) for t in (q, k_block, v_block, k_cache, v_cache, cache_lens)]
+                     causal_block=False, window=None, dynamic=False) -> Launch:
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     ones = torch.ones(1, dtype=torch.float32, device=q.device)
     k_scale = k_scale.reshape(-1) if fp8 else ones
     v_scale = v_scale.reshape(-1) if fp8 else ones
-    p = trt_plugin.plugin_problem(metas + [tensor_meta(k_scale), tensor_meta(v_scale)],
-                                  1.0 / q.shape[-1] ** 0.5, causal_block, window or 0)
+    p = attention_problem(q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale,
+                          causal_block=causal_block, window=window, dynamic=dynamic)
     tiles = kernel.tile_config(p)
     B, T, S = q.shape[0], q.shape[1], k_cache.shape[1]
     ints = trt_plugin.scalar_args(B, T, S, p.num_q_heads, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
@@ -54,6 +68,11 @@ def attention_launch(kernel, q, k_block, v_block, k_cache, v_cache, cache_lens, 
                   grid, constexprs, tiles["num_warps"])
 
 
+def append_problem(k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale):
+    return trt_plugin.append_plugin_problem([tensor_meta(t) for t in (k_cache, v_cache, k_new, v_new, cache_lens,
+                                                                      new_lens, k_scale, v_scale)])
+
+
 def append_launch(kernel, k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale=None, v_scale=None, *,
                   k_out=None, v_out=None) -> Launch:
     """k_out / v_out: the output buffers (TensorRT binds them to the caches' memory; default)."""
@@ -61,8 +80,7 @@ def append_launch(kernel, k_cache, v_cache, k_new, v_new, cache_lens, new_lens, 
     ones = torch.ones(1, dtype=torch.float32, device=k_cache.device)
     k_scale = k_scale.reshape(-1) if fp8 else ones
     v_scale = v_scale.reshape(-1) if fp8 else ones
-    p = trt_plugin.append_plugin_problem([tensor_meta(t) for t in (k_cache, v_cache, k_new, v_new, cache_lens,
-                                                                   new_lens, k_scale, v_scale)])
+    p = append_problem(k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale)
     N, S = k_new.shape[1], k_cache.shape[1]
     ints = trt_plugin.append_scalar_args(N, S, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
     outputs = [k_cache if k_out is None else k_out, v_cache if v_out is None else v_out, torch.empty_like(cache_lens)]

@@ -2,6 +2,7 @@
 aot_impl formulas, outputs), through triton's launcher: under the interpreter here, compiled on
 a GPU (tests/gpu adds the PTX launched through the CUDA driver)."""
 
+import pytest
 import torch
 
 from aot_launch import append_launch, attention_launch, torch_launch
@@ -9,11 +10,13 @@ from kv_inject_cases import Case, make_tensors
 from trtllm_dflash.plugins.kv_inject_attention import append_context_reference, kv_inject_attention_reference
 
 
-def test_attention_kernel_with_the_aot_argument_list(kernel, device):
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "engine-dynamic"])
+def test_attention_kernel_with_the_aot_argument_list(kernel, device, dynamic):
+    """dynamic: B, T, S unknown at compile time, as in the drafter engine (BLOCK_M = 128 tiles)."""
     case = Case(cache_lens=[5, 0, 9], block_len=4, num_q_heads=4, num_kv_heads=2, head_dim=16, max_cache_len=11,
                 causal_block=True, window=7)
     args = make_tensors(case, torch.float32, torch.Generator().manual_seed(1), poison_cache_tail=True)
-    launch = attention_launch(kernel, *[t.to(device) for t in args], causal_block=True, window=7)
+    launch = attention_launch(kernel, *[t.to(device) for t in args], causal_block=True, window=7, dynamic=dynamic)
     torch_launch(kernel._kv_inject_attention_fwd, launch)
     expected = kv_inject_attention_reference(*args, causal_block=True, window=7)
     torch.testing.assert_close(launch.outputs[0].cpu(), expected, atol=1e-5, rtol=1e-5)
