@@ -34,6 +34,7 @@ server keeps serving either way.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import threading
 import time
@@ -171,7 +172,10 @@ class Service:
     def __init__(self, deployed, model_name: str):
         self.deployed = deployed
         self.model_name = model_name
-        tok = deployed.tokenizer
+        # Requests are tokenized on the event loop while the engine thread decodes with the
+        # deployed tokenizer: a fast tokenizer is not safe to share across threads ("Already
+        # borrowed"), so this side has its own copy.
+        self.tokenizer = tok = copy.deepcopy(deployed.tokenizer)
         self.chat_template = getattr(tok, "chat_template", None) or FALLBACK_CHAT_TEMPLATE
         self.fallback_template = self.chat_template is FALLBACK_CHAT_TEMPLATE
         # Text of the stop tokens: a completion that stops on one ends before it.
@@ -200,7 +204,7 @@ class Service:
 
     def prompt_ids(self, body: _Body) -> tuple[list[int], str]:
         """(token ids, the field they came from)."""
-        tok = self.deployed.tokenizer
+        tok = self.tokenizer
         if isinstance(body, ChatBody):
             messages = []
             for i, m in enumerate(body.messages):
