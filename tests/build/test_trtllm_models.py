@@ -164,3 +164,17 @@ def test_target_tap_is_kept_out_of_quantization(converted, monkeypatch):
     config = fake_trtllm.PretrainedConfig.from_json_file(converted / "target" / "config.json")
     with pytest.raises(ValueError, match="no `dflash` section"):
         models.DFlashQwen3Target(config)
+
+
+def test_classes_pickle_under_the_package_name(monkeypatch):
+    """trtllm-build --workers > 1 pickles the model class into spawned processes (commands/build.py
+    parallel_build); loaded as module "models", the classes must resolve under the package name."""
+    import pickle
+    import sys
+
+    fake_trtllm.install(monkeypatch)
+    monkeypatch.delitem(sys.modules, "trtllm_dflash.build.trtllm_models", raising=False)
+    models = fake_trtllm.load_models_file(models_file())
+    for cls in (models.DFlashDrafter, models.DFlashQwen3Target, models.DFlashDrafterConfig):
+        assert cls.__module__ == "trtllm_dflash.build.trtllm_models"
+        assert pickle.loads(pickle.dumps(cls)) is cls
