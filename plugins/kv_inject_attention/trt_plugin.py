@@ -256,6 +256,8 @@ def compile_append_kernel(problem: AppendProblem, target=None) -> CompiledKernel
 
 @functools.lru_cache(maxsize=None)
 def _extra_params(arch, warp_size) -> int:
+    """triton.compile of kernel._abi_probe for GPUTarget("cuda", arch, warp_size) (None: the current
+    GPU); the PTX's parameters beyond the probe's three."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -402,7 +404,8 @@ def register_plugin(target=None) -> Plugins:
 
 
 def _scales(network, k_scale, v_scale):
-    """Constant ones for a non-FP8 cache (TensorRT keeps a pointer to the array)."""
+    """Constant ones for a non-FP8 cache: INetworkDefinition.add_constant(shape, tensorrt.Weights)
+    (TensorRT keeps a pointer to the array)."""
     import tensorrt as trt
 
     if k_scale is None:

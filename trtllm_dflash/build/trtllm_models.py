@@ -59,7 +59,10 @@ class _Tap(Module):
 
 def _tapped(cls):
     """A subclass of a decoder layer class whose forward keeps its output hidden states (the
-    residual stream after the layer = HF hidden_states[i + 1]) on the instance."""
+    residual stream after the layer = HF hidden_states[i + 1]) on the instance. Wraps
+    QWenDecoderLayer / LLaMADecoderLayer.forward (tensorrt_llm/models/{qwen,llama}/model.py), called
+    by DecoderLayerList.forward (models/modeling_utils.py), which returns (hidden, presents) with
+    use_cache; valid without reduce_fusion (build() turns it off for Qwen and for tp 1)."""
 
     class Tapped(cls):
         def forward(self, *args, **kwargs):
@@ -75,6 +78,10 @@ class _TapTarget:
     """The DFlash tap over a stock DecoderModelForCausalLM (mixed in before it)."""
 
     def __init__(self, config):
+        """QWenForCausalLM / LLaMAForCausalLM.__init__ (tensorrt_llm/models/{qwen,llama}/model.py),
+        after `dflash.*` joins the config's QuantConfig.exclude_modules (fnmatch patterns,
+        tensorrt_llm/quantization/quantize.py quantize_layers): PretrainedModel.__post_init__
+        quantizes after __init__, and the tap stays in the model dtype."""
         dflash = getattr(config, "dflash", None)
         if not dflash:
             raise ValueError(f"{type(self).__name__}: the config has no `dflash` section (from_checkpoint reads it from "
@@ -159,7 +166,9 @@ class DFlashDrafterConfig(PretrainedConfig):
 
 
 class _Attention(Module):
-    """q (block only), kv (context and block: [k; v]), per-head norms, dense; FP8-arena scales."""
+    """q (block only), kv (context and block: [k; v]), per-head norms, dense; FP8-arena scales.
+    tensorrt_llm.layers ColumnLinear / RowLinear / RmsNorm (layers/linear.py, normalization.py),
+    tensorrt_llm.parameter.Parameter."""
 
     def __init__(self, config, heads: Heads, bias: bool, fp8_arena: bool):
         super().__init__()
@@ -176,7 +185,8 @@ class _Attention(Module):
 
 
 class _Mlp(Module):
-    """fc = gate_proj (activated), gate = up_proj, proj = down_proj (TensorRT-LLM's GatedMLP names)."""
+    """fc = gate_proj (activated), gate = up_proj, proj = down_proj (the names of
+    tensorrt_llm/layers/mlp.py GatedMLP, as separate ColumnLinear / RowLinear layers)."""
 
     def __init__(self, config, bias: bool):
         super().__init__()
@@ -188,6 +198,8 @@ class _Mlp(Module):
 
 
 class _Layer(Module):
+    """One drafter layer's parameters (tensorrt_llm.module.Module containers)."""
+
     def __init__(self, config, heads: Heads, fp8_arena: bool):
         super().__init__()
         self.input_layernorm = RmsNorm(config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
@@ -197,6 +209,9 @@ class _Layer(Module):
 
 
 class _Transformer(Module):
+    """vocab_embedding (tensorrt_llm.layers.Embedding; made vocab-parallel by
+    PretrainedModel.__post_init__'s optimize_model when use_parallel_embedding), layers, ln_f."""
+
     def __init__(self, config, heads: Heads, fp8_arena: bool):
         super().__init__()
         self.vocab_embedding = Embedding(config.vocab_size, config.hidden_size, dtype=config.dtype)

@@ -167,6 +167,8 @@ class TrtSession:
         self.config = pretrained
 
     def run(self, inputs, outputs):
+        """IExecutionContext.set_input_shape / set_tensor_address for every input and output (the
+        arena inputs and present outputs share addresses), then execute_async_v3(stream)."""
         for name, t in inputs.items():
             self.context.set_input_shape(name, tuple(t.shape))
             self.context.set_tensor_address(name, t.data_ptr())
