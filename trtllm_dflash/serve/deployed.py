@@ -50,16 +50,30 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     threads = int(params.get("torch_threads", "0"))
     if threads:
         torch.set_num_threads(threads)
-    # Serve exactly the artifact deploy recorded: same manifest, files unchanged.
+    # Serve exactly the artifact deploy recorded: same manifest, files unchanged (the engines for
+    # the tensorrt runners; the checkpoint, which also holds the tokenizer, for the others).
+    runners = params.get("runners", "reference")
     checkpoint = Path(params["checkpoint"])
     if manifest_sha256(checkpoint) != params["checkpoint_manifest_sha256"]:
         raise UserError(f"{checkpoint}: manifest.json changed since deploy; deploy again")
     info = read_checkpoint(checkpoint)
-    check_files(checkpoint, info.manifest)
+    if runners == "tensorrt":
+        from trtllm_dflash.artifacts import Manifest
+
+        engines = Path(params["engine_dir"])
+        check_files(engines, Manifest.read(engines))
+    else:
+        check_files(checkpoint, info.manifest)
     if info.tokenizer_dir is None:
         raise UserError(f"{checkpoint}: no tokenizer/ (the target had no tokenizer files); serving speaks text")
     spec, build = recipe.speculative, recipe.build
-    model = open_checkpoint(checkpoint, runners=params.get("runners", "reference"), max_seq_len=build.max_seq_len)
+    if runners == "tensorrt":  # the engines the build stage made (GPU, TensorRT-LLM 1.2.x)
+        from trtllm_dflash.serve.trt_runners import open_trt_engine
+
+        model = open_trt_engine(Path(params["engine_dir"]), free_gpu_memory_fraction=float(
+            params.get("kv_cache_free_gpu_mem_fraction", "0.9")))
+    else:
+        model = open_checkpoint(checkpoint, runners=runners, max_seq_len=build.max_seq_len)
     tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)
     mode = "ddtree" if spec.ddtree_budget else "dflash"
     engine = ServingEngine(
