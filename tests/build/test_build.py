@@ -215,7 +215,7 @@ def test_dry_run_cli_prints_the_commands_without_weights(tmp_path):
 def test_engine_on_cpu_is_a_warning_and_pytorch_on_cpu_stays_an_error():
     issues = check(load_recipe(TINY))
     assert [(i.level, i.message) for i in issues if i.field == "backend"] == [
-        ("warning", "engine on cpu: build --dry-run only; served with reference runners")]
+        ("warning", "engine on cpu: build --dry-run only; served by the emulated engine runners (or --runners reference)")]
     torch_cpu = parse_recipe(TINY, ["backend={name: pytorch, trtllm_version: 1.3.0}"])
     assert any(i.level == "error" and "pytorch needs NVIDIA GPUs" in i.message for i in check(torch_cpu))
 

@@ -128,7 +128,7 @@ class BuildPlan:
 def max_draft_len(recipe: Recipe) -> int:
     """The longest draft of any concurrency band: block_size - 1 without bands."""
     spec = recipe.speculative
-    return max((b.draft_len for b in spec.draft_len), default=spec.block_size - 1)
+    return max((b.draft_len for b in spec.bands), default=spec.block_size - 1)
 
 
 def models_file() -> Path:
@@ -154,7 +154,7 @@ def check_buildable(recipe: Recipe) -> None:
     draft = max_draft_len(recipe)
     trained = d.block_size
     if trained is not None and draft + 1 > trained:
-        bands = recipe.speculative.draft_len
+        bands = recipe.speculative.bands
         field_name = (f"speculative.draft_len.{max(range(len(bands)), key=lambda i: bands[i].draft_len)}.draft_len"
                       if bands else "speculative.block_size")
         raise UserError(f"{file}: {field_name}: max_draft_len {draft} needs a block of {draft + 1}, but the drafter "

@@ -125,7 +125,7 @@ def speculative_config(recipe: Recipe, artifact: Path) -> dict:
     """`speculative_config` (a DFlashDecodingConfig) for the drafter in `artifact`/drafter."""
     table = dflash_fields(recipe)
     spec, d = recipe.speculative, recipe.drafter_facts
-    bands = spec.draft_len
+    bands = spec.bands
     if recipe.gpu.is_blackwell:
         attention = "TRTLLM"
     else:

@@ -120,7 +120,7 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
                     engine_dir=str(artifact),
                     tensor_parallel=str(recipe.parallel.tp),
                     block_size=str(spec.block_size),
-                    draft_len_schedule=json.dumps({b.max_concurrency: b.draft_len for b in spec.draft_len}),
+                    draft_len_schedule=json.dumps({b.max_concurrency: b.draft_len for b in spec.bands}),
                     max_batch_size=str(recipe.build.max_batch_size),
                     kv_cache_free_gpu_mem_fraction="0.8",
                 )

@@ -113,7 +113,7 @@ def check(recipe: Recipe) -> list[Issue]:
     if d.block_size is not None and spec.block_size > d.block_size:
         err("speculative.block_size", f"{spec.block_size} > {d.block_size}, the block size the drafter was trained with; allowed: 2..{d.block_size}")
     prev = 0
-    for i, band in enumerate(spec.draft_len):
+    for i, band in enumerate(spec.bands):
         if band.max_concurrency <= prev:
             err(f"speculative.draft_len.{i}.max_concurrency", f"{band.max_concurrency} must be greater than the previous band's {prev}")
         if band.draft_len > spec.block_size - 1:
@@ -147,17 +147,20 @@ def check(recipe: Recipe) -> list[Issue]:
     if backend == "pytorch" and q.drafter != "bf16":
         err("quantization.drafter", f"{q.drafter}: TensorRT-LLM's native DFlash loads only BF16 drafters (its fc is a plain "
             "nn.Linear and precompute_context_kv applies the raw qkv_proj weight: modeling_dflash.py); allowed: bf16")
+    if backend == "pytorch" and spec.auto:
+        err("speculative.draft_len", "auto: TensorRT-LLM's native DFlash takes a static draft_len_schedule; 'auto' runs on "
+            "the reference and engine backends (our round loop); give bands instead")
     if backend == "pytorch":
         # DecodingBaseConfig.validate_draft_len_schedule_and_sort: the smallest batch size maps to
         # max_draft_len and no length exceeds it, i.e. the first band has the longest draft.
-        for i, band in enumerate(spec.draft_len[1:], start=1):
-            if band.draft_len > spec.draft_len[0].draft_len:
+        for i, band in enumerate(spec.bands[1:], start=1):
+            if band.draft_len > spec.bands[0].draft_len:
                 err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > the first band's "
-                    f"{spec.draft_len[0].draft_len}: TensorRT-LLM's draft_len_schedule needs the lowest-concurrency "
+                    f"{spec.bands[0].draft_len}: TensorRT-LLM's draft_len_schedule needs the lowest-concurrency "
                     "band to have the longest draft")
     if backend == "engine" and gpu.is_cpu:
         # The engine path's plan (build --dry-run), deploy and serving with reference runners run on CPU.
-        warn("backend", "engine on cpu: build --dry-run only; served with reference runners")
+        warn("backend", "engine on cpu: build --dry-run only; served by the emulated engine runners (or --runners reference)")
     elif backend != "reference" and gpu.is_cpu:
         err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
 

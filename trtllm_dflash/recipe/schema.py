@@ -123,16 +123,28 @@ class DraftBand(_Section):
 
 class Speculative(_Section):
     block_size: int = Field(default=16, ge=2, le=32, description="DFlash block: anchor + block_size-1 drafts")
-    draft_len: list[DraftBand] = Field(
-        default_factory=list, description="draft length per concurrency band; empty = block_size-1 everywhere"
+    draft_len: list[DraftBand] | Literal["auto"] = Field(
+        default_factory=list,
+        description="draft length per concurrency band (empty = block_size-1 everywhere), or 'auto': chosen each "
+        "round from live acceptance and the measured verify cost (reference and engine backends)",
     )
     ddtree_budget: int | None = Field(default=None, ge=1, le=1024, description="DDTree node budget (optional)")
 
+    @property
+    def auto(self) -> bool:
+        return self.draft_len == "auto"
+
+    @property
+    def bands(self) -> list[DraftBand]:
+        """The static bands ([] with `auto` or none given)."""
+        return [] if self.auto else list(self.draft_len)
+
     def draft_len_at(self, concurrency: int) -> int:
-        for band in self.draft_len:
+        """The static draft length at `concurrency` (block_size - 1 without bands, and under `auto`)."""
+        for band in self.bands:
             if concurrency <= band.max_concurrency:
                 return band.draft_len
-        return self.draft_len[-1].draft_len if self.draft_len else self.block_size - 1
+        return self.bands[-1].draft_len if self.bands else self.block_size - 1
 
 
 class Serve(_Section):

@@ -311,14 +311,16 @@ class Decoder:
         return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1)
 
     @torch.inference_mode()
-    def step(self) -> StepRecord:
-        """One round for every running request."""
+    def step(self, draft_len: int | None = None) -> StepRecord:
+        """One round for every running request. draft_len: drafts to verify this round (0 = a
+        plain target step, speculation off); None = block_size - 1. Every length is lossless."""
         st = self.st
         assert st is not None, "nothing is running: admit requests first"
         self.rounds += 1
         t0 = _now()
         left = max(self.limits[r] - len(self.generated[r]) for r in st.rows)
-        T = 1 if self.mode == "ar" else min(self.block_size, left)
+        block = self.block_size if draft_len is None else max(1, min(self.block_size, draft_len + 1))
+        T = 1 if self.mode == "ar" else min(block, left)
         if self.mode == "ddtree" and T > 1:
             new, drafted, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, self.budget, self.sampling, self.gen)
         else:
@@ -354,12 +356,29 @@ def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch
     acc = accepted.tolist()
     new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
     if feats is not None and drafter is not None:  # accepted positions [start, start + a] become drafter context
-        n = max(acc) + 1
-        j = torch.arange(n, device=ids.device)[None, :]
-        st.ctx = feats[:, :n]
-        st.ctx_pos = torch.where(j <= accepted[:, None], st.start[:, None] + j, PAD)
+        _pend(st, feats[:, : max(acc) + 1], accepted + 1)
     st.anchor, st.start = bonus, st.start + accepted + 1
     return new, t1, t2
+
+
+def _pend(st: _Batch, feats: torch.Tensor, valid: torch.Tensor) -> None:
+    """Queue context rows for the drafter: row b's first valid[b] rows of feats [B, n, F], at
+    positions start_b + [0, valid_b). They follow what is already pending (a round without a
+    drafter pass, draft length 0, leaves its rows pending), each row's valid entries first."""
+    n = feats.shape[1]
+    j = torch.arange(n, device=feats.device)[None, :]
+    new_pos = torch.where(j < valid[:, None], st.start[:, None] + j, PAD)
+    if st.ctx is None or st.ctx.shape[1] == 0:
+        st.ctx, st.ctx_pos = feats, new_pos
+        return
+    have = (st.ctx_pos != PAD).sum(1).tolist()
+    width = max(h + v for h, v in zip(have, valid.tolist()))
+    ctx = feats.new_zeros(feats.shape[0], width, feats.shape[-1])
+    pos = new_pos.new_full((feats.shape[0], width), PAD)
+    for b, (h, v) in enumerate(zip(have, valid.tolist())):
+        ctx[b, :h], pos[b, :h] = st.ctx[b, :h], st.ctx_pos[b, :h]
+        ctx[b, h : h + v], pos[b, h : h + v] = feats[b, :v], new_pos[b, :v]
+    st.ctx, st.ctx_pos = ctx, pos
 
 
 def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T, budget, sampling, gen):

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from trtllm_dflash.reference.draft_policy import DraftPolicy
 from trtllm_dflash.reference.generate import Decoder, StepRecord
 from trtllm_dflash.reference.verify import SamplingParams
 
@@ -54,6 +55,7 @@ class Job:
     stop_token_ids: list[int] | None = None  # None: the target's eos ids
     stop_words: list[str] = field(default_factory=list)
     cancelled: Callable[[], bool] = lambda: False
+    draft_len: int | None = None  # this request's drafts per round (0 = speculation off); None: the policy's
     # Progress, kept by the engine.
     tokens: list[int] = field(default_factory=list)
     sent: str = ""
@@ -73,8 +75,10 @@ def _stop_prefix(text: str, stop_words: list[str]) -> int:
     return best
 
 
-def _group_key(s: SamplingParams) -> tuple:
-    return ("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)
+def _group_key(job: "Job") -> tuple:
+    """Requests decoded together: the same sampling setting and the same draft-length request."""
+    s = job.sampling
+    return (("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)), job.draft_len
 
 
 class LocalModel:
@@ -98,9 +102,13 @@ class LocalModel:
 
 
 class ServingEngine:
+    """policy: what each round's draft length is (reference/draft_policy.py: the recipe's bands or
+    `auto`); None = block_size - 1 always. A request's own `draft_len` overrides it."""
+
     def __init__(self, model, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
-                 ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64):
-        self.model, self.tokenizer = model, tokenizer
+                 ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64,
+                 policy: DraftPolicy | None = None):
+        self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
         self.max_batch_size = max_batch_size
         self.inbox: queue.Queue[Job] = queue.Queue()
@@ -133,8 +141,10 @@ class ServingEngine:
                         decoder.cancel(gone)
                         for i in gone:
                             self._finish(jobs.pop(i), "cancelled")
+                            if self.policy is not None:
+                                self.policy.forget(i)
                     if decoder.running:
-                        self._deliver(decoder, jobs, decoder.step())
+                        self._deliver(decoder, jobs, decoder.step(self._draft_len(key, jobs)))
                     if not decoder.running:
                         self.model.release(self.groups.pop(key)[0])
             except Exception as e:  # one failing round must not take the server down: fail its requests
@@ -144,6 +154,11 @@ class ServingEngine:
                 for decoder, _ in self.groups.values():
                     self.model.release(decoder)
                 self.groups.clear()
+
+    def _draft_len(self, key: tuple, jobs: dict[int, Job]) -> int | None:
+        if key[1] is not None:  # the requests asked for a draft length
+            return key[1]
+        return None if self.policy is None else self.policy.choose(list(jobs), self.running)
 
     def _admit(self) -> None:
         arrivals: list[Job] = []
@@ -159,7 +174,7 @@ class ServingEngine:
             if job.cancelled():
                 self._finish(job, "cancelled")
             else:
-                by_key.setdefault(_group_key(job.sampling), []).append(job)
+                by_key.setdefault(_group_key(job), []).append(job)
         for key, new in by_key.items():
             if key not in self.groups:
                 self.groups[key] = (self.model.decoder(sampling=new[0].sampling, **self.decoder_args), {})
@@ -181,6 +196,8 @@ class ServingEngine:
                 job.rounds += 1
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
+                if self.policy is not None:
+                    self.policy.observe(rid, drafted, len(toks) - 1)
             text = self.tokenizer.decode(job.tokens)
             hits = [text.find(w) for w in job.stop_words if w in text]
             if hits and done is None:
@@ -196,6 +213,8 @@ class ServingEngine:
             job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done))
             if done is not None:
                 del jobs[rid]
+                if self.policy is not None:
+                    self.policy.forget(rid)
 
     def _finish(self, job: Job, reason: str) -> None:
         job.emit(Update("", 0, len(job.tokens), job.rounds, job.drafted, job.accepted, reason))

@@ -78,10 +78,37 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     mode = "ddtree" if spec.ddtree_budget else "dflash"
     engine = ServingEngine(
         model, tokenizer, mode=mode, block_size=spec.block_size, ddtree_budget=spec.ddtree_budget,
-        max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size,
+        max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size, policy=draft_policy(recipe, model, mode),
     )
     return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
                     checkpoint, info.tp, info.manifest.stage)
+
+
+def draft_policy(recipe, model, mode: str):
+    """Each round's draft length: the recipe's bands, `auto` (live acceptance x the verify cost
+    measured here, at start-up), or None (block_size - 1 always)."""
+    from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, measure_cost
+    from trtllm_dflash.reference.verify import SamplingParams
+
+    spec = recipe.speculative
+    if spec.bands:
+        return Bands([(b.max_concurrency, b.draft_len) for b in spec.bands], spec.block_size)
+    if not spec.auto:
+        return None
+    made = []
+
+    def decoder(max_len):
+        made.append(model.decoder(sampling=SamplingParams(), mode=mode, block_size=spec.block_size,
+                                  ddtree_budget=spec.ddtree_budget, max_len=max_len))
+        return made[-1]
+
+    vocab = recipe.target_facts.vocab_size
+    try:
+        cost = measure_cost(decoder, spec.block_size, vocab)
+    finally:
+        for d in made:
+            model.release(d)
+    return AutoDraftLength(spec.block_size, cost)
 
 
 def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, dict[str, str]]:

@@ -1,0 +1,82 @@
+"""Per-round draft lengths (reference/draft_policy.py, Decoder.step(draft_len)) are lossless:
+
+- greedy: any schedule of draft lengths, 0 (speculation off) included, gives the target's
+  greedy tokens (the AR mode's), with the drafter's context carried over rounds without a draft;
+- sampling: a random schedule keeps the target's distribution (chi-square, as test_sampling.py);
+- AutoDraftLength: its acceptance estimates follow what rounds accepted, and it picks long
+  drafts when they pay for their verify cost and no drafts when they are rejected.
+"""
+
+import random
+
+import pytest
+from reference_helpers import make_drafter, make_target
+from sampling_stats import PROMPT, chi_square_p, exact_joint
+
+from trtllm_dflash.reference import SamplingParams, generate, load_pair
+from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, VerifyCost
+from trtllm_dflash.reference.generate import Decoder
+
+
+def decode(decoder: Decoder, prompts, limit, schedule):
+    rec = decoder.admit(list(range(len(prompts))), prompts, [limit] * len(prompts), [[]] * len(prompts))
+    out = [list(t) for t in rec.tokens]
+    drafted = []
+    while decoder.running:
+        rec = decoder.step(schedule())
+        drafted += rec.drafted
+        for r, t in zip(rec.seq_ids, rec.tokens):
+            out[r] += t
+    return out, drafted
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_any_draft_length_schedule_gives_the_greedy_tokens(qwen3_pair, seed):
+    target, drafter = load_pair(*qwen3_pair)
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(255) for _ in range(rng.randint(3, 12))] for _ in range(3)]
+    ar = [g.tokens for g in generate(target, None, prompts, 30, mode="ar", stop_token_ids=[])]
+    got, drafted = decode(Decoder(target, drafter, max_len=64), prompts, 30,
+                          lambda: rng.choice([0, 0, 1, 3, 7, None]))
+    assert got == ar
+    assert 0 in drafted and max(drafted) == drafter.block_size - 1  # both kinds of rounds ran
+
+
+@pytest.fixture(scope="module")
+def tiny8(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny8-dl")
+    t = make_target(root / "t8", "qwen3", seed=4, vocab=8, layers=2, std=0.25)
+    return t, make_drafter(root / "d8", t, seed=5, block_size=4, target_layer_ids=(0, 1), std=0.25)
+
+
+def test_random_draft_lengths_keep_the_sampling_distribution(tiny8):
+    target, drafter = load_pair(*tiny8)
+    s = SamplingParams(temperature=1.0, seed=21)
+    rng = random.Random(3)
+    n = 12000
+    got, _ = decode(Decoder(target, drafter, sampling=s, max_len=16), [PROMPT] * n, 4, lambda: rng.choice([0, 1, 2, 3]))
+    p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))
+    assert p > 1e-3, f"chi-square rejects the target distribution under random draft lengths: p = {p:.2e}"
+
+
+def test_auto_draft_length_follows_acceptance_and_cost():
+    cost = VerifyCost(fixed=1e-3, per_token=1e-5, draft=2e-4)  # verifying is cheap next to the fixed step
+    auto = AutoDraftLength(block_size=16, cost=cost, prior=0.6)
+    for _ in range(30):  # request 1 always accepts everything, request 2 nothing
+        auto.observe(1, 15, 15)
+        auto.observe(2, 15, 0)
+    assert min(auto.estimates[1]) > 0.99 and auto.estimates[2][0] < 0.01
+    assert auto.expected_tokens(1, 15) == pytest.approx(16, abs=0.2) and auto.expected_tokens(2, 15) == pytest.approx(1, abs=0.02)
+    assert auto.choose([1], concurrency=1) == 15
+    assert auto.choose([2], concurrency=1) == 0  # drafts that are always rejected only cost time
+    # when every extra verify token costs as much as a whole step, long drafts stop paying
+    expensive = AutoDraftLength(block_size=16, cost=VerifyCost(fixed=1e-3, per_token=1e-3, draft=1e-3), prior=0.6)
+    assert expensive.choose(list(range(8)), concurrency=8) < 4
+    auto.forget(1)
+    assert 1 not in auto.estimates
+
+
+def test_bands_follow_concurrency():
+    bands = Bands([(1, 15), (8, 4), (64, 0)], block_size=16)
+    assert [bands.choose([], c) for c in (1, 2, 8, 9, 64, 100)] == [15, 4, 4, 0, 0, 0]
+    assert Bands([], block_size=8).choose([], 5) == 7
