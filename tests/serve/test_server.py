@@ -171,6 +171,16 @@ def test_concurrent_requests_are_batched_and_exact(served):
         assert "".join(deltas) == reference_text(recipe, p.decode(), 16)
 
 
+def test_draft_len_zero_is_the_ar_baseline_on_the_same_server(served):
+    recipe, server = served
+    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url,
+                                             request(max_tokens=16, draft_len=(np.int32(0), "INT32"))))
+    assert error is None and "".join(deltas) == reference_text(recipe, "def area(r):\n    return", 16)
+    assert last["total_draft_tokens"] == 0 and last["acceptance_length"] == 1.0  # one token per verify pass
+    _, _, error = asyncio.run(stream(server.endpoints.grpc_url, request(draft_len=(np.int32(-1), "INT32"))))
+    assert error is not None and "draft_len: must be >= 0" in error
+
+
 def test_startup_failures_exit_with_the_reason(served, tmp_path):
     recipe, server = served
     busy = Endpoints("127.0.0.1", server.endpoints.http_port, free_port(), free_port())

@@ -41,6 +41,7 @@ DFLASH_INPUTS = (
     Tensor("stop_words", mc.TYPE_STRING, (-1,), optional=True),
     Tensor("stream", mc.TYPE_BOOL, optional=True),
     Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
+    Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response

@@ -32,6 +32,7 @@ class GenerationRequest:
     seed: int | None = None
     stop_words: list[str] = field(default_factory=list)
     stream: bool = False
+    draft_len: int | None = None  # drafts per round for this request (0 = speculation off); None: the server's policy
 
 
 def _scalar(inputs: dict[str, np.ndarray], name: str, kind: type):
@@ -97,6 +98,11 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     seed = _scalar(inputs, "seed", int)
     if seed is not None:
         req.seed = seed
+    draft_len = _scalar(inputs, "draft_len", int)
+    if draft_len is not None:
+        if draft_len < 0:
+            raise RequestError(f"draft_len: must be >= 0 (0 = speculation off), got {draft_len}")
+        req.draft_len = draft_len
     stream = inputs.get("stream")
     if stream is not None:
         req.stream = bool(np.asarray(stream).reshape(-1)[0])
