@@ -16,6 +16,11 @@ cpp/include/tensorrt_llm/executor/executor.h for the request fields):
     requesting an output the engine does not have is an error;
   - input + max_tokens beyond max_seq_len, or more than max_input_len prompt tokens, is an
     error response (the server keeps serving).
+Outputs come back under their plain names, as serve/trt_runners.TrtExecutor presents the real
+executor's (`context_<name>` / `generation_<name>` in 1.2.1). Where 1.2.1 leaves reused context
+rows unwritten in a [promptLen, ...] output, the stand-in returns only the computed rows;
+TrtExecutor turns any reuse in a context-output request into an error, so either way
+EngineTarget refuses such a prefill.
 The engine itself is `engine.run(sequences) -> [{output name: tensor}]` over full token
 sequences (the stand-in recomputes a sequence from scratch; what it *reports* follows the
 reuse rules above). Tensor-parallel ranks are an engine concern (ShardedTapEngine).
