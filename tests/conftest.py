@@ -5,11 +5,17 @@ Markers (declared in pyproject.toml):
 - gpu: needs an NVIDIA GPU; skipped here with the reason.
 """
 
+import os
+
 import pytest
 import torch
 from checkpoints import make_drafter, make_target
 
 torch.set_num_threads(2)
+# Triton picks interpreter or compiler when a module defines its kernels (and triton.language
+# its helpers), i.e. at import: set it before any test module can import triton.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -166,6 +166,8 @@ def _append_context_fwd(
     tl.store(v_ptrs, v.to(V_CACHE.dtype.element_ty), mask=ok[:, None])
 
 
+# The signature repeats _append_context_fwd's on purpose: TensorRT passes the AOT kernel its
+# arguments in this order (inputs, int32 scalars, outputs), and the body calls the shared one.
 @triton.jit
 def _append_context_aot(
     # inputs (the TensorRT plugin trtllm_dflash::kv_append's input order)

@@ -92,15 +92,20 @@ def itensor_meta(tensor) -> TensorMeta:
     return TensorMeta(tuple(None if d < 0 else int(d) for d in tensor.shape), dtype_name(tensor.dtype))
 
 
+def _check_scales(plugin_id: str, k_scale: TensorMeta, v_scale: TensorMeta) -> None:
+    """The plugins always take k_scale / v_scale inputs (TensorRT plugins have fixed inputs)."""
+    for name, m in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if m.dtype != checks.SCALE_DTYPE or len(m.shape) != 1:
+            raise KVInjectArgumentError(f"{plugin_id}: plugin input {name} must be a float32 [1] or [Hkv] tensor "
+                                        f"(constant ones with a non-FP8 cache), got {m.dtype} {m.shape}")
+
+
 def plugin_problem(metas: Sequence[TensorMeta], scale: float, causal_block: bool, window: int) -> AttentionProblem:
     """Check the plugin's 8 inputs and 3 attributes with checks.py; raises KVInjectArgumentError."""
     if len(metas) != len(INPUT_NAMES):
         raise KVInjectArgumentError(f"{PLUGIN_ID}: expected {len(INPUT_NAMES)} inputs {INPUT_NAMES}, got {len(metas)}")
     q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale = metas
-    for name, m in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if m.dtype != checks.SCALE_DTYPE or len(m.shape) != 1:
-            raise KVInjectArgumentError(f"{PLUGIN_ID}: plugin input {name} must be a float32 [1] or [Hkv] tensor "
-                                        f"(constant ones with a non-FP8 cache), got {m.dtype} {m.shape}")
+    _check_scales(PLUGIN_ID, k_scale, v_scale)
     fp8 = k_cache.dtype == checks.FP8_CACHE_DTYPE
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise KVInjectArgumentError(f"{PLUGIN_ID}: window attribute = {window!r}; must be an int >= 1, or 0 for none")
@@ -128,10 +133,7 @@ def append_plugin_problem(metas: Sequence[TensorMeta]) -> AppendProblem:
         raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: expected {len(APPEND_INPUT_NAMES)} inputs "
                                     f"{APPEND_INPUT_NAMES}, got {len(metas)}")
     k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale = metas
-    for name, m in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if m.dtype != checks.SCALE_DTYPE or len(m.shape) != 1:
-            raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: plugin input {name} must be a float32 [1] or [Hkv] "
-                                        f"tensor (constant ones with a non-FP8 cache), got {m.dtype} {m.shape}")
+    _check_scales(APPEND_PLUGIN_ID, k_scale, v_scale)
     fp8 = k_cache.dtype == checks.FP8_CACHE_DTYPE
     problem = checks.check_append(k_cache, v_cache, k_new, v_new, cache_lens, new_lens,
                                   k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)

@@ -82,15 +82,19 @@ def test_ar_needs_no_drafter(qwen3_pair, capsys):
     assert ar["tokens"] == spec["tokens"] and ar["tau"] == 1.0
 
 
-def test_recipe(qwen3_pair, tmp_path, capsys):
-    t, d = qwen3_pair
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(
+def tiny_recipe(path, pair, extra: str):
+    t, d = pair
+    path.write_text(
         "name: tiny\nhardware: {gpu: cpu}\nbackend: reference\n"
         f"target: {{source: {t}}}\ndrafter: {{source: {d}}}\n"
-        "quantization: {target_weights: fp32, activations: fp32, kv_cache: fp32, drafter: fp32}\n"
-        "speculative: {block_size: 4, ddtree_budget: 5}\n"
+        "quantization: {target_weights: fp32, activations: fp32, kv_cache: fp32, drafter: fp32}\n" + extra
     )
+    return path
+
+
+def test_recipe(qwen3_pair, tmp_path, capsys):
+    t, d = qwen3_pair
+    recipe = tiny_recipe(tmp_path / "r.yaml", qwen3_pair, "speculative: {block_size: 4, ddtree_budget: 5}\n")
     rc, out, err = run_cli(capsys, "--recipe", recipe, "--prompt-ids", "5,6,7", "--max-new-tokens", 16, "--json")
     assert rc == 0, err
     target, drafter = load_pair(t, d)
@@ -102,13 +106,7 @@ def test_recipe(qwen3_pair, tmp_path, capsys):
 
 def test_max_new_tokens_beyond_the_sequence_limit_is_refused(qwen3_pair, tmp_path, capsys):
     t, d = qwen3_pair
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(
-        "name: tiny\nhardware: {gpu: cpu}\nbackend: reference\n"
-        f"target: {{source: {t}}}\ndrafter: {{source: {d}}}\n"
-        "quantization: {target_weights: fp32, activations: fp32, kv_cache: fp32, drafter: fp32}\n"
-        "build: {max_input_len: 16, max_seq_len: 40}\nspeculative: {block_size: 4}\n"
-    )
+    recipe = tiny_recipe(tmp_path / "r.yaml", qwen3_pair, "build: {max_input_len: 16, max_seq_len: 40}\nspeculative: {block_size: 4}\n")
     rc, _, err = run_cli(capsys, "--recipe", recipe, "--prompt-ids", "5,6,7", "--max-new-tokens", 38)
     assert rc == 2 and err.strip() == (f"error: --max-new-tokens 38 with a prompt of 3 tokens exceeds build.max_seq_len "
                                        f"of {recipe}, 40: at most 37 new tokens")
