@@ -252,13 +252,27 @@ def _free_port() -> int:
 RUNNERS = ("reference", "emulated")  # what decodes a checkpoint on CPU: our torch modules, or the engine runners
 
 
+def _emulated_model(info, comm, dtype: torch.dtype | None, device: str, max_seq_len: int):
+    """The engine runners on CPU over one rank of a convert / quantize output: FakeExecutor over
+    TapEngine (this rank's target shard + tap) for the target, the torch drafter network on this
+    rank's drafter shard (the drafter is split per rank like the target: build/plan.py DRAFTER_TP)."""
+    from trtllm_dflash.serve.engine_runners import EngineModel, FakeExecutor, TapEngine
+
+    target, _ = load_rank(info, comm, dtype, device)
+    weights = read_rank(info, "drafter", comm.rank, dtype or info.dtype, device)
+    d = info.drafter_cfg
+    tap = {k: weights[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")}
+    engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size, comm=comm)
+    executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
+    return EngineModel(executor, weights, d, vocab_size=info.target_cfg.vocab_size,
+                       eos_token_ids=info.target_cfg.eos_token_ids, device=device, comm=comm)
+
+
 def _rank_model(runners: str, info: CheckpointInfo, comm: Comm, dtype, device: str, max_seq_len: int):
     """One rank's model: the reference runners over its shard, or the engine runners (design C,
     FakeExecutor + the torch drafter network) over it."""
     if runners == "emulated":
-        from trtllm_dflash.serve.engine_runners import open_emulated
-
-        return open_emulated(info, comm, dtype, device, max_seq_len)
+        return _emulated_model(info, comm, dtype, device, max_seq_len)
     from trtllm_dflash.serve.batcher import LocalModel
 
     return LocalModel(*load_rank(info, comm, dtype, device))

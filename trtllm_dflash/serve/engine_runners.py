@@ -212,22 +212,6 @@ class EngineModel:
         self.executor.shutdown()
 
 
-def open_emulated(info, comm, dtype: torch.dtype | None, device: str, max_seq_len: int) -> EngineModel:
-    """The engine runners on CPU over one rank of a convert / quantize output: FakeExecutor over
-    TapEngine (this rank's target shard + tap) for the target, the torch drafter network on this
-    rank's drafter shard (the drafter is split per rank like the target: build/plan.py DRAFTER_TP)."""
-    from trtllm_dflash.serve.checkpoint_runner import load_rank, read_rank
-
-    target, _ = load_rank(info, comm, dtype, device)
-    weights = read_rank(info, "drafter", comm.rank, dtype or info.dtype, device)
-    d = info.drafter_cfg
-    tap = {k: weights[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")}
-    engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size, comm=comm)
-    executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
-    return EngineModel(executor, weights, d, vocab_size=info.target_cfg.vocab_size,
-                       eos_token_ids=info.target_cfg.eos_token_ids, device=device, comm=comm)
-
-
 def drafter_weights(target: Target, drafter) -> dict[str, torch.Tensor]:
     """A reference pair's drafter under the engine checkpoint's names (tp 1), built with the
     convert stage's own map (convert/weight_maps.py DRAFTER_MAP) from the modules' tensors."""
