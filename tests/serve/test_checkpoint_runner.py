@@ -59,6 +59,7 @@ def test_qwen3_tp2_two_processes_match_hf_generate(tmp_path):
     assert got["mode"] == "dflash" and got["rounds"] >= 1 and got["tau"] >= 1.0
 
 
+@pytest.mark.slow  # the Qwen3 case above runs the same rank logic in the default suite
 def test_llama_tp2_two_processes_match_hf_generate(tmp_path):
     import transformers
 
@@ -113,7 +114,7 @@ def _fake_quantized_hf(target_dir, calib, fmt):
     return model
 
 
-@pytest.mark.parametrize("fmt,tp", [("fp8", 1), ("nvfp4", 2)])
+@pytest.mark.parametrize("fmt,tp", [("fp8", 1), pytest.param("nvfp4", 2, marks=pytest.mark.slow)])
 def test_quantized_checkpoint_runs_what_was_quantized(tmp_path, tiny_pair, fmt, tp):
     pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
     from trtllm_dflash.quantize.stage import quantize
