@@ -380,6 +380,11 @@ def read_sources(tdir: Path, ddir: Path) -> Sources:
     tcfg = TargetConfig.from_dict(traw, f"target {tdir}/config.json")
     dcfg = DraftConfig.from_dict(draw, f"drafter {ddir}/config.json")
     check_pair(dcfg, tcfg, f"drafter {ddir}/config.json")
+    extras = [k for k, off in (("conv_kernel_size", None), ("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                               ("final_logit_softcapping", None)) if getattr(dcfg, k) != off]
+    if extras:
+        raise UserError(f"drafter {ddir}/config.json: {extras[0]} is set; the engine path does not carry "
+                        f"{'DFlash2 drafters' if dcfg.dflash2 else 'this drafter variant'} yet (the reference backend runs it)")
     gen = read_json(tdir / "generation_config.json") if (tdir / "generation_config.json").is_file() else None
     target, drafter = Checkpoint(tdir, "target"), Checkpoint(ddir, "drafter")
     _check_sources(target, _expected_shapes("target", tcfg), "target")

@@ -8,8 +8,9 @@
 of their decoder layers, read from the same keys.
 
 Every problem raises `UserError` naming the file and the field. Features we do not
-implement (other RoPE types, sliding-window targets, DFlash2 drafters...) are refused
-loudly here, before any weight is read.
+implement (other RoPE types, sliding-window targets, attention sinks...) are refused
+loudly here, before any weight is read. DFlash2 drafters (z-lab's DFlash2DraftModel: the
+four `conv_*` / `selector_*` keys) are read into the same DraftConfig (`.dflash2`).
 """
 
 from __future__ import annotations
@@ -241,14 +242,22 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 # config.json keys of drafter variants this backend does not implement, with the value that
 # means "feature off". A drafter using any of them is refused rather than run wrongly.
 _UNSUPPORTED_DRAFT_KEYS = {
-    "input_embedding_scale": 1.0,
-    "output_multiplier": 1.0,
-    "final_logit_softcapping": None,
-    "conv_kernel_size": None,  # DFlash2 causal convolutions
-    "selector_rank": None,  # DFlash2 candidate selector
     "attention_sink_bias": None,
     "use_aux_hidden_state": None,
 }
+
+# z-lab's DFlash2DraftModel: all four keys (in dflash_config, or at the top level) or none.
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+DFLASH2_ARCH = "DFlash2DraftModel"
+
+
+def _draft_src(raw: dict[str, Any], dcfg: dict[str, Any], key: str) -> dict[str, Any]:
+    """Where z-lab reads a drafter key: dflash_config first, then the top level."""
+    return dcfg if dcfg.get(key) is not None else raw
+
+
+def _where_key(dcfg: dict[str, Any], key: str) -> str:
+    return f"dflash_config.{key}" if key in dcfg else key
 
 
 @dataclass(frozen=True)
@@ -263,7 +272,19 @@ class DraftConfig(DecoderConfig):
     sliding_window: int | None = None
     causal: tuple[bool, ...] = ()  # per layer: causal inside the block
     attention_bias: bool = False
-    vocab_size: int | None = None  # the target's; recorded in config.json, unused by the drafter
+    vocab_size: int | None = None  # the target's; recorded in config.json (DFlash2: its codebooks' rows)
+    input_embedding_scale: float = 1.0  # multiplies the target embedding of the block
+    output_multiplier: float = 1.0  # multiplies the draft logits
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap), after the multiplier
+    # DFlash2 (z-lab's DFlash2DraftModel): all four set, or none (draft.py: DynamicConv, CandidateSelector)
+    conv_kernel_size: int | None = None  # taps of the causal convolutions around every sublayer
+    conv_group_size: int | None = None  # channels that share one dynamic tap weight
+    selector_rank: int | None = None  # rank of the selector's predecessor / successor codebooks
+    selector_top_k: int | None = None  # candidates per position the selector chooses among
+
+    @property
+    def dflash2(self) -> bool:
+        return self.conv_kernel_size is not None
 
     def __post_init__(self):
         if not self.layer_types:
@@ -283,6 +304,7 @@ class DraftConfig(DecoderConfig):
             if dcfg.get(key, raw.get(key, off)) != off:
                 raise f.fail(f"'{key}' is set: this drafter variant is not supported by the reference backend")
         decoder = DecoderConfig.read(f)
+        extras = DraftConfig._read_variant(f, raw, dcfg, decoder["hidden_size"])
         layers = decoder["num_layers"]
         block = f.int("block_size", default=None, lo=2, src=dcfg) or f.int("block_size", lo=2)
         n_target = f.int("num_target_layers")
@@ -319,14 +341,50 @@ class DraftConfig(DecoderConfig):
             causal=() if causal_override is None else (causal_override,) * layers,
             attention_bias=f.bool("attention_bias", False),
             vocab_size=f.int("vocab_size", None),
+            **extras,
         )
+
+    @staticmethod
+    def _read_variant(f: _Fields, raw: dict[str, Any], dcfg: dict[str, Any], hidden: int) -> dict[str, Any]:
+        """The logit / embedding scalars and the DFlash2 fields, checked one by one."""
+        out: dict[str, Any] = {}
+        for key in ("input_embedding_scale", "output_multiplier"):
+            out[key] = f.float(key, 1.0, src=_draft_src(raw, dcfg, key))
+        cap = _draft_src(raw, dcfg, "final_logit_softcapping").get("final_logit_softcapping")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 0):
+            raise f.fail(f"{_where_key(dcfg, 'final_logit_softcapping')} is {cap!r}, expected a number >= 0 (0 = off)")
+        out["final_logit_softcapping"] = float(cap) if cap else None  # z-lab: 0 / null = no cap
+        given = [k for k in DFLASH2_KEYS if _draft_src(raw, dcfg, k).get(k) is not None]
+        archs = raw.get("architectures") or []
+        if not given:
+            if DFLASH2_ARCH in archs:
+                raise f.fail(f"architectures names {DFLASH2_ARCH} but dflash_config.{DFLASH2_KEYS[0]} is missing")
+            return out
+        for k in DFLASH2_KEYS:
+            if k not in given:
+                raise f.fail(f"missing dflash_config.{k} (a DFlash2 drafter sets {', '.join(DFLASH2_KEYS)}; "
+                             f"{given[0]} is set)")
+        if archs and DFLASH2_ARCH not in archs:
+            raise f.fail(f"architectures is {archs!r} but {_where_key(dcfg, given[0])} is set (a DFlash2 key); "
+                         f"expected [{DFLASH2_ARCH!r}]")
+        for k in DFLASH2_KEYS:
+            out[k] = f.int(k, src=_draft_src(raw, dcfg, k))
+        if hidden % out["conv_group_size"]:
+            raise f.fail(f"{_where_key(dcfg, 'conv_group_size')} {out['conv_group_size']} does not divide "
+                         f"hidden_size {hidden}")
+        vocab = f.int("vocab_size", None)
+        if vocab is None:
+            raise f.fail("missing required field 'vocab_size' (DFlash2's selector codebooks have one row per token)")
+        if out["selector_top_k"] > vocab:
+            raise f.fail(f"{_where_key(dcfg, 'selector_top_k')} {out['selector_top_k']} exceeds vocab_size {vocab}")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The z-lab config.json layout (Qwen3 keys + block_size + dflash_config)."""
         if self.rope.scaling is not None:
             raise NotImplementedError("saving a drafter with scaled RoPE is not implemented")
         out = {
-            "architectures": ["DFlashDraftModel"],
+            "architectures": [DFLASH2_ARCH if self.dflash2 else "DFlashDraftModel"],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -350,6 +408,11 @@ class DraftConfig(DecoderConfig):
         }
         if self.vocab_size is not None:
             out["vocab_size"] = self.vocab_size
+        extra = {"input_embedding_scale": (self.input_embedding_scale, 1.0),
+                 "output_multiplier": (self.output_multiplier, 1.0),
+                 "final_logit_softcapping": (self.final_logit_softcapping, None),
+                 **{k: (getattr(self, k), None) for k in DFLASH2_KEYS}}
+        out["dflash_config"].update({k: v for k, (v, off) in extra.items() if v != off})
         default_causal = tuple(t == "sliding_attention" for t in self.layer_types)
         if self.causal != default_causal:
             if len(set(self.causal)) != 1:

@@ -15,9 +15,24 @@ Block K/V are written into the cache slots [start, start+T) as scratch: those sl
 overwritten by real context K/V next round, so the cache keeps context only.
 Full-attention layers see the whole block (bidirectional); causal / sliding layers see the
 block causally and only keys within `sliding_window` positions.
+
+DFlash2 (z-lab's DFlash2DraftModel, `cfg.dflash2`) adds, with the same checkpoint names:
+  layers.{i}.attention_conv / mlp_conv   a grouped dynamic depthwise causal convolution
+         along the block on each sublayer's input and on its output (DynamicConv);
+  candidate_selector                     a low-rank pairwise re-scoring of the top-k
+         candidates per slot that picks one path left to right (CandidateSelector).
+The convolution's window ends at the block's anchor: tokens before the block contribute
+zeros (z-lab pads with zeros every round; vLLM masks the taps that reach before the block
+start), so it carries no state from round to round. The only per-row state of either
+variant is the context KV cache.
+The logit scalars of z-lab's later configs apply to both variants: the block embedding is
+multiplied by `input_embedding_scale`; `logits()` multiplies by `output_multiplier`, then
+soft-caps at `final_logit_softcapping`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,6 +40,7 @@ from torch import nn
 from trtllm_dflash.reference.cache import KVCache
 from trtllm_dflash.reference.config import DraftConfig
 from trtllm_dflash.reference.target import MLP, Attention, RMSNorm, Rope
+from trtllm_dflash.reference.verify import SamplingParams, probs, sample
 
 
 def key_limit(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, kind: str, window: int | None):
@@ -58,6 +74,43 @@ class DraftAttention(Attention):
         return self.attend(self.query(x, *rope_blk), *self.kv(x, *rope_blk), cache, layer, blk_pos, kv_len, mask)
 
 
+class DynamicConv(nn.Module):
+    """DFlash2's grouped dynamic depthwise causal convolution around one sublayer.
+
+    Side 0 filters the sublayer's input, side 1 its output. The tap weights of side s at
+    block slot t are base_kernel[s] (per channel) plus a dynamic term per group of
+    conv_group_size channels, which kernel_projection computes from the sublayer's input at t:
+        y[t] = sum_o (base_kernel[s, o] + dyn[t, s, o, group]) * x[t - o]
+    over o < conv_kernel_size, with x before the block's first slot (the anchor) = 0."""
+
+    def __init__(self, hidden: int, kernel: int, group: int):
+        super().__init__()
+        self.kernel, self.group = kernel, group
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel, hidden))  # [2, K, H]
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel * (hidden // group), bias=False)
+
+    def _conv(self, x: torch.Tensor, dyn: torch.Tensor, side: int) -> torch.Tensor:
+        """x [N, T, H]; dyn [N, T, K, G] -> [N, T, H]."""
+        N, T, H = x.shape
+        G = H // self.group
+        base = self.base_kernel[side].view(self.kernel, G, self.group).to(x.dtype)  # [K, G, g]
+        coef = base + dyn[..., None]  # [N, T, K, G, g]
+        xs = x.view(N, T, G, self.group)
+        y = coef[:, :, 0] * xs
+        for o in range(1, min(self.kernel, T)):
+            y = y + torch.nn.functional.pad(coef[:, o:, o] * xs[:, :-o], (0, 0, 0, 0, o, 0))
+        return y.view(N, T, H)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sublayer's input x [N, T, H] -> (its filtered input, the side-1 taps [N, T, K, G])."""
+        dyn = self.kernel_projection(x).view(*x.shape[:2], 2, self.kernel, -1)  # [N, T, 2, K, G]
+        return self._conv(x, dyn[:, :, 0], 0), dyn[:, :, 1]
+
+    def finish(self, y: torch.Tensor, dyn: torch.Tensor) -> torch.Tensor:
+        """The sublayer's output y [N, T, H] filtered with the taps `prepare` returned."""
+        return self._conv(y, dyn, 1)
+
+
 class DraftLayer(nn.Module):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -65,10 +118,83 @@ class DraftLayer(nn.Module):
         self.self_attn = DraftAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.attention_conv = self.mlp_conv = None
+        if cfg.dflash2:
+            self.attention_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
     def forward(self, x, ctx, *attn_args):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, *attn_args)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.run(x, lambda h: self.self_attn(h, ctx, *attn_args))
+
+    def run(self, x: torch.Tensor, attention) -> torch.Tensor:
+        """x [N, T, H] through the layer; `attention` maps the attention input [N, T, H] to its
+        output (inference: over the KV cache; training: over every block's context)."""
+        x = x + self._sublayer(self.attention_conv, attention, self.input_layernorm(x))
+        return x + self._sublayer(self.mlp_conv, self.mlp, self.post_attention_layernorm(x))
+
+    @staticmethod
+    def _sublayer(conv: DynamicConv | None, f, h: torch.Tensor) -> torch.Tensor:
+        if conv is None:
+            return f(h)
+        h, taps = conv.prepare(h)
+        return conv.finish(f(h), taps)
+
+
+@dataclass
+class Selection:
+    """The selector's path through the candidates of D slots, for B rows."""
+
+    path: torch.Tensor  # [B, D] chosen tokens
+    candidates: torch.Tensor  # [B, D, k] candidate token ids (the top-k of the draft logits)
+    scores: torch.Tensor  # [B, D, k] fp32 pairwise scores given the chosen predecessor
+    q: torch.Tensor | None  # [B, D, k] the distributions the path was sampled from (None: greedy)
+
+    def q_vocab(self, vocab: int) -> torch.Tensor:
+        """q over the whole vocabulary [B, D, V] (zero outside the candidates)."""
+        out = self.q.new_zeros(*self.q.shape[:2], vocab)
+        return out.scatter_(-1, self.candidates, self.q)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's path selector. Per slot j it takes the top-k tokens of the draft logits with
+    their logits as unary scores u, and re-scores candidate c after the predecessor p (the
+    anchor for slot 1, else the token chosen at slot j-1) with a low-rank bigram term
+    modulated by the slot's hidden state h_j:
+        score_j(c) = u_j(c) + sum_r P[p, r] * (W h_j)[r] * S[c, r]
+    then picks left to right: argmax, or a sample of softmax(score / temperature) (the
+    sampling filters apply to these k scores). The codebooks are stored as bare tensors
+    (`candidate_selector.predecessor_codebook`, no `.weight`), as in z-lab's checkpoints."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, rank))  # [V, r]
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))  # [V, r]
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
+               sampling: SamplingParams = SamplingParams(), gen: torch.Generator | None = None,
+               path: torch.Tensor | None = None) -> Selection:
+        """hidden [B, D, H] final-normed slot states; logits [B, D, V] their draft logits; anchor [B].
+        `path` [B, D]: score along these tokens instead of choosing (teacher forcing)."""
+        unary, cand = logits.float().topk(self.top_k, dim=-1)  # [B, D, k]
+        mod = self.hidden_projection(hidden).float()  # [B, D, r]
+        succ = self.successor_codebook[cand].float()  # [B, D, k, r]
+        prev = anchor
+        chosen, scores, qs = [], [], []
+        for j in range(hidden.shape[1]):
+            s = unary[:, j] + ((self.predecessor_codebook[prev].float() * mod[:, j])[:, None] * succ[:, j]).sum(-1)
+            q = None if sampling.greedy else probs(s, sampling)  # [B, k]
+            if path is not None:
+                prev = path[:, j]
+            else:
+                pick = s.argmax(-1) if q is None else sample(q, gen)  # [B]
+                prev = cand[:, j].gather(1, pick[:, None])[:, 0]
+            chosen.append(prev)
+            scores.append(s)
+            qs.append(q)
+        q = None if sampling.greedy else torch.stack(qs, 1)
+        return Selection(torch.stack(chosen, 1), cand, torch.stack(scores, 1), q)
 
 
 class DFlashDraft(nn.Module):
@@ -81,6 +207,22 @@ class DFlashDraft(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.rope = Rope(cfg.rope, cfg.head_dim)
+        self.candidate_selector = None
+        if cfg.dflash2:
+            self.candidate_selector = CandidateSelector(h, cfg.vocab_size, cfg.selector_rank, cfg.selector_top_k)
+
+    def logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
+        """Draft logits of final-normed slot states [.., H] through the target's LM head [.., V]."""
+        out = lm_head(hidden)
+        if self.cfg.output_multiplier != 1.0:
+            out = out * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        return out if cap is None else torch.tanh(out / cap) * cap
+
+    def embed_scale(self, noise: torch.Tensor) -> torch.Tensor:
+        """The block's target embedding [.., H] times input_embedding_scale."""
+        s = self.cfg.input_embedding_scale
+        return noise if s == 1.0 else noise * s
 
     @property
     def block_size(self) -> int:
@@ -125,7 +267,7 @@ class DFlashDraft(nn.Module):
         ctx = self.hidden_norm(self.fc(target_hidden))  # [B, Tc, H]
         rope_blk = self.rope(blk_pos, noise.dtype)
         rope_ctx = self.rope(ctx_pos.clamp_max(cache.trash - 1), noise.dtype)
-        x = noise
+        x = self.embed_scale(noise)
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, rope_blk, rope_ctx, cache, i, blk_pos, ctx_pos, kv_len, masks[i])
         return self.norm(x)

@@ -2,7 +2,8 @@
 
 Modes share the loop and differ only in what is verified each round:
   ar      the anchor alone (block size 1, no drafter): plain decoding, the baseline
-  dflash  [anchor, d_1..d_{T-1}] from one drafter pass, causal verify
+  dflash  [anchor, d_1..d_{T-1}] from one drafter pass, causal verify (DFlash2 drafters:
+          the drafts are the selector's path, sampled with its own q)
   ddtree  [anchor, tree nodes] from one drafter pass, ancestor-only verify
 
 Per round, for every running sequence (one batched drafter pass, one batched target pass):
@@ -125,6 +126,21 @@ def _draft_logits(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: i
     st.ctx = st.ctx[:, :0]
     st.ctx_pos = st.ctx_pos[:, :0]
     return logits
+
+
+def _propose(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int, sampling, gen):
+    """Draft tokens [B, T-1] and, when sampling, the distributions q [B, T-1, V] they were drawn
+    from. A drafter that selects its own path (DFlash2, runners.PathDrafterRunner) returns
+    both; otherwise each slot's token is the argmax / a sample of its logits."""
+    if getattr(drafter, "selects_path", False):
+        draft, q = drafter.draft_path(st.anchor, st.start, st.ctx, st.ctx_pos, T, sampling, gen)
+        st.ctx, st.ctx_pos = st.ctx[:, :0], st.ctx_pos[:, :0]
+        return draft, q
+    dl = _draft_logits(target, drafter, st, T)  # [B, T-1, V]
+    if sampling.greedy:
+        return dl.argmax(-1), None
+    q = probs(dl, sampling)
+    return sample(q, gen), q
 
 
 def _vocab_size(target: Target | TargetRunner) -> int:
@@ -337,12 +353,7 @@ def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch
     B = len(st.rows)
     q = None
     if T > 1:
-        dl = _draft_logits(target, drafter, st, T)  # [B, T-1, V]
-        if sampling.greedy:
-            draft = dl.argmax(-1)
-        else:
-            q = probs(dl, sampling)
-            draft = sample(q, gen)
+        draft, q = _propose(target, drafter, st, T, sampling, gen)
     else:  # AR, or the last round of a spec mode (T == 1 only when one token is left)
         draft = st.anchor.new_zeros(B, 0)
     t1 = _now()

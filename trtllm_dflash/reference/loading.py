@@ -37,7 +37,12 @@ _SHAPE_WHY = {
     "down_proj.weight": "hidden_size, intermediate_size",
     "mlp.gate.weight": "num_experts, hidden_size",
     "fc.weight": "hidden_size, len(target_layer_ids)*hidden_size",
+    "base_kernel": "2, conv_kernel_size, hidden_size",
+    "kernel_projection.weight": "2*conv_kernel_size*hidden_size/conv_group_size, hidden_size",
+    "codebook": "vocab_size, selector_rank",
+    "hidden_projection.weight": "selector_rank, hidden_size",
 }
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _why(name: str) -> str:
@@ -88,7 +93,10 @@ def _read_tensors(directory: Path, expected: dict[str, tuple[int, ...]], who: st
     for path, names in by_file.items():
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in names:
-                tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                t = f.get_tensor(name)
+                if t.dtype not in _FLOAT_DTYPES:
+                    raise UserError(f"{who} {path.name}: {name} has dtype {t.dtype}, expected float32, bfloat16 or float16")
+                tensors[name] = t.to(device=device, dtype=dtype)
     return tensors
 
 
@@ -144,6 +152,11 @@ def check_pair(draft_cfg: DraftConfig, target_cfg: TargetConfig, where: str = "d
             f"{where}: num_target_layers is {draft_cfg.num_target_layers} but the target has {n} layers "
             "(this drafter was trained for another target)"
         )
+    if draft_cfg.dflash2 and draft_cfg.vocab_size != target_cfg.vocab_size:
+        raise UserError(
+            f"{where}: vocab_size {draft_cfg.vocab_size} differs from the target's {target_cfg.vocab_size} "
+            "(DFlash2's selector codebooks have one row per target token)"
+        )
     if not draft_cfg.mask_token_id < target_cfg.vocab_size:
         raise UserError(
             f"{where}: dflash_config.mask_token_id {draft_cfg.mask_token_id} is outside the target's vocabulary "
@@ -157,7 +170,9 @@ def load_drafter(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
 ) -> DFlashDraft:
-    """A z-lab DFlash drafter directory (config.json + model.safetensors), checked against `target`."""
+    """A z-lab DFlash or DFlash2 drafter directory (config.json + model.safetensors), checked
+    against `target`. Tensor names are the checkpoint's (DFlash2's codebooks are bare tensors,
+    `candidate_selector.predecessor_codebook`); every one is read as `dtype`."""
     directory = Path(directory)
     where = f"drafter {directory.name}/config.json"
     cfg = DraftConfig.from_dict(read_json(directory / "config.json"), where)

@@ -25,6 +25,7 @@ import torch
 from trtllm_dflash.reference.cache import KVCache
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target
+from trtllm_dflash.reference.verify import SamplingParams
 
 PAD = -1  # position of a padding entry in ctx_pos
 
@@ -64,6 +65,20 @@ class DrafterRunner(Protocol):
 
     def keep(self, idx: list[int]) -> None:
         """Only rows idx stay, in that order."""
+
+
+class PathDrafterRunner(DrafterRunner, Protocol):
+    """A drafter that chooses its own path (DFlash2: the candidate selector), marked by
+    `selects_path = True`. The loop then takes the drafts from `draft_path` instead of
+    sampling the logits of `draft` slot by slot (DDTree still builds its tree from `draft`)."""
+
+    selects_path: bool
+
+    def draft_path(self, anchor: torch.Tensor, start: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor, T: int,
+                   sampling: SamplingParams, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As `draft`, then the selector's path: draft tokens [B, T-1] and, when sampling, the
+        distributions q [B, T-1, V] each token was drawn from, given the tokens before it
+        (what rejection sampling needs); None when greedy."""
 
 
 def causal_mask(start: torch.Tensor, T: int, kv_len: int) -> torch.Tensor | None:
@@ -137,12 +152,15 @@ class ReferenceTarget:
 
 class ReferenceDrafter:
     """Our torch DFlashDraft with its context cache; embeds the block and projects the drafts with
-    the target's embedding and LM head (DFlash shares both)."""
+    the target's embedding and LM head (DFlash shares both). A DFlash2 drafter also chooses
+    its path (PathDrafterRunner); its per-row state is the same context cache (the
+    convolutions restart at every block)."""
 
     def __init__(self, drafter: DFlashDraft, target: Target, cache_len: int):
         self.model, self.target, self.cache_len = drafter, target, cache_len
         self.block_size, self.mask_token_id = drafter.block_size, drafter.mask_token_id
         self.target_layer_ids = drafter.target_layer_ids
+        self.selects_path = drafter.candidate_selector is not None
         self.cache: KVCache | None = None
 
     def join(self, n):
@@ -152,12 +170,21 @@ class ReferenceDrafter:
         else:
             self.cache.extend(cache)
 
-    def draft(self, anchor, start, ctx, ctx_pos, T):
+    def _slots(self, anchor, start, ctx, ctx_pos, T) -> torch.Tensor:
+        """One drafter pass: final-normed states of the mask slots [B, T-1, H]."""
         block = torch.full((anchor.shape[0], T), self.mask_token_id, dtype=torch.long, device=anchor.device)
         block[:, 0] = anchor
         slots = torch.where(ctx_pos == PAD, self.cache.trash, ctx_pos)  # padding writes go to the trash slot
-        hidden = self.model(self.target.embed_tokens(block), start, ctx, slots, self.cache)  # [B, T, H]
-        return self.target.lm_head(hidden[:, 1:])
+        return self.model(self.target.embed_tokens(block), start, ctx, slots, self.cache)[:, 1:]
+
+    def draft(self, anchor, start, ctx, ctx_pos, T):
+        return self.model.logits(self._slots(anchor, start, ctx, ctx_pos, T), self.target.lm_head)
+
+    def draft_path(self, anchor, start, ctx, ctx_pos, T, sampling, gen):
+        hidden = self._slots(anchor, start, ctx, ctx_pos, T)  # [B, T-1, H]
+        sel = self.model.candidate_selector.select(hidden, self.model.logits(hidden, self.target.lm_head), anchor,
+                                                   sampling, gen)
+        return sel.path, None if sel.q is None else sel.q_vocab(self.target.cfg.vocab_size)
 
     def keep(self, idx):
         if not idx:

@@ -78,8 +78,9 @@ def rejection_verify(
     """Speculative (rejection) sampling: keep d_j while u_j * q_j(d_j) < p_j(d_j); at the
     first rejection emit a sample of norm(max(p_j - q_j, 0)); if all D are kept, emit a
     sample of p_{D}. The emitted sequence is distributed exactly as sampling from p.
-    (Each q_j is the drafter's marginal for slot j and does not depend on the other
-    drafts, so the standard proof applies slot by slot.)"""
+    q_j may depend on the drafts before slot j (DFlash2's selector conditions each slot on
+    the previous choice): slot j is only looked at when d_1..d_{j-1} were accepted, so p_j and
+    q_j are both conditioned on that same prefix, and the standard proof applies slot by slot."""
     B, D = draft.shape
     if D == 0:
         return torch.zeros(B, dtype=torch.long, device=p.device), sample(p[:, 0], gen)
