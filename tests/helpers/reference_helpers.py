@@ -64,6 +64,18 @@ def make_drafter(directory: Path, target_dir: Path, seed: int = 0, layers: int =
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0, std) if not name.endswith("norm.weight") else p.fill_(1.0)
+            if name.endswith("base_kernel"):  # DFlash2 convolutions: near identity (tap 0 ~ 1)
+                p[:, 0] += 1
+            if "codebook" in name:  # DFlash2 selector: a pairwise term as large as the logits
+                p.normal_(0, 1.0)
     return save_drafter(model, directory)
+
+
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=6)
+
+
+def make_dflash2_drafter(directory: Path, target_dir: Path, **kw) -> Path:
+    """make_drafter with DFlash2's convolutions and selector (z-lab's DFlash2DraftModel layout)."""
+    return make_drafter(directory, target_dir, **{**DFLASH2, **kw})
 
 
