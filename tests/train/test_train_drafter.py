@@ -41,6 +41,10 @@ def perturbed_drafter(t, seed=1, **kw) -> DFlashDraft:
     with torch.no_grad():
         for name, p in d.named_parameters():
             p.uniform_(0.5, 1.5) if name.endswith("norm.weight") else p.normal_(0, 0.1)
+            if name.endswith("base_kernel"):  # DFlash2 convolutions near the identity, as trained ones are
+                p[:, 0] += 1
+            if name.endswith("kernel_projection.weight"):  # dynamic taps ~ +-0.15 around the base kernel
+                p.mul_(0.2)
     return d.eval()
 
 
@@ -58,13 +62,15 @@ def inference_block(d: DFlashDraft, t: Target, feats, ids, a: int) -> torch.Tens
 
 
 SLIDING_CAUSAL = {"layer_types": ("sliding_attention",) * 2, "sliding_window": 5, "causal": (True, True)}  # window < B
+DFLASH2 = dict(variant="dflash2", conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=8)
 
 
-@pytest.mark.parametrize("layer_kw", [{}, {"causal": (True, True)}, SLIDING_CAUSAL])
-def test_training_forward_equals_inference_forward(layer_kw):
+@pytest.mark.parametrize("layer_kw,shape_kw", [({}, {}), ({"causal": (True, True)}, {}), (SLIDING_CAUSAL, {}),
+                                               ({}, DFLASH2), ({"input_embedding_scale": 1.5}, {**DFLASH2, "conv_kernel_size": 3})])
+def test_training_forward_equals_inference_forward(layer_kw, shape_kw):
     torch.manual_seed(0)
     t = tiny_target()
-    d = perturbed_drafter(t)
+    d = perturbed_drafter(t, **shape_kw)
     if layer_kw:  # causal in-block attention (a config option of later drafters)
         d.cfg = d.cfg.__class__(**{**d.cfg.__dict__, **layer_kw})
     S = 40
@@ -158,6 +164,47 @@ def test_loss_decreases_on_a_repeated_batch():
     assert all(p.grad is None for p in t.parameters())  # the target is never trained
 
 
+def test_dflash2_selector_learns_and_its_choice_is_the_inference_path():
+    """The DFlash2 loss (draft CE + teacher-forced selector CE) falls on a repeated batch; the
+    selector's training-time picks on an all-correct prefix are the inference selector's path."""
+    torch.manual_seed(0)
+    t = freeze(tiny_target())
+    d = new_drafter(t, DrafterShape(num_layers=1, block_size=4, init="random", **DFLASH2), MASK, seed=0)
+    with torch.no_grad():  # a bigram term that matters from the start
+        d.candidate_selector.predecessor_codebook.normal_(0, 1.0)
+        d.candidate_selector.successor_codebook.normal_(0, 1.0)
+        d.candidate_selector.hidden_projection.weight.normal_(0, 0.3)
+    d.train()
+    ids = torch.randint(2, V, (2, 24))
+    feats = target_features(t, ids, d.target_layer_ids)
+    lm = torch.ones(2, 24)
+    anchors, valid = sample_anchors(lm, 8, 4, torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        res = block_loss(d, t, feats, ids, lm, anchors, valid, gamma=4.0)
+        opt.zero_grad()
+        res.loss.backward()
+        opt.step()
+        losses.append(res.loss.item())
+    # the selector's term moves as labels enter and leave the top-k candidates: compare means
+    assert sum(losses[-5:]) / 5 < 0.5 * losses[0], losses[::8]
+    assert d.candidate_selector.predecessor_codebook.grad is not None
+    # teacher-forced picks == inference path when the predecessors are the picks themselves
+    d.eval()
+    with torch.no_grad():
+        out = draft_blocks(d, t.embed_tokens, feats, ids, anchors, valid)[:, :, 1:]  # [N, K, B-1, H]
+        logits = d.logits(out, t.lm_head).float()
+        sel = d.candidate_selector
+        N, K = anchors.shape
+        path = sel.select(out.flatten(0, 1), logits.flatten(0, 1), ids.gather(1, anchors).flatten()).path
+        from trtllm_dflash.train.drafter import selector_loss
+
+        prev = torch.cat([ids.gather(1, anchors).flatten()[:, None], path[:, :-1]], dim=1)
+        _, picks = selector_loss(sel, out.flatten(0, 1), logits.flatten(0, 1), prev, path, torch.ones(N * K, 3))
+    assert torch.equal(picks, path)
+
+
 def test_target_init_copies_the_last_layers_and_selects_the_deepest_feature():
     t = tiny_target()
     d = new_drafter(t, DrafterShape(num_layers=2, block_size=4, target_layer_ids=(0, 1), init="target"), MASK)
@@ -177,6 +224,10 @@ def test_bad_shapes_are_user_errors():
         draft_config(t.cfg, DrafterShape(block_size=1), MASK)
     with pytest.raises(UserError, match="mask_token_id"):
         draft_config(t.cfg, DrafterShape(), V)
+    with pytest.raises(UserError, match="conv_group_size 24 does not divide the hidden size 64"):
+        draft_config(t.cfg, DrafterShape(variant="dflash2", conv_group_size=24), MASK)
+    with pytest.raises(UserError, match="variant 'dflash3' is not one of dflash, dflash2"):
+        draft_config(t.cfg, DrafterShape(variant="dflash3"), MASK)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -250,6 +301,27 @@ def test_train_drafter_command_writes_a_zlab_drafter_and_resumes_exactly(tmp_pat
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+
+
+def test_train_drafter_command_dflash2(tmp_path, capsys):
+    """--variant dflash2 writes z-lab's DFlash2 layout; the drafter decodes losslessly."""
+    import json
+
+    from trtllm_dflash.reference import generate, load_pair
+
+    target, data = make_run(tmp_path)
+    assert _train(target, data, tmp_path / "d2", "--steps", "2", "--eval-every", "0", "--variant", "dflash2",
+                  "--conv-group-size", "8", "--selector-rank", "4", "--selector-top-k", "5") == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["tau"] >= 1.0
+    cfg = json.loads((tmp_path / "d2" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    assert {k: cfg["dflash_config"][k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                 "selector_top_k")} == {"conv_kernel_size": 2, "conv_group_size": 8,
+                                                                        "selector_rank": 4, "selector_top_k": 5}
+    t, d = load_pair(target, tmp_path / "d2")
+    prompts = [[5, 6, 7, 8]]
+    assert generate(t, d, prompts, 10)[0].tokens == generate(t, None, prompts, 10, mode="ar")[0].tokens
 
 
 def test_train_drafter_command_refuses_bad_input(tmp_path, capsys):

@@ -2,7 +2,9 @@
 
   trtllm-dflash train-drafter --target DIR --data DIR --out DIR
       [--layers 1] [--block-size 16] [--intermediate-size I] [--target-layer-ids 1,5,9]
-      [--init random|target] [--gamma G] [--anchors 64] [--seqs-per-step 8] [--steps 4000]
+      [--init random|target] [--variant dflash|dflash2 [--conv-kernel-size 2] [--conv-group-size 16]
+      [--selector-rank 64] [--selector-top-k 16] [--selector-weight 1]]
+      [--gamma G] [--anchors 64] [--seqs-per-step 8] [--steps 4000]
       [--lr 1e-3] [--schedule wsd|cosine|constant] [--device cpu|cuda] [--threads T]
       [--ckpt-dir DIR] [--resume] [--max-minutes M] [--eval-every 250] [--dtype bfloat16]
 
@@ -33,9 +35,9 @@ def _ids(text: str) -> tuple[int, ...]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from trtllm_dflash.train.drafter_config import INITS, SCHEDULES, DrafterTrainConfig
+    from trtllm_dflash.train.drafter_config import INITS, SCHEDULES, VARIANTS, DrafterShape, DrafterTrainConfig
 
-    d = DrafterTrainConfig()
+    d, shape = DrafterTrainConfig(), DrafterShape()
     p = sub.add_parser("train-drafter", help="train a DFlash drafter for a target (the published recipe; CPU or GPU)",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--target", type=Path, required=True, help="target: HF checkpoint directory")
@@ -49,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="target layers whose outputs feed the drafter (default: 3 spread over the depth)")
     g.add_argument("--init", choices=INITS, default="random",
                    help="random: from scratch (default, the published recipe); target: start from the target's last layers")
+    g.add_argument("--variant", choices=VARIANTS, default="dflash",
+                   help="dflash (default) or dflash2: z-lab's DFlash2 (convolutions around every sublayer, candidate selector)")
+    for name, what in (("conv_kernel_size", "DFlash2 convolution taps"), ("conv_group_size", "channels per dynamic tap"),
+                       ("selector_rank", "rank of the selector's codebooks"),
+                       ("selector_top_k", "candidates per slot the selector chooses among")):
+        g.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(shape, name),
+                       help=f"{what} (dflash2; default {getattr(shape, name)})")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=d.steps)
     t.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step, help="sequences per step (one target pass each)")
@@ -63,6 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--weight-decay", type=float, default=d.weight_decay)
     t.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32 (default: bf16 autocast)")
     t.add_argument("--seed", type=int, default=d.seed)
+    t.add_argument("--selector-weight", type=float, default=d.selector_weight,
+                   help="dflash2: weight of the selector's loss next to the draft cross-entropy (default 1)")
     t.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between in-loop tau evaluations")
     t.add_argument("--eval-prompts", type=int, default=d.eval_prompts)
     t.add_argument("--eval-new-tokens", type=int, default=d.eval_new_tokens)
@@ -96,7 +107,9 @@ def run(args) -> int:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {args.device}: CUDA is not available on this machine (use --device cpu)")
     cfg = DrafterTrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(DrafterTrainConfig)})
-    shape = DrafterShape(args.layers, args.block_size, args.intermediate_size, args.target_layer_ids, args.init)
+    shape = DrafterShape(args.layers, args.block_size, args.intermediate_size, args.target_layer_ids, args.init,
+                         args.variant, args.conv_kernel_size, args.conv_group_size, args.selector_rank,
+                         args.selector_top_k)
     data = load_continuations(args.data)
     meta = data["meta"]
     target = load_target(args.target, torch.float32, str(dev))

@@ -172,6 +172,11 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))  # [V, r]
         self.hidden_projection = nn.Linear(hidden, rank, bias=False)
 
+    def pair_scores(self, mod: torch.Tensor, prev: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        """The bigram term: mod [.., r] = W h, prev [..] predecessors, cand [.., k] -> fp32 [.., k]."""
+        pred = self.predecessor_codebook[prev].float() * mod  # [.., r]
+        return (pred[..., None, :] * self.successor_codebook[cand].float()).sum(-1)
+
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
                sampling: SamplingParams = SamplingParams(), gen: torch.Generator | None = None,
                path: torch.Tensor | None = None) -> Selection:
@@ -179,11 +184,10 @@ class CandidateSelector(nn.Module):
         `path` [B, D]: score along these tokens instead of choosing (teacher forcing)."""
         unary, cand = logits.float().topk(self.top_k, dim=-1)  # [B, D, k]
         mod = self.hidden_projection(hidden).float()  # [B, D, r]
-        succ = self.successor_codebook[cand].float()  # [B, D, k, r]
         prev = anchor
         chosen, scores, qs = [], [], []
         for j in range(hidden.shape[1]):
-            s = unary[:, j] + ((self.predecessor_codebook[prev].float() * mod[:, j])[:, None] * succ[:, j]).sum(-1)
+            s = unary[:, j] + self.pair_scores(mod[:, j], prev, cand[:, j])  # [B, k]
             q = None if sampling.greedy else probs(s, sampling)  # [B, k]
             if path is not None:
                 prev = path[:, j]

@@ -14,6 +14,16 @@ Recipe (DFlash paper as reproduced by the community; z-lab has not released its 
 - slot k (k = 1..B-1) predicts x_{a+k} (same position, no shift) through the target's
   LM head; weight valid * loss_mask[a+k] * exp(-(k-1)/gamma); loss = sum(w*CE)/sum(w).
 
+DFlash2 (`DrafterShape.variant = "dflash2"`; z-lab has not published how it trains one, so
+this part is ours): the convolutions run inside each block (the blocks are the conv's
+sequences, as at inference); the selector is trained teacher-forced: at slot k its
+predecessor is the true x_{a+k-1} (x_a for slot 1), its candidates are the top-k of the
+draft logits (no gradient through the choice), and its loss is the cross-entropy of the
+pairwise scores over the candidates against x_{a+k}, on slots whose label is among them,
+with the same slot weights; loss = draft CE + selector_weight * selector CE. Along an
+accepted prefix the true predecessors are exactly the ones the selector chose, so the
+teacher-forced leading-correct count is the greedy acceptance of the selector's path.
+
 The training forward calls the DFlashDraft's own submodules (fc, hidden_norm, each
 layer's projections and norms, rope, norm): the trained module *is* the inference module,
 and `tests/train/test_train_drafter.py` checks that one block of the training forward
@@ -45,6 +55,7 @@ from trtllm_dflash.train.drafter_config import (
     INITS,
     RESUME_FREE,
     SCHEDULES,
+    VARIANTS,
     DrafterShape,
     DrafterTrainConfig,
     default_gamma,
@@ -78,6 +89,18 @@ def draft_config(tcfg: TargetConfig, shape: DrafterShape, mask_token_id: int) ->
         raise UserError(f"mask_token_id {mask_token_id} is outside the target's vocabulary (0..{tcfg.vocab_size - 1})")
     if shape.init not in INITS:
         raise UserError(f"init {shape.init!r} is not one of {', '.join(INITS)}")
+    if shape.variant not in VARIANTS:
+        raise UserError(f"variant {shape.variant!r} is not one of {', '.join(VARIANTS)}")
+    extra = {}
+    if shape.variant == "dflash2":
+        for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            if getattr(shape, name) < 1:
+                raise UserError(f"{name} is {getattr(shape, name)}, expected >= 1")
+            extra[name] = getattr(shape, name)
+        if tcfg.hidden_size % shape.conv_group_size:
+            raise UserError(f"conv_group_size {shape.conv_group_size} does not divide the hidden size {tcfg.hidden_size}")
+        if shape.selector_top_k > tcfg.vocab_size:
+            raise UserError(f"selector_top_k {shape.selector_top_k} exceeds the vocabulary ({tcfg.vocab_size})")
     decoder = {f.name: getattr(tcfg, f.name) for f in fields(DecoderConfig)}  # the target's widths, heads, norms, RoPE
     decoder.update(intermediate_size=shape.intermediate_size or tcfg.intermediate_size, num_layers=shape.num_layers)
     return DraftConfig(
@@ -87,13 +110,15 @@ def draft_config(tcfg: TargetConfig, shape: DrafterShape, mask_token_id: int) ->
         mask_token_id=mask_token_id,
         num_target_layers=tcfg.num_layers,
         vocab_size=tcfg.vocab_size,
+        **extra,
     )
 
 
 def new_drafter(target: Target, shape: DrafterShape, mask_token_id: int, seed: int = 0) -> DFlashDraft:
     """A fresh fp32 drafter for `target`.
 
-    init "random": normal(0, 0.02) matrices, unit norms, final norm = the target's.
+    init "random": normal(0, 0.02) matrices, unit norms, final norm = the target's; DFlash2's
+    convolutions start as the identity (so the selector starts as near-argmax).
     init "target": additionally, drafter layer i starts as a copy of target layer
     L - n + i (the last n layers: they already map a residual stream to the LM head's
     space and carry the target's attention patterns), and `fc` starts as the selector of
@@ -107,6 +132,9 @@ def new_drafter(target: Target, shape: DrafterShape, mask_token_id: int, seed: i
     with torch.no_grad():
         for name, p in d.named_parameters():
             p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.02)
+            if name.endswith("base_kernel"):  # DFlash2: start as the identity (tap 0 = 1, others 0)
+                p.zero_()
+                p[:, 0] = 1.0
         d.norm.weight.copy_(target.norm.weight)
         if shape.init == "target":
             first = len(tl) - cfg.num_layers
@@ -228,20 +256,23 @@ def draft_blocks(
     blk_ids = torch.full((N, K, B), cfg.mask_token_id, dtype=torch.long, device=dev)
     blk_ids[:, :, 0] = ids.gather(1, anchors)
     blk_pos = (anchors[:, :, None] + torch.arange(B, device=dev)).reshape(N, K * B)  # [N, KB]
-    x = embed(blk_ids).reshape(N, K * B, -1)  # [N, KB, H]
+    x = drafter.embed_scale(embed(blk_ids)).reshape(N * K, B, -1)  # [NK, B, H]: one row per block
     ctx = drafter.hidden_norm(drafter.fc(feats))  # [N, S, H]
     rope_blk = drafter.rope(blk_pos, x.dtype)
     rope_ctx = drafter.rope(torch.arange(S, device=dev).expand(N, -1), x.dtype)
     for layer, (vis_ctx, vis_own) in zip(drafter.layers, block_visibility(cfg, anchors, valid, S)):
         at = layer.self_attn
-        a = layer.input_layernorm(x)  # [N, KB, H]
-        q = apply_rope(at.q_norm(at.q_proj(a).view(N, K * B, h, D)), *rope_blk)  # [N, KB, h, D]
-        kb, vb = at.kv(a, *rope_blk)  # [N, KB, hkv, D]
-        kc, vc = at.kv(ctx, *rope_ctx)  # [N, S, hkv, D]
-        o = block_attention(q.view(N, K, B, h, D), kc, vc.to(kc.dtype), kb.view(N, K, B, hkv, D),
-                            vb.view(N, K, B, hkv, D).to(kb.dtype), vis_ctx, vis_own)  # [N, K, B, h, D]
-        x = x + at.o_proj(o.reshape(N, K * B, h * D))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+
+        def attention(a: torch.Tensor) -> torch.Tensor:  # [NK, B, H] -> [NK, B, H]
+            a = a.reshape(N, K * B, -1)
+            q = apply_rope(at.q_norm(at.q_proj(a).view(N, K * B, h, D)), *rope_blk)  # [N, KB, h, D]
+            kb, vb = at.kv(a, *rope_blk)  # [N, KB, hkv, D]
+            kc, vc = at.kv(ctx, *rope_ctx)  # [N, S, hkv, D]
+            o = block_attention(q.view(N, K, B, h, D), kc, vc.to(kc.dtype), kb.view(N, K, B, hkv, D),
+                                vb.view(N, K, B, hkv, D).to(kb.dtype), vis_ctx, vis_own)  # [N, K, B, h, D]
+            return at.o_proj(o.reshape(N, K * B, h * D)).view(N * K, B, -1)
+
+        x = layer.run(x, attention)  # DFlash2's convolutions run along each block
     return drafter.norm(x).view(N, K, B, -1)
 
 
@@ -268,12 +299,14 @@ def block_loss(
     anchors: torch.Tensor,
     valid: torch.Tensor,
     gamma: float,
+    selector_weight: float = 1.0,
 ) -> BlockLoss:
-    """Same-position weighted cross-entropy over the mask slots of every valid block."""
+    """Same-position weighted cross-entropy over the mask slots of every valid block (plus the
+    DFlash2 selector's, weighted by selector_weight)."""
     N, S = ids.shape
     B = drafter.cfg.block_size
     out = draft_blocks(drafter, target.embed_tokens, feats, ids, anchors, valid)  # [N, K, B, H]
-    logits = target.lm_head(out[:, :, 1:]).float()  # [N, K, B-1, V]
+    logits = drafter.logits(out[:, :, 1:], target.lm_head).float()  # [N, K, B-1, V]
     at = anchors[:, :, None] + torch.arange(1, B, device=ids.device)  # [N, K, B-1] positions a+k
     at = at.clamp_max(S - 1)
     labels = ids.gather(1, at.flatten(1)).view_as(at)
@@ -282,11 +315,29 @@ def block_loss(
     w = live.float() * decay
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(w)
     loss = (w * ce).sum() / w.sum().clamp_min(1e-9)
+    choice = logits.argmax(-1)  # [N, K, B-1] the drafts (DFlash: per slot; DFlash2: the selector's path)
+    if drafter.candidate_selector is not None:
+        prev = torch.cat([ids.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)  # true predecessors
+        sel_loss, choice = selector_loss(drafter.candidate_selector, out[:, :, 1:], logits, prev, labels, w)
+        loss = loss + selector_weight * sel_loss
     with torch.no_grad():
-        correct = (logits.argmax(-1) == labels) & live
+        correct = (choice == labels) & live
         lead = correct.int().cumprod(-1).sum(-1)  # [N, K] leading accepted drafts
         vb = valid & live[:, :, 0]
         return BlockLoss(loss, correct.sum((0, 1)), live.sum((0, 1)), float((lead + 1)[vb].sum()), int(vb.sum()))
+
+
+def selector_loss(sel, hidden, logits, prev, labels, w) -> tuple[torch.Tensor, torch.Tensor]:
+    """DFlash2's selector, teacher-forced: hidden [.., H] slot states, logits [.., V], prev [..]
+    true predecessors, labels [..], w [..] slot weights -> (weighted CE of the pairwise scores
+    over the top-k candidates, on slots whose label is a candidate; the tokens it picks [..])."""
+    unary, cand = logits.topk(sel.top_k, dim=-1)  # [.., k]; the choice of candidates carries no gradient
+    scores = unary + sel.pair_scores(sel.hidden_projection(hidden).float(), prev, cand)  # [.., k]
+    hit = cand == labels[..., None]  # [.., k]
+    wk = w * hit.any(-1)
+    ce = F.cross_entropy(scores.flatten(0, -2), hit.float().argmax(-1).flatten(), reduction="none").view_as(wk)
+    pick = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+    return (wk * ce).sum() / wk.sum().clamp_min(1e-9), pick
 
 
 # ----------------------------------------------------------------------------- training loop
@@ -342,7 +393,9 @@ def _check_resume(saved: dict, dcfg: DraftConfig, cfg: DrafterTrainConfig, path)
     from dataclasses import asdict
 
     check_resume(saved["draft_config"], dcfg.to_dict(), path, "drafter config field", rerun_with="the same shape")
-    check_resume(saved["train_config"], asdict(cfg), path, "training setting", free=RESUME_FREE)
+    # settings added since a checkpoint was written take their defaults (the behaviour it was trained with)
+    train_config = {**asdict(DrafterTrainConfig()), **saved["train_config"]}
+    check_resume(train_config, asdict(cfg), path, "training setting", free=RESUME_FREE)
 
 
 def train(
@@ -447,7 +500,7 @@ def train(
             set_lr(opt, lr)
             feats = target_features(feature_target, ids, dcfg.target_layer_ids)
             with autocast:
-                res = block_loss(drafter, target, feats, ids, lm, anchors, valid, gamma)
+                res = block_loss(drafter, target, feats, ids, lm, anchors, valid, gamma, cfg.selector_weight)
             optimizer_step(drafter, opt, res.loss, cfg.grad_clip)
             step += 1
             loss = res.loss.item()

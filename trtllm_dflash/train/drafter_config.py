@@ -17,9 +17,18 @@ class DrafterShape:
     # "random" (the published recipe); "target": layers copied from the target's last layers.
     # On the tiny stdlib pair "target" learned more slowly (in-loop tau 2.1 vs 3.2 after 200 steps).
     init: str = "random"
+    # "dflash" or "dflash2" (z-lab's DFlash2DraftModel: convolutions around every sublayer and
+    # the candidate selector); the four DFlash2 settings below are ignored for "dflash".
+    # z-lab's published DFlash2 uses kernel 2, group 16, rank 256, top-k 16 (vocabulary 202k).
+    variant: str = "dflash"
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 64
+    selector_top_k: int = 16
 
 
 INITS = ("target", "random")
+VARIANTS = ("dflash", "dflash2")
 
 SCHEDULES = ("wsd", "cosine", "constant")
 
@@ -53,6 +62,7 @@ class DrafterTrainConfig:
     eval_new_tokens: int = 128
     ckpt_every: int = 100
     log_every: int = 25
+    selector_weight: float = 1.0  # DFlash2: weight of the selector's loss next to the draft CE
 
 
 # Fields that may change when a run is resumed (the schedule is a function of `steps`, so
