@@ -1,7 +1,8 @@
 """Decode speed of the reference backend: ar, dflash and ddtree side by side, one run,
-plus (--baselines) the HF transformers baselines on the same target and prompts.
+plus (--dflash2-drafter) a DFlash2 drafter of the same target as a fourth mode, and
+(--baselines) the HF transformers baselines on the same target and prompts.
 
-    python -m trtllm_dflash.perf.bench_decode [--target DIR --drafter DIR] [--prompts 4]
+    python -m trtllm_dflash.perf.bench_decode [--target DIR --drafter DIR] [--dflash2-drafter DIR] [--prompts 4]
         [--prompt-len 64] [--max-new-tokens 128] [--block-size B] [--ddtree-budget N]
         [--threads 2] [--dtype float32] [--repeats 5] [--baselines [--ar-draft DIR]] [--json]
     trtllm-dflash bench decode RECIPE --json          (the same, driven by a recipe)
@@ -27,8 +28,9 @@ speed-up against HF's own greedy generate on the same prompts.
 
 The last stdout line with --json is one JSON object: tau, ar_tok_s, dflash_tok_s, speedup,
 ddtree_tau, ddtree_tok_s, ddtree_speedup, identical_to_ar, modes, passes, settings,
-prompts and, with --baselines, baselines {hf_ar_tok_s, hf_assisted_tok_s,
-hf_assisted_speedup, hf_prompt_lookup_tok_s, hf_prompt_lookup_speedup, ...}.
+prompts, with a DFlash2 drafter dflash2_tau, dflash2_tok_s, dflash2_speedup (its block size
+is its own unless --block-size is given) and, with --baselines, baselines {hf_ar_tok_s,
+hf_assisted_tok_s, hf_assisted_speedup, hf_prompt_lookup_tok_s, hf_prompt_lookup_speedup, ...}.
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ from pathlib import Path
 
 import torch
 
-from trtllm_dflash.reference import DFlashDraft, DraftConfig, Target, TargetConfig, generate_steps, load_pair
+from trtllm_dflash.reference import DFlashDraft, DraftConfig, Target, TargetConfig, generate_steps, load_drafter, load_pair
+from trtllm_dflash.errors import UserError
 from trtllm_dflash.prompts.sources import heldout_token_prompts
 from trtllm_dflash.reference.config import RopeConfig
 
 
-def random_pair(seed: int = 0, dtype=torch.float32) -> tuple[Target, DFlashDraft]:
+def random_pair(seed: int = 0, dtype=torch.float32, **draft_kw) -> tuple[Target, DFlashDraft]:
+    """draft_kw: extra DraftConfig fields (e.g. the DFlash2 ones)."""
     rope = RopeConfig(10000.0)
     tcfg = TargetConfig(
         arch="qwen3", vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=8, num_heads=4,
@@ -59,7 +63,7 @@ def random_pair(seed: int = 0, dtype=torch.float32) -> tuple[Target, DFlashDraft
     dcfg = DraftConfig(
         hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
         rms_norm_eps=1e-6, rope=rope, max_position_embeddings=4096, block_size=16, target_layer_ids=(1, 4, 6),
-        mask_token_id=1, num_target_layers=8,
+        mask_token_id=1, num_target_layers=8, vocab_size=4096, **draft_kw,
     )
     torch.manual_seed(seed)
     models = Target(tcfg), DFlashDraft(dcfg)
@@ -67,6 +71,8 @@ def random_pair(seed: int = 0, dtype=torch.float32) -> tuple[Target, DFlashDraft
         for m in models:
             for name, p in m.named_parameters():
                 p.normal_(0, 0.05) if not name.endswith("norm.weight") else p.fill_(1.0)
+                if name.endswith("base_kernel"):
+                    p[:, 0] += 1
     return tuple(m.to(dtype).eval() for m in models)
 
 
@@ -112,36 +118,53 @@ def _median_ms(fn, reps: int = 30) -> float:
 
 
 @torch.inference_mode()
-def micro(target: Target, drafter: DFlashDraft, context: int, block: int) -> dict:
+def micro(target: Target, drafters: dict[str, DFlashDraft], context: int, block: int) -> dict:
     """Median ms of: a 1-token target step, a `block`-token verify (with feature capture),
-    and a drafter pass (block slots, 4 new context positions) plus the LM head on its slots."""
-    cache, dcache = target.new_cache(1, context + block + 8), drafter.new_cache(1, context + block + 8)
+    and per drafter ({"draft": ..., "dflash2_draft": ...}) a pass (block slots, 4 new context
+    positions) plus the LM head on its slots (and DFlash2's selector)."""
+    cache = target.new_cache(1, context + block + 8)
     ids = torch.randint(0, target.cfg.vocab_size, (1, context + block), device=target.device)
     pos = torch.arange(context + block, device=target.device)[None]
-    capture = drafter.target_layer_ids
+    capture = tuple(sorted({i for d in drafters.values() for i in d.target_layer_ids}))
     _, feats = target(ids[:, :context], pos[:, :context], cache, context,
                       torch.ones(context, context, dtype=torch.bool).tril()[None, None], capture)
     one = lambda: target(ids[:, context : context + 1], pos[:, context : context + 1], cache, context + 1, None)
     mask = (pos[0, : context + block][None, :] <= pos[0, context : context + block][:, None])[None, None]
     verify = lambda: target(ids[:, context:], pos[:, context:], cache, context + block, mask, capture)
-    start = torch.tensor([context], device=target.device)
-    noise = target.embed_tokens(torch.full((1, block), drafter.mask_token_id, device=target.device))
-    new_ctx, new_pos = feats[:, -4:], pos[:, context - 4 : context]
-    drafter(noise, start, feats[:, :-4], pos[:, : context - 4], dcache)
-    draft = lambda: target.lm_head(drafter(noise, start, new_ctx, new_pos, dcache)[:, 1:])
-    return {"target_step_ms": _median_ms(one), f"verify_{block}_ms": _median_ms(verify), "draft_pass_ms": _median_ms(draft)}
+    out = {"target_step_ms": _median_ms(one), f"verify_{block}_ms": _median_ms(verify)}
+    start, H = torch.tensor([context], device=target.device), target.cfg.hidden_size
+    for name, d in drafters.items():
+        own = torch.cat([feats[..., capture.index(i) * H : (capture.index(i) + 1) * H] for i in d.target_layer_ids], -1)
+        dcache = d.new_cache(1, context + block + 8)
+        noise = target.embed_tokens(torch.full((1, block), d.mask_token_id, device=target.device))
+        new_ctx, new_pos = own[:, -4:], pos[:, context - 4 : context]
+        d(noise, start, own[:, :-4], pos[:, : context - 4], dcache)
+
+        def draft(d=d, dcache=dcache, noise=noise, new_ctx=new_ctx, new_pos=new_pos):
+            hidden = d(noise, start, new_ctx, new_pos, dcache)[:, 1:]
+            logits = d.logits(hidden, target.lm_head)
+            if d.candidate_selector is not None:  # DFlash2: the selector's path is part of its draft
+                d.candidate_selector.select(hidden, logits, noise.new_zeros(1, dtype=torch.long))
+
+        out[f"{name}_pass_ms"] = _median_ms(draft)
+    return out
 
 
-def run_modes(target, drafter, prompts, n, block, budget, batch, repeats) -> list[dict]:
-    """ar, dflash, ddtree interleaved `repeats` times. tokens_per_s is the median over the
-    repeats of (all tokens / all time), tokens_per_s_best the fastest repeat."""
+def run_modes(target, drafter, prompts, n, block, budget, batch, repeats, dflash2=None, block2=None) -> list[dict]:
+    """ar, dflash, ddtree (and dflash2: the DFlash2 drafter `dflash2` in dflash mode, block
+    `block2`) interleaved `repeats` times. tokens_per_s is the median over the repeats of
+    (all tokens / all time), tokens_per_s_best the fastest repeat."""
     batches = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    runs = {"ar": (drafter, "ar", block), "dflash": (drafter, "dflash", block), "ddtree": (drafter, "ddtree", block)}
+    if dflash2 is not None:
+        runs["dflash2"] = (dflash2, "dflash", block2)
+        decode(target, dflash2, batches[0], 8, "dflash", block2, budget)  # warm-up
     decode(target, drafter, batches[0], 8, "dflash", block, budget)  # warm-up
-    modes = ("ar", "dflash", "ddtree")
+    modes = tuple(runs)
     reps: dict[str, list[list[dict]]] = {m: [] for m in modes}
     for _ in range(repeats):
-        for mode in modes:
-            reps[mode].append([decode(target, drafter, b, n, mode, block, budget) for b in batches])
+        for mode, (d, how, blk) in runs.items():
+            reps[mode].append([{**decode(target, d, b, n, how, blk, budget), "mode": mode} for b in batches])
     results = []
     for mode in modes:
         per_rep = []
@@ -161,23 +184,37 @@ def run_modes(target, drafter, prompts, n, block, budget, batch, repeats) -> lis
 
 def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_new_tokens=128, block_size=None,
           ddtree_budget=None, batch=1, repeats=5, dtype="float32", seed=0, baselines=False, ar_draft=None,
-          assistant_tokens=5, lookup_tokens=10, lookup_ngram=2) -> dict:
-    """Run the benchmark; returns the JSON-able result (see main for the fields)."""
+          assistant_tokens=5, lookup_tokens=10, lookup_ngram=2, dflash2_dir=None, random_dflash2=None) -> dict:
+    """Run the benchmark; returns the JSON-able result (see main for the fields). dflash2_dir: a
+    DFlash2 drafter of the same target, run as a fourth mode (random_dflash2: DraftConfig
+    DFlash2 fields for a random one, with the random pair)."""
     dt = getattr(torch, dtype)
+    dflash2 = None
     if target_dir or drafter_dir:
         target, drafter = load_pair(target_dir, drafter_dir, dt)
         source = f"{target_dir} + {drafter_dir}"
+        if dflash2_dir:
+            dflash2 = load_drafter(dflash2_dir, target, dt)
+            if not dflash2.cfg.dflash2:
+                raise UserError(f"drafter {dflash2_dir}/config.json: not a DFlash2 drafter (no dflash_config.conv_kernel_size)")
+            source += f" (+ DFlash2 {dflash2_dir})"
     else:
         target, drafter = random_pair(seed, dt)
         source = "random weights: Qwen3 8L x 256 (vocab 4096) + 2-layer drafter"
+        if random_dflash2:
+            dflash2 = random_pair(seed, dt, **random_dflash2)[1]
+            source += " (+ a random 2-layer DFlash2 drafter)"
     block = block_size or drafter.block_size
+    block2 = None if dflash2 is None else block_size or dflash2.block_size
+    if dflash2 is not None and block2 > dflash2.block_size:
+        raise UserError(f"block size {block2} exceeds the DFlash2 drafter's block_size {dflash2.block_size}")
     budget = ddtree_budget or block - 1
     ps = heldout_token_prompts(target_dir, prompts, prompt_len) if target_dir else None
     prompt_source = "held-out corpus files" if ps is not None else "random token ids (no tokenizer)"
     if ps is None:
         g = torch.Generator().manual_seed(seed)
         ps = [torch.randint(0, target.cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
-    results = run_modes(target, drafter, ps, max_new_tokens, block, budget, batch, repeats)
+    results = run_modes(target, drafter, ps, max_new_tokens, block, budget, batch, repeats, dflash2, block2)
     ar = results[0]
     for r in results:
         r["same_as_ar"] = sum(a == b for a, b in zip(r["tokens"], ar["tokens"]))
@@ -187,7 +224,8 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
     for r in results:
         r["ratio_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
         r["break_even_tau"] = r["ms_per_round"] / ar_ms_per_token
-    mic = micro(target, drafter, prompt_len + max_new_tokens // 2, block)
+    mic = micro(target, {"draft": drafter, **({"dflash2_draft": dflash2} if dflash2 is not None else {})},
+                prompt_len + max_new_tokens // 2, block)
     by = {r["mode"]: r for r in results}
     out = {
         "source": source,
@@ -201,6 +239,8 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         "ddtree_tau": by["ddtree"]["tau"],
         "ddtree_tok_s": by["ddtree"]["tokens_per_s"],
         "ddtree_speedup": by["ddtree"]["ratio_vs_ar"],
+        **({"dflash2_tau": by["dflash2"]["tau"], "dflash2_tok_s": by["dflash2"]["tokens_per_s"],
+            "dflash2_speedup": by["dflash2"]["ratio_vs_ar"], "dflash2_block_size": block2} if dflash2 is not None else {}),
         "identical_to_ar": {r["mode"]: f"{r['same_as_ar']}/{len(ps)}" for r in results},
         "modes": [{k: v for k, v in r.items() if k != "tokens"} for r in results],
         "passes": mic,
@@ -256,6 +296,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="HF target directory (default: random 8x256 Qwen3)")
     p.add_argument("--drafter", help="z-lab drafter directory (default: random 2-layer drafter)")
+    p.add_argument("--dflash2-drafter", help="a DFlash2 drafter of the same target: a fourth mode, dflash2")
     p.add_argument("--prompts", type=int, default=4, help="prompts, decoded one at a time (batch 1)")
     p.add_argument("--batch", type=int, default=1, help="decode the prompts in batches of this size")
     p.add_argument("--prompt-len", type=int, default=64)
@@ -280,7 +321,7 @@ def main(argv=None) -> int:
                 max_new_tokens=args.max_new_tokens, block_size=args.block_size, ddtree_budget=args.ddtree_budget,
                 batch=args.batch, repeats=args.repeats, dtype=args.dtype, seed=args.seed, baselines=args.baselines,
                 ar_draft=ar_draft, assistant_tokens=args.assistant_tokens, lookup_tokens=args.lookup_tokens,
-                lookup_ngram=args.lookup_ngram)
+                lookup_ngram=args.lookup_ngram, dflash2_dir=args.dflash2_drafter)
     print_report(res)
     if args.json:
         print(json.dumps(res))

@@ -76,3 +76,29 @@ def test_bench_decode_refuses_a_non_local_recipe(tmp_path, capsys):
     hopper = next(p for p in list_recipes() if p.parent.name == "hopper")  # HF ids, not local checkpoints
     assert main(["bench", "decode", str(hopper), "--json"]) == 2
     assert "not a local checkpoint directory" in capsys.readouterr().err
+
+
+def test_bench_decode_reports_a_dflash2_drafter(tiny_recipe, capsys):
+    """--dflash2-drafter: a fourth mode beside DFlash and DDTree, greedy-identical to AR."""
+    tcfg = load_target(tiny_recipe.parent / "target").cfg
+    torch.manual_seed(3)
+    d = DFlashDraft(DraftConfig(hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4, num_kv_heads=2,
+                                head_dim=16, rms_norm_eps=1e-6, rope=tcfg.rope, max_position_embeddings=256,
+                                block_size=4, target_layer_ids=(1, 2), mask_token_id=1, num_target_layers=4,
+                                vocab_size=128, conv_kernel_size=2, conv_group_size=16, selector_rank=8,
+                                selector_top_k=8))
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            p.normal_(0, 0.1) if not name.endswith("norm.weight") else p.fill_(1.0)
+    save_drafter(d, tiny_recipe.parent / "dflash2")
+    rc = main(["bench", "decode", str(tiny_recipe), "--json", "--prompts", "2", "--prompt-len", "6",
+               "--max-new-tokens", "10", "--repeats", "1", "--threads", "1", "--no-baselines",
+               "--dflash2-drafter", str(tiny_recipe.parent / "dflash2")])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 1.0 <= out["dflash2_tau"] <= 4.0 and out["dflash2_block_size"] == 4
+    assert out["dflash2_speedup"] == pytest.approx(out["dflash2_tok_s"] / out["ar_tok_s"])
+    assert out["identical_to_ar"] == {"ar": "2/2", "dflash": "2/2", "ddtree": "2/2", "dflash2": "2/2"}
+    assert out["passes"]["dflash2_draft_pass_ms"] > 0
+    assert main(["bench", "decode", str(tiny_recipe), "--prompts", "1", "--repeats", "1", "--no-baselines",
+                 "--dflash2-drafter", str(tiny_recipe.parent / "drafter")]) != 0  # a DFlash drafter is refused

@@ -7,7 +7,8 @@ unless --no-baselines, the HF transformers baselines on the same target and prom
 (assisted generation with the AR draft model found next to the drafter, prompt lookup),
 each against HF's own AR. Every mode's output is checked against the target's greedy output.
 With --json the last stdout line is one JSON object with at least tau, ar_tok_s,
-dflash_tok_s and speedup (see perf/bench_decode.py for all fields).
+dflash_tok_s and speedup (see perf/bench_decode.py for all fields); --dflash2-drafter DIR adds
+a DFlash2 drafter of the same target as a fourth mode (dflash2_tau, dflash2_tok_s, dflash2_speedup).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     d.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip the HF baselines")
     d.add_argument("--ar-draft", type=Path, default=None, help="HF AR draft model (default: DRAFTER/../ar-draft)")
+    d.add_argument("--dflash2-drafter", type=Path, default=None,
+                   help="a DFlash2 drafter of the recipe's target: reported as a fourth mode, dflash2")
     d.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     d.set_defaults(run=run)
 
@@ -80,7 +83,7 @@ def run(args) -> int:
     res = bench(recipe.target.path, recipe.drafter.path, prompts=args.prompts, prompt_len=args.prompt_len,
                 max_new_tokens=args.max_new_tokens, block_size=args.block_size or spec.block_size,
                 ddtree_budget=args.ddtree_budget or spec.ddtree_budget, repeats=args.repeats, dtype=args.dtype,
-                baselines=args.baselines, ar_draft=ar_draft)
+                baselines=args.baselines, ar_draft=ar_draft, dflash2_dir=args.dflash2_drafter)
     res["recipe"] = recipe.name
     print_report(res, file=sys.stderr if args.json else sys.stdout)
     if args.json:
