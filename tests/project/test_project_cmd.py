@@ -36,7 +36,8 @@ def test_project_runs_for_every_shipped_gpu_recipe(recipe, tmp_path, capsys):
     assert data["headline"]["bands_vs_ar"]["max_tok_s_user"][BANDS] > data["headline"]["bands_vs_ar"]["max_tok_s_user"][AR]
     assert data["steps"][BANDS][0]["bytes_read"] > 0 and data["steps"][BANDS][0]["verify_flops"] > 0
     assert (out / "projection.png").read_bytes()[:8] == PNG
-    assert (out / "projection.csv").read_text().startswith("curve,draft_len,concurrency")
+    header = (out / "projection.csv").read_text().splitlines()[0].split(",")
+    assert header[:2] == ["curve", "draft_len"] and "concurrency" in header and "tok_s_user_p50" in header
 
 
 def test_project_table_names_the_headline_and_the_suggested_bands(tmp_path, capsys):
@@ -68,9 +69,10 @@ def test_measured_sweep_is_overlaid_and_compared(tmp_path, capsys):
                                                 bands[c]["output_tok_s_per_gpu"] / 1.1) for c in (1, 4)] + [(3, 50, 50)])
     data = run_json(["project", str(recipe), "--out", str(tmp_path / "b"), "--measured", str(measured)], capsys)
     cmp_rows = data["measured"]["vs_projection"]
-    assert [r["concurrency"] for r in cmp_rows] == [1, 4]
+    assert [(r["concurrency"], r["measured_curve"], r["projected_curve"]) for r in cmp_rows] == [(1, "dflash", BANDS),
+                                                                                              (4, "dflash", BANDS)]
     assert all(r["tok_s_user_error"] == pytest.approx(0.1) for r in cmp_rows)
-    assert len(data["measured"]["levels"]) == 3
+    assert len(data["measured"]["curves"][""]) == 3
     assert (tmp_path / "b" / "projection.png").read_bytes()[:8] == PNG
     assert main(["project", str(recipe), "--out", str(tmp_path / "c"), "--measured", str(measured)]) == 0
     assert "measured sweep vs projection" in capsys.readouterr().out
@@ -157,3 +159,20 @@ def test_a_gpu_runs_measured_attention_fraction_replaces_the_assumption(tmp_path
     bench.write_text(json.dumps({"bench": "kv_inject_attention", "hardware": "b200", "rows": rows}))
     assert main(["project", recipe, "--out", str(tmp_path / "c"), "--attention-bench", str(bench)]) == 2
     assert "measured on 'b200', the recipe runs on 'h100-sxm'" in capsys.readouterr().err
+
+
+def test_a_sweep_with_ar_and_dflash_curves_compares_each_with_its_projection(tmp_path, capsys):
+    recipe = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
+    proj = run_json(["project", str(recipe), "--out", str(tmp_path / "a")], capsys)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    levels = []
+    for curve, projected in (("ar", AR), ("dflash", BANDS), ("ddtree", None)):
+        for row in proj["curves"][projected or BANDS][:2]:
+            levels.append({**row, "curve": curve, "requests": 5})  # sweep rows name their curve
+    (sweep / "summary.json").write_text(json.dumps(levels))
+    data = run_json(["project", str(recipe), "--out", str(tmp_path / "b"), "--measured", str(sweep)], capsys)
+    pairs = {(r["measured_curve"], r["projected_curve"]) for r in data["measured"]["vs_projection"]}
+    assert pairs == {("ar", AR), ("dflash", BANDS)}  # DDTree is not projected: overlaid only
+    assert all(abs(r["tok_s_gpu_error"]) < 1e-9 for r in data["measured"]["vs_projection"])
+    assert set(data["measured"]["curves"]) == {"ar", "dflash", "ddtree"}

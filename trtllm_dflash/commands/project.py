@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
             update={"attention_fraction": fraction})}))
     proj = project(recipe, profile, assumptions, levels, model=StepModel(dep, assumptions))
     measured = report.read_measured(args.measured) if args.measured else None
-    curve, note = report.served_curve(recipe)
-    comparison = report.measured_vs_projected(proj, measured, curve) if measured else None
+    comparison = report.compare_measured(proj, recipe, measured) if measured else None
     out = args.out or Path("runs") / recipe.name / "project"
     paths = report.write_files(proj, out, measured, comparison, f"measured ({args.measured})" if measured else "measured")
     if calibration is not None:
@@ -108,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(report.levels_table(proj))
     console.print(report.headline_table(proj))
     if comparison is not None:
-        t = report.comparison_table(comparison, curve)
-        t.caption = note
+        t = report.comparison_table(comparison)
+        t.caption = (f"{report.served_curve(recipe)[1]}; tokens/s/user pooled over a level's requests (1 / mean TPOT), "
+                     "the sweep's median request beside it")
         console.print(t)
     console.print(f"rates: {proj.rates_source}")
     console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")

@@ -9,10 +9,11 @@ step model writes each pass as
 
 with the bytes, FLOPs and layers of that pass (stepmodel.py). BW [B/s] is measured directly: a
 read of a buffer the size of the target's weights, as the passes read them (so the caches the
-model enjoys count). P [FLOP/s] and t_layer [s] are then a least-squares fit over the lower
-quartiles of the six pass kinds (AR step, verify and drafter pass at two batch sizes: the FLOPs
-span 60x, so the two separate), each weighted by 1/t so that every pass counts by its relative
-error.
+model enjoys count). P [FLOP/s] and t_layer [s] are then a least-squares fit over the fastest
+times of the six pass kinds (AR step, verify and drafter pass at two batch sizes: the FLOPs span
+60x, so the two separate), each weighted by 1/t so that every pass counts by its relative error.
+Every time is the fastest over interleaved repeats: a shared machine only ever adds time, so the
+minimum is the pass's own cost.
 
 Serving (optional, a running server of the recipe at `url`): short probes at concurrency 1 and 8
 with the sweep's load generator and prompts of another seed than the sweep's. A request's round
@@ -40,7 +41,7 @@ BATCHES = (1, 4)
 @dataclass
 class Calibration:
     measured: Measured
-    passes: dict  # pass kind -> seconds (lower quartile), and the fit's inputs
+    passes: dict  # pass kind -> seconds (fastest), and the fit's inputs
     serving: dict | None = None
 
     def to_json(self) -> dict:
@@ -55,19 +56,13 @@ def _unit_model(recipe) -> StepModel:
     return StepModel(replace(dep, gpu=dep.gpu.model_copy(update={"measured": unit})), Assumptions())
 
 
-def _low(xs: list[float]) -> float:
-    """The lower quartile: the cost without the other jobs of a shared machine, which a busy
-    moment inflates (a median still moves when a neighbour runs for a third of the time)."""
-    xs = sorted(xs)
-    return xs[(len(xs) - 1) // 4]
-
-
 def _features(cost, layers: int) -> list[float]:
     return [cost.weight_bytes + cost.kv_bytes, cost.gemm_flops + cost.attention_flops, float(layers)]
 
 
-def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: int = 48) -> dict:
-    """Lower-quartile seconds of every pass kind, and the (context, tau) they ran at."""
+def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: int = 48, repeats: int = 3) -> dict:
+    """The fastest time of every pass kind over `repeats` interleaved decodes (a shared machine only
+    ever adds time: the minimum is the pass's own cost), and the (context, tau) they ran at."""
     import torch
 
     from trtllm_dflash.prompts.sources import heldout_token_prompts
@@ -85,40 +80,48 @@ def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: i
     block = recipe.speculative.block_size
     out: dict = {}
     buf = torch.ones(int(_unit_model(recipe).target_pass(1, 1, 0).weight_bytes) // 4)
-    reads = []
-    for _ in range(30):
-        t0 = time.perf_counter()
-        buf.sum()
-        reads.append(time.perf_counter() - t0)
-    out["read_bytes"], out["read_s"] = buf.numel() * 4, _low(reads[5:])
+    reads: list[float] = []
+
+    def read(times: int = 10) -> None:
+        for _ in range(times):
+            t0 = time.perf_counter()
+            buf.sum()
+            reads.append(time.perf_counter() - t0)
+
     for _ in generate_steps(target, drafter, ps[:1], 8, mode="dflash", block_size=block, stop_token_ids=[]):
         pass  # warm-up
+    samples: dict[str, list[float]] = {}
+    taus: dict[int, tuple[int, int]] = {}
+    for _ in range(repeats):
+        read()
+        for mode in ("ar", "dflash"):
+            for b in BATCHES:
+                for rec in generate_steps(target, drafter, ps[:b], new_tokens, mode=mode, block_size=block,
+                                          stop_token_ids=[]):
+                    if rec.round == 0 or any(d is not None for d in rec.finished) or len(rec.seq_ids) != b:
+                        continue
+                    if mode == "dflash" and any(d != block - 1 for d in rec.drafted):
+                        continue
+                    samples.setdefault(f"{mode}_target_b{b}", []).append(rec.t_verify)
+                    if mode == "dflash":
+                        samples.setdefault(f"dflash_drafter_b{b}", []).append(rec.t_draft)
+                        c, n = taus.get(b, (0, 0))
+                        taus[b] = (c + sum(len(t) for t in rec.tokens), n + len(rec.tokens))
     for mode in ("ar", "dflash"):
         for b in BATCHES:
-            verify, draft, committed, rounds = [], [], 0, 0
-            for rec in generate_steps(target, drafter, ps[:b], new_tokens, mode=mode, block_size=block, stop_token_ids=[]):
-                if rec.round == 0 or any(d is not None for d in rec.finished) or len(rec.seq_ids) != b:
-                    continue
-                if mode == "dflash" and any(d != block - 1 for d in rec.drafted):
-                    continue
-                verify.append(rec.t_verify)
-                draft.append(rec.t_draft)
-                committed += sum(len(t) for t in rec.tokens)
-                rounds += len(rec.tokens)
-            if not verify:
+            if not samples.get(f"{mode}_target_b{b}"):
                 raise UserError(f"calibration: no full {mode} round at batch {b}; raise new_tokens")
-            tau = committed / rounds
-            out[f"{mode}_target_b{b}"] = _low(verify)
-            if mode == "dflash":
-                out[f"dflash_drafter_b{b}"] = _low(draft)
-                out[f"tau_b{b}"] = tau
+    read()
+    out["read_bytes"], out["read_s"] = buf.numel() * 4, min(reads)
+    out.update({k: min(v) for k, v in samples.items()})
+    out.update({f"tau_b{b}": c / n for b, (c, n) in taus.items()})
     out["context"] = prompt_len + new_tokens // 2
     out["block_size"] = block
     return out
 
 
 def fit_passes(recipe, timings: dict) -> dict:
-    """BW from the buffer read; P and t_layer by weighted least squares over the passes' lower quartiles."""
+    """BW from the buffer read; P and t_layer by weighted least squares over the passes' fastest times."""
     import numpy as np
 
     m = _unit_model(recipe)
@@ -188,6 +191,7 @@ def measure_serving(recipe, url: str, passes: Measured, levels: tuple[int, int] 
 
 def calibrate(recipe, url: str | None = None, protocol: str = "grpc") -> Calibration:
     """Pass rates always; serving overheads when a server of the recipe runs at `url`."""
+    load = {"loadavg_before": os.getloadavg()[0]}  # wall-clock numbers: say how busy the machine was
     timings = measure_passes(recipe)
     fit = fit_passes(recipe, timings)
     base = recipe.gpu.measured
@@ -203,4 +207,5 @@ def calibrate(recipe, url: str | None = None, protocol: str = "grpc") -> Calibra
         measured = measured.model_copy(update={"step_overhead_ms": serving["step_overhead_ms"],
                                                "seq_overhead_us": serving["seq_overhead_us"],
                                                "source": measured.source + f", serving overhead probed at {url}"})
-    return Calibration(measured, {**timings, **fit}, serving)
+    load["loadavg_after"] = os.getloadavg()[0]
+    return Calibration(measured, {**timings, **fit, **load}, serving)

@@ -22,15 +22,25 @@ from trtllm_dflash.sweep.metrics import LevelSummary
 SUMMARY = "summary.json"  # what a sweep directory holds (sweep/stage.py)
 
 
-def read_measured(directory: Path) -> list[LevelSummary]:
-    """The level summaries of a sweep output directory."""
+def read_measured(directory: Path) -> dict[str, list[LevelSummary]]:
+    """The level summaries of a sweep output directory, by curve (a sweep that measured one
+    curve has the key "")."""
+    from dataclasses import fields
+
     path = Path(directory) / SUMMARY
     if not path.is_file():
         raise UserError(f"--measured {directory}: no {SUMMARY} (expected a sweep output directory)")
+    known = {f.name for f in fields(LevelSummary)}
+    curves: dict[str, list[LevelSummary]] = {}
     try:
-        return [LevelSummary.from_json(d) for d in json.loads(path.read_text())]
-    except (json.JSONDecodeError, TypeError, KeyError) as e:
+        for d in json.loads(path.read_text()):
+            row = LevelSummary.from_json({k: v for k, v in d.items() if k in known})
+            curves.setdefault(str(d.get("curve") or ""), []).append(row)
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"--measured {path}: not a sweep summary ({type(e).__name__}: {e})") from None
+    if not curves:
+        raise UserError(f"--measured {path}: no levels")
+    return curves
 
 
 def served_curve(recipe) -> tuple[str, str]:
@@ -42,6 +52,33 @@ def served_curve(recipe) -> tuple[str, str]:
             note += "; it decodes DDTree (speculative.ddtree_budget is set), which the projection does not model"
         return name, note
     return BANDS, "the server applies speculative.draft_len per concurrency band"
+
+
+def projected_counterpart(recipe, measured_curve: str) -> str | None:
+    """The projected curve a measured curve compares with: "ar" -> AR, the server's own decoding
+    ("" or "dflash") -> served_curve, "dflash L=K" -> DFlash K=K; None for others (DDTree)."""
+    name = measured_curve.strip().lower()
+    if name == "ar":
+        return AR
+    if name in ("", "dflash"):
+        return served_curve(recipe)[0]
+    if name.startswith("dflash l="):
+        try:
+            return dflash_name(int(name.split("=", 1)[1]))
+        except ValueError:
+            return None
+    return None
+
+
+def compare_measured(proj: Projection, recipe, measured: dict[str, list[LevelSummary]]) -> list[dict]:
+    """measured_vs_projected for every measured curve with a projected counterpart."""
+    out = []
+    for name, rows in measured.items():
+        target = projected_counterpart(recipe, name)
+        if target in proj.curves:
+            out += [{"measured_curve": name or "dflash", "projected_curve": target, **r}
+                    for r in measured_vs_projected(proj, rows, target)]
+    return out
 
 
 def pooled_tok_s_user(m: LevelSummary) -> float | None:
@@ -110,15 +147,16 @@ def headline_table(proj: Projection):
     return t
 
 
-def comparison_table(rows: list[dict], curve: str):
+def comparison_table(rows: list[dict]):
     from rich.table import Table
 
-    t = Table(title=f"measured sweep vs projection ({curve})")
-    for col in ("conc", "measured tok/s/user (pooled)", "projected", "error", "measured p50", "measured tok/s/GPU",
+    t = Table(title="measured sweep vs projection")
+    for col in ("curve", "conc", "measured tok/s/user (pooled)", "projected", "error", "measured p50", "measured tok/s/GPU",
                 "projected", "error", "measured tau", "projected tau"):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(str(r["concurrency"]), f"{r['measured_tok_s_user']:,.1f}", f"{r['projected_tok_s_user']:,.1f}",
+        t.add_row(f"{r['measured_curve']} / {r['projected_curve']}", str(r["concurrency"]),
+                  f"{r['measured_tok_s_user']:,.1f}", f"{r['projected_tok_s_user']:,.1f}",
                   f"{100 * r['tok_s_user_error']:+.0f}%",
                   f"{r['measured_tok_s_user_p50']:,.1f}" if r["measured_tok_s_user_p50"] else "-",
                   f"{r['measured_tok_s_gpu']:,.1f}",
@@ -128,7 +166,7 @@ def comparison_table(rows: list[dict], curve: str):
     return t
 
 
-def write_files(proj: Projection, out: Path, measured: list[LevelSummary] | None = None,
+def write_files(proj: Projection, out: Path, measured: dict[str, list[LevelSummary]] | None = None,
                 comparison: list[dict] | None = None, measured_label: str = "measured") -> dict[str, Path]:
     """projection.json, projection.csv (one row per curve and level), projection.png."""
     out.mkdir(parents=True, exist_ok=True)
@@ -136,12 +174,13 @@ def write_files(proj: Projection, out: Path, measured: list[LevelSummary] | None
     if measured is not None:
         from dataclasses import asdict
 
-        data["measured"] = {"label": measured_label, "levels": [asdict(m) for m in measured],
+        data["measured"] = {"label": measured_label,
+                            "curves": {name: [asdict(m) for m in rows] for name, rows in measured.items()},
                             "vs_projection": comparison or []}
     paths = {"json": out / "projection.json", "csv": out / "projection.csv", "png": out / "projection.png"}
     paths["json"].write_text(json.dumps(data, indent=2))
     with open(paths["csv"], "w", newline="") as f:
-        rows = [{"curve": name, "draft_len": k, **r.flat()}
+        rows = [{"curve": name, "draft_len": k, **{c: v for c, v in r.flat().items() if c not in ("curve", "draft_len")}}
                 for name, levels in proj.curves.items() for r, k in zip(levels, proj.draft_lens[name])]
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -150,7 +189,7 @@ def write_files(proj: Projection, out: Path, measured: list[LevelSummary] | None
     return paths
 
 
-def plot(proj: Projection, path: Path, measured: list[LevelSummary] | None = None,
+def plot(proj: Projection, path: Path, measured: dict[str, list[LevelSummary]] | None = None,
          measured_label: str = "measured", draft_lens: list[int] | None = None) -> Path:
     """tokens/s/GPU against tokens/s/user: AR, DFlash at a few draft lengths, the recipe's bands
     (annotated with the concurrency), the best draft length, the AR and DFlash Pareto fronts, a
@@ -180,10 +219,10 @@ def plot(proj: Projection, path: Path, measured: list[LevelSummary] | None = Non
         f = front(pts)
         ax.plot([p[0] for p in f], [p[1] for p in f], ":", color="black", linewidth=1,
                 label=label if label.startswith("DFlash") else None)
-    if measured:
-        m = curve_of(measured_label, measured)
-        ax.plot([p[0] for p in m.points], [p[1] for p in m.points], "D-", color="#d62728", markersize=5,
-                linewidth=1.5, label=measured_label)
+    for (name, rows), color in zip((measured or {}).items(), ("#d62728", "#ff7f0e", "#9467bd", "#8c564b")):
+        m = curve_of(name, rows)
+        ax.plot([p[0] for p in m.points], [p[1] for p in m.points], "D-", color=color, markersize=5,
+                linewidth=1.5, label=f"{measured_label}{': ' + name if name else ''}")
     ys = [p[1] for name in proj.curves for p in proj.curve(name).points if p[1] > 0]
     if ys and max(ys) / min(ys) > 20:
         ax.set_yscale("log")
