@@ -65,11 +65,18 @@ def make_drafter(path: Path, target_layers: int = 4, seed: int = 1, dtype=torch.
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+            if name.endswith("base_kernel"):  # DFlash2 convolutions: near identity
+                p[:, 0] += 1
     save_drafter(model, path, dtype=dtype)
     # z-lab configs are Qwen3 config dumps and carry vocab_size (the recipe's facts read it)
     cfg_path = path / "config.json"
     cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "vocab_size": VOCAB}, indent=2))
     return path
+
+
+DFLASH2 = dict(architectures=["DFlash2DraftModel"], vocab_size=VOCAB, dflash_config={
+    "target_layer_ids": [0, 2], "mask_token_id": VOCAB - 1, "conv_kernel_size": 2, "conv_group_size": 16,
+    "selector_rank": 8, "selector_top_k": 8})
 
 
 def write_recipe(path: Path, target: Path, drafter: Path, tp: int = 1, fmt: str = "fp32", gpu: str = "cpu",

@@ -143,10 +143,8 @@ def test_loss_weights_follow_the_slot_decay():
     assert full.slot_count.tolist() == [1, 1, 1] and part.slot_count.tolist() == [0, 1, 0]
 
 
-def test_loss_decreases_on_a_repeated_batch():
-    torch.manual_seed(0)
-    t = freeze(tiny_target())
-    d = new_drafter(t, DrafterShape(num_layers=1, block_size=4, init="random"), MASK, seed=0)
+def _fit_repeated_batch(t, d, steps=40):
+    """`steps` AdamW steps of block_loss on one fixed batch -> (losses, ids, feats, anchors, valid)."""
     d.train()
     ids = torch.randint(2, V, (2, 24))
     feats = target_features(t, ids, d.target_layer_ids)
@@ -154,12 +152,20 @@ def test_loss_decreases_on_a_repeated_batch():
     anchors, valid = sample_anchors(lm, 8, 4, torch.Generator().manual_seed(0))
     opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
     losses = []
-    for _ in range(40):
+    for _ in range(steps):
         res = block_loss(d, t, feats, ids, lm, anchors, valid, gamma=4.0)
         opt.zero_grad()
         res.loss.backward()
         opt.step()
         losses.append(res.loss.item())
+    return losses, ids, feats, anchors, valid
+
+
+def test_loss_decreases_on_a_repeated_batch():
+    torch.manual_seed(0)
+    t = freeze(tiny_target())
+    d = new_drafter(t, DrafterShape(num_layers=1, block_size=4, init="random"), MASK, seed=0)
+    losses, *_ = _fit_repeated_batch(t, d)
     assert losses[-1] < 0.5 * losses[0], losses[::8]
     assert all(p.grad is None for p in t.parameters())  # the target is never trained
 
@@ -174,19 +180,7 @@ def test_dflash2_selector_learns_and_its_choice_is_the_inference_path():
         d.candidate_selector.predecessor_codebook.normal_(0, 1.0)
         d.candidate_selector.successor_codebook.normal_(0, 1.0)
         d.candidate_selector.hidden_projection.weight.normal_(0, 0.3)
-    d.train()
-    ids = torch.randint(2, V, (2, 24))
-    feats = target_features(t, ids, d.target_layer_ids)
-    lm = torch.ones(2, 24)
-    anchors, valid = sample_anchors(lm, 8, 4, torch.Generator().manual_seed(0))
-    opt = torch.optim.AdamW(d.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(40):
-        res = block_loss(d, t, feats, ids, lm, anchors, valid, gamma=4.0)
-        opt.zero_grad()
-        res.loss.backward()
-        opt.step()
-        losses.append(res.loss.item())
+    losses, ids, feats, anchors, valid = _fit_repeated_batch(t, d)
     # the selector's term moves as labels enter and leave the top-k candidates: compare means
     assert sum(losses[-5:]) / 5 < 0.5 * losses[0], losses[::8]
     assert d.candidate_selector.predecessor_codebook.grad is not None

@@ -7,6 +7,13 @@
   drafter_forward the drafter engine: one pass over the block [anchor, mask x (T-1)] whose
                   attention is the KV-injection plugin over the per-layer context cache
                   (the arena), after the new context rows' K/V are appended to it
+                  (= drafter_logits(drafter_hidden(...)))
+  drafter_path    DFlash2 only: the candidate selector's greedy path through the top-k
+                  candidates of every slot (the drafts a DFlash2 drafter proposes)
+
+DFlash2 drafters (DrafterSpec.conv_kernel set) also wrap every attention and MLP sublayer
+in the grouped dynamic causal convolution along the block (ops.conv_prepare / conv_finish,
+no state across rounds); the logit / embedding scalars apply to both variants.
 
 Weights are named as the convert stage writes the drafter checkpoint (convert/weight_maps.py
 DRAFTER_MAP: `transformer.layers.{i}.attention.q`, fused `attention.kv`, `mlp.fc` = gate,
@@ -38,13 +45,20 @@ class DrafterSpec:
     causal: tuple[bool, ...]  # per layer: causal inside the block
     window: tuple[int | None, ...]  # per layer: sliding window, None = full attention
     bias: bool  # attention projections carry biases
+    embedding_scale: float = 1.0  # input_embedding_scale
+    output_multiplier: float = 1.0
+    softcap: float | None = None  # final_logit_softcapping
+    conv_kernel: int | None = None  # DFlash2: taps of the sublayer convolutions (None: DFlash)
+    conv_group: int | None = None  # DFlash2: channels per dynamic tap
+    selector_top_k: int | None = None  # DFlash2: candidates per slot
 
     @classmethod
     def from_config(cls, cfg) -> "DrafterSpec":
         """From a reference DraftConfig."""
         window = tuple(cfg.sliding_window if kind == "sliding_attention" else None for kind in cfg.layer_types)
         return cls(cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, tuple(cfg.causal),
-                   window, cfg.attention_bias)
+                   window, cfg.attention_bias, cfg.input_embedding_scale, cfg.output_multiplier,
+                   cfg.final_logit_softcapping, cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_top_k)
 
 
 class Ops(Protocol):
@@ -63,6 +77,14 @@ class Ops(Protocol):
     def drop_first_token(self, x: Tensor) -> Tensor: ...  # [B, T, ...] -> [B, T-1, ...]
     def inject(self, layer: int, k: Tensor, v: Tensor) -> None: ...  # append context K/V to the arena
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, causal: bool, window: int | None) -> Tensor: ...
+    def scale(self, x: Tensor, factor: float) -> Tensor: ...  # x * factor
+    def softcap(self, x: Tensor, cap: float) -> Tensor: ...  # cap * tanh(x / cap)
+    # DFlash2. conv_prepare: [B, T, H] -> (filtered [B, T, H], the output side's taps [B, T, K, G]);
+    # conv_finish: the sublayer's output filtered with those taps; select_path: greedy path [B, D]
+    # of hidden [B, D, H] and logits [B, D, V] after anchor [B].
+    def conv_prepare(self, x: Tensor, name: str, kernel: int, group: int) -> tuple[Tensor, Tensor]: ...
+    def conv_finish(self, y: Tensor, taps: Tensor, name: str, group: int) -> Tensor: ...
+    def select_path(self, hidden: Tensor, logits: Tensor, anchor: Tensor, name: str, top_k: int) -> Tensor: ...
 
 
 def target_tap(ops: Ops, taps: Sequence[Tensor], eps: float) -> Tensor:
@@ -73,23 +95,53 @@ def target_tap(ops: Ops, taps: Sequence[Tensor], eps: float) -> Tensor:
 def drafter_forward(ops: Ops, s: DrafterSpec, block: Tensor, blk_pos: Tensor, ctx: Tensor, ctx_pos: Tensor) -> Tensor:
     """block [B, T] token ids [anchor, mask...] at positions blk_pos [B, T]; ctx [B, Tc, H] the new
     fused context rows at positions ctx_pos [B, Tc]. Returns the logits of the mask slots [B, T-1, V]."""
+    return drafter_logits(ops, s, drafter_hidden(ops, s, block, blk_pos, ctx, ctx_pos))
+
+
+def drafter_hidden(ops: Ops, s: DrafterSpec, block: Tensor, blk_pos: Tensor, ctx: Tensor, ctx_pos: Tensor) -> Tensor:
+    """drafter_forward up to the final norm: the mask slots' states [B, T-1, H]."""
     kv_width = s.num_kv_heads * s.head_dim
     x = ops.embed(block, "transformer.vocab_embedding")  # [B, T, H]
+    if s.embedding_scale != 1.0:
+        x = ops.scale(x, s.embedding_scale)
     for i in range(s.num_layers):
         p = f"transformer.layers.{i}."
         # The new context rows' keys and values join this layer's arena.
         k_ctx, v_ctx = ops.split(ops.linear(ctx, p + "attention.kv"), (kv_width, kv_width))  # [B, Tc, Hkv*D] each
         k_ctx = ops.rope(ops.rms_norm(ops.heads(k_ctx, s.num_kv_heads, s.head_dim), p + "attention.k_layernorm", s.eps), ctx_pos)
         ops.inject(i, k_ctx, ops.heads(v_ctx, s.num_kv_heads, s.head_dim))
-        # The block attends over [arena ; block].
+        # The block attends over [arena ; block] (DFlash2: inside its convolution).
         h = ops.rms_norm(x, p + "input_layernorm", s.eps)
+        if s.conv_kernel:
+            h, taps = ops.conv_prepare(h, p + "attention_conv", s.conv_kernel, s.conv_group)
         q = ops.rope(ops.rms_norm(ops.heads(ops.linear(h, p + "attention.q"), s.num_heads, s.head_dim),
                                   p + "attention.q_layernorm", s.eps), blk_pos)  # [B, T, Hq, D]
         k, v = ops.split(ops.linear(h, p + "attention.kv"), (kv_width, kv_width))
         k = ops.rope(ops.rms_norm(ops.heads(k, s.num_kv_heads, s.head_dim), p + "attention.k_layernorm", s.eps), blk_pos)
         o = ops.attend(i, q, k, ops.heads(v, s.num_kv_heads, s.head_dim), s.causal[i], s.window[i])  # [B, T, Hq, D]
-        x = ops.add(x, ops.linear(ops.merge_heads(o), p + "attention.dense"))
+        a = ops.linear(ops.merge_heads(o), p + "attention.dense")  # [B, T, H] (all-reduced under tp)
+        if s.conv_kernel:
+            a = ops.conv_finish(a, taps, p + "attention_conv", s.conv_group)
+        x = ops.add(x, a)
         h = ops.rms_norm(x, p + "post_layernorm", s.eps)
-        x = ops.add(x, ops.linear(ops.silu_mul(ops.linear(h, p + "mlp.fc"), ops.linear(h, p + "mlp.gate")), p + "mlp.proj"))
-    x = ops.rms_norm(x, "transformer.ln_f", s.eps)
-    return ops.linear(ops.drop_first_token(x), "lm_head")  # [B, T-1, V]
+        if s.conv_kernel:
+            h, taps = ops.conv_prepare(h, p + "mlp_conv", s.conv_kernel, s.conv_group)
+        m = ops.linear(ops.silu_mul(ops.linear(h, p + "mlp.fc"), ops.linear(h, p + "mlp.gate")), p + "mlp.proj")
+        if s.conv_kernel:
+            m = ops.conv_finish(m, taps, p + "mlp_conv", s.conv_group)
+        x = ops.add(x, m)
+    return ops.drop_first_token(ops.rms_norm(x, "transformer.ln_f", s.eps))  # [B, T-1, H]
+
+
+def drafter_logits(ops: Ops, s: DrafterSpec, hidden: Tensor) -> Tensor:
+    """The mask slots' logits through the target's LM head [B, T-1, V], multiplied and soft-capped."""
+    logits = ops.linear(hidden, "lm_head")
+    if s.output_multiplier != 1.0:
+        logits = ops.scale(logits, s.output_multiplier)
+    return logits if s.softcap is None else ops.softcap(logits, s.softcap)
+
+
+def drafter_path(ops: Ops, s: DrafterSpec, hidden: Tensor, logits: Tensor, anchor: Tensor) -> Tensor:
+    """DFlash2: the selector's greedy path [B, T-1] (its drafts) after anchor [B]."""
+    assert s.selector_top_k, "drafter_path is for DFlash2 drafters"
+    return ops.select_path(hidden, logits, anchor, "dflash2.selector", s.selector_top_k)

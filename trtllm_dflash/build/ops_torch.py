@@ -1,6 +1,7 @@
 """TorchOps: the networks' op set (networks.py) on torch tensors, and the drafter's arena.
 
-The math is the reference backend's (RMSNorm, NeoX RoPE tables from reference/target.py);
+The math is the reference backend's (RMSNorm, NeoX RoPE tables from reference/target.py;
+DFlash2's convolution and selector from reference/draft.py);
 attention and the context append are the KV-injection plugin's torch ops
 (plugins/kv_inject_attention: the Triton kernel on CUDA, its float32 reference elsewhere), so
 the CPU drafter runner exercises the very contract the TensorRT plugin implements.
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_dflash.plugins.kv_inject_attention import append_context, kv_inject_attention
+from trtllm_dflash.reference.draft import dynamic_conv, select_path
 from trtllm_dflash.reference.target import Rope, apply_rope
 
 
@@ -127,3 +129,21 @@ class TorchOps:
         lens = self.arena.lens + self.new_lens  # the context now includes this pass's rows
         return kv_inject_attention(q, k, v, self.arena.k[layer], self.arena.v[layer], lens.to(torch.int32),
                                    causal_block=causal, window=window)
+
+    def scale(self, x, factor):
+        return x * factor
+
+    def softcap(self, x, cap):
+        return torch.tanh(x / cap) * cap
+
+    def conv_prepare(self, x, name, kernel, group):
+        dyn = F.linear(x, self.w[name + ".kernel_projection.weight"]).view(*x.shape[:2], 2, kernel, -1)  # [B, T, 2, K, G]
+        return dynamic_conv(x, dyn[:, :, 0], self.w[name + ".base_kernel"][0], group), dyn[:, :, 1]
+
+    def conv_finish(self, y, taps, name, group):
+        return dynamic_conv(y, taps, self.w[name + ".base_kernel"][1], group)
+
+    def select_path(self, hidden, logits, anchor, name, top_k):
+        mod = F.linear(hidden, self.w[name + ".hidden_projection.weight"])  # [B, D, r]
+        return select_path(self.w[name + ".predecessor_codebook"], self.w[name + ".successor_codebook"], mod, logits,
+                           anchor, top_k).path

@@ -50,6 +50,35 @@ from trtllm_dflash.recipe.stages import input_stage
 Role = Literal["target", "drafter"]
 ROLES: tuple[Role, ...] = ("target", "drafter")
 
+# What the TensorRT side still needs before a DFlash2 drafter (z-lab's DFlash2DraftModel) builds
+# and serves on the engine backend; convert refuses such recipes for backend engine until then.
+# The torch network (build/networks.py over ops_torch.TorchOps) already runs it, checked against
+# the reference drafter (tests/build/test_networks.py), and convert/quantize carry its tensors.
+DFLASH2_ENGINE_NOTE = """\
+DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the engine backend
+(TensorRT-LLM 1.2.x drafter engine), still to do:
+1. TrtllmOps (build/ops_trtllm.py): scale, softcap (tanh), conv_prepare / conv_finish: a
+   replicated linear (kernel_projection, 2*K*H/g outputs), a view to [B, T, 2, K, G], for tap o
+   a slice of the block axis shifted by o with o zero rows in front (slice + concat), times
+   (base_kernel[side, o] + the tap weight broadcast over the group's g channels), summed over
+   the K taps; all in the drafter's dtype (never quantized).
+2. select_path: topk(k) over the vocabulary of each slot's logits (TensorRT TopK, k <= 3840),
+   then T-1 unrolled steps: gather the predecessor's codebook row (an embedding lookup by the
+   previous step's token), times hidden_projection(h_j), dot with the k candidates' successor
+   rows, plus the unary logits, argmax (TopK k=1), gather the chosen id. Under tp > 1 the
+   logits are all-gathered first (lm_head is vocab-parallel), as for the argmax today.
+3. Engine I/O: draft_ids = the selector's path instead of the per-slot argmax; for sampling,
+   the selector samples each slot from softmax(scores / T) over its k candidates, so the
+   engine needs a random input (or the runner samples from exported [B, T-1, k] scores and
+   candidate ids step by step) and must return the q of each chosen slot for rejection
+   sampling (PathDrafterRunner.draft_path's contract).
+4. The engine runners (serve/engine_runners.py, drafter_runner.py, trt_runners.py) expose
+   selects_path / draft_path from those outputs; then lift the refusal in
+   convert/convert.py _check_drafter_backend for backend engine.
+5. The KV-injection plugin limits sliding-window keys behind the query only: a non-causal
+   sliding layer whose window is shorter than the block is not expressible (z-lab's DFlash2
+   uses 2048 >= block 16, so it is not hit in practice)."""
+
 # Model classes in build/trtllm_models.py (trtllm-build --model_cls_name).
 TARGET_CLASSES = {"qwen3": "DFlashQwen3Target", "llama": "DFlashLlamaTarget"}
 DRAFTER_CLASS = "DFlashDrafter"

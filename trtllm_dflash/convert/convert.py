@@ -380,11 +380,6 @@ def read_sources(tdir: Path, ddir: Path) -> Sources:
     tcfg = TargetConfig.from_dict(traw, f"target {tdir}/config.json")
     dcfg = DraftConfig.from_dict(draw, f"drafter {ddir}/config.json")
     check_pair(dcfg, tcfg, f"drafter {ddir}/config.json")
-    extras = [k for k, off in (("conv_kernel_size", None), ("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
-                               ("final_logit_softcapping", None)) if getattr(dcfg, k) != off]
-    if extras:
-        raise UserError(f"drafter {ddir}/config.json: {extras[0]} is set; the engine path does not carry "
-                        f"{'DFlash2 drafters' if dcfg.dflash2 else 'this drafter variant'} yet (the reference backend runs it)")
     gen = read_json(tdir / "generation_config.json") if (tdir / "generation_config.json").is_file() else None
     target, drafter = Checkpoint(tdir, "target"), Checkpoint(ddir, "drafter")
     _check_sources(target, _expected_shapes("target", tcfg), "target")
@@ -507,6 +502,23 @@ def _aux_files(directory: Path) -> Iterator[Path]:
             yield p
 
 
+# Why a backend cannot serve a drafter variant yet (the reference backend serves them all).
+_VARIANT_GAPS = {
+    "engine": "the TensorRT drafter engine has neither DFlash2's convolutions and selector nor the logit "
+              "scalars yet (build/plan.py DFLASH2_ENGINE_NOTE)",
+    "pytorch": "TensorRT-LLM's DFlash has no DFlash2 or logit scalars (an open RFC only)",
+}
+
+
+def _check_drafter_backend(dcfg, backend: str, ddir: Path) -> None:
+    """A DFlash2 drafter, or one with logit / embedding scalars, on a backend that cannot run it yet."""
+    extras = [k for k, off in (("conv_kernel_size", None), ("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                               ("final_logit_softcapping", None)) if getattr(dcfg, k) != off]
+    if extras and backend in _VARIANT_GAPS:
+        raise UserError(f"drafter {ddir}/config.json: {extras[0]} is set and backend.name is {backend}: "
+                        f"{_VARIANT_GAPS[backend]}; backend reference runs it")
+
+
 def convert(
     recipe: Recipe,
     out: Path,
@@ -532,6 +544,7 @@ def convert(
         raise UserError(f"--layout {layout!r}: allowed: {', '.join(LAYOUTS)}")
     tp = recipe.parallel.tp
     src = sources or load_sources(recipe)
+    _check_drafter_backend(src.drafter_cfg, recipe.backend.name, src.drafter_dir)
     transform = transform or Cast(default_dtypes(recipe))
     if layout == "trtllm":
         plans = plan_trtllm(src, tp)

@@ -24,7 +24,10 @@ The drafter map is our engine's DFlash drafter (`architecture: DFlashDrafter`): 
 `dflash.hidden_norm` fuse the target features; every layer has a block-only query projection
 `attention.q` and the KV-injection projection `attention.kv` = [k; v], which projects both the
 context rows and the block rows; the target's embedding and LM head are copied in because the
-drafter engine embeds its block and picks its drafts itself.
+drafter engine embeds its block and picks its drafts itself. A DFlash2 drafter adds its
+convolutions per layer (`transformer.layers.{i}.attention_conv.base_kernel`, ...) and its
+selector (`dflash2.selector.predecessor_codebook`, `successor_codebook`,
+`hidden_projection.weight`), replicated on every rank and never quantized.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class ArchMap:
     dense_mlp: tuple[Entry, ...] = ()  # dense layers
     mlp_bias: tuple[Entry, ...] = ()  # dense layers, when mlp_bias
     moe_mlp: tuple[Entry, ...] = ()  # sparse (MoE) layers
+    conv: tuple[Entry, ...] = ()  # every layer of a DFlash2 drafter (its convolutions)
+    selector: tuple[Entry, ...] = ()  # once, for a DFlash2 drafter (its candidate selector)
 
 
 L = "transformer.layers.{}."
@@ -153,6 +158,17 @@ DRAFTER_MAP = ArchMap(
         Entry(L + "mlp.fc.weight", (D + "mlp.gate_proj.weight",), "column", linear=True, share="gate_up"),
         Entry(L + "mlp.gate.weight", (D + "mlp.up_proj.weight",), "column", linear=True, share="gate_up"),
         Entry(L + "mlp.proj.weight", (D + "mlp.down_proj.weight",), "row", linear=True),
+    ),
+    # DFlash2: the convolutions act on full hidden rows (before the sharded projections and after
+    # their all-reduce) and the selector on full logits (after the LM head's all-gather), so every
+    # rank holds all of them; none is a quantized GEMM: they stay in the drafter's dtype.
+    conv=tuple(
+        Entry(L + f"{c}.{w}", (D + f"{c}.{w}",), "replicate")
+        for c in ("attention_conv", "mlp_conv") for w in ("base_kernel", "kernel_projection.weight")
+    ),
+    selector=tuple(
+        Entry(f"dflash2.selector.{w}", (f"candidate_selector.{w}",), "replicate")
+        for w in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")
     ),
 )
 
@@ -249,9 +265,11 @@ def combine(entry: Entry, tensors: list[list[torch.Tensor]]) -> torch.Tensor:
     return torch.stack(per) if entry.rule.startswith("experts_") else per[0]
 
 
-def layer_entries(m: ArchMap, *, qk_norm: bool, attention_bias: bool, mlp_bias: bool, sparse: bool) -> tuple[Entry, ...]:
+def layer_entries(m: ArchMap, *, qk_norm: bool, attention_bias: bool, mlp_bias: bool, sparse: bool,
+                  conv: bool = False) -> tuple[Entry, ...]:
     """The entries of one decoder layer."""
     out = m.attention + (m.qk_norm if qk_norm else ()) + (m.attention_bias if attention_bias else ())
+    out += m.conv if conv else ()
     if sparse:
         if not m.moe_mlp:
             raise ValueError(f"{m.architecture}: the map has no MoE entries")
@@ -283,7 +301,8 @@ def split_back(entry: Entry, layer: int | None, x: torch.Tensor, local: Heads | 
 def model_entries(m: ArchMap, cfg, drafter: bool = False) -> list[tuple[Entry, int | None]]:
     """Every (entry, layer) of a model, in file order; `cfg` is a reference TargetConfig / DraftConfig."""
     moe = getattr(cfg, "moe", None)
-    out: list[tuple[Entry, int | None]] = [(e, None) for e in m.top]
+    dflash2 = drafter and cfg.dflash2
+    out: list[tuple[Entry, int | None]] = [(e, None) for e in m.top + (m.selector if dflash2 else ())]
     for i in range(cfg.num_layers):
         es = layer_entries(
             m,
@@ -291,6 +310,7 @@ def model_entries(m: ArchMap, cfg, drafter: bool = False) -> list[tuple[Entry, i
             attention_bias=cfg.attention_bias,
             mlp_bias=getattr(cfg, "mlp_bias", False),
             sparse=moe is not None and moe.sparse_layers[i],
+            conv=dflash2,
         )
         out += [(e, i) for e in es]
     return out

@@ -89,26 +89,27 @@ class DynamicConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.zeros(2, kernel, hidden))  # [2, K, H]
         self.kernel_projection = nn.Linear(hidden, 2 * kernel * (hidden // group), bias=False)
 
-    def _conv(self, x: torch.Tensor, dyn: torch.Tensor, side: int) -> torch.Tensor:
-        """x [N, T, H]; dyn [N, T, K, G] -> [N, T, H]."""
-        N, T, H = x.shape
-        G = H // self.group
-        base = self.base_kernel[side].view(self.kernel, G, self.group).to(x.dtype)  # [K, G, g]
-        coef = base + dyn[..., None]  # [N, T, K, G, g]
-        xs = x.view(N, T, G, self.group)
-        y = coef[:, :, 0] * xs
-        for o in range(1, min(self.kernel, T)):
-            y = y + torch.nn.functional.pad(coef[:, o:, o] * xs[:, :-o], (0, 0, 0, 0, o, 0))
-        return y.view(N, T, H)
-
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The sublayer's input x [N, T, H] -> (its filtered input, the side-1 taps [N, T, K, G])."""
         dyn = self.kernel_projection(x).view(*x.shape[:2], 2, self.kernel, -1)  # [N, T, 2, K, G]
-        return self._conv(x, dyn[:, :, 0], 0), dyn[:, :, 1]
+        return dynamic_conv(x, dyn[:, :, 0], self.base_kernel[0], self.group), dyn[:, :, 1]
 
     def finish(self, y: torch.Tensor, dyn: torch.Tensor) -> torch.Tensor:
         """The sublayer's output y [N, T, H] filtered with the taps `prepare` returned."""
-        return self._conv(y, dyn, 1)
+        return dynamic_conv(y, dyn, self.base_kernel[1], self.group)
+
+
+def dynamic_conv(x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor, group: int) -> torch.Tensor:
+    """y[t] = sum_o (base[o] + dyn[t, o, g]) * x[t - o] along the block axis, x = 0 before it.
+    x [N, T, H]; dyn [N, T, K, G] (one tap weight per group of `group` channels); base [K, H]."""
+    N, T, H = x.shape
+    K, G = base.shape[0], H // group
+    coef = base.view(K, G, group).to(x.dtype) + dyn[..., None]  # [N, T, K, G, g]
+    xs = x.view(N, T, G, group)
+    y = coef[:, :, 0] * xs
+    for o in range(1, min(K, T)):
+        y = y + torch.nn.functional.pad(coef[:, o:, o] * xs[:, :-o], (0, 0, 0, 0, o, 0))
+    return y.view(N, T, H)
 
 
 class DraftLayer(nn.Module):
@@ -174,31 +175,45 @@ class CandidateSelector(nn.Module):
 
     def pair_scores(self, mod: torch.Tensor, prev: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """The bigram term: mod [.., r] = W h, prev [..] predecessors, cand [.., k] -> fp32 [.., k]."""
-        pred = self.predecessor_codebook[prev].float() * mod  # [.., r]
-        return (pred[..., None, :] * self.successor_codebook[cand].float()).sum(-1)
+        return pair_scores(self.predecessor_codebook, self.successor_codebook, mod, prev, cand)
 
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
                sampling: SamplingParams = SamplingParams(), gen: torch.Generator | None = None,
                path: torch.Tensor | None = None) -> Selection:
         """hidden [B, D, H] final-normed slot states; logits [B, D, V] their draft logits; anchor [B].
         `path` [B, D]: score along these tokens instead of choosing (teacher forcing)."""
-        unary, cand = logits.float().topk(self.top_k, dim=-1)  # [B, D, k]
-        mod = self.hidden_projection(hidden).float()  # [B, D, r]
-        prev = anchor
-        chosen, scores, qs = [], [], []
-        for j in range(hidden.shape[1]):
-            s = unary[:, j] + self.pair_scores(mod[:, j], prev, cand[:, j])  # [B, k]
-            q = None if sampling.greedy else probs(s, sampling)  # [B, k]
-            if path is not None:
-                prev = path[:, j]
-            else:
-                pick = s.argmax(-1) if q is None else sample(q, gen)  # [B]
-                prev = cand[:, j].gather(1, pick[:, None])[:, 0]
-            chosen.append(prev)
-            scores.append(s)
-            qs.append(q)
-        q = None if sampling.greedy else torch.stack(qs, 1)
-        return Selection(torch.stack(chosen, 1), cand, torch.stack(scores, 1), q)
+        return select_path(self.predecessor_codebook, self.successor_codebook, self.hidden_projection(hidden),
+                           logits, anchor, self.top_k, sampling, gen, path)
+
+
+def pair_scores(pred_codebook, succ_codebook, mod, prev, cand) -> torch.Tensor:
+    """sum_r P[prev, r] * mod[r] * S[c, r] for every candidate c: mod [.., r], prev [..],
+    cand [.., k] -> fp32 [.., k] (P, S: the [V, r] codebooks)."""
+    pred = pred_codebook[prev].float() * mod.float()  # [.., r]
+    return (pred[..., None, :] * succ_codebook[cand].float()).sum(-1)
+
+
+def select_path(pred_codebook, succ_codebook, mod, logits, anchor, top_k: int,
+                sampling: SamplingParams = SamplingParams(), gen: torch.Generator | None = None,
+                path: torch.Tensor | None = None) -> Selection:
+    """The selector's left-to-right choice (CandidateSelector): mod [B, D, r] the projected slot
+    states, logits [B, D, V], anchor [B]; `path` [B, D] forces the predecessors."""
+    unary, cand = logits.float().topk(top_k, dim=-1)  # [B, D, k]
+    prev = anchor
+    chosen, scores, qs = [], [], []
+    for j in range(logits.shape[1]):
+        s = unary[:, j] + pair_scores(pred_codebook, succ_codebook, mod[:, j], prev, cand[:, j])  # [B, k]
+        q = None if sampling.greedy else probs(s, sampling)  # [B, k]
+        if path is not None:
+            prev = path[:, j]
+        else:
+            pick = s.argmax(-1) if q is None else sample(q, gen)  # [B]
+            prev = cand[:, j].gather(1, pick[:, None])[:, 0]
+        chosen.append(prev)
+        scores.append(s)
+        qs.append(q)
+    q = None if sampling.greedy else torch.stack(qs, 1)
+    return Selection(torch.stack(chosen, 1), cand, torch.stack(scores, 1), q)
 
 
 class DFlashDraft(nn.Module):
