@@ -90,9 +90,12 @@ def test_engine_serves_concurrent_jobs_with_solo_outputs(pair):
                 done.set()
         return emit
 
+    # Per-request modes and draft lengths (AR / DDTree / DFlash at 2 drafts beside the engine's own
+    # DFlash): separate decoder groups, one server; greedy output is the target's in every one.
+    settings = [{}, {"mode": "ar"}, {"mode": "ddtree"}, {"mode": "dflash", "draft_len": 2}]
     try:
         for i in range(4):  # more jobs than max_batch_size: the last one waits for a free slot
-            engine.submit(Job(PROMPTS[i], LIMITS[i], emitter(i)))
+            engine.submit(Job(PROMPTS[i], LIMITS[i], emitter(i), **settings[i]))
         assert done.wait(60), "engine did not finish the jobs"
     finally:
         engine.stop()
@@ -103,6 +106,37 @@ def test_engine_serves_concurrent_jobs_with_solo_outputs(pair):
         assert "".join(u.text for u in updates) == tokenizer.decode(expected)
         assert updates[-1].finish_reason in ("length", "stop")
         assert updates[-1].rounds >= 1 and 0 <= updates[-1].accepted <= updates[-1].drafted
+    assert results[1][-1].drafted == 0 and results[1][-1].rounds == LIMITS[1] - 1  # AR: one token per pass
+    assert results[3][-1].drafted <= 2 * results[3][-1].rounds
+
+
+def test_a_mode_the_runners_cannot_decode_fails_only_its_requests(pair):
+    target, drafter, tokenizer = pair
+
+    class NoTrees(LocalModel):
+        def decoder(self, **kwargs):
+            if kwargs["mode"] == "ddtree":
+                raise ValueError("these runners verify no trees")
+            return super().decoder(**kwargs)
+
+    engine = ServingEngine(NoTrees(target, drafter), tokenizer, max_seq_len=64)
+    ends, done = {}, threading.Event()
+
+    def emit(i):
+        def f(u):
+            if u.finish_reason:
+                ends[i] = u.finish_reason
+                if len(ends) == 2:
+                    done.set()
+        return f
+
+    try:
+        engine.submit(Job(PROMPTS[0], 8, emit(0), mode="ddtree"))
+        engine.submit(Job(PROMPTS[1], 8, emit(1)))
+        assert done.wait(30)
+    finally:
+        engine.stop()
+    assert ends == {0: "error: ValueError: these runners verify no trees", 1: "length"}
 
 
 def test_engine_stop_words_end_the_request(pair):

@@ -92,6 +92,22 @@ def test_streamed_greedy_completion_equals_generate(server, client):
     assert stats["accepted_draft_tokens"] <= stats["draft_tokens"]
 
 
+def test_request_extension_picks_the_mode_and_the_response_says_which(client):
+    """`"dflash": {"mode", "draft_len"}`: AR, DFlash and the deployment's DDTree from one server, the same
+    greedy text; the response's dflash.mode says how the request was decoded."""
+    texts = {}
+    for ext in ({"mode": "ar"}, {"mode": "dflash", "draft_len": 3}, {}):
+        r = client.completions.create(model="dflash", prompt=PROMPT, max_tokens=24, temperature=0,
+                                      extra_body={"dflash": ext} if ext else None)
+        stats = r.model_extra["dflash"]
+        texts[stats["mode"]] = r.choices[0].text
+        if ext.get("mode") == "ar":
+            assert stats["draft_tokens"] == 0 and stats["acceptance_length"] == 1.0
+        if "draft_len" in ext:
+            assert stats["draft_tokens"] <= 3 * stats["rounds"]
+    assert sorted(texts) == ["ar", "ddtree", "dflash"] and len(set(texts.values())) == 1
+
+
 def test_non_streaming_completion(server, client):
     _, root, _ = server
     r = client.completions.create(model="dflash", prompt=PROMPT, max_tokens=20, temperature=0)
@@ -137,6 +153,9 @@ BAD = [
     ({"model": "gpt-4", "prompt": "x"}, 404, "model", "model: 'gpt-4' does not exist"),
     ({"model": "dflash", "prompt": "x", "n": 2}, 400, "n", "n: 2 > 1"),
     ({"model": "dflash", "prompt": "x", "echo": True}, 400, "echo", "echo: not supported"),
+    ({"model": "dflash", "prompt": "x", "dflash": {"mode": "tree"}}, 400, "dflash.mode", "dflash.mode: Input should be"),
+    ({"model": "dflash", "prompt": "x", "dflash": {"draft_len": -1}}, 400, "dflash.draft_len",
+     "dflash.draft_len: Input should be greater than or equal to 0"),
 ]
 
 

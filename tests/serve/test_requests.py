@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trtllm_dflash.serve.requests import Limits, RequestError, check_lengths, parse_request
+from trtllm_dflash.serve.requests import Limits, RequestError, check_lengths, check_mode, parse_request
 
 
 def req(**kw):
@@ -35,6 +35,8 @@ def test_valid_request_with_all_options():
         (dict(top_p=np.array([1.5], np.float32)), "top_p: must be in (0, 1]"),
         (dict(top_k=np.array([-1], np.int32)), "top_k: must be >= 0"),
         (dict(exclude_input_in_output=np.array([False])), "exclude_input_in_output: only true"),
+        (dict(mode=np.array([b"tree"], dtype=object)), "mode: expected one of ar, dflash, ddtree, got 'tree'"),
+        (dict(draft_len=np.array([-2], np.int32)), "draft_len: must be >= 0"),
     ],
 )
 def test_bad_values_are_named(inputs, message):
@@ -55,3 +57,12 @@ def test_length_limits():
         check_lengths(9, 1, limits)
     with pytest.raises(RequestError, match=r"max_tokens: 13 > 12 \(build limit max_seq_len 20 minus 8 prompt tokens\)"):
         check_lengths(8, 13, limits)
+
+
+def test_mode_is_per_request_and_ddtree_needs_the_deployments_budget():
+    assert parse_request(req()).mode is None  # the deployment's own mode
+    assert parse_request(req(mode=np.array([b"AR"], dtype=object))).mode == "ar"
+    check_mode("ddtree", 32)
+    check_mode("ar", None)
+    with pytest.raises(RequestError, match="mode: ddtree needs speculative.ddtree_budget in the deployed recipe"):
+        check_mode("ddtree", None)

@@ -218,15 +218,24 @@ def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
 def test_sweep_command_against_the_server(served, tmp_path, http):
     recipe, server = served
     url = server.endpoints.http_url if http else server.endpoints.grpc_url
+    # gRPC: the default curves (AR beside DFlash, each request naming its mode); HTTP: DFlash only.
     cmd = [sys.executable, "-m", "trtllm_dflash", "sweep", str(recipe.file), "--url", url, "--out", str(tmp_path),
-           "--levels", "1,2", "--json"] + (["--http"] if http else [])
+           "--levels", "1,2", "--json"] + (["--http", "--modes", "dflash"] if http else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    levels = json.loads(r.stdout[r.stdout.index("["):])
-    assert [lv["concurrency"] for lv in levels] == [1, 2]
-    assert all(lv["failed"] == 0 and lv["requests"] == max(4, 5 * lv["concurrency"]) for lv in levels)
-    assert all(lv["tau"] >= 1.0 and lv["output_tok_s_per_gpu"] > 0 for lv in levels)
+    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    curves = {}
+    for lv in summary["levels"]:
+        curves.setdefault(lv["curve"], []).append(lv)
+    assert list(curves) == (["dflash"] if http else ["ar", "dflash"])
+    for name, levels in curves.items():
+        assert [lv["concurrency"] for lv in levels] == [1, 2]
+        assert all(lv["failed"] == 0 and lv["requests"] == max(4, 5 * lv["concurrency"]) for lv in levels)
+        assert all(lv["tau"] >= 1.0 and lv["output_tok_s_per_gpu"] > 0 for lv in levels)
+        assert all((lv["tau"] == 1.0 and lv["draft_per_round"] == 0) == (name == "ar") for lv in levels)
+    assert ("dflash_vs_ar" in summary["headline"]) != http
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {row["curve"] for row in rows} == set(curves) and all(row["mode"] == row["curve"] for row in rows)
     measured = [row for row in rows if not row["warmup"]]
     prompts = {row["request_id"]: row_prompt(recipe, row) for row in measured}
     expected = {p: reference_text(recipe, p, recipe.sweep.output_len) for p in set(prompts.values())}

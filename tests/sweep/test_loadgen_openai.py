@@ -44,9 +44,9 @@ class _Session:
         return _Response(self.status, self.lines)
 
 
-def record(session) -> RequestRecord:
+def record(session, settings=None) -> RequestRecord:
     rec = RequestRecord(request_id=0, concurrency=1, start_ns=0)
-    return asyncio.run(_consume(rec, _openai_events(session, "127.0.0.1:9", "m", "p", 8, 3, 0.0)))
+    return asyncio.run(_consume(rec, _openai_events(session, "127.0.0.1:9", "m", "p", 8, 3, 0.0, settings)))
 
 
 def chunk(text, reason=None, **extra):
@@ -63,6 +63,17 @@ def test_our_extension_gives_exact_tokens_and_rounds():
     url, body = s.sent
     assert url == "http://127.0.0.1:9/v1/completions" and body["stream"] and body["stream_options"]["include_usage"]
     assert (body["model"], body["max_tokens"], body["seed"], body["temperature"]) == ("m", 8, 3, 0.0)
+
+
+def test_a_curves_mode_goes_out_as_our_extension_and_must_come_back():
+    ext = {"dflash": {"tokens": 3, "rounds": 2, "draft_tokens": 0, "mode": "ar"}}
+    s = _Session(200, [{**chunk("abc", "length"), **ext}, "data: [DONE]"])
+    r = record(s, {"mode": "ar", "draft_len": 0})
+    assert s.sent[1]["dflash"] == {"mode": "ar", "draft_len": 0} and r.error is None and r.rounds == 2
+    assert r.drafted == 0
+    # A server that ignores the extension (another OpenAI-compatible server) fails the request, named.
+    r = record(_Session(200, [chunk("abc", "length"), "data: [DONE]"]), {"mode": "ar"})
+    assert "did not decode mode 'ar'" in r.error and not r.ok
 
 
 def test_plain_servers_count_chunks_and_take_the_usage_total():

@@ -76,20 +76,3 @@ def test_pareto_front():
     pts = [(10, 100), (20, 90), (15, 80), (30, 30), (5, 120), (30, 20)]
     assert pareto_front(pts) == [0, 1, 3, 4]
     assert pareto_front([(1, 1), (1, 1)]) == [0, 1]  # ties do not dominate
-
-
-def test_plot_and_table_from_synthetic_levels(tmp_path):
-    from rich.console import Console
-
-    from trtllm_dflash.sweep.report import plot_pareto, summary_table
-
-    levels = []
-    for c, gap in ((1, 5), (2, 6), (4, 8), (8, 14)):
-        recs = [rec(i, start=i * MS, chunks=((20, 1), (20 + gap, 5), (20 + 2 * gap, 5)), rounds=3) for i in range(c)]
-        levels.append(summarize_level(recs, c, gpus=1))
-    png = plot_pareto(levels, tmp_path / "sweep.png", "synthetic")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    console = Console(record=True, width=160)
-    console.print(summary_table(levels))
-    text = console.export_text()
-    assert "tok/s/GPU" in text and text.count(" *") >= 1

@@ -48,7 +48,9 @@ def rows(out):
 
 def test_openai_sweep_gives_the_tokens_and_tau_of_the_triton_sweep(both, tmp_path):
     recipe, root, triton, openai_url = both
-    a = sweep(recipe, triton.endpoints.grpc_url, tmp_path / "triton", levels=[1, 2], from_dir=root / "deploy")
+    # The deployment's own mode (DDTree: the embedded default has a budget) on both APIs.
+    a = sweep(recipe, triton.endpoints.grpc_url, tmp_path / "triton", levels=[1, 2], from_dir=root / "deploy",
+              modes=["ddtree"])
     b = sweep(recipe, openai_url, tmp_path / "openai", levels=[1, 2], protocol="openai", from_dir=root / "deploy")
     ra, rb = rows(tmp_path / "triton"), rows(tmp_path / "openai")
     assert len(ra) == len(rb) == sum(max(4, 5 * c) + 1 for c in (1, 2))
@@ -72,7 +74,7 @@ def test_sweep_command_with_api_openai(both, tmp_path):
            "--from", str(root / "deploy")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    levels = json.loads(r.stdout[r.stdout.index("["):])
+    levels = [lv for lv in json.loads(r.stdout[r.stdout.index("{"):])["levels"] if lv["curve"] == "ddtree"]
     assert [lv["concurrency"] for lv in levels] == [2] and levels[0]["failed"] == 0 and levels[0]["tau"] >= 1.0
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["extra"]["protocol"] == "openai" and manifest["extra"]["model"] == "dflash"

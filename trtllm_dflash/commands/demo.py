@@ -1,8 +1,10 @@
 """`trtllm-dflash demo [RECIPE]`: the main job. `run` on a recipe (default: the embedded CPU
 recipe) plus a summary: check notes and the memory plan first, then every stage that runs on
 this machine (convert, quantize when the recipe quantizes, deploy, serve on free loopback
-ports, sweep), then the sweep table. Stages that are current are skipped; the table is shown
-either way."""
+ports, sweep: AR beside DFlash, and DDTree when the recipe has a budget, from the same server and
+prompts), then the sweep table and the headline ratios (DFlash's throughput over AR's at equal
+tokens/s/user on the Pareto fronts, the highest tokens/s/user of each, tokens/s/user ratios at
+equal concurrency). Stages that are current are skipped; the tables are shown either way."""
 
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.commands.run import run_pipeline
     from trtllm_dflash.recipe import check, load_recipe
     from trtllm_dflash.recipe.planner import plan
-    from trtllm_dflash.sweep.report import summary_table
+    from trtllm_dflash.commands.sweep import print_summary
     from trtllm_dflash.sweep.stage import read_summary
+    from trtllm_dflash.sweep.summary import read_headline
 
     console = Console(highlight=False)
     recipe = load_recipe(args.recipe, args.overrides)
@@ -42,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if rc or (args.until and args.until != "sweep"):
         return rc
     console.rule("[bold]summary")
-    console.print(summary_table(read_summary(out / "sweep"), f"{recipe.name}: concurrency sweep"))
+    print_summary(console, {"headline": read_headline(out / "sweep")}, read_summary(out / "sweep"),
+                  f"{recipe.name}: concurrency sweep")
     ran = [s.stage for s in stages if s.status == "ran"]
     console.print(f"stages run: {', '.join(ran) or 'none (all up to date)'}; outputs in {out}/: "
                   "sweep/ has results.jsonl, summary.csv, summary.json, sweep.png")

@@ -1,7 +1,8 @@
 """`trtllm-dflash sweep RECIPE --url HOST:PORT [--api triton|openai]`: concurrency vs interactivity
 against a running server: Triton's dflash model (gRPC streaming, or HTTP with --http), or any
 OpenAI-compatible endpoint (--api openai: our reference server, trtllm-serve, vLLM, SGLang), with
-the same load generator and metrics."""
+the same load generator and metrics. AR beside DFlash (and DDTree) from the same server and
+prompts (--modes), with the headline ratios; --tune: the best draft length per level as bands."""
 
 from __future__ import annotations
 
@@ -26,8 +27,31 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the deploy output the server serves (recorded as the sweep's input)")
     p.add_argument("--levels", default=None, help="comma-separated concurrency levels (default: the recipe's)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default greedy)")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated curves, each request decoded as named (the dflash model's per-request mode): "
+                   "ar, dflash, ddtree (default: ar,dflash, plus ddtree when the recipe has speculative.ddtree_budget; "
+                   "--api openai: the server's own mode, others through our server's `dflash` request extension)")
+    p.add_argument("--tune", action="store_true",
+                   help="measure every level at fixed draft lengths (per-request draft_len) beside the server's own "
+                   "policy; write the best as speculative.draft_len bands (OUT/draft_len.yaml)")
+    p.add_argument("--tune-draft-lens", default=None,
+                   help="--tune: comma-separated draft lengths (default 0,1,3,7,11 and block_size-1)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="measure each level of each curve this many times, interleaved; report the median (default 1)")
     p.add_argument("--json", action="store_true", help="print the level summaries as JSON")
     p.set_defaults(run=run)
+
+
+def parse_ints(text: str, flag: str) -> list[int]:
+    from trtllm_dflash.errors import UserError
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{flag}: expected comma-separated integers, got {text!r}")
+    return values
 
 
 def parse_levels(text: str | None, default: list[int]) -> list[int]:
@@ -35,25 +59,20 @@ def parse_levels(text: str | None, default: list[int]) -> list[int]:
 
     if text is None:
         return default
-    try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--levels: expected comma-separated integers, got {text!r}") from None
-    if not levels or any(c < 1 for c in levels):
+    levels = parse_ints(text, "--levels")
+    if any(c < 1 for c in levels):
         raise UserError(f"--levels: expected positive integers, got {text!r}")
     return levels
 
 
 def run(args: argparse.Namespace) -> int:
     import json
-    from dataclasses import asdict
 
     from rich.console import Console
 
     from trtllm_dflash.artifacts import verify_input
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.sweep.report import summary_table
     from trtllm_dflash.sweep.stage import sweep
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -66,14 +85,39 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--http: only with --api triton (the OpenAI API is HTTP already)")
     if args.from_dir is not None:
         verify_input(args.from_dir, ("deploy",), recipe, check_contents=False)
+    if args.tune and args.modes:
+        raise UserError("--modes: not with --tune (it measures the server's own mode at fixed draft lengths)")
+    if args.tune_draft_lens and not args.tune:
+        raise UserError("--tune-draft-lens: only with --tune")
+    block = recipe.speculative.block_size
+    tune = None
+    if args.tune:
+        tune = parse_ints(args.tune_draft_lens, "--tune-draft-lens") if args.tune_draft_lens else \
+            sorted({n for n in (0, 1, 3, 7, 11) if n < block} | {block - 1})
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
+    if args.modes is not None and not modes:
+        raise UserError(f"--modes: expected comma-separated modes (ar, dflash, ddtree), got {args.modes!r}")
     out = args.out or Path("runs") / recipe.name / "sweep"
     result = sweep(recipe, args.url, out, levels=parse_levels(args.levels, recipe.sweep.concurrency),
                    protocol="openai" if args.api == "openai" else "http" if args.http else "grpc",
-                   temperature=args.temperature, from_dir=args.from_dir, model=args.model)
+                   temperature=args.temperature, from_dir=args.from_dir, model=args.model, modes=modes, tune=tune,
+                   repeats=args.repeats)
     if args.json:
-        print(json.dumps([asdict(s) for s in result.levels], indent=2))
+        print(json.dumps(result.summary, indent=2))
     else:
-        Console().print(summary_table(result.levels, f"{recipe.name}: sweep"))
-        print(f"wrote {out}/results.jsonl, summary.csv, summary.json, sweep.png")
-    failed = sum(s.failed for s in result.levels)
+        print_summary(Console(highlight=False), result.summary, result.levels, f"{recipe.name}: sweep")
+        print(f"wrote {out}/results.jsonl, summary.csv, summary.json, sweep.png"
+              + (", draft_len.yaml" if tune is not None else ""))
+    failed = sum(run.failed for runs in result.repeats.values() for run in runs)
     return 1 if failed else 0
+
+
+def print_summary(console, summary: dict, levels, title: str) -> None:
+    """The level table, the headline ratios and (--tune) the tuning table, as `sweep` and `demo` show them."""
+    from trtllm_dflash.sweep.report import headline_table, summary_table, tune_table
+
+    console.print(summary_table(levels, title))
+    if summary.get("headline"):
+        console.print(headline_table(summary["headline"], "headline ratios (on the Pareto fronts)"))
+    if summary.get("tune"):
+        console.print(tune_table(summary["tune"]))

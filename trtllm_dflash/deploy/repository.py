@@ -77,6 +77,14 @@ def _header(recipe: Recipe) -> str:
 ARTIFACT_LAYOUT = {"reference": "trtllm", "pytorch": "hf"}
 
 
+def model_inputs(recipe: Recipe) -> list[str]:
+    """The served model's request inputs (recorded in the manifest: a deployment made before an
+    input was added is not current for `run`)."""
+    from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS, LLMAPI_INPUTS
+
+    return [t.name for t in (LLMAPI_INPUTS if recipe.backend.name == "pytorch" else DFLASH_INPUTS)]
+
+
 def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     """Write the model repository for `recipe`, serving the artifact in `from_dir`, into out_dir
     (atomically, with a manifest)."""
@@ -91,7 +99,8 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
     artifact = from_dir.resolve()
     name = recipe.serve.model_name
     manifest = Manifest.for_stage("deploy", recipe, from_dir, extra={"backend": backend, "model_name": name,
-                                                                      "artifact": str(artifact)})
+                                                                      "artifact": str(artifact),
+                                                                      "inputs": model_inputs(recipe)})
     with atomic_stage_dir(out_dir, manifest, overwrite=overwrite) as tmp:
         model_dir = tmp / REPOSITORY / name
         version = model_dir / "1"

@@ -6,8 +6,8 @@ and enum values are checked by protobuf, not by string templates.
 Two request interfaces:
 - `dflash` (reference and engine backends): TensorRT-LLM ensemble / BLS names, so existing
   clients work: `text_input`, `max_tokens`, optional `temperature`, `top_p`, `top_k`, `seed`,
-  `stop_words`, `stream`, `exclude_input_in_output`; output `text_output` (generated text only,
-  streamed as deltas) plus acceptance statistics.
+  `stop_words`, `stream`, `exclude_input_in_output`, and our per-request `draft_len` and `mode`;
+  output `text_output` (generated text only, streamed as deltas) plus acceptance statistics.
 - `tensorrt_llm` LLM-API model (pytorch backend): the names TensorRT-LLM's `llmapi` Triton
   model reads (`sampling_param_*`, `streaming`), served by the model.py of the container.
 """
@@ -42,6 +42,7 @@ DFLASH_INPUTS = (
     Tensor("stream", mc.TYPE_BOOL, optional=True),
     Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
     Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
+    Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response

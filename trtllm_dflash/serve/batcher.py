@@ -8,7 +8,9 @@ between rounds instead of waiting for each other.
 
 Requests with different sampling settings are decoded in separate groups, because the
 reference loop applies one sampling setting per batch; groups take turns round by round.
-All greedy requests share one group.
+All greedy requests share one group, unless they ask for their own draft length or mode
+(`draft_len`, `mode`: AR, DFlash and DDTree requests on one server), which makes one group
+per (sampling, draft length, mode).
 
 The model is anything with `decoder(**kwargs)` (a reference `Decoder` or one with the same
 admit / step / cancel / running interface), `release(decoder)` and `eos_token_ids`:
@@ -26,6 +28,7 @@ from typing import Callable
 from trtllm_dflash.reference.draft_policy import DraftPolicy
 from trtllm_dflash.reference.generate import Decoder, StepRecord
 from trtllm_dflash.reference.verify import SamplingParams
+from trtllm_dflash.serve.trace import now
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Job:
     stop_words: list[str] = field(default_factory=list)
     cancelled: Callable[[], bool] = lambda: False
     draft_len: int | None = None  # this request's drafts per round (0 = speculation off); None: the policy's
+    mode: str | None = None  # this request's decoding: "ar" | "dflash" | "ddtree"; None: the engine's mode
+    tag: str = ""  # the front end's id of the request (timestamps of serve/trace.py name it)
     # Progress, kept by the engine.
     tokens: list[int] = field(default_factory=list)
     sent: str = ""
@@ -75,10 +80,10 @@ def _stop_prefix(text: str, stop_words: list[str]) -> int:
     return best
 
 
-def _group_key(job: "Job") -> tuple:
-    """Requests decoded together: the same sampling setting and the same draft-length request."""
+def _group_key(job: "Job", default_mode: str) -> tuple:
+    """Requests decoded together: the same sampling setting, draft-length request and mode."""
     s = job.sampling
-    return (("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)), job.draft_len
+    return (("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)), job.draft_len, job.mode or default_mode
 
 
 class LocalModel:
@@ -103,12 +108,16 @@ class LocalModel:
 
 class ServingEngine:
     """policy: what each round's draft length is (reference/draft_policy.py: the recipe's bands or
-    `auto`); None = block_size - 1 always. A request's own `draft_len` overrides it."""
+    `auto`); None = block_size - 1 always. A request's own `draft_len` overrides it, and its own
+    `mode` ("ar" | "dflash" | "ddtree") replaces `mode` for it (front ends check that a ddtree
+    request has a budget: serve/requests.check_mode)."""
 
     def __init__(self, model, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
                  ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64,
-                 policy: DraftPolicy | None = None):
+                 policy: DraftPolicy | None = None, trace=None):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
+        self.trace = trace  # serve/trace.Trace: per-round timestamps for perf/bench_serve.py, or None
+        self.mode, self.ddtree_budget = mode, ddtree_budget  # requests without a mode of their own get `mode`
         self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
         self.max_batch_size = max_batch_size
         self.inbox: queue.Queue[Job] = queue.Queue()
@@ -144,7 +153,15 @@ class ServingEngine:
                             if self.policy is not None:
                                 self.policy.forget(i)
                     if decoder.running:
-                        self._deliver(decoder, jobs, decoder.step(self._draft_len(key, jobs)))
+                        t0 = now()
+                        rec = decoder.step(self._draft_len(key, jobs))
+                        t1 = now()
+                        tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
+                        self._deliver(decoder, jobs, rec)
+                        if self.trace:
+                            self.trace.add("round", tags, t0, t1, now())
+                            if any(rec.finished):
+                                self.trace.flush()
                     if not decoder.running:
                         self.model.release(self.groups.pop(key)[0])
             except Exception as e:  # one failing round must not take the server down: fail its requests
@@ -174,19 +191,29 @@ class ServingEngine:
             if job.cancelled():
                 self._finish(job, "cancelled")
             else:
-                by_key.setdefault(_group_key(job), []).append(job)
+                by_key.setdefault(_group_key(job, self.mode), []).append(job)
         for key, new in by_key.items():
             if key not in self.groups:
-                self.groups[key] = (self.model.decoder(sampling=new[0].sampling, **self.decoder_args), {})
+                try:
+                    decoder = self.model.decoder(sampling=new[0].sampling, **{**self.decoder_args, "mode": key[2]})
+                except Exception as e:  # e.g. a mode these runners cannot decode: fail these requests only
+                    for job in new:
+                        self._finish(job, f"error: {type(e).__name__}: {e}")
+                    continue
+                self.groups[key] = (decoder, {})
             decoder, jobs = self.groups[key]
             ids = list(range(self._next_id, self._next_id + len(new)))
             self._next_id += len(new)
             jobs.update(zip(ids, new))
+            t0 = now()
             rec = decoder.admit(
                 ids, [j.prompt_ids for j in new], [j.max_tokens for j in new],
                 [j.stop_token_ids if j.stop_token_ids is not None else self.model.eos_token_ids for j in new],
             )
+            t1 = now()
             self._deliver(decoder, jobs, rec)
+            if self.trace:
+                self.trace.add("admit", [j.tag for j in new], t0, t1, now())
 
     def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord) -> None:
         for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):

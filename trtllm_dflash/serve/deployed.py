@@ -45,6 +45,7 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.serve.batcher import ServingEngine
     from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
+    from trtllm_dflash.serve.trace import from_env
 
     recipe = load_recipe(Path(version_dir) / params["recipe"], check_rules=False)
     threads = int(params.get("torch_threads", "0"))
@@ -79,6 +80,7 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     engine = ServingEngine(
         model, tokenizer, mode=mode, block_size=spec.block_size, ddtree_budget=spec.ddtree_budget,
         max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size, policy=draft_policy(recipe, model, mode),
+        trace=from_env(),
     )
     return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
                     checkpoint, info.tp, info.manifest.stage)

@@ -89,10 +89,11 @@ def _die_with_parent() -> None:
 class TritonServer:
     """A tritonserver process on `repository`; use as a context manager or call start()/stop()."""
 
-    def __init__(self, repository: Path, endpoints: Endpoints, log_verbose: int = 0):
+    def __init__(self, repository: Path, endpoints: Endpoints, log_verbose: int = 0, env: dict[str, str] | None = None):
         self.repository = Path(repository)
         self.endpoints = endpoints
         self.log_verbose = log_verbose
+        self.extra_env = dict(env or {})  # added to the server's environment (e.g. serve/trace.py's TRACE_ENV)
         self.workspace: Path | None = None
         self.proc: subprocess.Popen | None = None
 
@@ -142,6 +143,7 @@ class TritonServer:
         paths = [sysconfig.get_config_var("LIBDIR") or "", str(libs), env.get("LD_LIBRARY_PATH", "")]
         env["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout_s: float = 120.0) -> "TritonServer":

@@ -18,11 +18,15 @@ Routes
 Both generation routes take stream (server-sent events ending with `data: [DONE]`),
 stream_options.include_usage, max_tokens (chat: also max_completion_tokens; default 16 for
 completions, the rest of build.max_seq_len for chat), temperature (default 1, as OpenAI's;
-0 = greedy), top_p, top_k (extension), seed, stop. Every response carries `usage` (streams:
-in a last chunk when include_usage is set) and the extension field `dflash`:
-  {"tokens", "rounds", "draft_tokens", "accepted_draft_tokens", "acceptance_length"}
+0 = greedy), top_p, top_k (extension), seed, stop, and the request extension
+`"dflash": {"mode": "ar" | "dflash" | "ddtree", "draft_len": N}` (both optional: this request's
+decoding and drafts per round, as the Triton model's `mode` / `draft_len` inputs; ddtree needs
+the deployment's ddtree_budget). Every response carries `usage` (streams: in a last chunk when
+include_usage is set) and the extension field `dflash`:
+  {"tokens", "rounds", "draft_tokens", "accepted_draft_tokens", "acceptance_length", "mode"}
 cumulative for the request so far (rounds = target verify passes, the prefill excluded;
-acceptance_length = tau = (tokens - 1) / rounds). A stop token ends the request with
+acceptance_length = tau = (tokens - 1) / rounds; mode = how the request is decoded, so a client
+can tell that the server honoured its request extension). A stop token ends the request with
 finish_reason "stop" and is not part of the text.
 
 Bad input gets an OpenAI error object {"error": {"message", "type", "param", "code"}} with
@@ -47,7 +51,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtllm_dflash.serve.requests import RequestError, check_lengths
+from trtllm_dflash.serve.requests import MODES, RequestError, check_lengths, check_mode
 
 FALLBACK_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
@@ -69,6 +73,15 @@ class OpenAIError(Exception):
 # ----------------------------------------------------------------------------- request bodies
 
 
+class DFlashOptions(BaseModel):
+    """The request extension `dflash`: this request's decoding (the Triton model's mode / draft_len)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal[MODES] | None = None
+    draft_len: int | None = Field(default=None, ge=0)
+
+
 class _Body(BaseModel):
     # OpenAI clients send fields this server does not use (user, metadata, ...): allowed and ignored,
     # except the ones below that would change the result, which are refused when set.
@@ -88,6 +101,7 @@ class _Body(BaseModel):
     presence_penalty: float = 0.0
     logprobs: Any = None
     logit_bias: dict[str, float] | None = None
+    dflash: DFlashOptions | None = None
 
 
 class CompletionBody(_Body):
@@ -159,6 +173,7 @@ class _Stream:
     ended: Any  # Counter of finish reasons (the service's)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     gone: threading.Event = field(default_factory=threading.Event)  # the client left
+    mode: str = "dflash"  # how the engine decodes this request
 
     def emit(self, update) -> None:  # engine thread
         if update.finish_reason is not None:
@@ -200,6 +215,11 @@ class Service:
             raise OpenAIError(f"model: {body.model!r} does not exist; this server serves {self.model_name!r}",
                               "model", status=404, code="model_not_found")
         _unsupported(body)
+        if body.dflash is not None:
+            try:
+                check_mode(body.dflash.mode, self.deployed.engine.ddtree_budget, "dflash.mode")
+            except RequestError as e:
+                raise OpenAIError(str(e), "dflash.mode") from None
         return body
 
     def prompt_ids(self, body: _Body) -> tuple[list[int], str]:
@@ -258,8 +278,10 @@ class Service:
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                   seed=body.seed if body.seed is not None else 0)
         stops = [body.stop] if isinstance(body.stop, str) else [w for w in body.stop or [] if w]
+        ext = body.dflash or DFlashOptions()
+        stream.mode = ext.mode or self.deployed.engine.mode
         self.deployed.engine.submit(Job(ids, max_tokens, stream.emit, sampling, stop_words=stops,
-                                        cancelled=stream.gone.is_set))
+                                        cancelled=stream.gone.is_set, draft_len=ext.draft_len, mode=ext.mode))
 
     def finish_text(self, text: str, reason: str | None) -> str:
         if reason == "stop":
@@ -269,9 +291,10 @@ class Service:
         return text
 
     @staticmethod
-    def stats(update) -> dict:
+    def stats(update, stream: _Stream) -> dict:
         return {"tokens": update.total_tokens, "rounds": update.rounds, "draft_tokens": update.drafted,
-                "accepted_draft_tokens": update.accepted, "acceptance_length": update.acceptance_length}
+                "accepted_draft_tokens": update.accepted, "acceptance_length": update.acceptance_length,
+                "mode": stream.mode}
 
     @staticmethod
     def usage(prompt_tokens: int, update) -> dict:
@@ -369,7 +392,7 @@ async def _whole(service: Service, request, stream: _Stream, rid: str, obj: str,
     text = service.finish_text("".join(parts), reason)
     return {"id": rid, "object": obj, "created": int(time.time()), "model": service.model_name,
             "choices": [_choice(chat, text, reason, delta=False)], "usage": service.usage(prompt_tokens, update),
-            "dflash": service.stats(update)}
+            "dflash": service.stats(update, stream)}
 
 
 async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool, prompt_tokens: int,
@@ -382,7 +405,7 @@ async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool
 
     def chunk(choices: list, update) -> str:
         return event({"id": rid, "object": obj, "created": created, "model": service.model_name,
-                      "choices": choices, "dflash": service.stats(update)})
+                      "choices": choices, "dflash": service.stats(update, stream)})
 
     done = False
     try:
@@ -408,7 +431,7 @@ async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool
                 if include_usage:  # OpenAI's usage chunk: no choices
                     yield event({"id": rid, "object": obj, "created": created, "model": service.model_name,
                                  "choices": [], "usage": service.usage(prompt_tokens, update),
-                                 "dflash": service.stats(update)})
+                                 "dflash": service.stats(update, stream)})
                 break
         yield "data: [DONE]\n\n"
     finally:

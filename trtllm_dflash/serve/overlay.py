@@ -34,10 +34,21 @@ def with_runners(repository: Path, model_name: str, runners: str, workdir: Path)
     if runners != "tensorrt" and "checkpoint" not in cfg.parameters:
         raise UserError(f"{config}: --runners {runners} serves the checkpoint the engines were built from, and this "
                         "deployment records none (deploy from a build output made with --from)")
+    return with_parameters(repository, model_name, {"runners": runners}, workdir, f"`serve --runners {runners}`")
+
+
+def with_parameters(repository: Path, model_name: str, params: dict[str, str], workdir: Path, why: str) -> Path:
+    """A copy of `repository` in `workdir` whose model `model_name` has `params` set (config.pbtxt
+    parameters, e.g. torch_threads); returns its path. `why` goes into a comment of the copy."""
+    config = Path(repository) / model_name / "config.pbtxt"
+    if not config.is_file():
+        raise UserError(f"{repository}: no model {model_name!r} (config.pbtxt missing)")
+    cfg = text_format.Parse(config.read_text(), mc.ModelConfig())
     out = Path(workdir) / "model_repository"
     shutil.copytree(repository, out)
-    cfg.parameters["runners"].string_value = runners
+    for key, value in params.items():
+        cfg.parameters[key].string_value = value
     header = "".join(line + "\n" for line in config.read_text().splitlines() if line.startswith("#"))
     (out / model_name / "config.pbtxt").write_text(
-        header + f"# runners replaced by `serve --runners {runners}`\n" + text_format.MessageToString(cfg))
+        header + f"# {', '.join(params)} replaced by {why}\n" + text_format.MessageToString(cfg))
     return out

@@ -33,6 +33,10 @@ class GenerationRequest:
     stop_words: list[str] = field(default_factory=list)
     stream: bool = False
     draft_len: int | None = None  # drafts per round for this request (0 = speculation off); None: the server's policy
+    mode: str | None = None  # "ar" | "dflash" | "ddtree" for this request; None: the deployment's mode
+
+
+MODES = ("ar", "dflash", "ddtree")
 
 
 def _scalar(inputs: dict[str, np.ndarray], name: str, kind: type):
@@ -103,6 +107,14 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
         if draft_len < 0:
             raise RequestError(f"draft_len: must be >= 0 (0 = speculation off), got {draft_len}")
         req.draft_len = draft_len
+    mode = inputs.get("mode")
+    if mode is not None:
+        flat = np.asarray(mode).reshape(-1)
+        if flat.size != 1:
+            raise RequestError(f"mode: expected one value, got {flat.size}")
+        req.mode = _text(flat[0], "mode").strip().lower()
+        if req.mode not in MODES:
+            raise RequestError(f"mode: expected one of {', '.join(MODES)}, got {req.mode!r}")
     stream = inputs.get("stream")
     if stream is not None:
         req.stream = bool(np.asarray(stream).reshape(-1)[0])
@@ -113,6 +125,14 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     if stop is not None:
         req.stop_words = [w for w in (_text(v, "stop_words") for v in np.asarray(stop).reshape(-1)) if w]
     return req
+
+
+def check_mode(mode: str | None, ddtree_budget: int | None, field: str = "mode") -> None:
+    """A request's mode is one the deployment can decode: ddtree needs the deployed recipe's
+    speculative.ddtree_budget (the tree's node budget)."""
+    if mode == "ddtree" and not ddtree_budget:
+        raise RequestError(f"{field}: ddtree needs speculative.ddtree_budget in the deployed recipe; this deployment "
+                           "has none (use dflash or ar)")
 
 
 def check_lengths(prompt_tokens: int, max_tokens: int, limits: Limits, prompt_field: str = "text_input",

@@ -14,28 +14,46 @@ factor x C) measured requests, C at a time, each a stream:
   trtllm-serve's `avg_decoded_tokens_per_iter` where present, else they are unknown (tau is
   then reported as unknown, never guessed).
 Every chunk's arrival time and token count are recorded (`RequestRecord`); the metrics
-come from trtllm_dflash/sweep/metrics.py. Outputs in OUT/: results.jsonl (one row per request),
-summary.csv and summary.json (one row per level), and sweep.png (tokens/s/GPU against
-tokens/s/user with the Pareto front).
+come from trtllm_dflash/sweep/metrics.py.
+
+One sweep measures several curves on the same server with the same prompts and seeds
+(`Variant`: AR, DFlash and DDTree, or DFlash at fixed draft lengths for --tune): each request
+carries the curve's per-request settings, the dflash model's optional `mode` and `draft_len`
+inputs (HTTP: the same fields; OpenAI: the request extension `"dflash": {"mode", "draft_len"}`
+of our server, which echoes the mode it decoded; a server that does not fails the request).
+Levels run in order; inside a level, repeats, and inside a repeat the curves, interleaved.
+The files (results.jsonl, summary.csv / .json, sweep.png) are written by sweep/summary.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from trtllm_dflash.sweep.metrics import LevelSummary, RequestRecord, summarize_level
 
-OUTPUTS = ("text_output", "output_token_count", "rounds", "finish_reason")
+OUTPUTS = ("text_output", "output_token_count", "rounds", "total_draft_tokens", "finish_reason")
 
 
-def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float):
+@dataclass(frozen=True)
+class Variant:
+    """One curve of a sweep: its name and what each of its requests asks the server for."""
+
+    name: str
+    mode: str | None = None  # "ar" | "dflash" | "ddtree"; None: send nothing (the server's default)
+    draft_len: int | None = None  # drafts per round; None: the server's policy
+
+    def settings(self) -> dict:
+        return {k: v for k, v in (("mode", self.mode), ("draft_len", self.draft_len)) if v is not None}
+
+
+def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None):
     import tritonclient.grpc.aio as grpcclient
 
     def tensor(name, dtype, value):
@@ -49,17 +67,18 @@ def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float):
         tensor("stream", "BOOL", True),
         tensor("temperature", "FP32", np.float32(temperature)),
         tensor("seed", "UINT64", np.uint64(seed)),
-    ]
+    ] + ([tensor("mode", "BYTES", settings["mode"].encode())] if "mode" in (settings or {}) else []) \
+      + ([tensor("draft_len", "INT32", np.int32(settings["draft_len"]))] if "draft_len" in (settings or {}) else [])
 
 
 async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
-                       temperature: float):
+                       temperature: float, settings: dict | None = None):
     """Responses of one gRPC streaming request, as dicts of the dflash model's outputs."""
     import tritonclient.grpc.aio as grpcclient
 
     request = {
         "model_name": model,
-        "inputs": _inputs(prompt, max_tokens, seed, temperature),
+        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings),
         "outputs": [grpcclient.InferRequestedOutput(name) for name in OUTPUTS],
         "request_id": str(record.request_id),
     }
@@ -75,9 +94,11 @@ async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, m
             yield {name: result.as_numpy(name).reshape(-1)[0] for name in OUTPUTS}
 
 
-async def _http_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float):
+async def _http_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float,
+                       settings: dict | None = None):
     """Responses of one HTTP generate_stream request (server-sent events, one `data:` line each)."""
-    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "seed": seed, "temperature": temperature}
+    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "seed": seed, "temperature": temperature,
+            **(settings or {})}
     async with session.post(f"http://{url}/v2/models/{model}/generate_stream", json=body) as resp:
         async for raw in resp.content:
             line = raw.decode().strip()
@@ -118,12 +139,16 @@ def _openai_rounds(tokens: int, avg_decoded_tokens_per_iter) -> int:
     return max(0, round(tokens / float(avg_decoded_tokens_per_iter)) - 1)
 
 
-async def _openai_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float):
+async def _openai_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float,
+                         settings: dict | None = None):
     """Chunks of one streamed /v1/completions request, as the dflash model's response dicts;
-    the last one (finish_reason set) comes after `data: [DONE]`, with the final token count."""
+    the last one (finish_reason set) comes after `data: [DONE]`, with the final token count.
+    `settings` (mode, draft_len) go out as our server's request extension `dflash`."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
             "stream": True, "stream_options": {"include_usage": True}}
-    tokens, rounds, reason, usage, avg = 0, 0, None, None, None
+    if settings:
+        body["dflash"] = dict(settings)
+    tokens, rounds, reason, usage, avg, drafted = 0, 0, None, None, None, 0
     async with session.post(f"{openai_base(url)}/v1/completions", json=body) as resp:
         if resp.status != 200:
             text = await resp.text()
@@ -145,6 +170,11 @@ async def _openai_events(session, url: str, model: str, prompt: str, max_tokens:
                 yield {"error": chunk["error"].get("message", chunk["error"])}
                 return
             ext = chunk.get("dflash")
+            if settings and "mode" in settings and (ext or {}).get("mode") != settings["mode"]:
+                yield {"error": f"the server did not decode mode {settings['mode']!r} (it ignores the request extension "
+                                "`dflash`: only trtllm-dflash's OpenAI server takes it); sweep it with --modes naming "
+                                "its own mode only"}
+                return
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 reason = choice.get("finish_reason") or reason
@@ -155,11 +185,11 @@ async def _openai_events(session, url: str, model: str, prompt: str, max_tokens:
                     tokens += n
                     yield {"text_output": text, "output_token_count": n, "rounds": ext["rounds"] if ext else 0}
             if ext:
-                rounds = ext["rounds"]
+                rounds, drafted = ext["rounds"], ext.get("draft_tokens", 0)
     final = (usage or {}).get("completion_tokens", tokens)
     # Tokens the chunks did not account for (a server without per-chunk counts) belong to the last chunk.
     yield {"extra_tokens": max(0, final - tokens), "rounds": rounds or _openai_rounds(final, avg),
-           "finish_reason": reason or "stop"}
+           "total_draft_tokens": drafted, "finish_reason": reason or "stop"}
 
 
 async def _consume(record: RequestRecord, events) -> RequestRecord:
@@ -181,6 +211,7 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
             if event.get("extra_tokens") and record.chunk_tokens:
                 record.chunk_tokens[-1] += int(event["extra_tokens"])
             record.rounds = int(event.get("rounds", record.rounds))
+            record.drafted = int(event.get("total_draft_tokens", record.drafted))
             if event.get("finish_reason"):
                 record.end_ns = now
                 break
@@ -194,8 +225,11 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
 
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
-                    max_tokens: int, seed: int, temperature: float, on_done=None, protocol: str = "grpc"
-                    ) -> list[RequestRecord]:
+                    max_tokens: int, seed: int, temperature: float, on_done=None, protocol: str = "grpc",
+                    variant: Variant = Variant("dflash"), repeat: int = 0) -> list[RequestRecord]:
+    """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
+    time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve."""
+    settings = variant.settings()
     if protocol in ("http", "openai"):
         import aiohttp
 
@@ -203,7 +237,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         events = _http_events if protocol == "http" else _openai_events
 
         async def send(rec, prompt, s):
-            return await _consume(rec, events(session, url, model, prompt, max_tokens, s, temperature))
+            return await _consume(rec, events(session, url, model, prompt, max_tokens, s, temperature, settings))
 
         async def close():
             await session.close()
@@ -213,7 +247,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         client = grpcclient.InferenceServerClient(url)
 
         async def send(rec, prompt, s):
-            return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature))
+            return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings))
 
         async def close():
             await client.close()
@@ -225,7 +259,9 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             async def worker():
                 while queue:
                     i = queue.pop(0)
-                    rec = RequestRecord(request_id=i, concurrency=concurrency, start_ns=0, warmup=is_warmup)
+                    rec = RequestRecord(request_id=i, concurrency=concurrency, start_ns=0, warmup=is_warmup,
+                                        curve=variant.name, mode=variant.mode, draft_len=variant.draft_len,
+                                        repeat=repeat)
                     await send(rec, prompts[i % len(prompts)], seed + i)
                     done.append(rec)
                     if on_done is not None and not is_warmup:
@@ -244,39 +280,44 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
 @dataclass
 class SweepResult:
     out_dir: Path
-    levels: list[LevelSummary]
+    levels: list[LevelSummary]  # every curve's levels (per curve and level: the median repeat)
     records: list[RequestRecord]
+    repeats: dict[tuple[str, int], list[LevelSummary]] = field(default_factory=dict)  # (curve, level) -> each repeat
+    summary: dict = field(default_factory=dict)  # summary.json's object (sweep/summary.py), once written
 
 
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
-              max_tokens: int, gpus: int, out_dir: Path, seed: int = 0, temperature: float = 0.0,
-              title: str = "", protocol: str = "grpc") -> SweepResult:
+              max_tokens: int, gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
+              variants: list[Variant] = (Variant("dflash"),), repeats: int = 1) -> SweepResult:
+    """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
+    inside a repeat the curves (so slow drift of the machine hits every curve alike). A curve's
+    row at a level is its repeat of median throughput."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summaries, all_records = [], []
+    per: dict[tuple[str, int], list[LevelSummary]] = {}
+    all_records: list[RequestRecord] = []
+    width = max(len(v.name) for v in variants)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
         for c in levels:
             n = requests_at(c)
-            task = progress.add_task(f"concurrency {c:>4}", total=n)
-            recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
-                                         on_done=lambda r: progress.advance(task), protocol=protocol))
-            summaries.append(summarize_level(recs, c, gpus))
-            all_records += recs
-    write_results(out_dir, summaries, all_records, title)
-    return SweepResult(out_dir, summaries, all_records)
+            for r in range(repeats):
+                for v in variants:
+                    label = f"{v.name:<{width}} c={c:<4}" + (f" repeat {r + 1}" if repeats > 1 else "")
+                    task = progress.add_task(label, total=n)
+                    recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
+                                                 on_done=lambda _: progress.advance(task), protocol=protocol,
+                                                 variant=v, repeat=r))
+                    per.setdefault((v.name, c), []).append(summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len))
+                    all_records += recs
+    rows = [median_repeat(per[(v.name, c)]) for v in variants for c in levels]
+    return SweepResult(Path("."), rows, all_records, per)
 
 
-def write_results(out_dir: Path, summaries: list[LevelSummary], records: list[RequestRecord], title: str) -> None:
-    from trtllm_dflash.sweep.report import plot_pareto
+def median_repeat(runs: list[LevelSummary]) -> LevelSummary:
+    """The repeat whose throughput is the median (the lower middle one of an even count)."""
+    ranked = sorted(runs, key=lambda s: s.output_tok_s)
+    return ranked[(len(ranked) - 1) // 2]
 
-    with open(out_dir / "results.jsonl", "w") as f:
-        for r in records:
-            f.write(json.dumps(r.to_json()) + "\n")
-    rows = [s.flat() for s in summaries]
-    with open(out_dir / "summary.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (out_dir / "summary.json").write_text(json.dumps([asdict(s) for s in summaries], indent=2))
-    plot_pareto(summaries, out_dir / "sweep.png", title)
+
+def median_tok_s(runs: list[LevelSummary]) -> float:
+    return statistics.median(s.output_tok_s for s in runs)

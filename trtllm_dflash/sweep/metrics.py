@@ -16,7 +16,7 @@ Times are integer nanoseconds from `time.perf_counter_ns()`; results are in seco
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from trtllm_dflash.sweep.fronts import pareto_front  # noqa: F401  (its home is fronts.py; kept importable here)
 
@@ -37,6 +37,11 @@ class RequestRecord:
     rounds: int = 0  # target verify passes reported by the server
     error: str | None = None
     warmup: bool = False
+    curve: str = ""  # which curve of the sweep the request belongs to (its mode, or e.g. "dflash L=3")
+    mode: str | None = None  # the request's decoding ("ar" | "dflash" | "ddtree"); None: the server's default
+    draft_len: int | None = None  # drafts per round the request asked for; None: the server's policy
+    drafted: int = 0  # draft tokens the server verified for it (total_draft_tokens)
+    repeat: int = 0
 
     @property
     def output_tokens(self) -> int:
@@ -133,16 +138,23 @@ class LevelSummary:
     tok_s_user: Distribution | None
     inter_chunk_s: Distribution | None
     e2e_s: Distribution | None
+    curve: str = ""  # the sweep's curve ("ar", "dflash", "ddtree", "dflash L=3", ...); "" in old summaries
+    mode: str | None = None  # requested decoding; None: the server's default
+    draft_len: int | None = None  # requested drafts per round; None: the server's policy
+    draft_per_round: float | None = None  # draft tokens verified per verify pass (what the policy chose, on average)
 
     @classmethod
     def from_json(cls, d: dict) -> "LevelSummary":
-        """The inverse of dataclasses.asdict (summary.json rows)."""
+        """The inverse of dataclasses.asdict (summary.json rows; keys that are not fields, such as
+        sweep/summary.py's on_front and vs_ar, are left out)."""
+        known = {f.name for f in fields(cls)}
         dists = {k: Distribution(**d[k]) if d.get(k) else None for k in DISTRIBUTIONS}
-        return cls(**{**d, **dists})
+        return cls(**{k: v for k, v in {**d, **dists}.items() if k in known})
 
     def flat(self) -> dict:
         """One CSV row: scalars plus mean/p50/p90/p99 of each distribution."""
-        scalars = ("concurrency", "requests", "failed", "wall_s", "output_tokens", "output_tok_s", "output_tok_s_per_gpu", "tau")
+        scalars = ("curve", "mode", "draft_len", "concurrency", "requests", "failed", "wall_s", "output_tokens",
+                   "output_tok_s", "output_tok_s_per_gpu", "tau", "draft_per_round")
         row = {k: getattr(self, k) for k in scalars}
         for name in DISTRIBUTIONS:
             dist = getattr(self, name)
@@ -151,8 +163,9 @@ class LevelSummary:
         return row
 
 
-def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int) -> LevelSummary:
-    """Metrics of one concurrency level; warm-up requests are excluded."""
+def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int, curve: str = "",
+                    mode: str | None = None, draft_len: int | None = None) -> LevelSummary:
+    """Metrics of one concurrency level (of one curve); warm-up requests are excluded."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     if ok:
@@ -177,4 +190,6 @@ def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int) -
         tok_s_user=Distribution.of([tokens_per_s_per_user(r) for r in ok]),
         inter_chunk_s=Distribution.of([g for r in ok for g in inter_chunk_latencies(r)]),
         e2e_s=Distribution.of([e2e(r) for r in ok]),
+        curve=curve, mode=mode, draft_len=draft_len,
+        draft_per_round=sum(r.drafted for r in ok) / rounds if rounds else None,
     )

@@ -1,4 +1,5 @@
-"""Sweep reports: a rich table and the throughput-vs-interactivity plot with its Pareto front."""
+"""Sweep reports: the level table and the headline table (rich, fit a 100-column terminal) and the
+throughput-vs-interactivity plot with every curve and its Pareto front (matplotlib Agg)."""
 
 from __future__ import annotations
 
@@ -7,53 +8,141 @@ from pathlib import Path
 from trtllm_dflash.sweep.fronts import pareto_front
 from trtllm_dflash.sweep.metrics import LevelSummary
 
+COLORS = {"ar": "#7f7f7f", "dflash": "#76b900", "ddtree": "#1f77b4"}
+OTHER_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
+LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "": "DFlash"}
+
+
+def label(curve: str) -> str:
+    return LABELS.get(curve, curve)
+
 
 def _points(summaries: list[LevelSummary]) -> list[tuple[float, float]]:
-    """(median tokens/s/user, output tokens/s/GPU) per level."""
-    return [((s.tok_s_user.p50 if s.tok_s_user else 0.0), s.output_tok_s_per_gpu) for s in summaries]
+    from trtllm_dflash.sweep.summary import points
+
+    return points(summaries)
 
 
-def plot_pareto(summaries: list[LevelSummary], path: Path, title: str = "", label: str = "DFlash") -> Path:
+def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = "") -> Path:
+    """Every curve (points joined in concurrency order) with its Pareto front (dashed, circled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = _points(summaries)
-    front = pareto_front(pts)
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="#76b900", label=label, zorder=2)
-    for s, (x, y) in zip(summaries, pts):
-        ax.annotate(f"c={s.concurrency}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    fx = sorted((pts[i] for i in front), key=lambda p: p[0])
-    ax.plot([p[0] for p in fx], [p[1] for p in fx], "--", color="black", linewidth=1, label="Pareto front", zorder=1)
-    ax.scatter([p[0] for p in fx], [p[1] for p in fx], s=90, facecolors="none", edgecolors="black", zorder=3)
+    fig, ax = plt.subplots(figsize=(7.2, 4.8), dpi=120)
+    others = iter(OTHER_COLORS * 4)
+    for name, rows in curves.items():
+        color = COLORS.get(name) or next(others)
+        pts = _points(rows)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label(name), zorder=2, markersize=4)
+        for s, (x, y) in zip(rows, pts):
+            ax.annotate(f"c={s.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+        fx = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
+        ax.plot([p[0] for p in fx], [p[1] for p in fx], "--", color=color, linewidth=1, zorder=1,
+                label=f"{label(name)} Pareto front")
+        ax.scatter([p[0] for p in fx], [p[1] for p in fx], s=80, facecolors="none", edgecolors=color, zorder=3)
     ax.set_xlabel("tokens/s/user (median, = 1/TPOT)")
     ax.set_ylabel("output tokens/s per GPU")
     ax.set_title(title or "throughput vs interactivity")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
+def plot_pareto(summaries: list[LevelSummary], path: Path, title: str = "") -> Path:
+    """plot_curves of rows of one or more curves."""
+    from trtllm_dflash.sweep.summary import by_curve
+
+    return plot_curves(by_curve(summaries), path, title)
+
+
 def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
+    """One row per curve and level; * marks the levels on their curve's Pareto front."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=title)
-    for col in ("conc", "reqs", "fail", "tok/s/GPU", "tok/s/user p50", "TTFT p50 ms", "TTFT p99 ms",
-                "TPOT p50 ms", "chunk gap p50 ms", "tau"):
-        t.add_column(col, justify="right")
-    front = set(pareto_front(_points(summaries)))
-    for i, s in enumerate(summaries):
-        ms = lambda d, stat: f"{getattr(d, stat) * 1e3:.1f}" if d else "-"  # noqa: E731
-        t.add_row(
-            str(s.concurrency) + (" *" if i in front else ""), str(s.requests), str(s.failed),
-            f"{s.output_tok_s_per_gpu:.1f}", f"{s.tok_s_user.p50:.1f}" if s.tok_s_user else "-",
-            ms(s.ttft_s, "p50"), ms(s.ttft_s, "p99"), ms(s.tpot_s, "p50"), ms(s.inter_chunk_s, "p50"),
-            f"{s.tau:.2f}" if s.tau else "unknown",  # the server reported no verify passes
-        )
-    t.caption = "* on the Pareto front (tokens/s/GPU vs tokens/s/user)"
+    from trtllm_dflash.sweep.summary import by_curve
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("curve", "conc", "reqs", "tok/s\n/GPU", "tok/s\n/user", "TTFT\np50", "TTFT\np99", "TPOT\np50",
+                "gap\np50", "tau", "drafts\n/round"):
+        t.add_column(col, justify="left" if col == "curve" else "right", no_wrap=True)
+    curves = by_curve(summaries)
+    for n, (name, rows) in enumerate(curves.items()):
+        front = set(pareto_front(_points(rows)))
+        for i, s in enumerate(rows):
+            ms = lambda d, stat: f"{getattr(d, stat) * 1e3:.1f}" if d else "-"  # noqa: E731
+            t.add_row(
+                label(name) if i == 0 else "", str(s.concurrency) + (" *" if i in front else "  "),
+                str(s.requests) + (f" ({s.failed} failed)" if s.failed else ""),
+                f"{s.output_tok_s_per_gpu:.1f}", f"{s.tok_s_user.p50:.1f}" if s.tok_s_user else "-",
+                ms(s.ttft_s, "p50"), ms(s.ttft_s, "p99"), ms(s.tpot_s, "p50"), ms(s.inter_chunk_s, "p50"),
+                f"{s.tau:.2f}" if s.tau else "unknown",  # the server reported no verify passes
+                f"{s.draft_per_round:.1f}" if s.draft_per_round is not None and s.tau else "-",
+                end_section=i == len(rows) - 1 and n < len(curves) - 1,
+            )
+    t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass; drafts/round = drafts "
+                 "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)")
     return t
+
+
+def headline_table(headline: dict[str, dict], title: str = "headline"):
+    """The headline ratios (sweep/summary.py `headline`, as JSON): per comparison, the throughput
+    ratio at equal tokens/s/user on the fronts, the highest tokens/s/user of each curve and the
+    tokens/s/user ratio at equal concurrency."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE, pad_edge=False, show_header=False)
+    t.add_column("", no_wrap=True)
+    t.add_column("", overflow="fold")
+    for n, c in enumerate(headline.values()):
+        num, den = label(c["num"]), label(c["den"])
+        ratios = c["throughput_ratios"]
+        if ratios:
+            lo, hi = min(r["ratio"] for r in ratios), max(r["ratio"] for r in ratios)
+            shown = ratios if len(ratios) <= 4 else [ratios[0], ratios[len(ratios) // 2], ratios[-1]]
+            at = ", ".join(f"{r['ratio']:.2f}x at {r['tok_s_user']:.0f}" for r in shown)
+            tput = f"{lo:.2f}x-{hi:.2f}x ({at} tok/s/user)"
+        else:
+            tput = "the fronts reach no tokens/s/user in common"
+        best = ", ".join(f"{label(k)} {v:.1f}" for k, v in c["max_tok_s_user"].items() if v is not None)
+        eq = ", ".join(f"c={k}: {v:.2f}x" for k, v in c["tok_s_user_ratio_at_equal_label"].items())
+        t.add_row(f"{num} / {den} tok/s/GPU at equal tok/s/user", tput)
+        t.add_row("highest tok/s/user", best)
+        t.add_row(f"{num} / {den} tok/s/user at equal concurrency", eq or "-", end_section=n < len(headline) - 1)
+    return t
+
+
+def tune_table(tune: dict):
+    """`sweep --tune`: median output tokens/s of every draft length per level, the best one, and the
+    server's own policy against it (with the drafts per round it chose)."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title="draft length per level: median output tok/s", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("conc", justify="right")
+    for n in tune["draft_lens"]:
+        t.add_column(f"L={n}", justify="right")
+    t.add_column("best", justify="right")
+    t.add_column(tune["policy"], justify="right")
+    t.add_column("/ best", justify="right")
+    t.add_column("its drafts/rnd", justify="right")
+    med = tune["median_output_tok_s"]
+    for c in tune["levels"]:
+        c = str(c)
+        best = tune["best"][c]
+        chosen = [x for x in tune["policy_draft_per_round"][c] if x is not None]
+        t.add_row(c, *[f"{med[f'{name}'][c]:.1f}" for name in _fixed_names(tune)], f"L={best['draft_len']}",
+                  f"{med[tune['policy']][c]:.1f}", f"{tune['policy_over_best'].get(c, 0):.3f}",
+                  "/".join(f"{x:.1f}" for x in chosen) or "-")
+    t.caption = "bands: " + ", ".join(f"up to {b['max_concurrency']}: {b['draft_len']}" for b in tune["bands"])
+    return t
+
+
+def _fixed_names(tune: dict) -> list[str]:
+    return [f"{tune['policy']} L={n}" for n in tune["draft_lens"]]

@@ -1,52 +1,147 @@
 """The `sweep` stage: measure a running server over the recipe's concurrency levels.
 
-Writes OUT/ atomically with a manifest (results.jsonl, summary.csv, summary.json, sweep.png):
-a sweep that is interrupted leaves no directory that looks finished. When the server serves
-a deploy output of this pipeline (`from_dir`), the manifest names it as its input, so `run`
-knows whether the measurement is still current.
+One sweep measures every curve on the same server with the same prompts and seeds: AR beside
+DFlash (and DDTree when the recipe has speculative.ddtree_budget) by default, each request
+saying how it wants to be decoded (the dflash model's per-request `mode` input; speculation off
+is a per-request setting of the server, not a second deployment). `--tune` measures the
+server's own draft-length policy beside fixed draft lengths (the per-request `draft_len`) and
+writes the best static bands (sweep/tune.py).
+
+Writes OUT/ atomically with a manifest (results.jsonl, summary.csv, summary.json, sweep.png:
+sweep/summary.py): a sweep that is interrupted leaves no directory that looks finished. When
+the server serves a deploy output of this pipeline (`from_dir`), the manifest names it as its
+input, so `run` knows whether the measurement is still current.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
+from trtllm_dflash.errors import UserError
 from trtllm_dflash.prompts.sources import load_prompts
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.sweep.loadgen import SweepResult, openai_model, run_sweep
+from trtllm_dflash.sweep import summary as files
+from trtllm_dflash.sweep.loadgen import SweepResult, Variant, openai_model, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
 
-SUMMARY = "summary.json"
+MODES = ("ar", "dflash", "ddtree")
+SUMMARY = files.SUMMARY
+
+
+def served_mode(recipe: Recipe) -> str:
+    """What the deployment decodes for a request that names no mode (serve/deployed.py)."""
+    return "ddtree" if recipe.speculative.ddtree_budget and recipe.backend.name != "pytorch" else "dflash"
+
+
+def default_modes(recipe: Recipe, protocol: str = "grpc") -> list[str]:
+    """AR, DFlash and (with a budget) DDTree; against an OpenAI-compatible server only the
+    server's own mode (other servers know no per-request mode: name them with --modes)."""
+    if protocol == "openai":
+        return [served_mode(recipe)]
+    return ["ar", "dflash"] + (["ddtree"] if recipe.speculative.ddtree_budget else [])
+
+
+def sweep_variants(recipe: Recipe, modes: list[str] | None = None, protocol: str = "grpc",
+                   tune: list[int] | None = None) -> list[Variant]:
+    """The curves of a sweep. modes: see default_modes. tune: draft lengths to measure beside the
+    server's policy (curves "<mode> L=<n>" and "<mode>", the server's own choice per round)."""
+    if tune is not None:
+        mode = served_mode(recipe)
+        bad = [n for n in tune if not 0 <= n <= recipe.speculative.block_size - 1]
+        if bad or not tune:
+            raise UserError(f"--tune-draft-lens: expected draft lengths in 0..{recipe.speculative.block_size - 1} "
+                            f"(block_size - 1), got {tune}")
+        explicit = None if protocol == "openai" else mode  # the default needs no request extension
+        return [Variant(f"{mode} L={n}", explicit, n) for n in sorted(set(tune))] + [Variant(mode, explicit)]
+    modes = modes or default_modes(recipe, protocol)
+    for m in modes:
+        if m not in MODES:
+            raise UserError(f"--modes: {m!r} is not one of {', '.join(MODES)}")
+    if "ddtree" in modes and not recipe.speculative.ddtree_budget:
+        raise UserError("--modes ddtree: the recipe has no speculative.ddtree_budget (the deployment decodes no trees)")
+    if len(set(modes)) != len(modes):
+        raise UserError(f"--modes: {','.join(modes)} names a mode twice")
+    served = served_mode(recipe)
+    # Triton's dflash model takes the mode of every request; an OpenAI server gets the extension
+    # only for modes other than its own, so any OpenAI-compatible server can be swept for that one.
+    return [Variant(m, None if protocol == "openai" and m == served else m) for m in modes]
+
+
+def _check_inputs(url: str, model: str, protocol: str, variants: list[Variant]) -> None:
+    """The Triton model takes the per-request inputs the curves send (a deployment made before
+    they existed does not); the server answers at all."""
+    import json
+    import urllib.request
+
+    needed = sorted({k for v in variants for k in v.settings()})
+    if not needed or protocol == "openai":
+        return
+    try:
+        if protocol == "http":
+            with urllib.request.urlopen(f"http://{url}/v2/models/{model}", timeout=10) as r:
+                inputs = {i["name"] for i in json.loads(r.read())["inputs"]}
+        else:
+            import tritonclient.grpc as grpcclient
+
+            with grpcclient.InferenceServerClient(url) as client:
+                inputs = {i.name for i in client.get_model_metadata(model).inputs}
+    except Exception as e:  # noqa: BLE001 - any transport or protocol failure is the same one line
+        raise UserError(f"--url {url}: no Triton server serves model {model!r} there ({str(e).splitlines()[0][:200]})") \
+            from None
+    missing = [k for k in needed if k not in inputs]
+    if missing:
+        raise UserError(f"--url {url}: model {model!r} has no {', '.join(missing)} input (deployed before per-request "
+                        f"{'/'.join(missing)}): deploy it again (trtllm-dflash run RECIPE --force deploy)")
 
 
 def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = None, protocol: str = "grpc",
           temperature: float = 0.0, from_dir: Path | None = None, model: str | None = None,
-          note: dict | None = None) -> SweepResult:
+          note: dict | None = None, modes: list[str] | None = None, tune: list[int] | None = None,
+          repeats: int = 1) -> SweepResult:
     """Run the load generator against `url` and write OUT (replacing an earlier sweep of this recipe).
     protocol: "grpc" / "http" (Triton, the dflash model) or "openai" (/v1/completions of any
     OpenAI-compatible server; the model id is `model`, else the recipe's serve.model_name when the
-    server lists it, else the server's only model). `note`: more facts about the server for the
-    manifest (e.g. which runners served it)."""
+    server lists it, else the server's only model). modes / tune: the curves (`sweep_variants`);
+    repeats: each level of each curve that many times, interleaved, the median repeat reported.
+    `note`: more facts about the server for the manifest (e.g. which runners served it)."""
     sw = recipe.sweep
     levels = levels or sw.concurrency
+    if repeats < 1:
+        raise UserError(f"--repeats: {repeats}, expected >= 1")
+    variants = sweep_variants(recipe, modes, protocol, tune)
     name = model or recipe.serve.model_name
     if protocol == "openai":
         name = openai_model(url, name) if model is None else name
+    else:
+        _check_inputs(url, name, protocol, variants)
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
-        "url": url, "protocol": protocol, "levels": levels, "temperature": temperature, "model": name, **(note or {})})
+        "url": url, "protocol": protocol, "levels": levels, "temperature": temperature, "model": name,
+        "curves": [v.name for v in variants], "repeats": repeats, **(note or {})})
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
+    title = f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu}, {recipe.backend.name})"
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
-        result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts,
-                           sw.output_len, gpus=gpus, out_dir=tmp, seed=sw.seed, temperature=temperature,
-                           title=f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu}, {recipe.backend.name})",
-                           protocol=protocol)
-        manifest.extra["failed"] = sum(level.failed for level in result.levels)
+        result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_len, gpus=gpus,
+                           seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
+                           repeats=repeats)
+        tuned = None
+        if tune is not None:
+            from trtllm_dflash.sweep.tune import tune_summary, write_snippet
+
+            tuned = tune_summary(result.repeats, variants, levels)
+            write_snippet(tmp / "draft_len.yaml", tuned, recipe)
+        result.summary = files.write(tmp, result.levels, result.records, title, tune=tuned)
+        manifest.extra["failed"] = sum(run.failed for runs in result.repeats.values() for run in runs)
     result.out_dir = Path(out)
     return result
 
 
-def read_summary(out: Path) -> list[LevelSummary]:
-    """The level summaries of a finished sweep directory."""
-    return [LevelSummary.from_json(d) for d in json.loads((Path(out) / SUMMARY).read_text())]
+def read_summary(out: Path, curve: str | None = None) -> list[LevelSummary]:
+    """The level rows of a finished sweep directory: every curve's, or one curve's."""
+    curves = files.read_curves(out)
+    if curve is None:
+        return [row for rows in curves.values() for row in rows]
+    if curve not in curves:
+        raise UserError(f"{out}: the sweep has no {curve!r} curve (it has {', '.join(curves)})")
+    return curves[curve]
