@@ -80,3 +80,18 @@ def test_bands_follow_concurrency():
     bands = Bands([(1, 15), (8, 4), (64, 0)], block_size=16)
     assert [bands.choose([], c) for c in (1, 2, 8, 9, 64, 100)] == [15, 4, 4, 0, 0, 0]
     assert Bands([], block_size=8).choose([], 5) == 7
+
+
+def test_auto_starts_new_requests_from_every_requests_acceptance_and_probes_longer_drafts():
+    cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=2e-4)
+    auto = AutoDraftLength(block_size=16, cost=cost, prior=0.3, probe_every=4)
+    assert auto.best([7]) < 15  # a pessimistic prior: short drafts
+    for r in range(150):  # earlier requests accepted everything they drafted
+        auto.observe(r, 15, 15)
+        auto.forget(r)
+    assert min(auto.population) > 0.9 and auto.best([99]) == 15  # a new request starts from their profile
+    rejecting = AutoDraftLength(block_size=16, cost=cost, prior=0.9, probe_every=4)
+    for _ in range(30):
+        rejecting.observe(1, 15, 1)  # slot 1 accepted, slot 2 never
+    choices = [rejecting.choose([1], 1) for _ in range(8)]
+    assert choices == [1, 1, 1, 3, 1, 1, 1, 3]  # every 4th choice probes 2L + 1

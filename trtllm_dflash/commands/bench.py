@@ -1,5 +1,6 @@
 """`trtllm-dflash bench decode [RECIPE] [--json]`: decode speed of a recipe's pair on CPU or any
-torch device, with the reference backend.
+torch device, with the reference backend. (`bench serve`: the served model against in-process
+decoding, perf/bench_serve.py; `bench acceptance`: per-slot acceptance.)
 
 AR, DFlash and DDTree side by side in one run (interleaved, median of --repeats), greedy, on
 prompts from the corpus's held-out files; tau in the decode loop; speed-ups against AR; and,
@@ -40,9 +41,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip the HF baselines")
     d.add_argument("--ar-draft", type=Path, default=None, help="HF AR draft model (default: DRAFTER/../ar-draft)")
     d.add_argument("--dflash2-drafter", type=Path, default=None,
-                   help="a DFlash2 drafter of the recipe's target: reported as a fourth mode, dflash2")
+                   help="a DFlash2 drafter of the recipe's target: reported as a fourth mode, dflash2 "
+                   "(default: DRAFTER/../drafter-dflash2 when it exists, as in the shipped pair)")
     d.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     d.set_defaults(run=run)
+
+    s = kinds.add_parser("serve", help="tokens/s/user of the served model at concurrency 1 against in-process "
+                         "decoding of the same deployment, and where the time of a round goes",
+                         description="Deploys RECIPE (into --work, current stages skipped), serves it behind "
+                         "tritonserver and decodes the sweep's prompts one at a time three ways, interleaved: served "
+                         "(gRPC streaming), the serving engine in this process, and the bare Decoder loop "
+                         "(perf/bench_serve.py). Prints served_over_inprocess (goal >= 0.9) and the per-round split.")
+    add_recipe_argument(s)
+    s.add_argument("--prompts", type=int, default=8, help="prompts per pass (default 8)")
+    s.add_argument("--max-new-tokens", type=int, default=None, help="default: the recipe's sweep.output_len")
+    s.add_argument("--repeats", type=int, default=5, help="interleaved repeats; medians are reported (default 5)")
+    s.add_argument("--torch-threads", type=int, default=None,
+                   help="serve (and decode in process) with this many torch threads (default: the deployment's)")
+    s.add_argument("--work", type=Path, default=None, help="pipeline directory (default runs/<recipe name>)")
+    s.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    s.set_defaults(run=run_serve)
 
     a = kinds.add_parser("acceptance", help="tau and the conditional acceptance of every draft slot, measured by "
                          "the reference backend on held-out prompts (for `project --acceptance`)",
@@ -61,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args) -> int:
     import torch
 
-    from trtllm_dflash.perf.bench_decode import bench, print_report
+    from trtllm_dflash.perf.bench_decode import bench, print_report, sibling_dflash2
     from trtllm_dflash.recipe import load_recipe
 
     # Deployment rules (memory, build limits) do not apply to a CPU decode benchmark; the
@@ -83,7 +101,8 @@ def run(args) -> int:
     res = bench(recipe.target.path, recipe.drafter.path, prompts=args.prompts, prompt_len=args.prompt_len,
                 max_new_tokens=args.max_new_tokens, block_size=args.block_size or spec.block_size,
                 ddtree_budget=args.ddtree_budget or spec.ddtree_budget, repeats=args.repeats, dtype=args.dtype,
-                baselines=args.baselines, ar_draft=ar_draft, dflash2_dir=args.dflash2_drafter)
+                baselines=args.baselines, ar_draft=ar_draft,
+                dflash2_dir=args.dflash2_drafter or sibling_dflash2(recipe.drafter.path))
     res["recipe"] = recipe.name
     print_report(res, file=sys.stderr if args.json else sys.stdout)
     if args.json:
@@ -114,6 +133,27 @@ def run_acceptance(args) -> int:
         t.add_row(str(j), str(prof.reached[j - 1]), str(prof.accepted[j - 1]), f"{a:.3f}", f"{prof.tau(j):.2f}")
     t.caption = prof.source
     Console(stderr=args.json).print(t)
+    if args.json:
+        print(json.dumps(res))
+    return 0
+
+
+def run_serve(args) -> int:
+    from trtllm_dflash.perf.bench_serve import bench, print_report
+    from trtllm_dflash.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    for name in ("prompts", "repeats", "max_new_tokens", "torch_threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} is {value}, expected >= 1")
+    if recipe.backend.name != "reference":
+        raise UserError(f"{args.recipe or 'the default recipe'}: backend.name is {recipe.backend.name}: bench serve "
+                        "measures the reference backend's server on this machine")
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    res = bench(recipe, args.work or Path("runs") / recipe.name, prompts=args.prompts, max_tokens=args.max_new_tokens,
+                repeats=args.repeats, torch_threads=args.torch_threads, say=say)
+    print_report(res, file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(res))
     return 0

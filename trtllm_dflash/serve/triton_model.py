@@ -10,14 +10,19 @@ outputs text_output BYTES (generated text only; streamed responses are deltas wh
         total_draft_tokens, total_accepted_draft_tokens INT32, acceptance_length FP32,
         finish_reason BYTES
 Decoupled: a streaming request gets one response per committed round, a non-streaming one
-a single response; both end with an empty final response flag. A bad request gets one
-error response naming the problem, and the server keeps serving. Concurrent requests are
-decoded together by the in-flight batching engine (serve/batcher.py).
+a single response; the last one carries the final flag (a cancelled request gets an empty
+final response). Responses hold the outputs the client asked for (all when it named none).
+They are handed to Triton by a thread of their own (`_Outbox`), so the engine thread decodes
+the next round meanwhile. A bad request gets one error response naming the problem, and the
+server keeps serving. Concurrent requests are decoded together by the in-flight batching
+engine (serve/batcher.py).
 """
 
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -30,20 +35,47 @@ INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "seed", "
           "exclude_input_in_output", "draft_len", "mode")
 
 
-def _response(update) -> "pb_utils.InferenceResponse":
-    def t(name, value, dtype):
-        return pb_utils.Tensor(name, np.array([value], dtype=dtype))
+OUTPUTS = {  # name -> (value of an Update, dtype)
+    "text_output": (lambda u: u.text.encode("utf-8"), object),
+    "output_token_count": (lambda u: u.tokens, np.int32),
+    "total_output_tokens": (lambda u: u.total_tokens, np.int32),
+    "rounds": (lambda u: u.rounds, np.int32),
+    "total_draft_tokens": (lambda u: u.drafted, np.int32),
+    "total_accepted_draft_tokens": (lambda u: u.accepted, np.int32),
+    "acceptance_length": (lambda u: u.acceptance_length, np.float32),
+    "finish_reason": (lambda u: (u.finish_reason or "").encode(), object),
+}
 
-    return pb_utils.InferenceResponse([
-        t("text_output", update.text.encode("utf-8"), object),
-        t("output_token_count", update.tokens, np.int32),
-        t("total_output_tokens", update.total_tokens, np.int32),
-        t("rounds", update.rounds, np.int32),
-        t("total_draft_tokens", update.drafted, np.int32),
-        t("total_accepted_draft_tokens", update.accepted, np.int32),
-        t("acceptance_length", update.acceptance_length, np.float32),
-        t("finish_reason", (update.finish_reason or "").encode(), object),
-    ])
+
+def _response(update, names=OUTPUTS) -> "pb_utils.InferenceResponse":
+    """The outputs `names` of one update (a client that asks for some outputs gets only those)."""
+    return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.array([OUTPUTS[n][0](update)], dtype=OUTPUTS[n][1]))
+                                       for n in names])
+
+
+class _Outbox:
+    """Hands responses to Triton from a thread of its own, in order: the engine thread goes on to the
+    next round while the Python backend passes this round's responses to the server (a send waits
+    for the server process)."""
+
+    def __init__(self):
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="dflash-outbox", daemon=True)
+        self.thread.start()
+
+    def put(self, send) -> None:
+        self.queue.put(send)
+
+    def _run(self) -> None:
+        while (send := self.queue.get()) is not None:
+            try:
+                send()
+            except Exception as e:  # a request whose client left: the others go on
+                pb_utils.Logger.log_warn(f"dflash: sending a response failed: {type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
 
 
 class TritonPythonModel:
@@ -56,6 +88,7 @@ class TritonPythonModel:
         # The same loader and engine as the OpenAI-compatible server (serve/deployed.py).
         self.deployed = open_deployed(version_dir, params)
         self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
+        self.outbox = _Outbox()
         d = self.deployed
         pb_utils.Logger.log_info(f"dflash: {d.recipe.name} ready ({d.mode}, block {d.recipe.speculative.block_size}, "
                                  f"{d.stage} output {d.checkpoint}, tp {d.tp})")
@@ -82,25 +115,35 @@ class TritonPythonModel:
                 continue
             sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                                       seed=req.seed if req.seed is not None else 0)
-            self.engine.submit(Job(ids, req.max_tokens, _Emitter(sender, req.stream, request.request_id(),
-                                                                 self.engine.trace), sampling,
+            names = [n for n in request.requested_output_names() if n in OUTPUTS] or list(OUTPUTS)
+            emitter = _Emitter(sender, req.stream, request.request_id(), self.engine.trace, names, self.outbox)
+            self.engine.submit(Job(ids, req.max_tokens, emitter, sampling,
                                    stop_words=req.stop_words, cancelled=sender.is_cancelled, draft_len=req.draft_len,
                                    mode=req.mode, tag=request.request_id()))
         return None
 
     def finalize(self):
         self.deployed.close()
+        self.outbox.close()
 
 
 class _Emitter:
-    """Sends updates on a request's response sender: every round when streaming, else once at the end."""
+    """Sends updates on a request's response sender (through the outbox thread when there is one):
+    every round when streaming, else once at the end."""
 
-    def __init__(self, sender, stream: bool, tag: str = "", trace=None):
-        self.sender, self.stream, self.tag, self.trace = sender, stream, tag, trace
+    def __init__(self, sender, stream: bool, tag: str = "", trace=None, names=tuple(OUTPUTS), outbox=None):
+        self.sender, self.stream, self.tag, self.trace, self.names = sender, stream, tag, trace, names
+        self.outbox = outbox
         self.text: list[str] = []
         self.tokens = 0
 
-    def __call__(self, update) -> None:
+    def __call__(self, update) -> None:  # engine thread
+        if self.outbox is None:
+            self._send(update)
+        else:
+            self.outbox.put(lambda: self._send(update))
+
+    def _send(self, update) -> None:
         done = update.finish_reason is not None
         if update.finish_reason is not None and update.finish_reason.startswith("error"):
             self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(update.finish_reason)),
@@ -112,14 +155,18 @@ class _Emitter:
         if self.stream:
             if update.tokens or update.text:
                 s0 = now()
-                self.sender.send(_response(update))
+                # The last response of a request carries the final flag (no separate empty one).
+                self.sender.send(_response(update, self.names),
+                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0)
                 if self.trace:
                     self.trace.add("send", self.tag, s0, now())
+                return
         else:
             self.text.append(update.text)
             self.tokens += update.tokens
             if done:
                 update.text, update.tokens = "".join(self.text), self.tokens
-                self.sender.send(_response(update))
+                self.sender.send(_response(update, self.names), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
         if done:
             self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
