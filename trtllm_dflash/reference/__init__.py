@@ -6,6 +6,12 @@ Usage: see README.md in this folder.
 Glossary (one meaning per word, everywhere in this package):
   target             the model being served (Qwen3 / Llama / Qwen3-MoE HF checkpoint)
   drafter            the DFlash draft model (z-lab checkpoint: Qwen3 layers, no embedding/head)
+  DFlash2            z-lab's DFlash2DraftModel: a DFlash drafter with a dynamic causal
+                     convolution around every sublayer (along the block, restarted every
+                     round) and a candidate selector
+  candidates         DFlash2: the top-k tokens of a slot's draft logits
+  selector path      DFlash2: one candidate per slot, chosen left to right with a low-rank
+                     pairwise score given the previous choice (the anchor for slot 1)
   target_layer_ids   target decoder layers whose outputs feed the drafter; layer i's output
                      is HF `hidden_states[i + 1]` (the un-normed residual stream)
   target_hidden      those outputs concatenated on the feature axis [T, n*H]: the context
