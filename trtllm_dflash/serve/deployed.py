@@ -7,7 +7,8 @@ against its manifest checksum and file checksums), opened by checkpoint_runner.o
 in-flight batching ServingEngine (serve/batcher.py) set up from the deployed recipe.
 
 Inputs are the model's config.pbtxt parameters (`recipe`, `checkpoint`,
-`checkpoint_manifest_sha256`, optional `runners` and `torch_threads`) and its version directory,
+`checkpoint_manifest_sha256`, optional `runners` and `torch_threads`: default
+`default_torch_threads`, on CPU every core but one) and its version directory,
 exactly as Triton hands them to `initialize`; `repository_model` reads them from a deploy output.
 """
 
@@ -48,7 +49,7 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     from trtllm_dflash.serve.trace import from_env
 
     recipe = load_recipe(Path(version_dir) / params["recipe"], check_rules=False)
-    threads = int(params.get("torch_threads", "0"))
+    threads = int(params.get("torch_threads", "0")) or default_torch_threads(recipe)
     if threads:
         torch.set_num_threads(threads)
     # Serve exactly the artifact deploy recorded: same manifest, files unchanged (the engines for
@@ -84,6 +85,20 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     )
     return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
                     checkpoint, info.tp, info.manifest.stage)
+
+
+def default_torch_threads(recipe) -> int:
+    """Torch threads of a CPU server that decodes in its own process (tp 1): every core but one.
+    The front end (Triton's gRPC / HTTP threads and the Python backend's messages, or uvicorn) and
+    clients on the same machine need a core; a torch thread that shares one with them stalls
+    every parallel op (on the 2-core development machine, 1 thread serves 10-50% more tokens/s
+    than 2 at every concurrency: README, "Serving overhead"). 0 (torch's default) elsewhere:
+    on GPUs, and with tp > 1, whose worker processes set their own."""
+    import os
+
+    if not recipe.gpu.is_cpu or recipe.parallel.tp > 1:
+        return 0
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def draft_policy(recipe, model, mode: str):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,8 +91,10 @@ class TritonPythonModel:
         self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
         self.outbox = _Outbox()
         d = self.deployed
+        import torch
+
         pb_utils.Logger.log_info(f"dflash: {d.recipe.name} ready ({d.mode}, block {d.recipe.speculative.block_size}, "
-                                 f"{d.stage} output {d.checkpoint}, tp {d.tp})")
+                                 f"{d.stage} output {d.checkpoint}, tp {d.tp}, {torch.get_num_threads()} torch threads)")
 
     def execute(self, requests):
         from trtllm_dflash.reference.verify import SamplingParams
@@ -118,7 +121,7 @@ class TritonPythonModel:
             names = [n for n in request.requested_output_names() if n in OUTPUTS] or list(OUTPUTS)
             emitter = _Emitter(sender, req.stream, request.request_id(), self.engine.trace, names, self.outbox)
             self.engine.submit(Job(ids, req.max_tokens, emitter, sampling,
-                                   stop_words=req.stop_words, cancelled=sender.is_cancelled, draft_len=req.draft_len,
+                                   stop_words=req.stop_words, cancelled=emitter.is_cancelled, draft_len=req.draft_len,
                                    mode=req.mode, tag=request.request_id()))
         return None
 
@@ -129,19 +132,37 @@ class TritonPythonModel:
 
 class _Emitter:
     """Sends updates on a request's response sender (through the outbox thread when there is one):
-    every round when streaming, else once at the end."""
+    every round when streaming, else once at the end. Whether the client cancelled is asked there
+    too, at most every CANCEL_CHECK_S: the response sender's is_cancelled() is a round trip to the
+    server process (about a millisecond, more while responses are being sent), and the engine
+    thread only reads the answer (`is_cancelled`)."""
+
+    CANCEL_CHECK_S = 0.05
 
     def __init__(self, sender, stream: bool, tag: str = "", trace=None, names=tuple(OUTPUTS), outbox=None):
         self.sender, self.stream, self.tag, self.trace, self.names = sender, stream, tag, trace, names
         self.outbox = outbox
         self.text: list[str] = []
         self.tokens = 0
+        self.cancelled, self.checked = False, time.monotonic()
+
+    def is_cancelled(self) -> bool:  # engine thread
+        return self.cancelled
 
     def __call__(self, update) -> None:  # engine thread
         if self.outbox is None:
-            self._send(update)
+            self._deliver(update)
         else:
-            self.outbox.put(lambda: self._send(update))
+            self.outbox.put(lambda: self._deliver(update))
+
+    def _deliver(self, update) -> None:
+        try:
+            self._send(update)
+        except Exception:  # nobody listens any more: the engine drops the request at its next round
+            self.cancelled = True
+            raise
+        if update.finish_reason is None and time.monotonic() - self.checked >= self.CANCEL_CHECK_S:
+            self.cancelled, self.checked = self.sender.is_cancelled(), time.monotonic()
 
     def _send(self, update) -> None:
         done = update.finish_reason is not None
