@@ -76,6 +76,14 @@ def random_pair(seed: int = 0, dtype=torch.float32, **draft_kw) -> tuple[Target,
     return tuple(m.to(dtype).eval() for m in models)
 
 
+def sibling_dflash2(drafter_dir) -> Path | None:
+    """DRAFTER/../drafter-dflash2 when it holds a drafter (the shipped pair's DFlash2 drafter)."""
+    if drafter_dir is None:
+        return None
+    d = Path(drafter_dir).parent / "drafter-dflash2"
+    return d if (d / "config.json").is_file() else None
+
+
 def decode(target, drafter, prompts, n, mode, block_size, budget) -> dict:
     """Run one mode; decode time excludes the prefill (and its first token)."""
     tokens = [[] for _ in prompts]
@@ -296,7 +304,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="HF target directory (default: random 8x256 Qwen3)")
     p.add_argument("--drafter", help="z-lab drafter directory (default: random 2-layer drafter)")
-    p.add_argument("--dflash2-drafter", help="a DFlash2 drafter of the same target: a fourth mode, dflash2")
+    p.add_argument("--dflash2-drafter", help="a DFlash2 drafter of the same target: a fourth mode, dflash2 "
+                   "(default: DRAFTER/../drafter-dflash2 when it exists, as in the shipped pair)")
     p.add_argument("--prompts", type=int, default=4, help="prompts, decoded one at a time (batch 1)")
     p.add_argument("--batch", type=int, default=1, help="decode the prompts in batches of this size")
     p.add_argument("--prompt-len", type=int, default=64)
@@ -321,7 +330,7 @@ def main(argv=None) -> int:
                 max_new_tokens=args.max_new_tokens, block_size=args.block_size, ddtree_budget=args.ddtree_budget,
                 batch=args.batch, repeats=args.repeats, dtype=args.dtype, seed=args.seed, baselines=args.baselines,
                 ar_draft=ar_draft, assistant_tokens=args.assistant_tokens, lookup_tokens=args.lookup_tokens,
-                lookup_ngram=args.lookup_ngram, dflash2_dir=args.dflash2_drafter)
+                lookup_ngram=args.lookup_ngram, dflash2_dir=args.dflash2_drafter or sibling_dflash2(args.drafter))
     print_report(res)
     if args.json:
         print(json.dumps(res))

@@ -2,8 +2,6 @@
 warpers) and Pearson's chi-square test against it: the sampling-statistics tests of every
 decoding path (reference runners, engine runners) share these."""
 
-import itertools
-
 import torch
 from reference_helpers import hf_model
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -13,27 +11,23 @@ from trtllm_dflash.reference import SamplingParams
 PROMPT = [1, 5, 2, 3]
 
 
-def exact_joint(target_dir, s: SamplingParams, n_tok=3):
-    """{(x1, x2, x3): probability} under HF's warpers, by enumeration."""
+def exact_joint(target_dir, s: SamplingParams, n_tok=3, prompt=PROMPT):
+    """{(x1, .., x_n): probability} under HF's warpers, by enumerating the support level by level
+    (every token of positive probability after every sequence of positive probability)."""
     hf = hf_model(target_dir)
-    V = hf.config.vocab_size
     warp = LogitsProcessorList([TemperatureLogitsWarper(s.temperature)])
     if s.top_k:
         warp.append(TopKLogitsWarper(s.top_k))
     if s.top_p < 1:
         warp.append(TopPLogitsWarper(s.top_p))
-    prefixes = list(itertools.product(range(V), repeat=n_tok - 1))
-    ids = torch.tensor([PROMPT + list(p) for p in prefixes])
-    with torch.no_grad():
-        logits = hf(ids).logits[:, len(PROMPT) - 1 :]  # [#prefixes, n_tok, V]
-    P = torch.stack([torch.softmax(warp(ids[:, : len(PROMPT) + i], logits[:, i]), -1) for i in range(n_tok)], 1)
-    joint = {}
-    for row, p in enumerate(prefixes):
-        for last in range(V):
-            seq = (*p, last)
-            prob = float(torch.prod(torch.stack([P[row, i, seq[i]] for i in range(n_tok)])))
-            if prob > 0:
-                joint[seq] = prob
+    joint = {(): 1.0}
+    for _ in range(n_tok):
+        seqs = list(joint)
+        ids = torch.tensor([list(prompt) + list(seq) for seq in seqs])
+        with torch.no_grad():
+            P = torch.softmax(warp(ids, hf(ids).logits[:, -1]), -1)  # [#seqs, V]
+        joint = {(*seq, t): joint[seq] * float(P[row, t]) for row, seq in enumerate(seqs)
+                 for t in P[row].nonzero()[:, 0].tolist()}
     return joint
 
 

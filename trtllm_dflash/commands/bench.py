@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip the HF baselines")
     d.add_argument("--ar-draft", type=Path, default=None, help="HF AR draft model (default: DRAFTER/../ar-draft)")
     d.add_argument("--dflash2-drafter", type=Path, default=None,
-                   help="a DFlash2 drafter of the recipe's target: reported as a fourth mode, dflash2")
+                   help="a DFlash2 drafter of the recipe's target: reported as a fourth mode, dflash2 "
+                   "(default: DRAFTER/../drafter-dflash2 when it exists, as in the shipped pair)")
     d.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     d.set_defaults(run=run)
 
@@ -78,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args) -> int:
     import torch
 
-    from trtllm_dflash.perf.bench_decode import bench, print_report
+    from trtllm_dflash.perf.bench_decode import bench, print_report, sibling_dflash2
     from trtllm_dflash.recipe import load_recipe
 
     # Deployment rules (memory, build limits) do not apply to a CPU decode benchmark; the
@@ -100,7 +101,8 @@ def run(args) -> int:
     res = bench(recipe.target.path, recipe.drafter.path, prompts=args.prompts, prompt_len=args.prompt_len,
                 max_new_tokens=args.max_new_tokens, block_size=args.block_size or spec.block_size,
                 ddtree_budget=args.ddtree_budget or spec.ddtree_budget, repeats=args.repeats, dtype=args.dtype,
-                baselines=args.baselines, ar_draft=ar_draft, dflash2_dir=args.dflash2_drafter)
+                baselines=args.baselines, ar_draft=ar_draft,
+                dflash2_dir=args.dflash2_drafter or sibling_dflash2(recipe.drafter.path))
     res["recipe"] = recipe.name
     print_report(res, file=sys.stderr if args.json else sys.stdout)
     if args.json:
