@@ -95,6 +95,11 @@ class TritonPythonModel:
 
         pb_utils.Logger.log_info(f"dflash: {d.recipe.name} ready ({d.mode}, block {d.recipe.speculative.block_size}, "
                                  f"{d.stage} output {d.checkpoint}, tp {d.tp}, {torch.get_num_threads()} torch threads)")
+        cost = getattr(self.engine.policy, "cost", None)
+        if cost is not None:  # draft_len: auto
+            pb_utils.Logger.log_info(f"dflash: draft length auto; round cost fitted at start-up: {cost.fixed * 1e3:.2f} ms "
+                                     f"+ {cost.per_token * 1e3:.3f} ms per verified token + {cost.draft * 1e3:.2f} ms "
+                                     "with a drafter pass")
 
     def execute(self, requests):
         from trtllm_dflash.reference.verify import SamplingParams

@@ -35,11 +35,12 @@ def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = 
     for name, rows in curves.items():
         color = COLORS.get(name) or next(others)
         pts = _points(rows)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label(name), zorder=2, markersize=4)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label(name), zorder=2, markersize=4,
+                linewidth=1, alpha=0.6)
         for s, (x, y) in zip(rows, pts):
             ax.annotate(f"c={s.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
         fx = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
-        ax.plot([p[0] for p in fx], [p[1] for p in fx], "--", color=color, linewidth=1, zorder=1,
+        ax.plot([p[0] for p in fx], [p[1] for p in fx], "--", color=color, linewidth=2.2, zorder=3,
                 label=f"{label(name)} Pareto front")
         ax.scatter([p[0] for p in fx], [p[1] for p in fx], s=80, facecolors="none", edgecolors=color, zorder=3)
     ax.set_xlabel("tokens/s/user (median, = 1/TPOT)")
