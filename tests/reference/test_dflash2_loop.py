@@ -133,13 +133,13 @@ def sample_first_three(pair, s, joins=False):
 
 
 CASES = [
-    (SamplingParams(temperature=1.0, seed=31), False),
-    (SamplingParams(temperature=0.7, top_k=2, seed=32), False),
-    (SamplingParams(temperature=1.0, seed=33), True),
+    pytest.param(SamplingParams(temperature=1.0, seed=31), False, id="t1"),
+    pytest.param(SamplingParams(temperature=0.7, top_k=2, seed=32), False, id="t07-topk2", marks=pytest.mark.slow),
+    pytest.param(SamplingParams(temperature=1.0, seed=33), True, id="t1-joins-cancels"),
 ]
 
 
-@pytest.mark.parametrize("s,joins", CASES, ids=["t1", "t07-topk2", "t1-joins-cancels"])
+@pytest.mark.parametrize("s,joins", CASES)
 def test_dflash2_sampling_keeps_the_target_distribution(tiny2, s, joins):
     samples, rounds = sample_first_three(tiny2, s, joins)
     if not joins:  # the first round (up to 3 drafts) saw rejections and acceptances
