@@ -95,3 +95,69 @@ def test_auto_starts_new_requests_from_every_requests_acceptance_and_probes_long
         rejecting.observe(1, 15, 1)  # slot 1 accepted, slot 2 never
     choices = [rejecting.choose([1], 1) for _ in range(8)]
     assert choices == [1, 1, 1, 3, 1, 1, 1, 3]  # every 4th choice probes 2L + 1
+
+
+def decode_with_policy(decoder: Decoder, policy, prompts, limit, decoys: int = 0):
+    """The serving engine's use of a policy (serve/batcher.py): choose per round over the running
+    requests, observe what each round accepted, forget finished requests. Half the prompts start,
+    the rest join after one round; `decoys` extra requests join with them and are cancelled a
+    round later. Returns every real request's tokens and the draft lengths chosen."""
+    n, half = len(prompts), len(prompts) // 2
+    out, alive, chosen = {i: [] for i in range(n)}, set(), []
+
+    def take(rec):
+        for k, (r, toks, done) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished)):
+            if r < n:
+                out[r] += toks
+            if rec.round > 0:
+                policy.observe(r, rec.drafted[k], len(toks) - 1)
+            alive.add(r)
+            if done is not None:
+                alive.discard(r)
+                policy.forget(r)
+
+    def step():
+        L = policy.choose(sorted(alive), decoder.running)
+        chosen.append(L)
+        take(decoder.step(L))
+
+    take(decoder.admit(list(range(half)), prompts[:half], [limit] * half, [[]] * half))
+    step()
+    ids = list(range(half, n)) + list(range(n, n + decoys))
+    take(decoder.admit(ids, prompts[half:] + [prompts[0]] * decoys, [limit] * len(ids), [[]] * len(ids)))
+    step()
+    decoder.cancel(list(range(n, n + decoys)))
+    for r in range(n, n + decoys):
+        alive.discard(r)
+        policy.forget(r)
+    while decoder.running:
+        step()
+    return [out[i] for i in range(n)], chosen
+
+
+def test_auto_draft_length_in_the_loop_gives_the_greedy_tokens(qwen3_pair):
+    """The policy drives the rounds (its choices depend on what earlier rounds accepted), with a
+    join and a cancel: every request still gets the target's greedy tokens."""
+    target, drafter = load_pair(*qwen3_pair)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(255) for _ in range(rng.randint(3, 12))] for _ in range(4)]
+    ar = [g.tokens for g in generate(target, None, prompts, 30, mode="ar", stop_token_ids=[])]
+    policy = AutoDraftLength(block_size=drafter.block_size, cost=VerifyCost(fixed=1e-3, per_token=1e-4, draft=2e-4),
+                             prior=0.5, probe_every=3)
+    got, chosen = decode_with_policy(Decoder(target, drafter, max_len=64), policy, prompts, 30, decoys=2)
+    assert got == ar
+    assert len(set(chosen)) > 1, f"the policy never changed its draft length: {chosen}"
+
+
+def test_auto_draft_length_in_the_loop_keeps_the_sampling_distribution(tiny8):
+    """Rejection sampling stays exact when the draft length is chosen from past acceptance
+    (chi-square as test_sampling.py, alpha 1e-3), with half the rows joining a round later and
+    cancelled decoys."""
+    target, drafter = load_pair(*tiny8)
+    s = SamplingParams(temperature=1.0, seed=23)
+    policy = AutoDraftLength(block_size=drafter.block_size, cost=VerifyCost(fixed=1e-3, per_token=2e-8, draft=2e-4),
+                             prior=0.5, probe_every=2)
+    got, chosen = decode_with_policy(Decoder(target, drafter, sampling=s, max_len=16), policy, [PROMPT] * 12000, 4, decoys=8)
+    assert len(set(chosen)) > 1, f"the policy never changed its draft length: {chosen}"
+    p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))
+    assert p > 1e-3, f"chi-square rejects the target distribution under the auto draft length: p = {p:.2e}"
