@@ -9,11 +9,11 @@ step model writes each pass as
 
 with the bytes, FLOPs and layers of that pass (stepmodel.py). BW [B/s] is measured directly: a
 read of a buffer the size of the target's weights, as the passes read them (so the caches the
-model enjoys count). P [FLOP/s] and t_layer [s] are then a least-squares fit over the fastest
+model enjoys count). P [FLOP/s] and t_layer [s] are then a least-squares fit over the median
 times of the six pass kinds (AR step, verify and drafter pass at two batch sizes: the FLOPs span
 60x, so the two separate), each weighted by 1/t so that every pass counts by its relative error.
-Every time is the fastest over interleaved repeats: a shared machine only ever adds time, so the
-minimum is the pass's own cost.
+Every time is the median over interleaved repeats spread over the calibration: the machine as a
+sweep finds it (a sweep reports medians, and on a shared machine its neighbours run too).
 
 Serving (optional, a running server of the recipe at `url`): short probes at concurrency 1 and 8
 with the sweep's load generator and prompts of another seed than the sweep's. A request's round
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepModel
-from trtllm_dflash.recipe.hardware import Measured
+from trtllm_dflash.recipe.hardware import Measured, cpu_torch_threads
 
 BATCHES = (1, 4)
 
@@ -41,7 +41,7 @@ BATCHES = (1, 4)
 @dataclass
 class Calibration:
     measured: Measured
-    passes: dict  # pass kind -> seconds (fastest), and the fit's inputs
+    passes: dict  # pass kind -> seconds (median), and the fit's inputs
     serving: dict | None = None
 
     def to_json(self) -> dict:
@@ -61,8 +61,8 @@ def _features(cost, layers: int) -> list[float]:
 
 
 def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: int = 48, repeats: int = 3) -> dict:
-    """The fastest time of every pass kind over `repeats` interleaved decodes (a shared machine only
-    ever adds time: the minimum is the pass's own cost), and the (context, tau) they ran at."""
+    """The median time of every pass kind over `repeats` interleaved decodes (the machine as a sweep
+    finds it: a sweep reports medians too), and the (context, tau) they ran at."""
     import torch
 
     from trtllm_dflash.prompts.sources import heldout_token_prompts
@@ -71,7 +71,7 @@ def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: i
     tdir, ddir = recipe.target.path, recipe.drafter.path
     if tdir is None or ddir is None:
         raise UserError(f"{recipe.name}: calibration runs the reference backend on local checkpoints")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // recipe.parallel.tp))  # as the server does
+    torch.set_num_threads(cpu_torch_threads(recipe.parallel.tp))  # as the server does
     target, drafter = load_pair(tdir, ddir, torch.float32)
     ps = heldout_token_prompts(tdir, max(prompts, max(BATCHES)), prompt_len)
     if ps is None:
@@ -112,8 +112,8 @@ def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: i
             if not samples.get(f"{mode}_target_b{b}"):
                 raise UserError(f"calibration: no full {mode} round at batch {b}; raise new_tokens")
     read()
-    out["read_bytes"], out["read_s"] = buf.numel() * 4, min(reads)
-    out.update({k: min(v) for k, v in samples.items()})
+    out["read_bytes"], out["read_s"] = buf.numel() * 4, statistics.median(reads)
+    out.update({k: statistics.median(v) for k, v in samples.items()})
     out.update({f"tau_b{b}": c / n for b, (c, n) in taus.items()})
     out["context"] = prompt_len + new_tokens // 2
     out["block_size"] = block
@@ -121,7 +121,7 @@ def measure_passes(recipe, prompts: int = 4, prompt_len: int = 64, new_tokens: i
 
 
 def fit_passes(recipe, timings: dict) -> dict:
-    """BW from the buffer read; P and t_layer by weighted least squares over the passes' fastest times."""
+    """BW from the buffer read; P and t_layer by weighted least squares over the passes' median times."""
     import numpy as np
 
     m = _unit_model(recipe)
@@ -151,7 +151,7 @@ PROBE_LEVELS = (1, 8)
 
 
 def measure_serving(recipe, url: str, passes: Measured, levels: tuple[int, int] = PROBE_LEVELS,
-                    waves: int = 3, protocol: str = "grpc") -> dict:
+                    waves: int = 5, protocol: str = "grpc") -> dict:
     """Round times of a running server at two concurrencies (`waves` x c requests each, at least 8,
     after 2 warm-up requests), and the t_step / t_seq they imply. The first c requests of a level
     start together and share one batched prompt pass; a sweep's requests soon arrive one by one,

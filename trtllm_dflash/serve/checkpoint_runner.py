@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import queue
 import socket
 import traceback
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.hardware import cpu_torch_threads
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -282,7 +282,7 @@ def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, r
             commands: list, replies) -> None:
     """One rank: load its shard, then run Decoder calls as they come (every rank gets every call,
     in the same order, so their collectives match); rank 0 answers each call."""
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))
+    torch.set_num_threads(cpu_torch_threads(tp))
     dev = f"cuda:{rank}" if device.startswith("cuda") else device
     if dev.startswith("cuda"):
         torch.cuda.set_device(rank)

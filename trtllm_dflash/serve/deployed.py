@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.hardware import cpu_torch_threads
 from trtllm_dflash.serve.requests import Limits
 
 
@@ -88,17 +89,12 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
 
 
 def default_torch_threads(recipe) -> int:
-    """Torch threads of a CPU server that decodes in its own process (tp 1): every core but one.
-    The front end (Triton's gRPC / HTTP threads and the Python backend's messages, or uvicorn) and
-    clients on the same machine need a core; a torch thread that shares one with them stalls
-    every parallel op (on the 2-core development machine, 1 thread serves 10-50% more tokens/s
-    than 2 at every concurrency: README, "Serving overhead"). 0 (torch's default) elsewhere:
-    on GPUs, and with tp > 1, whose worker processes set their own."""
-    import os
-
+    """Torch threads of a server that decodes in its own process: recipe/hardware.py
+    cpu_torch_threads on CPU at tp 1; 0 (torch's default) on GPUs, and with tp > 1, whose worker
+    processes set their own."""
     if not recipe.gpu.is_cpu or recipe.parallel.tp > 1:
         return 0
-    return max(1, (os.cpu_count() or 1) - 1)
+    return cpu_torch_threads(1)
 
 
 def draft_policy(recipe, model, mode: str):

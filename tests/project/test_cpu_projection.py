@@ -1,0 +1,105 @@
+"""The projection of the CPU recipe against real CPU sweeps (reference backend behind tritonserver,
+the sweep's gRPC load generator): within 30% at every level, for tokens/s/user and tokens/s/GPU.
+
+The cpu "GPU" has no catalog rates: its `measured` block in recipe/catalog/hardware.yaml comes from
+`trtllm_dflash.project.calibrate` on the 2-core machine this package is developed on (pass rates
+from the reference backend in process; per-pass and per-sequence serving costs from probes of a
+running server at concurrency 1 and 8 with prompts of another seed). tests/project/data/ keeps the
+calibration and the sweep that ran right after it (same machine, same hour): the default run
+checks the projection against that sweep; the slow test calibrates and sweeps afresh.
+
+tokens/s/user is compared pooled over a level's requests (1 / mean TPOT): the projection has one
+tau for every request, while the sweep's median request also moves with the spread of per-request
+tau (report.measured_vs_projected).
+"""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash.project import acceptance
+from trtllm_dflash.project.projection import project
+from trtllm_dflash.project.report import measured_vs_projected, served_curve
+from trtllm_dflash.recipe import load_recipe
+from trtllm_dflash.recipe.hardware import Measured, hardware_catalog
+from trtllm_dflash.sweep.metrics import LevelSummary
+
+DATA = Path(__file__).resolve().parent / "data" / "cpu-tiny-pystd-sweep.json"
+TOLERANCE = 0.30
+# The embedded recipe as the comparison runs it: DFlash (the recipe's DDTree budget off: the
+# projection does not model trees), levels 1-8, few requests per level.
+OVERRIDES = ["speculative.ddtree_budget=null", "sweep.concurrency=[1,2,4,8]", "sweep.min_requests=4",
+             "sweep.warmup_requests=1"]
+
+
+def served_rows(curves: dict) -> list:
+    """The rows of the server's own decoding in a sweep directory's curves (report.read_measured)."""
+    return curves.get("") or curves.get("dflash") or next(iter(curves.values()))
+
+
+def errors(rows):
+    return {r["concurrency"]: (round(r["tok_s_user_error"], 3), round(r["tok_s_gpu_error"], 3)) for r in rows}
+
+
+def test_catalog_cpu_rates_are_the_stored_calibration():
+    data = json.loads(DATA.read_text())
+    assert hardware_catalog()["cpu"].measured == Measured(**data["calibration"]["measured"])
+    assert data["overrides"] == OVERRIDES
+
+
+def test_cpu_projection_matches_the_sweep_measured_with_the_calibration():
+    data = json.loads(DATA.read_text())
+    r = load_recipe(None, data["overrides"])
+    measured = [LevelSummary.from_json(d) for d in data["sweep"]]
+    proj = project(r, acceptance.published(r))  # catalog rates, the shipped pair's measured profile
+    rows = measured_vs_projected(proj, measured, served_curve(r)[0])
+    assert [row["concurrency"] for row in rows] == [1, 2, 4, 8]
+    bad = {c: e for c, e in errors(rows).items() if max(abs(e[0]), abs(e[1])) > TOLERANCE}
+    assert not bad, f"(tok/s/user, tok/s/GPU) relative errors beyond {TOLERANCE:.0%}: {bad}; all: {errors(rows)}"
+
+
+def test_project_calibrate_writes_what_it_measured(tmp_path, monkeypatch, capsys):
+    """--calibrate wiring (the measurement itself runs in the slow test): the projection uses the
+    calibration, and calibration.json records it."""
+    from trtllm_dflash.cli import main
+    from trtllm_dflash.project import calibrate
+
+    fake = calibrate.Calibration(Measured(source="fake", memory_bandwidth_gbs=1.0, tensor_gflops=1.0,
+                                          layer_overhead_us=0, step_overhead_ms=0, seq_overhead_us=0), {"x": 1})
+    monkeypatch.setattr(calibrate, "calibrate", lambda recipe, url=None: fake)
+    assert main(["project", "--calibrate", "--out", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "measured: fake" in data["rates"]
+    assert json.loads((tmp_path / "calibration.json").read_text())["measured"]["source"] == "fake"
+
+
+@pytest.mark.slow
+def test_cpu_projection_matches_a_fresh_sweep(tmp_path):
+    """Calibrate on this machine (passes, then probes of a served deployment), then sweep it with
+    `pipeline.run` (convert, deploy, serve behind tritonserver, sweep) and compare."""
+    from trtllm_dflash import pipeline
+    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.project.calibrate import calibrate
+    from trtllm_dflash.project.report import read_measured
+    from trtllm_dflash.project.stepmodel import Deployment, StepModel
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+
+    r = load_recipe(None, OVERRIDES)
+    quiet = lambda line: None
+    pipeline.run(r, tmp_path, until="deploy", progress=False, say=quiet)
+    endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    with TritonServer(tmp_path / "deploy" / REPOSITORY, endpoints):
+        cal = calibrate(r, endpoints.grpc_url)
+    pipeline.run(r, tmp_path, progress=False, say=quiet)
+    measured = served_rows(read_measured(tmp_path / "sweep"))
+    dep = Deployment.from_recipe(r)
+    model = StepModel(replace(dep, gpu=dep.gpu.model_copy(update={"measured": cal.measured})))
+    prof = acceptance.measure(r, prompts=16, prompt_len=r.sweep.input_len, max_new_tokens=r.sweep.output_len)
+    proj = project(r, prof, model=model)
+    rows = measured_vs_projected(proj, measured, served_curve(r)[0])
+    assert [row["concurrency"] for row in rows] == [1, 2, 4, 8]
+    bad = {c: e for c, e in errors(rows).items() if max(abs(e[0]), abs(e[1])) > TOLERANCE}
+    assert not bad, (f"(tok/s/user, tok/s/GPU) relative errors beyond {TOLERANCE:.0%}: {bad}; all: {errors(rows)}; "
+                     f"calibration: {json.dumps(cal.to_json())}")
