@@ -193,3 +193,16 @@ def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int, c
         curve=curve, mode=mode, draft_len=draft_len,
         draft_per_round=sum(r.drafted for r in ok) / rounds if rounds else None,
     )
+
+
+def points(rows: list[LevelSummary]) -> list[tuple[float, float]]:
+    """(median tokens/s/user, output tokens/s/GPU) per level."""
+    return [((s.tok_s_user.p50 if s.tok_s_user else 0.0), s.output_tok_s_per_gpu) for s in rows]
+
+
+def by_curve(rows: list[LevelSummary]) -> dict[str, list[LevelSummary]]:
+    """Rows grouped by curve, curves in order of first appearance ("" rows count as one curve)."""
+    out: dict[str, list[LevelSummary]] = {}
+    for r in rows:
+        out.setdefault(r.curve, []).append(r)
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtllm_dflash.sweep.fronts import pareto_front
-from trtllm_dflash.sweep.metrics import LevelSummary
+from trtllm_dflash.sweep.metrics import LevelSummary, by_curve, points
 
 COLORS = {"ar": "#7f7f7f", "dflash": "#76b900", "ddtree": "#1f77b4"}
 OTHER_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
@@ -15,12 +15,6 @@ LABELS = {"ar": "AR", "dflash": "DFlash", "ddtree": "DDTree", "": "DFlash"}
 
 def label(curve: str) -> str:
     return LABELS.get(curve, curve)
-
-
-def _points(summaries: list[LevelSummary]) -> list[tuple[float, float]]:
-    from trtllm_dflash.sweep.summary import points
-
-    return points(summaries)
 
 
 def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = "") -> Path:
@@ -34,7 +28,7 @@ def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = 
     others = iter(OTHER_COLORS * 4)
     for name, rows in curves.items():
         color = COLORS.get(name) or next(others)
-        pts = _points(rows)
+        pts = points(rows)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label(name), zorder=2, markersize=4,
                 linewidth=1, alpha=0.6)
         for s, (x, y) in zip(rows, pts):
@@ -56,8 +50,6 @@ def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = 
 
 def plot_pareto(summaries: list[LevelSummary], path: Path, title: str = "") -> Path:
     """plot_curves of rows of one or more curves."""
-    from trtllm_dflash.sweep.summary import by_curve
-
     return plot_curves(by_curve(summaries), path, title)
 
 
@@ -66,15 +58,13 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
     from rich import box
     from rich.table import Table
 
-    from trtllm_dflash.sweep.summary import by_curve
-
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("curve", "conc", "reqs", "tok/s\n/GPU", "tok/s\n/user", "TTFT\np50", "TTFT\np99", "TPOT\np50",
                 "gap\np50", "tau", "drafts\n/round"):
         t.add_column(col, justify="left" if col == "curve" else "right", no_wrap=True)
     curves = by_curve(summaries)
     for n, (name, rows) in enumerate(curves.items()):
-        front = set(pareto_front(_points(rows)))
+        front = set(pareto_front(points(rows)))
         for i, s in enumerate(rows):
             ms = lambda d, stat: f"{getattr(d, stat) * 1e3:.1f}" if d else "-"  # noqa: E731
             t.add_row(

@@ -23,26 +23,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trtllm_dflash.sweep.fronts import Comparison, Curve, compare, pareto_front
-from trtllm_dflash.sweep.metrics import LevelSummary, RequestRecord
+from trtllm_dflash.sweep.metrics import LevelSummary, RequestRecord, by_curve, points
 
 SUMMARY = "summary.json"
 HEADLINE_FILE = "headline.json"
 TUNE_FILE = "tune.json"
 BASELINE = "ar"
 HEADLINE = ("dflash", "ddtree")  # the curves compared with AR in the headline
-
-
-def points(rows: list[LevelSummary]) -> list[tuple[float, float]]:
-    """(median tokens/s/user, output tokens/s/GPU) per level."""
-    return [((s.tok_s_user.p50 if s.tok_s_user else 0.0), s.output_tok_s_per_gpu) for s in rows]
-
-
-def by_curve(rows: list[LevelSummary]) -> dict[str, list[LevelSummary]]:
-    """Rows grouped by curve, curves in order of first appearance ("" rows count as one curve)."""
-    out: dict[str, list[LevelSummary]] = {}
-    for r in rows:
-        out.setdefault(r.curve, []).append(r)
-    return out
 
 
 def headline(curves: dict[str, list[LevelSummary]]) -> dict[str, Comparison]:
