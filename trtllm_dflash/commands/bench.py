@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.commands.common import add_recipe_argument, make_console
 from trtllm_dflash.errors import UserError
 
 
@@ -111,7 +111,6 @@ def run(args) -> int:
 
 
 def run_acceptance(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from trtllm_dflash.project.acceptance import measure
@@ -132,7 +131,7 @@ def run_acceptance(args) -> int:
     for j, a in enumerate(prof.conditional, start=1):
         t.add_row(str(j), str(prof.reached[j - 1]), str(prof.accepted[j - 1]), f"{a:.3f}", f"{prof.tau(j):.2f}")
     t.caption = prof.source
-    Console(stderr=args.json).print(t)
+    make_console(stderr=args.json).print(t)
     if args.json:
         print(json.dumps(res))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -33,3 +34,17 @@ def add_stage_output_arguments(p: argparse.ArgumentParser, stage: str) -> None:
 
 def gib(x: float) -> str:
     return f"{x / 2**30:,.2f}"
+
+
+LOG_COLUMNS = 100  # the tables (sweep, headline, projection) are laid out for a 100-column terminal
+
+
+def make_console(**kwargs):
+    """A rich Console. Output that is not a terminal (a log file, a pipe, CI) gets LOG_COLUMNS
+    columns instead of rich's 80, so the tables keep every digit; COLUMNS still wins when set."""
+    from rich.console import Console
+
+    c = Console(**kwargs)
+    if not c.is_terminal and not os.environ.get("COLUMNS"):
+        c.width = LOG_COLUMNS
+    return c

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.commands.common import add_recipe_argument, make_console
 from trtllm_dflash.commands.run import add_pipeline_arguments
 
 
@@ -23,8 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from trtllm_dflash.commands.run import run_pipeline
     from trtllm_dflash.recipe import check, load_recipe
     from trtllm_dflash.recipe.planner import plan
@@ -32,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.sweep.stage import read_summary
     from trtllm_dflash.sweep.summary import read_headline
 
-    console = Console(highlight=False)
+    console = make_console(highlight=False)
     recipe = load_recipe(args.recipe, args.overrides)
     console.rule(f"[bold]{recipe.name}[/bold]: check and plan")
     for issue in check(recipe):

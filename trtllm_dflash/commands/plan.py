@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trtllm_dflash.commands.common import add_recipe_argument, gib
+from trtllm_dflash.commands.common import add_recipe_argument, gib, make_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +16,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from trtllm_dflash.recipe.planner import plan
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(r.component, gib(total), per_seq, r.formula)
     t.add_row("total at max_batch_size", gib(p.total_bytes), f"{p.per_sequence_bytes / 2**20:,.2f}", "fixed + max_batch_size x per sequence", style="bold")
     t.add_row("capacity", gib(p.capacity_bytes), "", "device memory x 0.95")
-    console = Console()
+    console = make_console()
     console.print(t)
     verdict = "[green]fits[/green]" if p.fits else "[red]does not fit[/red]"
     console.print(f"{verdict}: max concurrency that fits = [bold]{p.max_concurrency}[/bold] sequences of {recipe.build.max_seq_len} tokens")

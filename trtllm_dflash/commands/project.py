@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.commands.common import add_recipe_argument, make_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
     import json
     from dataclasses import replace
 
-    from rich.console import Console
-
     from trtllm_dflash.commands.sweep import parse_levels
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.project import acceptance, report
@@ -75,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     levels = parse_levels(args.levels, recipe.sweep.concurrency)
     profile = acceptance.resolve(recipe, args.acceptance)
     dep = Deployment.from_recipe(recipe)
-    console = Console(stderr=args.json)
+    console = make_console(stderr=args.json)
     calibration = None
     if args.calibrate:
         if not recipe.gpu.is_cpu:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from trtllm_dflash.commands.common import make_console
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recipes", help="list the shipped recipes and the model / hardware catalogs")
@@ -31,14 +33,13 @@ def _catalog(console, as_json: bool, title: str, cat: dict, columns: tuple[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from trtllm_dflash.recipe import list_recipes, load_recipe, recipes_root
     from trtllm_dflash.recipe.hardware import hardware_catalog
     from trtllm_dflash.recipe.models import model_catalog
 
-    console = Console()
+    console = make_console()
     if args.models:
         return _catalog(console, args.json, "model catalog", model_catalog(),
                         ("name", "source", "family", "layers", "hidden", "heads/kv", "params"),

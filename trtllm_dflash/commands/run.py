@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.commands.common import add_recipe_argument, make_console
 from trtllm_dflash.recipe.stages import STAGES
 
 
@@ -55,7 +55,5 @@ def run_pipeline(args: argparse.Namespace, console) -> tuple[int, Path, list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    rc, _, _ = run_pipeline(args, Console(highlight=False))
+    rc, _, _ = run_pipeline(args, make_console(highlight=False))
     return rc

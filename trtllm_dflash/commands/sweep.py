@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trtllm_dflash.commands.common import add_recipe_argument
+from trtllm_dflash.commands.common import add_recipe_argument, make_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,8 +68,6 @@ def parse_levels(text: str | None, default: list[int]) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from rich.console import Console
-
     from trtllm_dflash.artifacts import verify_input
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
@@ -105,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.summary, indent=2))
     else:
-        print_summary(Console(highlight=False), result.summary, result.levels, f"{recipe.name}: sweep")
+        print_summary(make_console(highlight=False), result.summary, result.levels, f"{recipe.name}: sweep")
         print(f"wrote {out}/results.jsonl, summary.csv, summary.json, sweep.png"
               + (", draft_len.yaml" if tune is not None else ""))
     failed = sum(run.failed for runs in result.repeats.values() for run in runs)
