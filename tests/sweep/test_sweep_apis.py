@@ -84,17 +84,18 @@ def test_sweep_command_with_api_openai(both, tmp_path):
     assert r.returncode == 0 and json.loads((tmp_path / "manifest.json").read_text())["extra"]["model"] == "dflash"
 
 
-def test_sweep_refuses_an_unknown_model_and_a_wrong_api(both, tmp_path):
+def test_sweep_refuses_an_unknown_model_and_a_wrong_api(both, tmp_path, capsys):
+    from trtllm_dflash.cli import main
+
     recipe, root, triton, openai_url = both
-    base = [sys.executable, "-m", "trtllm_dflash", "sweep", "--out", str(tmp_path), "--levels", "1"]
+    base = ["sweep", "--out", str(tmp_path), "--levels", "1"]
     # A model the server does not serve fails every request with the server's error, not the sweep.
-    r = subprocess.run(base + ["--url", openai_url, "--api", "openai", "--model", "other", "--set", "sweep.min_requests=1",
-                               "--set", "sweep.warmup_requests=0"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1
+    assert main(base + ["--url", openai_url, "--api", "openai", "--model", "other", "--set", "sweep.min_requests=1",
+                        "--set", "sweep.warmup_requests=0"]) == 1
     failed = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert failed and all("HTTP 404: model: 'other' does not exist" in row["error"] for row in failed)
-    r = subprocess.run(base + ["--url", f"127.0.0.1:{free_port()}", "--api", "openai"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2 and "no OpenAI-compatible server answers GET /v1/models" in r.stderr
-    r = subprocess.run(base + ["--url", openai_url, "--api", "openai", "--http"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--http: only with --api triton" in r.stderr
+    capsys.readouterr()
+    assert main(base + ["--url", f"127.0.0.1:{free_port()}", "--api", "openai"]) == 2
+    assert "no OpenAI-compatible server answers GET /v1/models" in capsys.readouterr().err
+    assert main(base + ["--url", openai_url, "--api", "openai", "--http"]) == 2
+    assert "--http: only with --api triton" in capsys.readouterr().err
