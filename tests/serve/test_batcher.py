@@ -154,3 +154,53 @@ def test_engine_stop_words_end_the_request(pair):
     text = "".join(u.text for u in updates)
     assert updates[-1].finish_reason == "stop" and word not in text and full.startswith(text)
     assert text == full[: full.find(word)]
+
+
+def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair):
+    """`auto` learns only from chain rounds (a DDTree round reports its tree's nodes as drafted
+    and a depth as accepted, past the chain's slots) and leaves DDTree at full depth; every
+    request still gets its solo output."""
+    from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
+
+    target, drafter, tokenizer = pair
+    policy = AutoDraftLength(block_size=drafter.block_size, cost=VerifyCost(fixed=1e-3, per_token=1e-5, draft=2e-4))
+    calls = []  # (mode, draft_len) of every round
+
+    class Recording(LocalModel):
+        def decoder(self, **kwargs):
+            d = super().decoder(**kwargs)
+            step = d.step
+            d.step = lambda draft_len=None: calls.append((kwargs["mode"], draft_len)) or step(draft_len)
+            return d
+
+    engine = ServingEngine(Recording(target, drafter), tokenizer, max_seq_len=64, ddtree_budget=32, policy=policy)
+    ends, done = {}, threading.Event()
+
+    def emitter(i):
+        def emit(u):
+            ends.setdefault(i, []).append(u)
+            if u.finish_reason and len([k for k in ends if ends[k][-1].finish_reason]) == 4:
+                done.set()
+        return emit
+
+    modes = ["ddtree", "dflash", "ddtree", "dflash"]
+    try:
+        for i in range(4):
+            engine.submit(Job(PROMPTS[i], LIMITS[i], emitter(i), mode=modes[i]))
+        assert done.wait(60), "engine did not finish the jobs"
+    finally:
+        engine.stop()
+    for i in range(4):
+        assert ends[i][-1].finish_reason in ("length", "stop"), ends[i][-1].finish_reason
+        assert sum(u.tokens for u in ends[i]) == len(solo(target, drafter, PROMPTS[i], LIMITS[i], modes[i]))
+    assert {L for m, L in calls if m == "ddtree"} == {None}  # full depth: auto sets chains only
+    assert all(L is not None for m, L in calls if m == "dflash")
+    assert len(policy.population) == drafter.block_size - 1
+
+
+def test_auto_observe_ignores_slots_past_the_block():
+    from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
+
+    auto = AutoDraftLength(block_size=4, cost=VerifyCost(1e-3, 1e-5, 2e-4))
+    auto.observe(1, 32, 15)  # a tree round's numbers: no IndexError, three slots accepted
+    assert auto.estimates[1] == pytest.approx([0.6 * 0.8 + 0.2] * 3)

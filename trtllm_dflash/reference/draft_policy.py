@@ -14,8 +14,10 @@ target's own token), so a policy only trades acceptance against the verify cost:
                + (drafter pass if L > 0). It picks the L that maximises sum_b E_b(L) / t(L): the
                tokens per second of the whole batch; every 16th round probes 2L + 1 drafts, so
                that slots past L keep being observed.
-The serving batcher asks the policy once per round for every decoder (sampling group) and
-reports what each request accepted back to it.
+The serving batcher asks the policy once per round for every decoder (sampling group) whose
+mode the policy sets (`modes`) and reports back what each chain (dflash) round accepted: a DDTree
+round's accepted depth is a path through a tree, not a chain's prefix, so it teaches nothing about
+a_j. Bands set DDTree's depth too; `auto`'s cost model is a chain's, so DDTree keeps its full depth.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import torch
 
 
 class DraftPolicy(Protocol):
+    modes: tuple[str, ...]  # the decoding modes whose draft length (DDTree: depth) it sets
+
     def choose(self, requests: Sequence[int], concurrency: int) -> int:
         """Drafts to verify this round for `requests` (one decoder's batch) when `concurrency`
         requests are running in all."""
@@ -41,6 +45,8 @@ class DraftPolicy(Protocol):
 
 class Bands:
     """The recipe's static bands: [(max_concurrency, draft_len), ...], increasing."""
+
+    modes = ("dflash", "ddtree")
 
     def __init__(self, bands: Sequence[tuple[int, int]], block_size: int):
         self.bands, self.block_size = list(bands), block_size
@@ -82,6 +88,7 @@ class AutoDraftLength:
     estimates: dict[int, list[float]] = field(default_factory=dict)
     population: list[float] = field(default_factory=list)
     _choices: int = 0
+    modes = ("dflash",)  # a class attribute (no annotation): not a dataclass field
 
     def __post_init__(self):
         self.population = self.population or [self.prior] * (self.block_size - 1)
@@ -121,7 +128,8 @@ class AutoDraftLength:
     def observe(self, request, drafted, accepted):
         est, pop = self._est(request), self.population
         # slots 1..accepted were accepted given their predecessors; slot accepted+1 was rejected
-        for j in range(min(drafted, accepted + 1)):
+        # (a chain round: drafted <= block_size - 1 = len(est))
+        for j in range(min(drafted, accepted + 1, len(est))):
             hit = 1.0 if j < accepted else 0.0
             est[j] = self.decay * est[j] + (1 - self.decay) * hit
             pop[j] = self.population_decay * pop[j] + (1 - self.population_decay) * hit

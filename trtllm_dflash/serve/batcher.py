@@ -157,7 +157,7 @@ class ServingEngine:
                         rec = decoder.step(self._draft_len(key, jobs))
                         t1 = now()
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
-                        self._deliver(decoder, jobs, rec)
+                        self._deliver(decoder, jobs, rec, observe=key[2] == "dflash")
                         if self.trace:
                             self.trace.add("round", tags, t0, t1, now())
                             if any(rec.finished):
@@ -175,7 +175,9 @@ class ServingEngine:
     def _draft_len(self, key: tuple, jobs: dict[int, Job]) -> int | None:
         if key[1] is not None:  # the requests asked for a draft length
             return key[1]
-        return None if self.policy is None else self.policy.choose(list(jobs), self.running)
+        if self.policy is None or key[2] not in self.policy.modes:
+            return None
+        return self.policy.choose(list(jobs), self.running)
 
     def _admit(self) -> None:
         arrivals: list[Job] = []
@@ -215,7 +217,8 @@ class ServingEngine:
             if self.trace:
                 self.trace.add("admit", [j.tag for j in new], t0, t1, now())
 
-    def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord) -> None:
+    def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord, observe: bool = False) -> None:
+        """Hand each request its tokens; `observe`: a chain round whose acceptance the policy learns from."""
         for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
             job = jobs[rid]
             job.tokens.extend(toks)
@@ -223,7 +226,7 @@ class ServingEngine:
                 job.rounds += 1
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
-                if self.policy is not None:
+                if observe and self.policy is not None:
                     self.policy.observe(rid, drafted, len(toks) - 1)
             text = self.tokenizer.decode(job.tokens)
             hits = [text.find(w) for w in job.stop_words if w in text]
