@@ -65,8 +65,8 @@ def test_our_extension_gives_exact_tokens_and_rounds():
     assert (body["model"], body["max_tokens"], body["seed"], body["temperature"]) == ("m", 8, 3, 0.0)
 
 
-def test_a_curves_mode_goes_out_as_our_extension_and_must_come_back():
-    ext = {"dflash": {"tokens": 3, "rounds": 2, "draft_tokens": 0, "mode": "ar"}}
+def test_a_curves_mode_and_draft_len_go_out_as_our_extension_and_must_come_back():
+    ext = {"dflash": {"tokens": 3, "rounds": 2, "draft_tokens": 0, "mode": "ar", "draft_len": 0}}
     s = _Session(200, [{**chunk("abc", "length"), **ext}, "data: [DONE]"])
     r = record(s, {"mode": "ar", "draft_len": 0})
     assert s.sent[1]["dflash"] == {"mode": "ar", "draft_len": 0} and r.error is None and r.rounds == 2
@@ -74,6 +74,10 @@ def test_a_curves_mode_goes_out_as_our_extension_and_must_come_back():
     # A server that ignores the extension (another OpenAI-compatible server) fails the request, named.
     r = record(_Session(200, [chunk("abc", "length"), "data: [DONE]"]), {"mode": "ar"})
     assert "did not decode mode 'ar'" in r.error and not r.ok
+    # `sweep --tune`'s fixed lengths: a server that decodes with its own schedule fails them, named.
+    r = record(_Session(200, [{**chunk("abc", "length"), "dflash": {"tokens": 3, "rounds": 1, "mode": "dflash"}},
+                              "data: [DONE]"]), {"draft_len": 3})
+    assert "did not take draft_len 3" in r.error and not r.ok
 
 
 def test_plain_servers_count_chunks_and_take_the_usage_total():

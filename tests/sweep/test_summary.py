@@ -123,3 +123,25 @@ def test_tune_picks_the_fastest_draft_length_per_level_and_check_accepts_the_ban
     assert main(["check", "--set", set_argument(tune["bands"])]) == 0
     recipe = load_recipe(None, [set_argument(tune["bands"])])
     assert [recipe.speculative.draft_len_at(c) for c in (1, 2, 4, 64)] == [15, 0, 0, 0]
+
+
+PYTORCH = "recipes/hopper/h200-qwen3-coder-30b-a3b-fp8.yaml"
+
+
+@pytest.mark.parametrize("args,message", [
+    ([PYTORCH, "--api", "openai", "--tune"], "--tune: fixed draft lengths are per-request settings"),
+    ([PYTORCH], "--api triton speaks the dflash model interface"),
+    (["--tune", "--modes", "ar"], "--modes: not with --tune"),
+    (["--tune-draft-lens", "1,3"], "--tune-draft-lens: only with --tune"),
+    (["--tune", "--tune-draft-lens", "1,99"], "--tune-draft-lens: expected draft lengths in 0..15"),
+    (["--modes", " , "], "--modes: expected comma-separated modes"),
+])
+def test_sweep_refuses_settings_it_cannot_measure_before_sending_a_request(args, message, tmp_path, capsys):
+    """One line naming the option, exit 2; nothing is sent (the URL answers nothing)."""
+    from pathlib import Path
+
+    recipe_args = [str(Path(__file__).resolve().parents[2] / a) if a == PYTORCH else a for a in args]
+    rc = main(["sweep", *recipe_args, "--url", "127.0.0.1:9", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "s").exists()

@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--http: only with --api triton (the OpenAI API is HTTP already)")
     if args.from_dir is not None:
         verify_input(args.from_dir, ("deploy",), recipe, check_contents=False)
+    if args.tune and recipe.backend.name == "pytorch":
+        raise UserError("--tune: fixed draft lengths are per-request settings of trtllm-dflash's own servers (reference "
+                        "and engine backends); trtllm-serve takes one static draft_len_schedule per deployment: "
+                        "`trtllm-dflash project RECIPE` suggests bands for it")
     if args.tune and args.modes:
         raise UserError("--modes: not with --tune (it measures the server's own mode at fixed draft lengths)")
     if args.tune_draft_lens and not args.tune:

@@ -23,10 +23,12 @@ completions, the rest of build.max_seq_len for chat), temperature (default 1, as
 decoding and drafts per round, as the Triton model's `mode` / `draft_len` inputs; ddtree needs
 the deployment's ddtree_budget). Every response carries `usage` (streams: in a last chunk when
 include_usage is set) and the extension field `dflash`:
-  {"tokens", "rounds", "draft_tokens", "accepted_draft_tokens", "acceptance_length", "mode"}
+  {"tokens", "rounds", "draft_tokens", "accepted_draft_tokens", "acceptance_length", "mode",
+   "draft_len"}
 cumulative for the request so far (rounds = target verify passes, the prefill excluded;
-acceptance_length = tau = (tokens - 1) / rounds; mode = how the request is decoded, so a client
-can tell that the server honoured its request extension). A stop token ends the request with
+acceptance_length = tau = (tokens - 1) / rounds; mode = how the request is decoded and draft_len
+= the drafts per round it asked for, null for the server's policy, so a client can tell that the
+server honoured its request extension). A stop token ends the request with
 finish_reason "stop" and is not part of the text.
 
 Bad input gets an OpenAI error object {"error": {"message", "type", "param", "code"}} with
@@ -174,6 +176,7 @@ class _Stream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     gone: threading.Event = field(default_factory=threading.Event)  # the client left
     mode: str = "dflash"  # how the engine decodes this request
+    draft_len: int | None = None  # the drafts per round it asked for (None: the server's policy)
 
     def emit(self, update) -> None:  # engine thread
         if update.finish_reason is not None:
@@ -279,7 +282,7 @@ class Service:
                                   seed=body.seed if body.seed is not None else 0)
         stops = [body.stop] if isinstance(body.stop, str) else [w for w in body.stop or [] if w]
         ext = body.dflash or DFlashOptions()
-        stream.mode = ext.mode or self.deployed.engine.mode
+        stream.mode, stream.draft_len = ext.mode or self.deployed.engine.mode, ext.draft_len
         self.deployed.engine.submit(Job(ids, max_tokens, stream.emit, sampling, stop_words=stops,
                                         cancelled=stream.gone.is_set, draft_len=ext.draft_len, mode=ext.mode))
 
@@ -294,7 +297,7 @@ class Service:
     def stats(update, stream: _Stream) -> dict:
         return {"tokens": update.total_tokens, "rounds": update.rounds, "draft_tokens": update.drafted,
                 "accepted_draft_tokens": update.accepted, "acceptance_length": update.acceptance_length,
-                "mode": stream.mode}
+                "mode": stream.mode, "draft_len": stream.draft_len}
 
     @staticmethod
     def usage(prompt_tokens: int, update) -> dict:

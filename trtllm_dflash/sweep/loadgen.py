@@ -175,6 +175,10 @@ async def _openai_events(session, url: str, model: str, prompt: str, max_tokens:
                                 "`dflash`: only trtllm-dflash's OpenAI server takes it); sweep it with --modes naming "
                                 "its own mode only"}
                 return
+            if settings and "draft_len" in settings and (ext or {}).get("draft_len") != settings["draft_len"]:
+                yield {"error": f"the server did not take draft_len {settings['draft_len']} (it ignores the request "
+                                "extension `dflash`: only trtllm-dflash's OpenAI server takes it)"}
+                return
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 reason = choice.get("finish_reason") or reason
