@@ -108,12 +108,16 @@ def test_levels_that_do_not_fit_are_left_out(tmp_path, capsys):
     (["--acceptance", "poetry"], "--acceptance poetry: drafter 'qwen3-8b-dflash-b16' has published acceptance for"),
     (["--assume", "speed=2"], "--assume 'speed=2': expected KEY=VALUE with KEY one of"),
     (["--assume", "tensor_efficiency=1.5"], "--assume tensor_efficiency: 1.5 is out of range"),
+    (["--assume", "seq_overhead_us=inf"], "--assume seq_overhead_us: 'inf' is not a finite number"),
+    (["--assume", "step_overhead_ms=nan"], "--assume step_overhead_ms: 'nan' is not a finite number"),
+    (["--out", "pyproject.toml"], "--out pyproject.toml: exists and is not a directory"),
     (["--measured", "."], "--measured .: no summary.json"),
     (["--levels", "a,b"], "--levels: expected comma-separated integers"),
     (["--calibrate"], "--calibrate: measures this machine; recipe 'h100-qwen3-8b-fp8' runs on h100-sxm"),
 ])
 def test_bad_input_is_one_line_with_exit_code_2(args, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("a file, not a directory\n")
     rc = main(["project", str(RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml"), "--out", str(tmp_path / "o")] + args)
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1, err
@@ -142,6 +146,9 @@ def test_bench_acceptance_json_feeds_project(tmp_path, capsys):
 def test_bench_acceptance_refuses_bad_numbers(capsys):
     assert main(["bench", "acceptance", "--prompts", "0"]) == 2
     assert "--prompts is 0, expected >= 1" in capsys.readouterr().err
+    assert main(["bench", "acceptance", "--prompt-len", "5000"]) == 2  # the tiny target has 512 positions
+    err = capsys.readouterr().err
+    assert "prompt length 5000 + max new tokens 128 = 5128 > the target's max_position_embeddings 512" in err, err
 
 
 def test_a_gpu_runs_measured_attention_fraction_replaces_the_assumption(tmp_path, capsys):

@@ -327,3 +327,11 @@ def test_train_drafter_command_refuses_bad_input(tmp_path, capsys):
     assert "outside the target's layers" in capsys.readouterr().err
     assert _train(target, data, tmp_path / "o", "--steps", "1", "--resume") == 2
     assert "no checkpoint" in capsys.readouterr().err
+    for option, value, expected in (("--lr", "-1", "--lr: -1.0 (expected > 0)"),
+                                    ("--selector-weight", "-1", "--selector-weight: -1.0 (expected >= 0)"),
+                                    ("--decay-fraction", "1.5", "--decay-fraction: 1.5 (expected in [0, 1])"),
+                                    ("--gamma", "nan", "--gamma: nan (expected > 0)")):
+        assert _train(target, data, tmp_path / "o", "--steps", "1", option, value) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()

@@ -149,6 +149,10 @@ def run_serve(args) -> int:
     if recipe.backend.name != "reference":
         raise UserError(f"{args.recipe or 'the default recipe'}: backend.name is {recipe.backend.name}: bench serve "
                         "measures the reference backend's server on this machine")
+    sw, limit = recipe.sweep, recipe.build.max_seq_len
+    if args.max_new_tokens is not None and sw.input_len + args.max_new_tokens > limit:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: the sweep's {sw.input_len}-token prompts + "
+                        f"{args.max_new_tokens} > build.max_seq_len {limit}")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     res = bench(recipe, args.work or Path("runs") / recipe.name, prompts=args.prompts, max_tokens=args.max_new_tokens,
                 repeats=args.repeats, torch_threads=args.torch_threads, say=say)

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_assumptions(items: list[str]):
+    import math
     from dataclasses import fields
 
     from trtllm_dflash.errors import UserError
@@ -52,6 +53,8 @@ def parse_assumptions(items: list[str]):
             values[key] = float(value)
         except ValueError:
             raise UserError(f"--assume {key}: {value!r} is not a number") from None
+        if not math.isfinite(values[key]):
+            raise UserError(f"--assume {key}: {value!r} is not a finite number")
         if values[key] < 0 or (key.endswith("efficiency") and not 0 < values[key] <= 1):
             raise UserError(f"--assume {key}: {value} is out of range (efficiencies in (0, 1], costs >= 0)")
     return Assumptions(**values)
@@ -73,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     levels = parse_levels(args.levels, recipe.sweep.concurrency)
     profile = acceptance.resolve(recipe, args.acceptance)
     dep = Deployment.from_recipe(recipe)
+    out = args.out or Path("runs") / recipe.name / "project"
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory")
     console = make_console(stderr=args.json)
     calibration = None
     if args.calibrate:
@@ -94,7 +100,6 @@ def run(args: argparse.Namespace) -> int:
     proj = project(recipe, profile, assumptions, levels, model=StepModel(dep, assumptions))
     measured = report.read_measured(args.measured) if args.measured else None
     comparison = report.compare_measured(proj, recipe, measured) if measured else None
-    out = args.out or Path("runs") / recipe.name / "project"
     paths = report.write_files(proj, out, measured, comparison, f"measured ({args.measured})" if measured else "measured")
     if calibration is not None:
         (out / "calibration.json").write_text(json.dumps(calibration.to_json(), indent=2))

@@ -99,7 +99,7 @@ def run(args) -> int:
     from trtllm_dflash.reference.loading import load_target
     from trtllm_dflash.train.data import load_continuations
     from trtllm_dflash.train.drafter import export, train
-    from trtllm_dflash.train.drafter_config import DrafterShape, DrafterTrainConfig
+    from trtllm_dflash.train.drafter_config import DrafterShape, DrafterTrainConfig, check_train_config
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -107,6 +107,10 @@ def run(args) -> int:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {args.device}: CUDA is not available on this machine (use --device cpu)")
     cfg = DrafterTrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(DrafterTrainConfig)})
+    try:
+        check_train_config(cfg)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     shape = DrafterShape(args.layers, args.block_size, args.intermediate_size, args.target_layer_ids, args.init,
                          args.variant, args.conv_kernel_size, args.conv_group_size, args.selector_rank,
                          args.selector_top_k)

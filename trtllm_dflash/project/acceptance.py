@@ -228,6 +228,10 @@ def measure(recipe, *, prompts: int = 8, prompt_len: int = 64, max_new_tokens: i
     if threads:
         torch.set_num_threads(threads)
     target, drafter = load_pair(tdir, ddir, torch.float32)
+    positions = target.cfg.max_position_embeddings
+    if prompt_len + max_new_tokens > positions:
+        raise UserError(f"prompt length {prompt_len} + max new tokens {max_new_tokens} = {prompt_len + max_new_tokens} "
+                        f"> the target's max_position_embeddings {positions} ({tdir / 'config.json'})")
     block = block_size or recipe.speculative.block_size
     ps = heldout_token_prompts(tdir, prompts, prompt_len)
     source = "held-out corpus windows"

@@ -65,6 +65,21 @@ class DrafterTrainConfig:
     selector_weight: float = 1.0  # DFlash2: weight of the selector's loss next to the draft CE
 
 
+def check_train_config(cfg: DrafterTrainConfig) -> None:
+    """Settings no training can run with, named by their option (ValueError with `--name: ...`)."""
+    positive = ("steps", "seqs_per_step", "anchors", "lr", "eval_prompts", "eval_new_tokens", "ckpt_every", "log_every")
+    at_least_zero = ("min_lr_ratio", "decay_fraction", "warmup_steps", "weight_decay", "eval_every", "selector_weight")
+    for name in positive + at_least_zero + ("gamma",):
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        bad = not math.isfinite(value) or (value <= 0 if name in positive + ("gamma",) else value < 0)
+        if bad or (name in ("min_lr_ratio", "decay_fraction") and value > 1):
+            want = "in [0, 1]" if name in ("min_lr_ratio", "decay_fraction") else \
+                "> 0" if name in positive + ("gamma",) else ">= 0"
+            raise ValueError(f"--{name.replace('_', '-')}: {value} (expected {want})")
+
+
 # Fields that may change when a run is resumed (the schedule is a function of `steps`, so
 # raising it extends a run: a WSD schedule then simply stays in its constant phase longer).
 RESUME_FREE = {"steps", "eval_every", "eval_prompts", "eval_new_tokens", "ckpt_every", "log_every"}
