@@ -4,7 +4,8 @@ the sweep's gRPC load generator): within 30% at every level, for tokens/s/user a
 The cpu "GPU" has no catalog rates: its `measured` block in recipe/catalog/hardware.yaml comes from
 `trtllm_dflash.project.calibrate` on the 2-core machine this package is developed on (pass rates
 from the reference backend in process; per-pass and per-sequence serving costs from probes of a
-running server at concurrency 1 and 8 with prompts of another seed). tests/project/data/ keeps the
+running server at concurrency 3 and 6 with prompts of another seed: levels this test does not
+compare, so every level below is a prediction, none a fitted point). tests/project/data/ keeps the
 calibration and the sweep that ran right after it (same machine, same hour): the default run
 checks the projection against that sweep; the slow test calibrates and sweeps afresh.
 

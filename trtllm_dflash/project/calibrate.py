@@ -15,13 +15,14 @@ times of the six pass kinds (AR step, verify and drafter pass at two batch sizes
 Every time is the median over interleaved repeats spread over the calibration: the machine as a
 sweep finds it (a sweep reports medians, and on a shared machine its neighbours run too).
 
-Serving (optional, a running server of the recipe at `url`): short probes at concurrency 1 and 8
-with the sweep's load generator and prompts of another seed than the sweep's. A request's round
+Serving (optional, a running server of the recipe at `url`): short probes at concurrency 3 and 6
+(PROBE_LEVELS: levels a sweep of 1, 2, 4, 8 does not run, so that every level it compares is a
+prediction) with the sweep's load generator and prompts of another seed than the sweep's. A request's round
 time is (end - first chunk) / rounds; a level's is the median over its requests (as a sweep
 reports). Subtracting the calibrated passes and the prompt-pass share leaves t_step (per forward
 pass) and t_seq (per sequence in flight):
 
-    round(c) - passes(c) - prefill share(c) = 2 * t_step + c * t_seq      (c = 1, 8)
+    round(c) - passes(c) - prefill share(c) = 2 * t_step + c * t_seq      (c = 3, 6)
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def fit_passes(recipe, timings: dict) -> dict:
             "fit_relative_errors": [float(e) for e in pred / t - 1]}
 
 
-PROBE_LEVELS = (1, 8)
+PROBE_LEVELS = (3, 6)  # not levels the CPU projection test compares (1, 2, 4, 8)
 
 
 def measure_serving(recipe, url: str, passes: Measured, levels: tuple[int, int] = PROBE_LEVELS,
