@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from trtllm_dflash.reference import DraftConfig, SamplingParams, generate, load_drafter, load_pair, load_target
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "dflash2"
-TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 on both sides, from the same bf16 weights
+TOL = dict(rtol=0, atol=1e-5)  # fp32 on both sides, from the same bf16 weights (measured worst: 9.5e-7)
 
 
 @pytest.fixture(scope="module")
