@@ -46,6 +46,24 @@ def test_project_table_names_the_headline_and_the_suggested_bands(tmp_path, caps
     text = capsys.readouterr().out
     for words in ("headline ratios", "500-600", "suggested speculative.draft_len", "model card"):
         assert words in text
+    assert "…" not in text and max(map(len, text.splitlines())) <= 100  # a log gets 100 columns, every digit
+
+
+def test_speculation_off_is_suggested_where_ar_is_faster_and_auto_is_modelled_by_its_aim(tmp_path, capsys):
+    """With poor acceptance AR beats every draft length at high concurrency: the suggested bands
+    turn speculation off there (0), and an `auto` recipe's curve takes the best length per level,
+    0 included (the 'best draft length' curve stays DFlash-only, K >= 1)."""
+    low = tmp_path / "low.yaml"
+    low.write_text("tau: 1.4\ndraft_len: 15\nsource: a poor drafter\n")
+    base = ["project", str(RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml"), "--acceptance", str(low),
+            "--levels", "1,16,64"]
+    fixed = run_json(base + ["--out", str(tmp_path / "a")], capsys)
+    assert fixed["suggested_bands"][-1]["draft_len"] == 0
+    assert min(fixed["draft_lens"][BEST]) >= 1
+    auto = run_json(base + ["--out", str(tmp_path / "b"), "--set", "speculative.draft_len=auto"], capsys)
+    off = [c for c, k in zip([1, 16, 64], auto["draft_lens"][BANDS]) if k == 0]
+    assert off and auto["draft_lens"][BANDS] != fixed["draft_lens"][BANDS]
+    assert [b["draft_len"] for b in auto["suggested_bands"]] == [b["draft_len"] for b in fixed["suggested_bands"]]
 
 
 def _sweep_dir(path: Path, rows: list[tuple[int, float, float]]) -> Path:

@@ -139,13 +139,17 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
     add(AR, grid[0])
     for k in range(1, k_max + 1):
         add(dflash_name(k), grid[k])
-    band_ks = [min(recipe.speculative.draft_len_at(c), k_max) for c in levels]
-    add(BANDS, [grid[k][i] for i, k in enumerate(band_ks)])
     best = [max((grid[k][i] for k in range(1, k_max + 1)), key=lambda s: s.tok_s_user) for i in range(len(levels))]
+    # What a deployment should set per level: speculation off (0) where AR is faster than every draft length.
+    best_or_off = [max((grid[k][i] for k in range(k_max + 1)), key=lambda s: s.tok_s_user) for i in range(len(levels))]
+    if recipe.speculative.auto:  # `auto` is modelled by what it aims for: the best length per level, 0 included
+        add(BANDS, best_or_off)
+    else:
+        add(BANDS, [grid[min(recipe.speculative.draft_len_at(c), k_max)][i] for i, c in enumerate(levels)])
     add(BEST, best)
 
     suggested: list[dict] = []
-    for c, s in zip(levels, best):
+    for c, s in zip(levels, best_or_off):
         if suggested and suggested[-1]["draft_len"] == s.draft_len:
             suggested[-1]["max_concurrency"] = c
         else:

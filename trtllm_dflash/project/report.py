@@ -45,13 +45,16 @@ def read_measured(directory: Path) -> dict[str, list[LevelSummary]]:
 
 def served_curve(recipe) -> tuple[str, str]:
     """The projected curve a sweep of this recipe measures, and a note about it."""
-    if recipe.backend.name == "reference":
-        name = dflash_name(recipe.speculative.block_size - 1)
-        note = "the reference server drafts block_size - 1 tokens at every concurrency"
-        if recipe.speculative.ddtree_budget:
-            note += "; it decodes DDTree (speculative.ddtree_budget is set), which the projection does not model"
-        return name, note
-    return BANDS, "the server applies speculative.draft_len per concurrency band"
+    if recipe.speculative.auto:
+        note = ("speculative.draft_len auto: modelled as the best draft length per level (0 included), what it "
+                "aims for from live acceptance")
+    elif recipe.speculative.bands:
+        note = "the server applies speculative.draft_len per concurrency band"
+    else:
+        note = "no speculative.draft_len bands: the server drafts block_size - 1 tokens at every concurrency"
+    if recipe.backend.name == "reference" and recipe.speculative.ddtree_budget:
+        note += "; it decodes DDTree (speculative.ddtree_budget is set), which the projection does not model"
+    return BANDS, note
 
 
 def projected_counterpart(recipe, measured_curve: str) -> str | None:
@@ -109,21 +112,27 @@ def measured_vs_projected(proj: Projection, measured: list[LevelSummary], curve:
 
 
 def levels_table(proj: Projection):
+    from rich import box
     from rich.table import Table
 
     t = Table(title=f"{proj.recipe}: projected on {proj.device} (prompt {proj.input_len}, output {proj.output_len} tokens)")
-    for col in ("conc", "AR tok/s/user", "AR tok/s/GPU", "bands K", "tau", "tok/s/user", "tok/s/GPU", "step ms",
-                "x AR (same conc)", "best K", "best tok/s/user", "best tok/s/GPU"):
+    # Short two-line headers (units in the caption), whole tokens/s and no vertical rules: the table
+    # fits a 100-column terminal, and a log (commands/common.py make_console).
+    t.box = box.SIMPLE_HEAD
+    for col in ("conc", "AR\nuser", "AR\nGPU", "bands\nK", "bands\ntau", "bands\nuser", "bands\nGPU", "step\nms",
+                "x AR\nsame c", "best\nK", "best\nuser", "best\nGPU"):
         t.add_column(col, justify="right")
     ar, bands, best = proj.curves[AR], proj.curves[BANDS], proj.curves[BEST]
     for i, c in enumerate(proj.levels):
         a, b, s = ar[i], bands[i], best[i]
-        t.add_row(str(c), f"{a.tok_s_user.p50:,.1f}", f"{a.output_tok_s_per_gpu:,.1f}", str(proj.draft_lens[BANDS][i]),
-                  f"{b.tau:.2f}", f"{b.tok_s_user.p50:,.1f}", f"{b.output_tok_s_per_gpu:,.1f}",
+        t.add_row(str(c), f"{a.tok_s_user.p50:,.0f}", f"{a.output_tok_s_per_gpu:,.0f}", str(proj.draft_lens[BANDS][i]),
+                  f"{b.tau:.2f}", f"{b.tok_s_user.p50:,.0f}", f"{b.output_tok_s_per_gpu:,.0f}",
                   f"{b.inter_chunk_s.p50 * 1e3:.2f}", f"{b.tok_s_user.p50 / a.tok_s_user.p50:.2f}",
-                  str(proj.draft_lens[BEST][i]), f"{s.tok_s_user.p50:,.1f}", f"{s.output_tok_s_per_gpu:,.1f}")
+                  str(proj.draft_lens[BEST][i]), f"{s.tok_s_user.p50:,.0f}", f"{s.output_tok_s_per_gpu:,.0f}")
     skipped = "; ".join(f"c={c}: {why}" for c, why in proj.skipped.items())
-    t.caption = (f"acceptance: {proj.acceptance.source}" + (f"\nleft out: {skipped}" if skipped else "")
+    t.caption = ("user, GPU: output tokens/s per user and per GPU; bands: the recipe's speculative.draft_len; best: "
+                 "the best draft length per level; step ms: one round\n"
+                 f"acceptance: {proj.acceptance.source}" + (f"\nleft out: {skipped}" if skipped else "")
                  + f"\nsuggested speculative.draft_len: {proj.suggested_bands}")
     return t
 
