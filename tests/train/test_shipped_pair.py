@@ -96,8 +96,9 @@ def test_shipped_dflash2_drafter_accepts_and_stays_lossless_with_joins_and_cance
 @pytest.mark.slow
 def test_shipped_dflash2_sampling_keeps_the_target_distribution(dirs):
     """Temperature 1, top-k 4 on the tiny pair with its DFlash2 drafter: the first three tokens
-    of 6000 rows (half joining a round later) follow the target's exact joint distribution
-    (chi-square at alpha 1e-3; sampling_stats enumerates the 64-sequence support)."""
+    of 6000 rows (half joining a round later, beside 64 decoys that join with them and are
+    cancelled a round later) follow the target's exact joint distribution (chi-square at alpha
+    1e-3; sampling_stats enumerates the 64-sequence support)."""
     from sampling_stats import chi_square_p, exact_joint
 
     from trtllm_dflash.reference import SamplingParams
@@ -115,7 +116,10 @@ def test_shipped_dflash2_sampling_keeps_the_target_distribution(dirs):
 
     take(dec.admit(list(range(n // 2)), [prompt] * (n // 2), [4] * (n // 2), [[]] * (n // 2)))
     take(dec.step())
-    take(dec.admit(list(range(n // 2, n)), [prompt] * (n - n // 2), [4] * (n - n // 2), [[]] * (n - n // 2)))
+    late = list(range(n // 2, n + 64))  # rows n.. are decoys
+    take(dec.admit(late, [prompt] * len(late), [4] * len(late), [[]] * len(late)))
+    take(dec.step())
+    dec.cancel(list(range(n, n + 64)))
     while dec.running:
         take(dec.step())
     p = chi_square_p([tuple(got[i][:3]) for i in range(n)], exact_joint(dirs[0], s, prompt=prompt))
