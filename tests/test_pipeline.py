@@ -79,6 +79,23 @@ def test_served_text_is_the_quantized_models(fp8_run):
     assert differs >= 1, "the quantized and unquantized pairs agree on every prompt: the test cannot tell them apart"
 
 
+def test_demo_prints_the_curves_and_the_headline_of_a_current_run(fp8_run, capsys):
+    """`demo` on a pipeline directory that is up to date runs no stage and prints the check, the
+    plan, every curve's rows and the headline ratios from the sweep's own files. (Defined before
+    the rerun test, which changes the shared run's quantize output: pytest keeps file order.)"""
+    recipe, out, _ = fp8_run
+    assert main(["demo", str(FP8), *[a for f in FAST for a in ("--set", f)], "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "stages run: none (all up to date)" in text
+    rows = [line.split() for line in text.splitlines()]
+    assert any(r[:2] == ["AR", "1"] for r in rows) and any(r[:2] == ["DFlash", "1"] for r in rows)
+    h = json.loads((out / "sweep" / "headline.json").read_text())["headline"]["dflash_vs_ar"]
+    best = h["max_tok_s_user"]
+    assert f"DFlash {best['dflash']:.1f}, AR {best['ar']:.1f}" in text  # the headline as the sweep wrote it
+    assert f"c=1: {h['tok_s_user_ratio_at_equal_label']['1']:.2f}x" in text
+    assert "…" not in text
+
+
 def test_rerun_skips_everything_and_a_drafter_format_change_reruns_from_quantize(fp8_run):
     recipe, out, _ = fp8_run
     said = []
@@ -98,22 +115,6 @@ def test_rerun_skips_everything_and_a_drafter_format_change_reruns_from_quantize
 @pytest.fixture()
 def tiny_recipe(tmp_path, tiny_pair):
     return write_recipe(tmp_path / "r.yaml", *tiny_pair, fmt="fp8")
-
-
-def test_demo_prints_the_curves_and_the_headline_of_a_current_run(fp8_run, capsys):
-    """`demo` on a pipeline directory that is up to date runs no stage and prints the check, the
-    plan, every curve's rows and the headline ratios from the sweep's own files."""
-    recipe, out, _ = fp8_run
-    assert main(["demo", str(FP8), *[a for f in FAST for a in ("--set", f)], "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "stages run: none (all up to date)" in text
-    rows = [line.split() for line in text.splitlines()]
-    assert any(r[:2] == ["AR", "1"] for r in rows) and any(r[:2] == ["DFlash", "1"] for r in rows)
-    h = json.loads((out / "sweep" / "headline.json").read_text())["headline"]["dflash_vs_ar"]
-    best = h["max_tok_s_user"]
-    assert f"DFlash {best['dflash']:.1f}, AR {best['ar']:.1f}" in text  # the headline as the sweep wrote it
-    assert f"c=1: {h['tok_s_user_ratio_at_equal_label']['1']:.2f}x" in text
-    assert "…" not in text
 
 
 def _cli(*args) -> tuple[int, str, str]:
