@@ -10,14 +10,16 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-site=/tmp/trtllm_dflash_site
-overlay=/tmp/trtllm_dflash_overlay
+work="$(mktemp -d -t trtllm_dflash_gpu.XXXXXX)" || exit 1
+trap 'rm -rf "$work"' EXIT
+site="$work/site"          # the wheels of .whl/
+overlay="$work/overlay"    # the package in its installed layout
 
 if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
         || { echo "run_all: installing .whl/ failed" >&2; exit 1; }
 fi
-rm -rf "$overlay" && mkdir -p "$overlay"
+mkdir -p "$overlay"
 cp -r trtllm_dflash "$overlay/" && cp -r plugins "$overlay/trtllm_dflash/plugins" \
     && cp -r perf "$overlay/trtllm_dflash/perf" && cp -r recipes "$overlay/trtllm_dflash/recipes" || exit 1
 export PYTHONPATH="$overlay:$site${PYTHONPATH:+:$PYTHONPATH}"
