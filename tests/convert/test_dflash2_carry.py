@@ -3,7 +3,7 @@ backend serves what they wrote; backends that cannot run DFlash2 yet refuse it a
 
 import pytest
 import torch
-from checkpoints import DFLASH2, converted, make_drafter, read_config, write_recipe
+from checkpoints import DFLASH2, converted, make_drafter, read_config, step_tokens, write_recipe
 from safetensors.torch import load_file
 
 from trtllm_dflash.convert.convert import convert
@@ -29,14 +29,6 @@ def pair2(tmp_path_factory, tiny_pair):
     return tiny_pair[0], d
 
 
-def _tokens(records, n):
-    out = [[] for _ in range(n)]
-    for rec in records:
-        for r, t in zip(rec.seq_ids, rec.tokens):
-            out[r] += t
-    return out
-
-
 def test_convert_replicates_dflash2_tensors_and_the_reference_backend_serves_them(tmp_path, pair2):
     target, drafter = pair2
     src = load_file(drafter / "model.safetensors")
@@ -53,7 +45,7 @@ def test_convert_replicates_dflash2_tensors_and_the_reference_backend_serves_the
     assert d_ckpt.candidate_selector is not None
     for name, p in d_mem.state_dict().items():
         assert torch.equal(d_ckpt.state_dict()[name], p), name
-    assert _tokens(checkpoint_steps(one, PROMPTS, 20, mode="dflash", stop_token_ids=[]), 2) == expect
+    assert step_tokens(checkpoint_steps(one, PROMPTS, 20, mode="dflash", stop_token_ids=[]), 2) == expect
 
 
 def test_quantize_keeps_dflash2_parameters_in_the_drafter_dtype(tmp_path, pair2):

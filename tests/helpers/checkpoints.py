@@ -110,3 +110,12 @@ def converted(recipe, out: Path) -> Path:
     from trtllm_dflash.convert.convert import convert
 
     return convert(recipe, out, progress=False)
+
+
+def step_tokens(records, n: int) -> list[list[int]]:
+    """Every request's tokens from a decode's StepRecords (requests 0..n-1)."""
+    out = [[] for _ in range(n)]
+    for rec in records:
+        for r, t in zip(rec.seq_ids, rec.tokens):
+            out[r] += t
+    return out

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from checkpoints import converted, make_drafter, make_target, write_recipe
+from checkpoints import converted, make_drafter, make_target, step_tokens, write_recipe
 
 from trtllm_dflash.cli import main
 from trtllm_dflash.convert.convert import convert
@@ -29,14 +29,6 @@ def _hf_greedy(model, prompts, n=NEW):
         ids = model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, attention_mask=torch.ones(1, len(p), dtype=torch.long))
         out.append(ids[0, len(p):].tolist())
     return out
-
-
-def _tokens(steps, n):
-    toks = [[] for _ in range(n)]
-    for rec in steps:
-        for r, t in zip(rec.seq_ids, rec.tokens):
-            toks[r] += t
-    return toks
 
 
 def _cli_json(*args) -> dict:
@@ -66,7 +58,7 @@ def test_llama_tp2_two_processes_match_hf_generate(tmp_path):
     target, drafter = make_target(tmp_path / "t", "llama"), make_drafter(tmp_path / "d")
     out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2)), tmp_path / "ckpt", progress=False)
     hf = _hf_greedy(transformers.AutoModelForCausalLM.from_pretrained(target), PROMPTS)
-    assert _tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == hf
+    assert step_tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == hf
 
 
 def test_each_rank_holds_only_its_shard(tmp_path, tiny_pair):
@@ -123,7 +115,7 @@ def test_quantized_checkpoint_runs_what_was_quantized(tmp_path, tiny_pair, fmt, 
     out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", samples=4, length=16, progress=False)
     calib = json.loads((out / "calibration.json").read_text())
     expected = _hf_greedy(_fake_quantized_hf(tiny_pair[0], calib, fmt), PROMPTS)
-    assert _tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == expected
+    assert step_tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == expected
 
 
 @pytest.mark.slow
@@ -133,4 +125,4 @@ def test_qwen3_moe_tp2_matches_hf_generate(tmp_path):
     target, drafter = make_target(tmp_path / "t", "qwen3_moe"), make_drafter(tmp_path / "d")
     out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2)), tmp_path / "ckpt", progress=False)
     hf = _hf_greedy(transformers.AutoModelForCausalLM.from_pretrained(target), PROMPTS)
-    assert _tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == hf
+    assert step_tokens(checkpoint_steps(out, PROMPTS, NEW, mode="dflash"), 2) == hf
