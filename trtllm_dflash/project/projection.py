@@ -141,7 +141,7 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
         add(dflash_name(k), grid[k])
     best = [max((grid[k][i] for k in range(1, k_max + 1)), key=lambda s: s.tok_s_user) for i in range(len(levels))]
     # What a deployment should set per level: speculation off (0) where AR is faster than every draft length.
-    best_or_off = [max((grid[k][i] for k in range(k_max + 1)), key=lambda s: s.tok_s_user) for i in range(len(levels))]
+    best_or_off = [max(off, s, key=lambda s: s.tok_s_user) for off, s in zip(grid[0], best)]
     if recipe.speculative.auto:  # `auto` is modelled by what it aims for: the best length per level, 0 included
         add(BANDS, best_or_off)
     else:
