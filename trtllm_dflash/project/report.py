@@ -18,24 +18,17 @@ from trtllm_dflash.project.projection import (
 )
 from trtllm_dflash.sweep.fronts import front
 from trtllm_dflash.sweep.metrics import LevelSummary
-
-SUMMARY = "summary.json"  # what a sweep directory holds (sweep/stage.py)
+from trtllm_dflash.sweep.summary import SUMMARY, read_curves
 
 
 def read_measured(directory: Path) -> dict[str, list[LevelSummary]]:
     """The level summaries of a sweep output directory, by curve (a sweep that measured one
-    curve has the key "")."""
-    from dataclasses import fields
-
+    curve has the key ""): sweep/summary.py read_curves, with one-line errors for --measured."""
     path = Path(directory) / SUMMARY
     if not path.is_file():
         raise UserError(f"--measured {directory}: no {SUMMARY} (expected a sweep output directory)")
-    known = {f.name for f in fields(LevelSummary)}
-    curves: dict[str, list[LevelSummary]] = {}
     try:
-        for d in json.loads(path.read_text()):
-            row = LevelSummary.from_json({k: v for k, v in d.items() if k in known})
-            curves.setdefault(str(d.get("curve") or ""), []).append(row)
+        curves = {name or "": rows for name, rows in read_curves(directory).items()}
     except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"--measured {path}: not a sweep summary ({type(e).__name__}: {e})") from None
     if not curves:
