@@ -23,7 +23,7 @@ from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepCost, S
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe.schema import Recipe
 from trtllm_dflash.sweep.fronts import Comparison, Curve, compare
-from trtllm_dflash.sweep.metrics import Distribution, LevelSummary
+from trtllm_dflash.sweep.metrics import Distribution, LevelSummary, curve_of
 
 AR = "AR"
 BANDS = "DFlash (recipe bands)"
@@ -49,12 +49,6 @@ def level_row(s: StepCost, gpus: int) -> LevelSummary:
         tau=s.tau, ttft_s=_point(s.ttft), tpot_s=_point(tpot), tok_s_user=_point(1 / tpot),
         inter_chunk_s=_point(T), e2e_s=_point(s.e2e),
     )
-
-
-def curve_of(name: str, rows: list[LevelSummary]) -> Curve:
-    """A sweep's (or a projection's) rows as a fronts.Curve labelled by concurrency."""
-    return Curve(name, [((r.tok_s_user.p50 if r.tok_s_user else 0.0), r.output_tok_s_per_gpu) for r in rows],
-                 [r.concurrency for r in rows])
 
 
 @dataclass

@@ -13,11 +13,10 @@ from trtllm_dflash.project.projection import (
     BANDS,
     BEST,
     Projection,
-    curve_of,
     dflash_name,
 )
 from trtllm_dflash.sweep.fronts import front
-from trtllm_dflash.sweep.metrics import LevelSummary
+from trtllm_dflash.sweep.metrics import LevelSummary, curve_of
 from trtllm_dflash.sweep.summary import SUMMARY, read_curves
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from trtllm_dflash.sweep.fronts import pareto_front  # noqa: F401  (its home is fronts.py; kept importable here)
+from trtllm_dflash.sweep.fronts import Curve, pareto_front  # noqa: F401  (pareto_front's home is fronts.py; kept importable here)
 
 NS = 1e-9
 
@@ -206,3 +206,8 @@ def by_curve(rows: list[LevelSummary]) -> dict[str, list[LevelSummary]]:
     for r in rows:
         out.setdefault(r.curve, []).append(r)
     return out
+
+
+def curve_of(name: str, rows: list[LevelSummary]) -> Curve:
+    """A sweep's (or a projection's) rows as a fronts.Curve labelled by concurrency."""
+    return Curve(name, points(rows), [r.concurrency for r in rows])

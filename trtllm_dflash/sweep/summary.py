@@ -22,8 +22,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from trtllm_dflash.sweep.fronts import Comparison, Curve, compare, pareto_front
-from trtllm_dflash.sweep.metrics import LevelSummary, RequestRecord, by_curve, points
+from trtllm_dflash.sweep.fronts import Comparison, compare, pareto_front
+from trtllm_dflash.sweep.metrics import LevelSummary, RequestRecord, by_curve, curve_of, points
 
 SUMMARY = "summary.json"
 HEADLINE_FILE = "headline.json"
@@ -37,11 +37,8 @@ def headline(curves: dict[str, list[LevelSummary]]) -> dict[str, Comparison]:
     tokens/s/user on the fronts, the highest tokens/s/user, tokens/s/user ratios at equal concurrency."""
     if BASELINE not in curves:
         return {}
-
-    def curve(name):
-        return Curve(name, points(curves[name]), [r.concurrency for r in curves[name]])
-
-    return {f"{name}_vs_{BASELINE}": compare(curve(name), curve(BASELINE)) for name in HEADLINE if name in curves}
+    ar = curve_of(BASELINE, curves[BASELINE])
+    return {f"{name}_vs_{BASELINE}": compare(curve_of(name, curves[name]), ar) for name in HEADLINE if name in curves}
 
 
 def write(out_dir: Path, rows: list[LevelSummary], records: list[RequestRecord], title: str,
