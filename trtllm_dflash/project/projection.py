@@ -24,6 +24,7 @@ from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe.schema import Recipe
 from trtllm_dflash.sweep.fronts import Comparison, Curve, compare
 from trtllm_dflash.sweep.metrics import Distribution, LevelSummary, curve_of
+from trtllm_dflash.sweep.tune import best_bands
 
 AR = "AR"
 BANDS = "DFlash (recipe bands)"
@@ -142,12 +143,7 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
         add(BANDS, [grid[min(recipe.speculative.draft_len_at(c), k_max)][i] for i, c in enumerate(levels)])
     add(BEST, best)
 
-    suggested: list[dict] = []
-    for c, s in zip(levels, best_or_off):
-        if suggested and suggested[-1]["draft_len"] == s.draft_len:
-            suggested[-1]["max_concurrency"] = c
-        else:
-            suggested.append({"max_concurrency": c, "draft_len": s.draft_len})
+    suggested = best_bands({c: s.draft_len for c, s in zip(levels, best_or_off)})
 
     proj = Projection(
         recipe=recipe.name, device=f"{recipe.hardware.count}x {recipe.hardware.gpu}", gpus=dep.gpus, tp=dep.tp,

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from trtllm_dflash.sweep.loadgen import Variant
 from trtllm_dflash.sweep.metrics import LevelSummary
+
+if TYPE_CHECKING:  # annotations only: the projection imports best_bands without the load generator
+    from trtllm_dflash.sweep.loadgen import Variant
 
 
 def best_bands(best: dict[int, int]) -> list[dict]:
