@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -322,6 +321,3 @@ def median_repeat(runs: list[LevelSummary]) -> LevelSummary:
     ranked = sorted(runs, key=lambda s: s.output_tok_s)
     return ranked[(len(ranked) - 1) // 2]
 
-
-def median_tok_s(runs: list[LevelSummary]) -> float:
-    return statistics.median(s.output_tok_s for s in runs)

@@ -48,11 +48,6 @@ def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = 
     return path
 
 
-def plot_pareto(summaries: list[LevelSummary], path: Path, title: str = "") -> Path:
-    """plot_curves of rows of one or more curves."""
-    return plot_curves(by_curve(summaries), path, title)
-
-
 def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
     """One row per curve and level; * marks the levels on their curve's Pareto front."""
     from rich import box

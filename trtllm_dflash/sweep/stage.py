@@ -26,7 +26,6 @@ from trtllm_dflash.sweep.loadgen import SweepResult, Variant, openai_model, run_
 from trtllm_dflash.sweep.metrics import LevelSummary
 
 MODES = ("ar", "dflash", "ddtree")
-SUMMARY = files.SUMMARY
 
 
 def served_mode(recipe: Recipe) -> str:
@@ -75,7 +74,7 @@ def _check_inputs(url: str, model: str, protocol: str, variants: list[Variant]) 
     import urllib.request
 
     needed = sorted({k for v in variants for k in v.settings()})
-    if not needed or protocol == "openai":
+    if not needed:
         return
     try:
         if protocol == "http":
