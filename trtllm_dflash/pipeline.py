@@ -103,7 +103,6 @@ def run(recipe: Recipe, out: Path, *, until: str | None = None, force: str | Non
             raise UserError(f"{flag} {value}: recipe {recipe.name!r} runs the stages {', '.join(order)}"
                             + ("" if value in STAGES else f"; stages: {', '.join(STAGES)}"))
     last = order.index(until) if until else len(order) - 1
-    from trtllm_dflash.sweep.stage import sweep_variants
     done: list[StageRun] = []
     for stage in order[: last + 1]:
         if stage == "serve":
@@ -112,8 +111,12 @@ def run(recipe: Recipe, out: Path, *, until: str | None = None, force: str | Non
             raise StopHere(_where(recipe, "serve", out, recipe_arg))
         inp = input_stage(recipe, stage)
         input_dir = out / inp if inp else None
-        extra = {"levels": levels or recipe.sweep.concurrency, "runners": serving_runners(recipe),
-                 "curves": [v.name for v in sweep_variants(recipe)]} if stage == "sweep" else None
+        extra = None
+        if stage == "sweep":  # a sweep is current for the same levels, runners and curves
+            from trtllm_dflash.sweep.stage import sweep_variants
+
+            extra = {"levels": levels or recipe.sweep.concurrency, "runners": serving_runners(recipe),
+                     "curves": [v.name for v in sweep_variants(recipe)]}
         if stage == "deploy":  # a deployment of an older request interface is redeployed
             from trtllm_dflash.deploy.repository import model_inputs
 
