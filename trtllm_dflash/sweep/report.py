@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trtllm_dflash.sweep.fronts import pareto_front
 from trtllm_dflash.sweep.metrics import LevelSummary, by_curve, points
+from trtllm_dflash.sweep.tune import fixed_curve
 
 COLORS = {"ar": "#7f7f7f", "dflash": "#76b900", "ddtree": "#1f77b4"}
 OTHER_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
@@ -123,7 +124,7 @@ def tune_table(tune: dict):
         c = str(c)
         best = tune["best"][c]
         chosen = [x for x in tune["policy_draft_per_round"][c] if x is not None]
-        t.add_row(c, *[f"{med[f'{name}'][c]:.1f}" for name in _fixed_names(tune)], f"L={best['draft_len']}",
+        t.add_row(c, *[f"{med[name][c]:.1f}" for name in _fixed_names(tune)], f"L={best['draft_len']}",
                   f"{med[tune['policy']][c]:.1f}", f"{tune['policy_over_best'].get(c, 0):.3f}",
                   "/".join(f"{x:.1f}" for x in chosen) or "-")
     t.caption = "bands: " + ", ".join(f"up to {b['max_concurrency']}: {b['draft_len']}" for b in tune["bands"])
@@ -131,4 +132,4 @@ def tune_table(tune: dict):
 
 
 def _fixed_names(tune: dict) -> list[str]:
-    return [f"{tune['policy']} L={n}" for n in tune["draft_lens"]]
+    return [fixed_curve(tune["policy"], n) for n in tune["draft_lens"]]

@@ -24,6 +24,7 @@ from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.sweep import summary as files
 from trtllm_dflash.sweep.loadgen import SweepResult, Variant, openai_model, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
+from trtllm_dflash.sweep.tune import fixed_curve
 
 MODES = ("ar", "dflash", "ddtree")
 
@@ -52,7 +53,7 @@ def sweep_variants(recipe: Recipe, modes: list[str] | None = None, protocol: str
             raise UserError(f"--tune-draft-lens: expected draft lengths in 0..{recipe.speculative.block_size - 1} "
                             f"(block_size - 1), got {tune}")
         explicit = None if protocol == "openai" else mode  # the default needs no request extension
-        return [Variant(f"{mode} L={n}", explicit, n) for n in sorted(set(tune))] + [Variant(mode, explicit)]
+        return [Variant(fixed_curve(mode, n), explicit, n) for n in sorted(set(tune))] + [Variant(mode, explicit)]
     modes = modes or default_modes(recipe, protocol)
     for m in modes:
         if m not in MODES:

@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # annotations only: the projection imports best_bands without
     from trtllm_dflash.sweep.loadgen import Variant
 
 
+def fixed_curve(mode: str, draft_len: int) -> str:
+    """The name of the curve of `mode` at a fixed per-request draft length."""
+    return f"{mode} L={draft_len}"
+
+
 def best_bands(best: dict[int, int]) -> list[dict]:
     """{level: draft length} -> bands [{max_concurrency, draft_len}], merging equal neighbours."""
     bands: list[dict] = []
