@@ -110,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
         print_summary(make_console(highlight=False), result.summary, result.levels, f"{recipe.name}: sweep")
         print(f"wrote {out}/results.jsonl, summary.csv, summary.json, sweep.png"
               + (", draft_len.yaml" if tune is not None else ""))
-    failed = sum(run.failed for runs in result.repeats.values() for run in runs)
-    return 1 if failed else 0
+    return 1 if result.failed else 0
 
 
 def print_summary(console, summary: dict, levels, title: str) -> None:

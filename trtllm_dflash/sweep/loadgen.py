@@ -288,6 +288,11 @@ class SweepResult:
     repeats: dict[tuple[str, int], list[LevelSummary]] = field(default_factory=dict)  # (curve, level) -> each repeat
     summary: dict = field(default_factory=dict)  # summary.json's object (sweep/summary.py), once written
 
+    @property
+    def failed(self) -> int:
+        """Failed requests over every curve, level and repeat."""
+        return sum(run.failed for runs in self.repeats.values() for run in runs)
+
 
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int, gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",

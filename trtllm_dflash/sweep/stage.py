@@ -132,7 +132,7 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
             tuned = tune_summary(result.repeats, variants, levels)
             write_snippet(tmp / "draft_len.yaml", tuned, recipe)
         result.summary = files.write(tmp, result.levels, result.records, title, tune=tuned)
-        manifest.extra["failed"] = sum(run.failed for runs in result.repeats.values() for run in runs)
+        manifest.extra["failed"] = result.failed
     result.out_dir = Path(out)
     return result
 
