@@ -60,12 +60,14 @@ def write(out_dir: Path, rows: list[LevelSummary], records: list[RequestRecord],
     fronts = {name: [cr[i].concurrency for i in sorted(pareto_front(points(cr)))] for name, cr in curves.items()}
     comparisons = headline(curves)
     levels = []
+    ar_pts = points(curves[BASELINE]) if BASELINE in curves else []
     for name, cr in curves.items():
         versus = comparisons.get(f"{name}_vs_{BASELINE}")
-        for row, (x, _) in zip(cr, points(cr)):
+        pts = points(cr)
+        for row, (x, _) in zip(cr, pts):
             d = {**asdict(row), "on_front": row.concurrency in fronts[name]}
             if versus is not None:
-                gpu = throughput_ratios(points(cr), points(curves[BASELINE]), [x])
+                gpu = throughput_ratios(pts, ar_pts, [x])
                 d["vs_ar"] = {"tok_s_user_ratio": versus.user_rate_ratios.get(row.concurrency),
                               "tok_s_gpu_ratio": gpu[0][1] if gpu else None}
             levels.append(d)
