@@ -123,9 +123,13 @@ def _draft_logits(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: i
     Hands the pending context rows to the drafter. (`target` is unused: the drafter runner
     holds what it shares with the target; tests substitute this function.)"""
     logits = drafter.draft(st.anchor, st.start, st.ctx, st.ctx_pos, T)
-    st.ctx = st.ctx[:, :0]
-    st.ctx_pos = st.ctx_pos[:, :0]
+    _handed_over(st)
     return logits
+
+
+def _handed_over(st: _Batch) -> None:
+    """The drafter took the pending context rows: none are pending any more."""
+    st.ctx, st.ctx_pos = st.ctx[:, :0], st.ctx_pos[:, :0]
 
 
 def _propose(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int, sampling, gen):
@@ -134,7 +138,7 @@ def _propose(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int, s
     both; otherwise each slot's token is the argmax / a sample of its logits."""
     if getattr(drafter, "selects_path", False):
         draft, q = drafter.draft_path(st.anchor, st.start, st.ctx, st.ctx_pos, T, sampling, gen)
-        st.ctx, st.ctx_pos = st.ctx[:, :0], st.ctx_pos[:, :0]
+        _handed_over(st)
         return draft, q
     dl = _draft_logits(target, drafter, st, T)  # [B, T-1, V]
     if sampling.greedy:
@@ -420,9 +424,7 @@ def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T
     m = max(len(p) for p in paths)
     idx = torch.tensor([p + [0] * (m - len(p)) for p in paths], device=dev)  # [B, m]
     length = torch.tensor([len(p) for p in paths], device=dev)
-    j = torch.arange(m, device=dev)[None, :]
-    st.ctx = feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1]))
-    st.ctx_pos = torch.where(j < length[:, None], st.start[:, None] + j, PAD)
+    _pend(st, feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1])), length)  # the accepted path's rows
     st.anchor = torch.tensor([x[-1] for x in new], device=dev)
     st.start = st.start + length
     return new, [len(t) - 1 for t in trees], t1, t2
