@@ -51,7 +51,7 @@ from trtllm_dflash.convert.weight_maps import (
 )
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.reference.config import read_json
+from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, read_json
 
 Layout = Literal["trtllm", "hf"]
 Role = Literal["target", "drafter"]
@@ -512,8 +512,8 @@ _VARIANT_GAPS = {
 
 def _check_drafter_backend(dcfg, backend: str, ddir: Path) -> None:
     """A DFlash2 drafter, or one with logit / embedding scalars, on a backend that cannot run it yet."""
-    extras = [k for k, off in (("conv_kernel_size", None), ("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
-                               ("final_logit_softcapping", None)) if getattr(dcfg, k) != off]
+    extras = sorted((k for k, off in FEATURES_OFF.items() if getattr(dcfg, k) != off),
+                    key=lambda k: k not in DFLASH2_KEYS)  # a DFlash2 drafter is named as one
     if extras and backend in _VARIANT_GAPS:
         raise UserError(f"drafter {ddir}/config.json: {extras[0]} is set and backend.name is {backend}: "
                         f"{_VARIANT_GAPS[backend]}; backend reference runs it")

@@ -248,6 +248,10 @@ _UNSUPPORTED_DRAFT_KEYS = {
 
 # z-lab's DFlash2DraftModel: all four keys (in dflash_config, or at the top level) or none.
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# The value of each optional drafter feature that means "off" (not written to dflash_config; a
+# backend without the feature can still serve the drafter).
+FEATURES_OFF = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
+                **dict.fromkeys(DFLASH2_KEYS)}
 DFLASH2_ARCH = "DFlash2DraftModel"
 
 
@@ -408,11 +412,7 @@ class DraftConfig(DecoderConfig):
         }
         if self.vocab_size is not None:
             out["vocab_size"] = self.vocab_size
-        extra = {"input_embedding_scale": (self.input_embedding_scale, 1.0),
-                 "output_multiplier": (self.output_multiplier, 1.0),
-                 "final_logit_softcapping": (self.final_logit_softcapping, None),
-                 **{k: (getattr(self, k), None) for k in DFLASH2_KEYS}}
-        out["dflash_config"].update({k: v for k, (v, off) in extra.items() if v != off})
+        out["dflash_config"].update({k: getattr(self, k) for k, off in FEATURES_OFF.items() if getattr(self, k) != off})
         default_causal = tuple(t == "sliding_attention" for t in self.layer_types)
         if self.causal != default_causal:
             if len(set(self.causal)) != 1:

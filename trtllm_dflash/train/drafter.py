@@ -46,7 +46,13 @@ import torch.nn.functional as F
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.reference.cache import KVCache
-from trtllm_dflash.reference.config import DecoderConfig, DraftConfig, TargetConfig, default_target_layer_ids
+from trtllm_dflash.reference.config import (
+    DFLASH2_KEYS,
+    DecoderConfig,
+    DraftConfig,
+    TargetConfig,
+    default_target_layer_ids,
+)
 from trtllm_dflash.reference.draft import DFlashDraft, key_limit
 from trtllm_dflash.reference.target import Target, apply_rope
 from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, check_resume, load_checkpoint, optimizer_step
@@ -93,7 +99,7 @@ def draft_config(tcfg: TargetConfig, shape: DrafterShape, mask_token_id: int) ->
         raise UserError(f"variant {shape.variant!r} is not one of {', '.join(VARIANTS)}")
     extra = {}
     if shape.variant == "dflash2":
-        for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        for name in DFLASH2_KEYS:
             if getattr(shape, name) < 1:
                 raise UserError(f"{name} is {getattr(shape, name)}, expected >= 1")
             extra[name] = getattr(shape, name)
