@@ -52,8 +52,7 @@ from trtllm_dflash.prompts.sources import heldout_token_prompts
 from trtllm_dflash.reference.config import RopeConfig
 
 
-def random_pair(seed: int = 0, dtype=torch.float32, **draft_kw) -> tuple[Target, DFlashDraft]:
-    """draft_kw: extra DraftConfig fields (e.g. the DFlash2 ones)."""
+def random_pair(seed: int = 0, dtype=torch.float32) -> tuple[Target, DFlashDraft]:
     rope = RopeConfig(10000.0)
     tcfg = TargetConfig(
         arch="qwen3", vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=8, num_heads=4,
@@ -63,7 +62,7 @@ def random_pair(seed: int = 0, dtype=torch.float32, **draft_kw) -> tuple[Target,
     dcfg = DraftConfig(
         hidden_size=256, intermediate_size=768, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
         rms_norm_eps=1e-6, rope=rope, max_position_embeddings=4096, block_size=16, target_layer_ids=(1, 4, 6),
-        mask_token_id=1, num_target_layers=8, vocab_size=4096, **draft_kw,
+        mask_token_id=1, num_target_layers=8, vocab_size=4096,
     )
     torch.manual_seed(seed)
     models = Target(tcfg), DFlashDraft(dcfg)
@@ -71,8 +70,6 @@ def random_pair(seed: int = 0, dtype=torch.float32, **draft_kw) -> tuple[Target,
         for m in models:
             for name, p in m.named_parameters():
                 p.normal_(0, 0.05) if not name.endswith("norm.weight") else p.fill_(1.0)
-                if name.endswith("base_kernel"):
-                    p[:, 0] += 1
     return tuple(m.to(dtype).eval() for m in models)
 
 
@@ -172,7 +169,7 @@ def run_modes(target, drafter, prompts, n, block, budget, batch, repeats, dflash
     reps: dict[str, list[list[dict]]] = {m: [] for m in modes}
     for _ in range(repeats):
         for mode, (d, how, blk) in runs.items():
-            reps[mode].append([{**decode(target, d, b, n, how, blk, budget), "mode": mode} for b in batches])
+            reps[mode].append([decode(target, d, b, n, how, blk, budget) for b in batches])
     results = []
     for mode in modes:
         per_rep = []
@@ -192,10 +189,9 @@ def run_modes(target, drafter, prompts, n, block, budget, batch, repeats, dflash
 
 def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_new_tokens=128, block_size=None,
           ddtree_budget=None, batch=1, repeats=5, dtype="float32", seed=0, baselines=False, ar_draft=None,
-          assistant_tokens=5, lookup_tokens=10, lookup_ngram=2, dflash2_dir=None, random_dflash2=None) -> dict:
+          assistant_tokens=5, lookup_tokens=10, lookup_ngram=2, dflash2_dir=None) -> dict:
     """Run the benchmark; returns the JSON-able result (see main for the fields). dflash2_dir: a
-    DFlash2 drafter of the same target, run as a fourth mode (random_dflash2: DraftConfig
-    DFlash2 fields for a random one, with the random pair)."""
+    DFlash2 drafter of the same target, run as a fourth mode."""
     dt = getattr(torch, dtype)
     dflash2 = None
     if target_dir or drafter_dir:
@@ -209,9 +205,6 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
     else:
         target, drafter = random_pair(seed, dt)
         source = "random weights: Qwen3 8L x 256 (vocab 4096) + 2-layer drafter"
-        if random_dflash2:
-            dflash2 = random_pair(seed, dt, **random_dflash2)[1]
-            source += " (+ a random 2-layer DFlash2 drafter)"
     block = block_size or drafter.block_size
     block2 = None if dflash2 is None else block_size or dflash2.block_size
     if dflash2 is not None and block2 > dflash2.block_size:
