@@ -147,7 +147,6 @@ class Selection:
 
     path: torch.Tensor  # [B, D] chosen tokens
     candidates: torch.Tensor  # [B, D, k] candidate token ids (the top-k of the draft logits)
-    scores: torch.Tensor  # [B, D, k] fp32 pairwise scores given the chosen predecessor
     q: torch.Tensor | None  # [B, D, k] the distributions the path was sampled from (None: greedy)
 
     def q_vocab(self, vocab: int) -> torch.Tensor:
@@ -200,7 +199,7 @@ def select_path(pred_codebook, succ_codebook, mod, logits, anchor, top_k: int,
     states, logits [B, D, V], anchor [B]; `path` [B, D] forces the predecessors."""
     unary, cand = logits.float().topk(top_k, dim=-1)  # [B, D, k]
     prev = anchor
-    chosen, scores, qs = [], [], []
+    chosen, qs = [], []
     for j in range(logits.shape[1]):
         s = unary[:, j] + pair_scores(pred_codebook, succ_codebook, mod[:, j], prev, cand[:, j])  # [B, k]
         q = None if sampling.greedy else probs(s, sampling)  # [B, k]
@@ -210,10 +209,9 @@ def select_path(pred_codebook, succ_codebook, mod, logits, anchor, top_k: int,
             pick = s.argmax(-1) if q is None else sample(q, gen)  # [B]
             prev = cand[:, j].gather(1, pick[:, None])[:, 0]
         chosen.append(prev)
-        scores.append(s)
         qs.append(q)
     q = None if sampling.greedy else torch.stack(qs, 1)
-    return Selection(torch.stack(chosen, 1), cand, torch.stack(scores, 1), q)
+    return Selection(torch.stack(chosen, 1), cand, q)
 
 
 class DFlashDraft(nn.Module):

@@ -321,11 +321,13 @@ def block_loss(
     w = live.float() * decay
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(w)
     loss = (w * ce).sum() / w.sum().clamp_min(1e-9)
-    choice = logits.argmax(-1)  # [N, K, B-1] the drafts (DFlash: per slot; DFlash2: the selector's path)
+    # choice [N, K, B-1]: the drafts (DFlash: each slot's argmax; DFlash2: the selector's path)
     if drafter.candidate_selector is not None:
         prev = torch.cat([ids.gather(1, anchors)[:, :, None], labels[:, :, :-1]], dim=-1)  # true predecessors
         sel_loss, choice = selector_loss(drafter.candidate_selector, out[:, :, 1:], logits, prev, labels, w)
         loss = loss + selector_weight * sel_loss
+    else:
+        choice = logits.argmax(-1)
     with torch.no_grad():
         correct = (choice == labels) & live
         lead = correct.int().cumprod(-1).sum(-1)  # [N, K] leading accepted drafts
