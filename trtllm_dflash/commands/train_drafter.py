@@ -107,10 +107,7 @@ def run(args) -> int:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {args.device}: CUDA is not available on this machine (use --device cpu)")
     cfg = DrafterTrainConfig(**{f.name: getattr(args, f.name, f.default) for f in fields(DrafterTrainConfig)})
-    try:
-        check_train_config(cfg)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    check_train_config(cfg)
     shape = DrafterShape(args.layers, args.block_size, args.intermediate_size, args.target_layer_ids, args.init,
                          args.variant, args.conv_kernel_size, args.conv_group_size, args.selector_rank,
                          args.selector_top_k)

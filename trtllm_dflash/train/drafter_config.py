@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trtllm_dflash.errors import UserError
+
 
 @dataclass(frozen=True)
 class DrafterShape:
@@ -66,18 +68,16 @@ class DrafterTrainConfig:
 
 
 def check_train_config(cfg: DrafterTrainConfig) -> None:
-    """Settings no training can run with, named by their option (ValueError with `--name: ...`)."""
-    positive = ("steps", "seqs_per_step", "anchors", "lr", "eval_prompts", "eval_new_tokens", "ckpt_every", "log_every")
-    at_least_zero = ("min_lr_ratio", "decay_fraction", "warmup_steps", "weight_decay", "eval_every", "selector_weight")
-    for name in positive + at_least_zero + ("gamma",):
-        value = getattr(cfg, name)
-        if value is None:
-            continue
-        bad = not math.isfinite(value) or (value <= 0 if name in positive + ("gamma",) else value < 0)
-        if bad or (name in ("min_lr_ratio", "decay_fraction") and value > 1):
-            want = "in [0, 1]" if name in ("min_lr_ratio", "decay_fraction") else \
-                "> 0" if name in positive + ("gamma",) else ">= 0"
-            raise ValueError(f"--{name.replace('_', '-')}: {value} (expected {want})")
+    """Settings no training can run with: a UserError naming the option."""
+    rules = ((("steps", "seqs_per_step", "anchors", "lr", "eval_prompts", "eval_new_tokens", "ckpt_every", "log_every",
+               "gamma"), "> 0", lambda v: v > 0),
+             (("warmup_steps", "weight_decay", "eval_every", "selector_weight"), ">= 0", lambda v: v >= 0),
+             (("min_lr_ratio", "decay_fraction"), "in [0, 1]", lambda v: 0 <= v <= 1))
+    for names, want, ok in rules:
+        for name in names:
+            value = getattr(cfg, name)
+            if value is not None and not (math.isfinite(value) and ok(value)):
+                raise UserError(f"--{name.replace('_', '-')}: {value} (expected {want})")
 
 
 # Fields that may change when a run is resumed (the schedule is a function of `steps`, so
