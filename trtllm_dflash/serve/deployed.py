@@ -14,6 +14,7 @@ exactly as Triton hands them to `initialize`; `repository_model` reads them from
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,8 +80,10 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
         model = open_checkpoint(checkpoint, runners=runners, max_seq_len=build.max_seq_len)
     tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)
     mode = "ddtree" if spec.ddtree_budget else "dflash"
+    # The engine thread detokenizes with its own copy: a fast tokenizer is not safe to share across
+    # threads ("Already borrowed"), and every front end tokenizes requests on threads of its own.
     engine = ServingEngine(
-        model, tokenizer, mode=mode, block_size=spec.block_size, ddtree_budget=spec.ddtree_budget,
+        model, copy.deepcopy(tokenizer), mode=mode, block_size=spec.block_size, ddtree_budget=spec.ddtree_budget,
         max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size, policy=draft_policy(recipe, model, mode),
         trace=from_env(),
     )
@@ -110,7 +113,9 @@ def draft_policy(recipe, model, mode: str):
         return None
     made = []
 
-    def decoder(max_len):
+    def decoder(max_len):  # measure_cost is done with the previous decoder when it asks for the next
+        if made:
+            model.release(made.pop())
         made.append(model.decoder(sampling=SamplingParams(), mode=mode, block_size=spec.block_size,
                                   ddtree_budget=spec.ddtree_budget, max_len=max_len))
         return made[-1]

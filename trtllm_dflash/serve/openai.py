@@ -40,7 +40,6 @@ server keeps serving either way.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import threading
 import time
@@ -190,10 +189,9 @@ class Service:
     def __init__(self, deployed, model_name: str):
         self.deployed = deployed
         self.model_name = model_name
-        # Requests are tokenized on the event loop while the engine thread decodes with the
-        # deployed tokenizer: a fast tokenizer is not safe to share across threads ("Already
-        # borrowed"), so this side has its own copy.
-        self.tokenizer = tok = copy.deepcopy(deployed.tokenizer)
+        # Requests are tokenized on the event loop; the engine thread detokenizes with a copy of
+        # its own (serve/deployed.py), so the deployed tokenizer is this side's.
+        self.tokenizer = tok = deployed.tokenizer
         self.chat_template = getattr(tok, "chat_template", None) or FALLBACK_CHAT_TEMPLATE
         self.fallback_template = self.chat_template is FALLBACK_CHAT_TEMPLATE
         # Text of the stop tokens: a completion that stops on one ends before it.
