@@ -164,6 +164,8 @@ def _inprocess(deployed, ids: list[int], max_tokens: int) -> dict:
     from trtllm_dflash.serve.trace import now
 
     engine, model = deployed.engine, deployed.model
+    policy = engine.policy if engine.policy is not None and engine.mode in engine.policy.modes else None
+    learns = policy is not None and engine.mode == "dflash"  # the engine's rules (serve/batcher.py)
     decode = []
     cpu0 = time.process_time()
     decoder = model.decoder(sampling=SamplingParams(), **engine.decoder_args)
@@ -171,16 +173,16 @@ def _inprocess(deployed, ids: list[int], max_tokens: int) -> dict:
         rec = decoder.admit([0], [ids], [max_tokens], [model.eos_token_ids])
         arrivals, n = [now()], len(rec.tokens[0])
         while decoder.running:
-            L = None if engine.policy is None else engine.policy.choose([0], 1)
+            L = None if policy is None else policy.choose([0], 1)
             t0 = now()
             rec = decoder.step(L)
             arrivals.append(now())
             decode.append(arrivals[-1] - t0)
-            if engine.policy is not None:
-                engine.policy.observe(0, rec.drafted[0], len(rec.tokens[0]) - 1)
+            if learns:
+                policy.observe(0, rec.drafted[0], len(rec.tokens[0]) - 1)
             n += len(rec.tokens[0])
-        if engine.policy is not None:
-            engine.policy.forget(0)
+        if policy is not None:
+            policy.forget(0)
     finally:
         model.release(decoder)
     return {"rate": user_rate(arrivals, n), "rounds": len(arrivals) - 1, "tokens": n, "decode_ns": decode,
