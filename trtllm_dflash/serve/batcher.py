@@ -149,9 +149,7 @@ class ServingEngine:
                     if gone:
                         decoder.cancel(gone)
                         for i in gone:
-                            self._finish(jobs.pop(i), "cancelled")
-                            if self.policy is not None:
-                                self.policy.forget(i)
+                            self._finish(self._leave(jobs, i), "cancelled")
                     if decoder.running:
                         t0 = now()
                         rec = decoder.step(self._draft_len(key, jobs))
@@ -166,8 +164,8 @@ class ServingEngine:
                         self.model.release(self.groups.pop(key)[0])
             except Exception as e:  # one failing round must not take the server down: fail its requests
                 for _, jobs in self.groups.values():
-                    for job in jobs.values():
-                        self._finish(job, f"error: {type(e).__name__}: {e}")
+                    for rid in list(jobs):
+                        self._finish(self._leave(jobs, rid), f"error: {type(e).__name__}: {e}")
                 for decoder, _ in self.groups.values():
                     self.model.release(decoder)
                 self.groups.clear()
@@ -242,9 +240,13 @@ class ServingEngine:
             job.sent += delta
             job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done))
             if done is not None:
-                del jobs[rid]
-                if self.policy is not None:
-                    self.policy.forget(rid)
+                self._leave(jobs, rid)
+
+    def _leave(self, jobs: dict[int, Job], rid: int) -> Job:
+        """Request `rid` leaves its group (finished, cancelled or failed): the policy forgets it."""
+        if self.policy is not None:
+            self.policy.forget(rid)
+        return jobs.pop(rid)
 
     def _finish(self, job: Job, reason: str) -> None:
         job.emit(Update("", 0, len(job.tokens), job.rounds, job.drafted, job.accepted, reason))
