@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtllm_dflash.reference.generate import MODES
+
 
 class RequestError(ValueError):
     pass
@@ -36,7 +38,6 @@ class GenerationRequest:
     mode: str | None = None  # "ar" | "dflash" | "ddtree" for this request; None: the deployment's mode
 
 
-MODES = ("ar", "dflash", "ddtree")
 
 
 def _scalar(inputs: dict[str, np.ndarray], name: str, kind: type):

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS
 from trtllm_dflash.serve.requests import RequestError, check_lengths, check_mode, parse_request
 from trtllm_dflash.serve.trace import now
 
-INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop_words", "stream",
-          "exclude_input_in_output", "draft_len", "mode")
+INPUTS = tuple(t.name for t in DFLASH_INPUTS)  # what deploy declared in config.pbtxt
 
 
 OUTPUTS = {  # name -> (value of an Update, dtype)

@@ -21,12 +21,11 @@ from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.prompts.sources import load_prompts
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.reference.generate import MODES
 from trtllm_dflash.sweep import summary as files
 from trtllm_dflash.sweep.loadgen import SweepResult, Variant, openai_model, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
 from trtllm_dflash.sweep.tune import fixed_curve
-
-MODES = ("ar", "dflash", "ddtree")
 
 
 def served_mode(recipe: Recipe) -> str:
