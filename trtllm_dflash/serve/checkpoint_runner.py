@@ -105,10 +105,22 @@ class CheckpointInfo:
     manifest: object  # artifacts.Manifest of the stage output
 
 
+def reference_configs(tc: dict, dc: dict, target_dir: Path, drafter_dir: Path):
+    """The reference TargetConfig / DraftConfig of a TensorRT-LLM target and drafter config.json
+    (checkpoint or engine: tc / dc hold `hf_config`), the target's eos ids merged with its
+    generation_config's."""
+    from trtllm_dflash.reference.config import DraftConfig, TargetConfig
+
+    tcfg = TargetConfig.from_dict(tc["hf_config"], f"{target_dir}/config.json hf_config")
+    eos = (tc.get("generation_config") or {}).get("eos_token_id")
+    eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    tcfg = dataclasses.replace(tcfg, eos_token_ids=tuple(dict.fromkeys([*tcfg.eos_token_ids, *eos])))
+    return tcfg, DraftConfig.from_dict(dc["hf_config"], f"{drafter_dir}/config.json hf_config")
+
+
 def read_checkpoint(directory: str | Path) -> CheckpointInfo:
     """Check a convert / quantize output in the TensorRT-LLM layout and read its configs."""
     from trtllm_dflash.artifacts import Manifest
-    from trtllm_dflash.reference.config import DraftConfig, TargetConfig
 
     directory = Path(directory)
     m = Manifest.read(directory)
@@ -126,11 +138,7 @@ def read_checkpoint(directory: str | Path) -> CheckpointInfo:
             raise UserError(f"{directory}: missing {role}/config.json")
         cfgs[role] = json.loads(path.read_text())
     tc = cfgs["target"]
-    tcfg = TargetConfig.from_dict(tc["hf_config"], f"{directory}/target/config.json hf_config")
-    eos = (tc.get("generation_config") or {}).get("eos_token_id")
-    eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
-    tcfg = dataclasses.replace(tcfg, eos_token_ids=tuple(dict.fromkeys([*tcfg.eos_token_ids, *eos])))
-    dcfg = DraftConfig.from_dict(cfgs["drafter"]["hf_config"], f"{directory}/drafter/config.json hf_config")
+    tcfg, dcfg = reference_configs(tc, cfgs["drafter"], directory / "target", directory / "drafter")
     tp = tc["mapping"]["tp_size"]
     tok = directory / "tokenizer"
     has_tok = any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))

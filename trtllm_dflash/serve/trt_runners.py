@@ -196,17 +196,14 @@ def _engine_dirs(build_dir: Path) -> tuple[Path, Path]:
 def open_trt_engine(build_dir: str | Path, *, device: str = "cuda", free_gpu_memory_fraction: float = 0.9):
     """The engine runners over a build stage output: the target Executor (TrtExecutor) and the
     drafter engine (TrtSession, one per process, shared by the decoders' ArenaDrafters)."""
-    from trtllm_dflash.reference.config import DraftConfig, TargetConfig
+    from trtllm_dflash.serve.checkpoint_runner import reference_configs
     from trtllm_dflash.serve.drafter_runner import ArenaDrafter
     from trtllm_dflash.serve.engine_runners import EngineModel
 
     target_dir, drafter_dir = _engine_dirs(Path(build_dir))
     tc = json.loads((target_dir / "config.json").read_text())["pretrained_config"]
     dc = json.loads((drafter_dir / "config.json").read_text())["pretrained_config"]
-    tcfg = TargetConfig.from_dict(tc["hf_config"], f"{target_dir}/config.json hf_config")
-    d = DraftConfig.from_dict(dc["hf_config"], f"{drafter_dir}/config.json hf_config")
-    eos = (tc.get("generation_config") or {}).get("eos_token_id")
-    eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    tcfg, d = reference_configs(tc, dc, target_dir, drafter_dir)
     session = TrtSession(drafter_dir, device)
     executor = open_executor(target_dir, int(tc["mapping"].get("world_size", 1)),
                              free_gpu_memory_fraction=free_gpu_memory_fraction)
@@ -216,5 +213,5 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda", free_gpu_mem
                             target_layer_ids=tuple(d.target_layer_ids), max_len=max_len)
 
     return EngineModel(executor, None, d, vocab_size=tcfg.vocab_size,
-                       eos_token_ids=tuple(dict.fromkeys([*tcfg.eos_token_ids, *eos])), device=device,
+                       eos_token_ids=tcfg.eos_token_ids, device=device,
                        drafter_factory=drafter)
