@@ -264,12 +264,13 @@ def _emulated_model(info, comm, dtype: torch.dtype | None, device: str, max_seq_
     """The engine runners on CPU over one rank of a convert / quantize output: FakeExecutor over
     TapEngine (this rank's target shard + tap) for the target, the torch drafter network on this
     rank's drafter shard (the drafter is split per rank like the target: build/plan.py DRAFTER_TP)."""
+    from trtllm_dflash.build.engine_io import TAP_WEIGHTS
     from trtllm_dflash.serve.engine_runners import EngineModel, FakeExecutor, TapEngine
 
     target, _ = load_rank(info, comm, dtype, device)
     weights = read_rank(info, "drafter", comm.rank, dtype or info.dtype, device)
     d = info.drafter_cfg
-    tap = {k: weights[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")}
+    tap = {k: weights[k] for k in TAP_WEIGHTS}
     engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size, comm=comm)
     executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
     return EngineModel(executor, weights, d, vocab_size=info.target_cfg.vocab_size,

@@ -24,6 +24,7 @@ import itertools
 
 import torch
 
+from trtllm_dflash.build.engine_io import TAP_WEIGHTS
 from trtllm_dflash.build.networks import DrafterSpec, drafter_forward, target_tap
 from trtllm_dflash.build.ops_torch import Arena, SingleRank, TorchOps
 from trtllm_dflash.convert.weight_maps import Heads
@@ -230,7 +231,7 @@ def engine_model_from_pair(target: Target, drafter, max_seq_len: int) -> EngineM
     """The CPU engine runners over an in-memory reference pair (tests, benchmarks)."""
     d = drafter.cfg
     weights = drafter_weights(target, drafter)
-    tap = {k: weights[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")}
+    tap = {k: weights[k] for k in TAP_WEIGHTS}
     engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size)
     executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
     return EngineModel(executor, weights, d, vocab_size=target.cfg.vocab_size, eos_token_ids=target.cfg.eos_token_ids,
