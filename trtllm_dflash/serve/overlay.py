@@ -20,14 +20,19 @@ from trtllm_dflash.errors import UserError
 RUNNERS = ("reference", "emulated", "tensorrt")
 
 
+def _model_config(repository: Path, model_name: str):
+    """(path, parsed ModelConfig) of `model_name`'s config.pbtxt in `repository`."""
+    config = Path(repository) / model_name / "config.pbtxt"
+    if not config.is_file():
+        raise UserError(f"{repository}: no model {model_name!r} (config.pbtxt missing)")
+    return config, text_format.Parse(config.read_text(), mc.ModelConfig())
+
+
 def with_runners(repository: Path, model_name: str, runners: str, workdir: Path) -> Path:
     """A copy of `repository` in `workdir` whose model `model_name` runs `runners`; returns its path."""
     if runners not in RUNNERS:
         raise UserError(f"--runners {runners}: allowed: {', '.join(RUNNERS)}")
-    config = Path(repository) / model_name / "config.pbtxt"
-    if not config.is_file():
-        raise UserError(f"{repository}: no model {model_name!r} (config.pbtxt missing)")
-    cfg = text_format.Parse(config.read_text(), mc.ModelConfig())
+    config, cfg = _model_config(repository, model_name)
     if "runners" not in cfg.parameters:
         raise UserError(f"{config}: the {model_name!r} model has no runners parameter (a pytorch-backend "
                         "repository runs TensorRT-LLM's own model: --runners does not apply)")
@@ -40,10 +45,7 @@ def with_runners(repository: Path, model_name: str, runners: str, workdir: Path)
 def with_parameters(repository: Path, model_name: str, params: dict[str, str], workdir: Path, why: str) -> Path:
     """A copy of `repository` in `workdir` whose model `model_name` has `params` set (config.pbtxt
     parameters, e.g. torch_threads); returns its path. `why` goes into a comment of the copy."""
-    config = Path(repository) / model_name / "config.pbtxt"
-    if not config.is_file():
-        raise UserError(f"{repository}: no model {model_name!r} (config.pbtxt missing)")
-    cfg = text_format.Parse(config.read_text(), mc.ModelConfig())
+    config, cfg = _model_config(repository, model_name)
     out = Path(workdir) / "model_repository"
     shutil.copytree(repository, out)
     for key, value in params.items():

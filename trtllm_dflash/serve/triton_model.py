@@ -48,7 +48,7 @@ OUTPUTS = {  # name -> (value of an Update, dtype)
 }
 
 
-def _response(update, names=OUTPUTS) -> "pb_utils.InferenceResponse":
+def _response(update, names) -> "pb_utils.InferenceResponse":
     """The outputs `names` of one update (a client that asks for some outputs gets only those)."""
     return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.array([OUTPUTS[n][0](update)], dtype=OUTPUTS[n][1]))
                                        for n in names])
@@ -144,7 +144,7 @@ class _Emitter:
 
     CANCEL_CHECK_S = 0.05
 
-    def __init__(self, sender, stream: bool, tag: str = "", trace=None, names=tuple(OUTPUTS), outbox=None):
+    def __init__(self, sender, stream: bool, tag: str, trace, names, outbox):
         self.sender, self.stream, self.tag, self.trace, self.names = sender, stream, tag, trace, names
         self.outbox = outbox
         self.text: list[str] = []
@@ -154,11 +154,8 @@ class _Emitter:
     def is_cancelled(self) -> bool:  # engine thread
         return self.cancelled
 
-    def __call__(self, update) -> None:  # engine thread
-        if self.outbox is None:
-            self._deliver(update)
-        else:
-            self.outbox.put(lambda: self._deliver(update))
+    def __call__(self, update) -> None:  # engine thread: the outbox thread sends it
+        self.outbox.put(lambda: self._deliver(update))
 
     def _deliver(self, update) -> None:
         try:
