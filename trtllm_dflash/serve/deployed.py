@@ -84,7 +84,7 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     # threads ("Already borrowed"), and every front end tokenizes requests on threads of its own.
     engine = ServingEngine(
         model, copy.deepcopy(tokenizer), mode=mode, block_size=spec.block_size, ddtree_budget=spec.ddtree_budget,
-        max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size, policy=draft_policy(recipe, model, mode),
+        max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size, policy=draft_policy(recipe, model),
         trace=from_env(),
     )
     return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
@@ -100,9 +100,10 @@ def default_torch_threads(recipe) -> int:
     return cpu_torch_threads(1)
 
 
-def draft_policy(recipe, model, mode: str):
+def draft_policy(recipe, model):
     """Each round's draft length: the recipe's bands, `auto` (live acceptance x the verify cost
-    measured here, at start-up), or None (block_size - 1 always)."""
+    of chain rounds, the only ones it sets, measured here at start-up), or None (block_size - 1
+    always)."""
     from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, measure_cost
     from trtllm_dflash.reference.verify import SamplingParams
 
@@ -116,7 +117,7 @@ def draft_policy(recipe, model, mode: str):
     def decoder(max_len):  # measure_cost is done with the previous decoder when it asks for the next
         if made:
             model.release(made.pop())
-        made.append(model.decoder(sampling=SamplingParams(), mode=mode, block_size=spec.block_size,
+        made.append(model.decoder(sampling=SamplingParams(), mode="dflash", block_size=spec.block_size,
                                   ddtree_budget=spec.ddtree_budget, max_len=max_len))
         return made[-1]
 
