@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from checkpoints import make_drafter, make_target, read_config, write_recipe
+from checkpoints import make_drafter, make_target, modelopt_trtllm_export_archs, read_config, write_recipe
 from safetensors.torch import load_file
 
 from trtllm_dflash.artifacts import Manifest, check_files
@@ -142,7 +142,7 @@ def test_hf_layout_for_the_pytorch_backend(tmp_path, tiny_pair):
     out = convert(recipe, tmp_path / "hf", progress=False)
     assert json.loads((out / "manifest.json").read_text())["extra"]["layout"] == "hf"
     assert not list(out.glob("target/rank*"))
-    ours = transformers.AutoModelForCausalLM.from_pretrained(out / "target")
+    ours = transformers.AutoModelForCausalLM.from_pretrained(out / "target", dtype="auto")  # the saved dtype (4.x loads fp32 by default)
     ref = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16)
     assert ours.dtype == torch.bfloat16
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -158,6 +158,8 @@ def test_target_equals_modelopt_trtllm_export(tmp_path, arch, decoder):
     import transformers
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
+    if arch not in modelopt_trtllm_export_archs():
+        pytest.skip(f"this ModelOpt cannot export a {arch} TensorRT-LLM checkpoint (needs >= 0.44); llama covers it")
     target = make_target(tmp_path / "t", arch, dtype=torch.bfloat16)
     drafter = make_drafter(tmp_path / "d", dtype=torch.bfloat16)
     out = _convert(tmp_path, target, drafter, 2, fmt="bf16")

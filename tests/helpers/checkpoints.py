@@ -48,6 +48,16 @@ def make_target(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.floa
     return path
 
 
+def modelopt_trtllm_export_archs() -> tuple[str, ...]:
+    """Target architectures the installed ModelOpt's `export_tensorrt_llm_checkpoint` writes.
+    Qwen3 joined the gpt / gemma / llama branch of modelopt/torch/export/tensorrt_llm_utils.py
+    in 0.44; 0.37 (TensorRT-LLM 1.2.1's pin) raises NotImplementedError for it."""
+    from trtllm_dflash.compat import version_of
+
+    v = version_of("nvidia-modelopt")
+    return ("qwen3", "llama") if v is not None and v.release >= (0, 44) else ("llama",)
+
+
 def make_drafter(path: Path, target_layers: int = 4, seed: int = 1, dtype=torch.float32, **overrides) -> Path:
     """A tiny z-lab-layout DFlash drafter (2 layers) for a `make_target` model."""
     from trtllm_dflash.reference import DFlashDraft, DraftConfig, save_drafter

@@ -23,6 +23,7 @@ from modelopt.torch.export.quant_utils import to_quantized_weight  # noqa: E402
 from modelopt.torch.quantization.qtensor import NVFP4QTensor  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from trtllm_dflash.compat import modelopt_nvfp4  # noqa: E402
 from trtllm_dflash.quantize.calibrate import (  # noqa: E402
     collect_linear_amax,
     group_input_amax,
@@ -56,7 +57,8 @@ def _crafted(dtype):
 def test_nvfp4_tensor_functions_match_modelopt(dtype):
     w = _crafted(dtype)
     ours = quantize_nvfp4(w)
-    qt, bs, g = NVFP4QTensor.quantize(w, 16)
+    with modelopt_nvfp4():
+        qt, bs, g = NVFP4QTensor.quantize(w, 16)
     assert torch.equal(ours.global_scale, g.reshape(()))
     assert torch.equal(ours.block_scale.view(torch.uint8), bs.view(torch.uint8))
     assert torch.equal(ours.data, qt._quantized_data)
@@ -100,7 +102,7 @@ def exported(request, tmp_path_factory):
             for b in batches:
                 m(b)
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), modelopt_nvfp4():
         warnings.simplefilter("ignore")
         mtq.quantize(model, getattr(mtq, CONFIGS[fmt]), forward_loop)
         out = tmp_path_factory.mktemp(f"modelopt-{fmt}-{dtype_name}")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import formats as F
 from trtllm_dflash.recipe import Recipe
@@ -209,31 +210,22 @@ def _progress(total: int, description: str, enabled: bool):
 
 
 def modelopt_config(scheme: Scheme, activations: bool, kv_fp8: bool) -> dict:
-    """ModelOpt's preset for a scheme (quant_cfg is a list of entries in modelopt >= 0.4x)."""
+    """ModelOpt's preset for a scheme, in the installed ModelOpt's quant_cfg shape (compat.py)."""
     import modelopt.torch.quantization as mtq
 
     cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG if scheme is Scheme.FP8 else mtq.NVFP4_DEFAULT_CFG)
     if not activations:
-        cfg["quant_cfg"].append({"quantizer_name": "*input_quantizer", "enable": False})
+        compat.quant_cfg_disable(cfg, "*input_quantizer")
     if kv_fp8:
-        cfg["quant_cfg"] += copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
+        compat.quant_cfg_extend(cfg, copy.deepcopy(mtq.FP8_KV_CFG))
     return cfg
-
-
-def require_modelopt() -> None:
-    try:
-        import modelopt.torch.quantization  # noqa: F401
-    except ImportError as e:
-        raise UserError(
-            f"quantize needs nvidia-modelopt ({e.name or e}); install it with: pip install 'trtllm_dflash[quant]'"
-        ) from None
 
 
 def calibrate_target(
     target_dir: Path, plan: QuantPlan, data: CalibrationData, device: str = "cpu", progress: bool = True
 ):
     """Run ModelOpt max calibration on the HF target; return (calibrated model, Calibration)."""
-    require_modelopt()
+    compat.require_modelopt()
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
 
@@ -419,7 +411,7 @@ def export_hf(model, tmp: Path, recipe: Recipe, target_dir: Path, drafter_dir: P
 
     from trtllm_dflash.reference import load_drafter, save_drafter
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), compat.modelopt_nvfp4():
         warnings.simplefilter("ignore")
         export_hf_checkpoint(model, export_dir=tmp / "target", dtype=plan.dtypes["target"])
     for p in sorted(target_dir.iterdir()):

@@ -16,6 +16,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from trtllm_dflash import compat
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, check_out_dir, tool_versions, verify_input
 from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, plan_trtllm, recorded_sources
 from trtllm_dflash.errors import UserError
@@ -31,7 +32,7 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
 
     from trtllm_dflash.quantize.quantize import (
         Calibration, QuantTransform, Scheme, calibrate_drafter, calibrate_target, calibration_data, export_hf,
-        require_modelopt, resolve,
+        resolve,
     )
 
     out, from_dir = Path(out), Path(from_dir)
@@ -53,7 +54,7 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
     check_out_dir(out, Manifest.for_stage("quantize", recipe, from_dir), overwrite)
     calibrate_target_too = plan.target is not Scheme.NONE or plan.kv_fp8
     if calibrate_target_too:
-        require_modelopt()
+        compat.require_modelopt()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     data = calibration_data(src.target_dir, src.target_cfg.vocab_size, calib, samples, length, seed=recipe.sweep.seed)
 

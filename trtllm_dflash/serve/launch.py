@@ -5,7 +5,10 @@ Python backend and per-version backend stubs). It runs in a private workspace (a
 with the binaries and the stub matching this interpreter), bound to loopback by default,
 in its own process group so that shutdown leaves no process behind. Two environment fixes
 are applied: LD_LIBRARY_PATH starts with this interpreter's LIBDIR (otherwise the stub may
-load a system libpython of another patch release) and the bundled libraries.
+load a system libpython of another patch release) and the bundled libraries. Under numpy 2 the
+bundled stub (Triton 24.10, pybind11 2.10) cannot exchange tensors with numpy (compat.py), so
+it runs on an interpreter overlay whose numpy is a numpy < 2 and whose other packages are this
+environment's (`stub_interpreter`).
 
 On GPU machines the server comes from NVIDIA's container; `launch_command` renders the
 command (one tritonserver per rank under mpirun for tp*pp > 1).
@@ -26,6 +29,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
+from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
 
 
@@ -86,6 +92,41 @@ def _die_with_parent() -> None:
         pass
 
 
+def stub_interpreter(root: Path, numpy1: Path) -> Path:
+    """A venv-shaped overlay at `root` for the bundled Python backend stub: this interpreter, the
+    numpy < 2 in `numpy1` first, then this environment's site-packages (with their .pth hooks,
+    so editable installs resolve). Returns its bin directory; a one-line error without numpy1."""
+    version = _numpy_release(numpy1)
+    if version is None or version.major >= 2:
+        found = "no numpy" if version is None else f"numpy {version}"
+        raise UserError(
+            f"under numpy {compat.version_of('numpy')} the tritonserver bundled with nvidia-pytriton (Triton 24.10, "
+            f"pybind11 2.10) corrupts every tensor; its Python stub needs a numpy < 2 of its own and {numpy1} has "
+            f"{found}: run {compat.stub_numpy_hint(numpy1)} (or point ${compat.STUB_NUMPY_ENV} at one)")
+    tag = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = root / "lib" / tag / "site-packages"
+    (root / "bin").mkdir(parents=True)
+    site.mkdir(parents=True)
+    (root / "bin" / "python3").symlink_to(Path(sys.executable).resolve())
+    (root / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).resolve().parent}\n"
+                                     f"include-system-site-packages = false\nversion = {sys.version.split()[0]}\n")
+    # .pth lines run in file-name order and append: numpy < 2 comes before this environment's.
+    (site / "00-stub-numpy.pth").write_text(f"{numpy1}\n")
+    env_sites = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (site / "10-environment.pth").write_text("".join(f"import site; site.addsitedir({str(d)!r})\n" for d in env_sites))
+    return root / "bin"
+
+
+def _numpy_release(directory: Path) -> Version | None:
+    """The numpy release installed in `directory` (from its dist-info), None if there is none."""
+    for info in sorted(directory.glob("numpy-*.dist-info")) if directory.is_dir() else ():
+        try:
+            return Version(info.name[len("numpy-"):-len(".dist-info")])
+        except InvalidVersion:
+            continue
+    return None
+
+
 class TritonServer:
     """A tritonserver process on `repository`; use as a context manager or call start()/stop()."""
 
@@ -116,6 +157,8 @@ class TritonServer:
         if not stub.exists():
             raise UserError(f"nvidia-pytriton ships no Python backend stub for Python {version}")
         shutil.copy(stub, py / "triton_python_backend_stub")
+        if compat.numpy_2():
+            stub_interpreter(ws / "stub-python", compat.stub_numpy_dir())
         return ws
 
     def command(self) -> list[str]:
@@ -144,7 +187,10 @@ class TritonServer:
         env = os.environ.copy()
         paths = [sysconfig.get_config_var("LIBDIR") or "", str(libs), env.get("LD_LIBRARY_PATH", "")]
         env["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
-        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        # The stub takes its site-packages from the `python3` first on PATH (a venv's pyvenv.cfg).
+        overlay = self.workspace / "stub-python" / "bin" if self.workspace else None
+        bindir = overlay if overlay is not None and overlay.is_dir() else Path(sys.executable).parent
+        env["PATH"] = f"{bindir}:{env.get('PATH', '')}"
         env.update(self.extra_env)
         return env
 

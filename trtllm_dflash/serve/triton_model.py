@@ -79,10 +79,27 @@ class _Outbox:
         self.thread.join(timeout=10)
 
 
+def check_stub_numpy() -> None:
+    """Refuse to serve when this Python backend stub cannot read numpy 2 arrays (compat.py: a stub
+    built with pybind11 < 2.12, Triton <= 24.10): a tensor made by the stub reads back as its first
+    element repeated, so every request would be served corrupted inputs. Probed under numpy 2 only
+    (numpy 1's layout is what every stub reads; a DLPack probe from numpy 1.26 crashes the 24.10 stub)."""
+    if int(np.__version__.split(".")[0]) < 2:
+        return
+    probe = np.arange(1, 4, dtype=np.int32)
+    back = pb_utils.Tensor.from_dlpack("numpy_probe", probe).as_numpy()
+    if back.tolist() != probe.tolist():
+        raise RuntimeError(
+            f"this Triton Python backend stub cannot exchange tensors with numpy {np.__version__} (it read "
+            f"{probe.tolist()} as {back.tolist()}; stubs built with pybind11 < 2.12, Triton <= 24.10, see "
+            "triton-inference-server/python_backend PR #384): use Triton >= 24.11 or numpy < 2 in the stub")
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from trtllm_dflash.serve.deployed import open_deployed
 
+        check_stub_numpy()
         cfg = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]

@@ -1,0 +1,171 @@
+"""Where the stacks we install into differ: one small branch each, with the versions it answers to.
+
+The package runs inside NVIDIA's TensorRT-LLM containers without moving their pins
+(docs/compat.md has the matrix and the CI lanes that prove it):
+
+| stack                    | Python | torch          | transformers | ModelOpt | numpy |
+|--------------------------|--------|----------------|--------------|----------|-------|
+| TensorRT-LLM 1.2.1 / Triton 25.12 | 3.12 | 2.9 (NGC 2.9.0a0 / 2.10.0a0) | 4.57.3 | 0.37 | 1.26 |
+| TensorRT-LLM >= 1.3      | 3.12   | 2.10 -> 2.13   | 4.57 / 5.x   | 0.37+    | 2.x   |
+| CPU quick start / CI     | 3.11   | 2.13.0 (CPU)   | 5.x          | 0.4x     | 1.26  |
+
+Everything version-dependent is decided here and nowhere else; each branch says which
+releases take which side, as read from those releases' wheels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from importlib import metadata
+from pathlib import Path
+
+from packaging.version import Version
+
+from trtllm_dflash.errors import UserError
+
+
+@functools.cache
+def version_of(package: str) -> Version | None:
+    """The installed release of `package` (local and pre-release parts kept), None if absent."""
+    try:
+        return Version(metadata.version(package))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# ----------------------------------------------------------------------------- transformers
+# transformers 5 reads RoPE from `rope_parameters` (theta inside it); 4.x (4.57.3 in
+# TensorRT-LLM 1.2.1 and 1.3) reads `rope_theta` and `rope_scaling` and ignores
+# `rope_parameters`, silently running plain RoPE.
+
+
+def transformers_5() -> bool:
+    v = version_of("transformers")
+    return v is not None and v.major >= 5
+
+
+def rope_config_kwargs(theta: float, scaling: dict | None = None) -> dict:
+    """Config keyword arguments that give an HF LlamaConfig / Qwen3Config this RoPE on the
+    installed transformers. `scaling`: e.g. {"rope_type": "llama3", "factor": ...}."""
+    if transformers_5():
+        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta, **(scaling or {})}}
+    return {"rope_theta": theta, "rope_scaling": dict(scaling) if scaling else None}
+
+
+# ----------------------------------------------------------------------------- ModelOpt
+# quant_cfg: a dict {pattern: cfg} up to 0.43 (0.37 is TensorRT-LLM 1.2.1's pin), a list of
+# {"quantizer_name", "cfg" | "enable"} entries from 0.44 on. In both, later entries win
+# and the dict's "default" key is applied first.
+MODELOPT_MIN = Version("0.37")
+
+
+def require_modelopt() -> None:
+    """One line naming what is needed when ModelOpt is missing or too old."""
+    v = version_of("nvidia-modelopt")
+    if v is None:
+        raise UserError("quantize needs nvidia-modelopt >= 0.37; install it with: pip install 'trtllm_dflash[quant]'")
+    if v.release < MODELOPT_MIN.release:
+        raise UserError(f"quantize needs nvidia-modelopt >= {MODELOPT_MIN} (TensorRT-LLM 1.2.1 ships 0.37), "
+                        f"found {v}; install it with: pip install 'nvidia-modelopt>=0.37'")
+    try:
+        import modelopt.torch.quantization  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"nvidia-modelopt {v} does not import ({e}); "
+                        "install its requirements with: pip install 'trtllm_dflash[quant]'") from None
+
+
+def quant_cfg_disable(cfg: dict, pattern: str) -> None:
+    """Append 'quantizers matching `pattern` are off' to a ModelOpt config (in place)."""
+    entries = cfg["quant_cfg"]
+    if isinstance(entries, list):  # >= 0.44
+        entries.append({"quantizer_name": pattern, "enable": False})
+    else:  # <= 0.43: re-insert so that it comes last, as an appended list entry does
+        entries.pop(pattern, None)
+        entries[pattern] = {"enable": False}
+
+
+def quant_cfg_extend(cfg: dict, other: dict) -> None:
+    """Apply `other`'s quant_cfg after `cfg`'s (in place), e.g. FP8_KV_CFG onto FP8_DEFAULT_CFG.
+    A dict-shaped `other` carries "default": {"enable": False}; ModelOpt applies "default" first,
+    so merging it (as upstream's own examples do for 0.37) does not switch off what `cfg` enables."""
+    entries = cfg["quant_cfg"]
+    if isinstance(entries, list):
+        entries.extend(other["quant_cfg"])
+    else:
+        for pattern, value in other["quant_cfg"].items():
+            if pattern != "default":
+                entries.pop(pattern, None)
+                entries[pattern] = value
+
+
+# NVFP4 export: ModelOpt < 0.45 casts block scales to E4M3 unclamped, so a block whose scale
+# is below E4M3's smallest subnormal (2**-9) is written as 0 (it dequantizes to zeros) and
+# one above 448 as NaN; from 0.45 (`nvfp4_tensor.py::_cast_per_block_scale_to_fp8`) and in
+# quantize/formats.py the scale is clamped to [2**-9, 448]. ModelOpt < 0.45 also asks
+# `backends/utils.py::fp4_compatible` -> torch.cuda.get_device_capability(0) before looking at
+# the tensor's device, which raises without a GPU; 0.45 returns False when CUDA is unavailable.
+MODELOPT_NVFP4_AS_CURRENT = Version("0.45")
+E4M3_SCALE_RANGE = (2.0**-9, 448.0)
+
+
+@contextlib.contextmanager
+def modelopt_nvfp4():
+    """Inside this block an older ModelOpt packs NVFP4 as 0.45+ does (clamped block scales, no
+    CUDA query on a CPU-only machine), so that exports are equal across versions. No-op on >= 0.45."""
+    v = version_of("nvidia-modelopt")
+    if v is None or v.release >= MODELOPT_NVFP4_AS_CURRENT.release:
+        yield
+        return
+    import torch
+    import modelopt.torch.quantization.backends.utils as backend_utils
+    from modelopt.torch.quantization.qtensor import nvfp4_tensor
+
+    cls = nvfp4_tensor.NVFP4QTensor
+    saved = backend_utils.fp4_compatible, nvfp4_tensor.fp4_compatible, cls.__dict__["get_weights_scaling_factor"]
+    unclamped = saved[2].__func__
+
+    def clamped(cls_, input, block_size, weights_scaling_factor_2=None, keep_high_precision=False):
+        scale, scale_2 = unclamped(cls_, input, block_size, weights_scaling_factor_2, keep_high_precision=True)
+        if not keep_high_precision:
+            scale = scale.clamp(*E4M3_SCALE_RANGE).to(torch.float8_e4m3fn)
+        return scale, scale_2
+
+    cls.get_weights_scaling_factor = classmethod(clamped)
+    if not torch.cuda.is_available():
+        backend_utils.fp4_compatible = nvfp4_tensor.fp4_compatible = lambda: False
+    try:
+        yield
+    finally:
+        backend_utils.fp4_compatible, nvfp4_tensor.fp4_compatible, _ = saved
+        cls.get_weights_scaling_factor = saved[2]
+
+
+# ----------------------------------------------------------------------------- numpy
+# Triton's Python backend stub built with pybind11 < 2.12 reads numpy 1's dtype layout: under
+# numpy 2 it sees every itemsize as 0, so numeric inputs arrive as their first element repeated,
+# BYTES inputs kill the stub and every output comes back empty. python_backend moved to
+# pybind11 2.12 in triton-inference-server/python_backend PR #384 (Nov 2024, Triton 24.11);
+# nvidia-pytriton 0.7.0 (the CPU server we serve with) bundles Triton 2.51 = 24.10, before it.
+# So under numpy 2 the bundled stub gets a numpy < 2 of its own (serve/launch.py).
+STUB_NUMPY_ENV = "TRTLLM_DFLASH_STUB_NUMPY"
+
+
+def numpy_2() -> bool:
+    v = version_of("numpy")
+    return v is not None and v.major >= 2
+
+
+def stub_numpy_dir() -> Path:
+    """Where a numpy < 2 for the bundled Triton stub lives: $TRTLLM_DFLASH_STUB_NUMPY, else a
+    directory under the user's cache (filled by the pip command stub_numpy_hint() prints)."""
+    explicit = os.environ.get(STUB_NUMPY_ENV)
+    if explicit:
+        return Path(explicit)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "trtllm_dflash" / "triton-stub-numpy1"
+
+
+def stub_numpy_hint(target: Path) -> str:
+    return f"pip install --no-deps --target {target} 'numpy>=1.26,<2'"
