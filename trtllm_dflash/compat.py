@@ -142,6 +142,64 @@ def modelopt_nvfp4():
         cls.get_weights_scaling_factor = saved[2]
 
 
+# Unified HF export (pytorch backend): ModelOpt <= 0.42 writes FP8 KV scales clamped to >= 1.0
+# (export/quant_utils.py::postprocess_state_dict), 0.43 on the calibrated amax / 448; ModelOpt
+# < 0.45 leaves the (never quantized) embedding out of exclude_modules, 0.45 on lists it.
+MODELOPT_REAL_KV_SCALES = Version("0.43")
+MODELOPT_EXCLUDES_EMBEDDING = Version("0.45")
+
+
+def modelopt_hf_export_as_current(model, export_dir: Path) -> None:
+    """Make an older ModelOpt's `export_hf_checkpoint` output equal to what 0.45+ writes for the
+    same calibrated `model` (the KV scales and the exclude list above); no-op on 0.45+."""
+    v = version_of("nvidia-modelopt")
+    if v is None or v.release >= MODELOPT_EXCLUDES_EMBEDDING.release:
+        return
+    import torch
+
+    if v.release < MODELOPT_REAL_KV_SCALES.release:
+        scales = {}
+        for name, m in model.named_modules():
+            for kv in ("k", "v"):
+                q = getattr(m, f"{kv}_bmm_quantizer", None)
+                if q is not None and q.is_enabled and q.amax is not None:
+                    scales[f"{name}.{kv}_proj.{kv}_scale"] = q.amax.float() / q.maxbound
+        _rewrite_tensors(export_dir, scales)
+    embeddings = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
+    _add_excludes(export_dir, embeddings)
+
+
+def _rewrite_tensors(export_dir: Path, values: dict) -> None:
+    """Replace the named tensors (same shape and dtype as written) in the export's safetensors files."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    for path in sorted(export_dir.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata()
+        tensors = load_file(path)
+        hit = [k for k in tensors if k in values]
+        for k in hit:
+            tensors[k] = values[k].reshape(tensors[k].shape).to(tensors[k].dtype)
+        if hit:
+            save_file(tensors, path, metadata=metadata)
+
+
+def _add_excludes(export_dir: Path, modules: list[str]) -> None:
+    """List `modules` as unquantized in hf_quant_config.json and config.json, sorted as 0.45 does."""
+    import json
+
+    for file, keys in (("hf_quant_config.json", ("quantization", "exclude_modules")),
+                       ("config.json", ("quantization_config", "ignore"))):
+        path = export_dir / file
+        cfg = json.loads(path.read_text())
+        section = cfg.get(keys[0])
+        if section is None or section.get(keys[1]) is None:
+            continue
+        section[keys[1]] = sorted(set(section[keys[1]]) | set(modules))
+        path.write_text(json.dumps(cfg, indent=4))  # as ModelOpt writes both files
+
+
 # ----------------------------------------------------------------------------- numpy
 # Triton's Python backend stub built with pybind11 < 2.12 reads numpy 1's dtype layout: under
 # numpy 2 it sees every itemsize as 0, so numeric inputs arrive as their first element repeated,

@@ -81,27 +81,46 @@ def test_engine_checkpoint_equals_modelopt_trtllm_export(tmp_path, bf16_pair, fm
     assert read_config(out / "drafter")["quantization"]["quant_algo"] is None
 
 
-def test_pytorch_backend_gets_modelopt_hf_export(tmp_path, bf16_pair):
+@pytest.mark.parametrize("fmt,gpu", [("fp8", "h100-sxm"), ("nvfp4", "b200")])
+def test_pytorch_backend_gets_modelopt_hf_export(tmp_path, bf16_pair, fmt, gpu):
+    """The HF export is a function of calibration.json alone, whichever ModelOpt wrote it (0.37, TensorRT-LLM
+    1.2.1's pin, or current: compat.py makes the older one's KV scales and exclude list equal)."""
     _modelopt()
+    from trtllm_dflash.quantize.calibrate import shared_input_groups
     from trtllm_dflash.reference import load_drafter
 
     target, drafter = bf16_pair
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu="h100-sxm", backend="pytorch",
-                                      quantization={"target_weights": "fp8", "activations": "fp8", "kv_cache": "fp8"}))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu, backend="pytorch",
+                                      quantization={"target_weights": fmt, "activations": fmt, "kv_cache": "fp8"}))
     out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", **CALIB)
     check_files(out, Manifest.read(out))
     hf_quant = json.loads((out / "target" / "hf_quant_config.json").read_text())["quantization"]
-    assert hf_quant["quant_algo"] == "FP8" and hf_quant["kv_cache_quant_algo"] == "FP8"
+    assert hf_quant["quant_algo"] == fmt.upper() and hf_quant["kv_cache_quant_algo"] == "FP8"
+    assert hf_quant["exclude_modules"] == ["lm_head", "model.embed_tokens"]
     assert read_config(out / "target")["quantization_config"]["quant_method"] == "modelopt"
     # every exported scale is rebuilt from the recorded amaxes by our formats
-    calib = json.loads((out / "calibration.json").read_text())["target"]["linears"]
+    calib = json.loads((out / "calibration.json").read_text())["target"]
     tensors = load_file(out / "target" / "model.safetensors")
     source = load_file(target / "model.safetensors")
-    assert len(calib) == 4 * 7
-    for name, amax in calib.items():
-        q = F.quantize_fp8(source[f"{name}.weight"], F.fp8_scale(amax["weight"]))
-        assert _same(q.data, tensors[f"{name}.weight"]) and torch.equal(q.scale, tensors[f"{name}.weight_scale"])
-        assert torch.equal(F.fp8_scale(amax["input"]), tensors[f"{name}.input_scale"])
+    assert len(calib["linears"]) == 4 * 7
+    for group in shared_input_groups(sorted(calib["linears"])):
+        amax = {n: calib["linears"][n] for n in group}
+        for name in group:
+            w = source[f"{name}.weight"]
+            if fmt == "fp8":
+                q = F.quantize_fp8(w, F.fp8_scale(amax[name]["weight"]))
+                expected = {"weight": q.data, "weight_scale": q.scale, "input_scale": F.fp8_scale(amax[name]["input"])}
+            else:  # fused layers share one global scale (the largest member's amax)
+                g = F.nvfp4_global_scale(torch.tensor(max(a["weight"] for a in amax.values())))
+                q = F.quantize_nvfp4(w, g)
+                expected = {"weight": q.data, "weight_scale": q.block_scale, "weight_scale_2": q.global_scale,
+                            "input_scale": F.nvfp4_global_scale(torch.tensor(max(a["input"] for a in amax.values())))}
+            for suffix, t in expected.items():
+                assert _same(t.reshape(tensors[f"{name}.{suffix}"].shape), tensors[f"{name}.{suffix}"]), f"{name}.{suffix}"
+    for layer, kv in calib["kv"].items():  # FP8 KV: amax / 448, not clamped to 1 (ModelOpt <= 0.42 clamped)
+        for k in ("k", "v"):
+            scale = tensors[f"model.layers.{layer}.self_attn.{k}_proj.{k}_scale"]
+            assert torch.equal(scale, (torch.tensor(kv[k], dtype=torch.float32) / 448).reshape(scale.shape))
     d = load_drafter(out / "drafter", dtype=torch.bfloat16)
     assert torch.equal(d.layers[1].mlp.down_proj.weight, load_file(drafter / "model.safetensors")["layers.1.mlp.down_proj.weight"])
 

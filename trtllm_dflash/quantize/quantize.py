@@ -414,6 +414,7 @@ def export_hf(model, tmp: Path, recipe: Recipe, target_dir: Path, drafter_dir: P
     with warnings.catch_warnings(), compat.modelopt_nvfp4():
         warnings.simplefilter("ignore")
         export_hf_checkpoint(model, export_dir=tmp / "target", dtype=plan.dtypes["target"])
+    compat.modelopt_hf_export_as_current(model, tmp / "target")
     for p in sorted(target_dir.iterdir()):
         keep = p.is_file() and (p.name.startswith("tokenizer") or p.name in ("special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja"))
         if keep and not (tmp / "target" / p.name).exists():
