@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from trtllm_dflash import compat
+
 METHODS = ("hf_ar", "hf_assisted", "hf_prompt_lookup")
 
 
@@ -44,7 +46,8 @@ def load_hf(directory: Path, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, attn_implementation="sdpa").eval()
-    model.generation_config.eos_token_id = None  # fixed-length outputs, as in our modes
+    # fixed-length outputs, as in our modes
+    model.generation_config.eos_token_id = compat.never_stopping_eos(model.config.vocab_size)
     model.generation_config.pad_token_id = 0
     return model
 

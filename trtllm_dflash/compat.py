@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -52,6 +53,13 @@ def rope_config_kwargs(theta: float, scaling: dict | None = None) -> dict:
     if transformers_5():
         return {"rope_parameters": {"rope_type": "default", "rope_theta": theta, **(scaling or {})}}
     return {"rope_theta": theta, "rope_scaling": dict(scaling) if scaling else None}
+
+
+def never_stopping_eos(vocab_size: int) -> int | None:
+    """An HF generation_config.eos_token_id under which generate() runs to max_new_tokens. transformers
+    5 takes None; 4.57's PromptLookupCandidateGenerator.get_candidates passes eos_token_id to torch.isin
+    unchecked (None raises TypeError), so there it is an id no step can produce: vocab_size."""
+    return None if transformers_5() else vocab_size
 
 
 # ----------------------------------------------------------------------------- ModelOpt
@@ -217,13 +225,13 @@ def numpy_2() -> bool:
 
 def stub_numpy_dir() -> Path:
     """Where a numpy < 2 for the bundled Triton stub lives: $TRTLLM_DFLASH_STUB_NUMPY, else a
-    directory under the user's cache (filled by the pip command stub_numpy_hint() prints)."""
+    directory per Python version under the user's cache (filled by the command stub_numpy_hint gives)."""
     explicit = os.environ.get(STUB_NUMPY_ENV)
     if explicit:
         return Path(explicit)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "trtllm_dflash" / "triton-stub-numpy1"
+    return cache / "trtllm_dflash" / "triton-stub-numpy1" / f"py{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def stub_numpy_hint(target: Path) -> str:
-    return f"pip install --no-deps --target {target} 'numpy>=1.26,<2'"
+    return f"{sys.executable} -m pip install --no-deps --target {target} 'numpy>=1.26,<2'"

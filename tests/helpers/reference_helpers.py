@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
+from trtllm_dflash.compat import rope_config_kwargs
 from trtllm_dflash.reference import DFlashDraft, DraftConfig, load_target, save_drafter
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
@@ -24,9 +25,10 @@ def hf_config(arch: str, vocab: int = 256, layers: int = 4, **kw):
     if arch == "llama":
         # Llama 3.1-style RoPE scaling with a short original context, so that it matters
         # at the positions the tests reach.
-        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-        return LlamaConfig(vocab_size=vocab, num_hidden_layers=layers, rope_parameters=rope, **{**COMMON, **kw})
+        scaling = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 32}
+        rope = rope_config_kwargs(10000.0, scaling)  # transformers 4.x reads rope_scaling, 5.x rope_parameters
+        return LlamaConfig(vocab_size=vocab, num_hidden_layers=layers, **rope, **{**COMMON, **kw})
     if arch == "qwen3_moe":
         moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
         return Qwen3MoeConfig(vocab_size=vocab, num_hidden_layers=layers, **{**COMMON, **moe, **kw})

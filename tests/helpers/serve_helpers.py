@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import torch
@@ -25,8 +24,9 @@ def make_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = [(stdlib / name).read_text() for name in ("textwrap.py", "bisect.py", "colorsys.py")]
+    from trtllm_dflash.prompts.corpus import shipped_text
+
+    texts = [f.text for f in shipped_text().calibration[:3]]  # the same merges on every interpreter
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

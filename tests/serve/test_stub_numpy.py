@@ -40,7 +40,7 @@ def test_overlay_without_a_numpy_1_is_one_line_naming_the_fix(tmp_path, found):
     with pytest.raises(UserError) as e:
         launch.stub_interpreter(tmp_path / "overlay", numpy1)
     msg = str(e.value)
-    assert "\n" not in msg and "pip install --no-deps --target" in msg and str(numpy1) in msg
+    assert "\n" not in msg and "-m pip install --no-deps --target" in msg and str(numpy1) in msg
     assert (f"has numpy {found}" if found else "has no numpy") in msg
 
 

@@ -35,7 +35,7 @@ def test_bands_that_turn_speculation_off_above_concurrency_1(tmp_path):
     target, drafter = load_pair(recipe.target.path, recipe.drafter.path)
     gens = [generate(target, drafter, [tok(p)["input_ids"]], sw.output_len, block_size=16)[0] for p in prompts]
     original = pooled_tau(gens)  # tokens from verify passes / verify passes, as the sweep counts
-    assert original > 2.0  # the shipped pair accepts
+    assert original > 1.5  # the shipped pair accepts: well above the c = 2 bound below, so the band shows
     assert tau[("dflash", 1)] == pytest.approx(original) and drafts[("dflash", 1)] > 5  # (short last rounds draft less)
     # c = 2: the band says no drafts. A round that finds one request alone (the other between requests) drafts 15.
     assert tau[("dflash", 2)] < 1.25 and drafts[("dflash", 2)] < 2.0

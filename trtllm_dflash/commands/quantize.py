@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the convert output of this recipe (its sources are what gets quantized)")
     add_stage_output_arguments(p, "quantize")
     p.add_argument("--calib", type=Path, default=None, help="calibration text (.txt) or JSONL with 'text'/'prompt' "
-                   "(default: Python standard library sources, or random ids when the target has no tokenizer)")
+                   "(default: the built-in calibration text, or random ids when the target has no tokenizer)")
     p.add_argument("--calib-samples", type=int, default=32, help="calibration sequences (default 32)")
     p.add_argument("--calib-len", type=int, default=256, help="tokens per calibration sequence (default 256)")
     p.add_argument("--device", default=None, help="calibration device (default: cuda if available, else cpu)")

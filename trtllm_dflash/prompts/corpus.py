@@ -1,9 +1,16 @@
-"""Offline training corpus: the .py files of the running Python's standard library.
+"""The text the toolkit draws by itself: the pair's training corpus and the shipped prompt text.
 
-Every machine that runs this toolkit has the corpus, so the tiny model pair can be
-retrained anywhere without a download. Two machines with the same Python minor version
-get the same file list (patch releases may change a few file contents; the corpus
-fingerprint in `CorpusInfo` tells them apart).
+Prompts and calibration text (`shipped_text`) ship with the package: a frozen snapshot of this
+toolkit's own Python source (data/python-heldout.jsonl, written by
+scripts/freeze_prompt_text.py, pinned by SHIPPED_SHA256), Python the tiny-pystd pair never
+trained on, identical on every interpreter. Every sweep, bench, test and default calibration
+reads it.
+
+Training corpus (`load_corpus`): the .py files of the running Python's standard library. Every
+machine that runs this toolkit has it, so the tiny model pair can be retrained anywhere
+without a download; it differs between Python versions (and a few files between patch
+releases: the corpus fingerprint in `CorpusInfo` tells them apart), which is why nothing but
+training reads it.
 
 Selection rules (all deterministic):
 - every `*.py` file under the stdlib directory (`sysconfig.get_paths()["stdlib"]`);
@@ -21,6 +28,7 @@ depend on which other files exist, so it is stable across machines and patch ver
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -136,6 +144,33 @@ def load_corpus(root: Path | None = None, min_chars: int = 200, heldout_fraction
         heldout_files=[f.path for f in heldout],
     )
     return Corpus(train=train, heldout=heldout, info=info)
+
+
+SHIPPED = Path(__file__).parent / "data" / "python-heldout.jsonl"
+SHIPPED_SHA256 = "2750c0f38c8c922e44d5362ab14ffef75232c5b6c065c2d804701dc0b4d9db70"
+
+
+@dataclass(frozen=True)
+class ShippedText:
+    heldout: list[CorpusFile]  # prompts for sweeps, benches, acceptance and tests
+    calibration: list[CorpusFile]  # quantize's default calibration text (other files than the prompts')
+    sha256: str
+
+
+@functools.cache
+def shipped_text() -> ShippedText:
+    """The shipped prompt and calibration text, checked against its pinned digest."""
+    try:
+        body = SHIPPED.read_bytes()
+    except OSError as e:
+        raise UserError(f"{SHIPPED}: the package's prompt text is missing ({e.strerror}); reinstall trtllm_dflash") from None
+    digest = hashlib.sha256(body).hexdigest()
+    if digest != SHIPPED_SHA256:
+        raise UserError(f"{SHIPPED}: sha256 {digest[:12]}... is not the pinned {SHIPPED_SHA256[:12]}...; "
+                        "the package's prompt text was changed: reinstall trtllm_dflash")
+    rows = [json.loads(line) for line in body.decode("utf-8").splitlines()]
+    split = {s: [CorpusFile(r["path"], r["text"]) for r in rows if r["split"] == s] for s in ("heldout", "calibration")}
+    return ShippedText(split["heldout"], split["calibration"], digest)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 Token windows (training data, held-out evaluation prompts, benchmark prompts) come from a
 token stream in which every file ends with the eos id (`encode_files`); text prompts for
 sweeps come from `load_prompts` ('random' words, 'builtin:pystd-heldout' windows of the
-held-out corpus files, or a JSONL of prompts).
+shipped held-out Python text, or a JSONL of prompts). The built-in text is the package's
+(corpus.shipped_text), never the running interpreter's stdlib: the same prompts everywhere.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.prompts.corpus import load_corpus
+from trtllm_dflash.prompts.corpus import shipped_text
 
 CHARS_PER_TOKEN = 3.5  # rough size of a prompt window; the server counts real tokens
 
@@ -76,7 +77,7 @@ def sample_eval_prompts(tokens: torch.Tensor, n: int, prompt_len: int, eos_id: i
 
 
 def heldout_token_prompts(target_dir: Path, n: int, prompt_len: int) -> list[list[int]] | None:
-    """`n` prompts of `prompt_len` tokens from the corpus's held-out files (never trained on),
+    """`n` prompts of `prompt_len` tokens from the shipped held-out text (never trained on),
     evenly spaced, without an end-of-file inside, tokenized with the target's tokenizer;
     None without a tokenizer."""
     if not (Path(target_dir) / "tokenizer.json").is_file():
@@ -84,9 +85,8 @@ def heldout_token_prompts(target_dir: Path, n: int, prompt_len: int) -> list[lis
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target_dir))
-    heldout = torch.tensor(encode_files(tok, [f.text for f in load_corpus().heldout]), dtype=torch.long)
-    # Start half a spacing in, so that these windows differ from the evenly spaced held-out
-    # prompts drafter training evaluates on (train/data.py starts at 0).
+    heldout = torch.tensor(encode_files(tok, [f.text for f in shipped_text().heldout]), dtype=torch.long)
+    # Start half a spacing in (the windows of this toolkit's first release of this text).
     # The stream ends with an end-of-file token, which no window may contain: drop it.
     return sample_eval_prompts(heldout[len(heldout) // (2 * n) : -1], n, prompt_len, tok.eos_token_id).tolist()
 
@@ -99,7 +99,11 @@ def load_prompts(dataset: str, n: int, input_len: int, seed: int) -> list[str]:
         words = [w for w in "the of and to in is for on that with as by at from this be are it an or".split()]
         return [" ".join(rng.choice(words) for _ in range(input_len)) for _ in range(n)]
     if dataset == "builtin:pystd-heldout":
-        files = [f.text for f in load_corpus().heldout if len(f.text) > chars + 1]
+        files = [f.text for f in shipped_text().heldout if len(f.text) > chars + 1]
+        if not files:
+            longest = max(len(f.text) for f in shipped_text().heldout)
+            raise UserError(f"sweep.input_len: {input_len} tokens (~{chars} characters) is longer than every built-in "
+                            f"held-out file (the longest has {longest} characters); use a JSONL dataset of longer prompts")
         out = []
         for _ in range(n):
             text = rng.choice(files)

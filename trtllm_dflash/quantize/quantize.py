@@ -113,8 +113,8 @@ class CalibrationData:
 
 
 def calibration_data(target_dir: Path, vocab_size: int, path: Path | None, samples: int, length: int, seed: int = 0) -> CalibrationData:
-    """`samples` sequences of `length` tokens: from a text / JSONL file, else the Python standard
-    library's source (when the target has a tokenizer), else seeded random token ids."""
+    """`samples` sequences of `length` tokens: from a text / JSONL file, else the package's built-in
+    calibration text (when the target has a tokenizer), else seeded random token ids."""
     tokenizer = None
     if (target_dir / "tokenizer.json").is_file() or (target_dir / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
@@ -140,17 +140,11 @@ def calibration_data(target_dir: Path, vocab_size: int, path: Path | None, sampl
             text = "\n".join(lines)
         source = f"file {path}"
     elif tokenizer is not None:
-        import sysconfig
+        from trtllm_dflash.prompts.corpus import shipped_text
 
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        parts, n = [], 0
-        for f in sorted(stdlib.glob("*.py")):
-            parts.append(f.read_text(errors="replace"))
-            n += len(parts[-1])
-            if n > samples * length * 8:
-                break
-        text = "\n".join(parts)
-        source = "python standard library sources"
+        shipped = shipped_text()  # the same text on every interpreter
+        text = "\n".join(f.text for f in shipped.calibration)
+        source = f"built-in calibration text (Python source, sha256 {shipped.sha256[:12]})"
     else:
         g = torch.Generator().manual_seed(seed)
         return CalibrationData(
