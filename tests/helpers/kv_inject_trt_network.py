@@ -77,7 +77,7 @@ def _layer_report(build, envs: dict) -> dict:
     from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
 
     return dict(
-        types=[t.name for t in build.output_types], kernel=build.kernel_name, calls=build.calls,
+        types=[t.name for t in build.output_types], kernel=build.kernel_name,
         ptx_params=trt_plugin.ptx_param_count(build.ptx.decode(), build.kernel_name),
         shapes={k: [evaluate(s, env) for s in build.output_shapes] for k, env in envs.items()},
         launch={k: {n: e.evaluate(env) for n, e in build.launch.items()} for k, env in envs.items()},

@@ -47,7 +47,6 @@ class PluginBuild:
     ptx: bytes = b""
     launch: dict = field(default_factory=dict)  # LAUNCH_FIELDS -> IDimensionExpr
     extra_args: list = field(default_factory=list)  # IDimensionExpr, int32 each
-    calls: list = field(default_factory=list)  # plugin methods in call order
 
 
 def profile_env(network: trt_core.INetworkDefinition, shapes: dict) -> dict:
@@ -136,8 +135,6 @@ def build_plugin_layer(layer, env: dict) -> PluginBuild:
     types = trt_core.output_types(build, layer.inputs, n)
     shapes = trt_core.output_shapes(build, layer.inputs, n)
     record = PluginBuild(types, [list(s) for s in shapes])
-    record.calls += ["clone", "get_capability_interface", "get_num_outputs", "get_output_data_types",
-                     "get_output_shapes"]
     in_out = [_dynamic_desc(t.shape, t._exprs, t.dtype, env) for t in layer.inputs]
     in_out += [_dynamic_desc([e.get_constant_value() if e.is_constant() else -1 for e in s], s, dt, env)
                for s, dt in zip(record.output_shapes, types)]
@@ -149,8 +146,6 @@ def build_plugin_layer(layer, env: dict) -> PluginBuild:
     tactics = list(call_plugin("get_valid_tactics", build.get_valid_tactics))
     call_plugin("set_tactic", build.set_tactic, tactics[0] if tactics else 0)
     _aot_kernel(build, layer, in_out, record)
-    record.calls += ["get_supported_format_combinations", "configure_plugin", "get_valid_tactics", "set_tactic",
-                     "get_launch_params", "get_kernel"]
     return record
 
 

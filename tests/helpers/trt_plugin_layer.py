@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -48,6 +49,13 @@ def offline() -> bool:
     return os.environ.get(OFFLINE_ENV, "") not in ("", "0")
 
 
+def verify(wheel: Path) -> Path:
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    if digest != WHEEL_SHA256:
+        raise PluginLayerUnavailable(f"{wheel.name} has sha256 {digest}, expected {WHEEL_SHA256}")
+    return wheel
+
+
 def _download(dest: Path) -> Path:
     """pip download of the cp312 manylinux wheel (works from any Python: no install, no deps)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
@@ -58,10 +66,7 @@ def _download(dest: Path) -> Path:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise PluginLayerUnavailable(f"could not download tensorrt-cu12-bindings=={TRT_VERSION} with pip "
                                      f"(exit {proc.returncode}): {' | '.join(tail)}")
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != WHEEL_SHA256:
-        raise PluginLayerUnavailable(f"{WHEEL_NAME} has sha256 {digest}, expected {WHEEL_SHA256}")
-    return wheel
+    return verify(wheel)
 
 
 def _extract(wheel: Path, dest: Path) -> None:
@@ -73,11 +78,15 @@ def _extract(wheel: Path, dest: Path) -> None:
             (target / name).write_bytes(zf.read(f"tensorrt_bindings/plugin/{name}"))
 
 
+def _cached(src: Path) -> bool:
+    return all((src / "tensorrt" / "plugin" / name).is_file() for name in PLUGIN_FILES)
+
+
 def plugin_source_root() -> Path:
     """A folder holding `tensorrt/plugin/*.py` from the pinned wheel; downloads it on first use."""
     root = cache_dir()
     done = root / "src"
-    if (done / "tensorrt" / "plugin" / "_lib.py").is_file():
+    if _cached(done):
         return done
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
@@ -90,6 +99,20 @@ def plugin_source_root() -> Path:
             if not done.is_dir():  # another process won the race: keep its copy
                 raise
     return done
+
+
+def require() -> Path:
+    """plugin_source_root() for a test: fails the test when the wheel cannot be had, or skips it
+    when TRTLLM_DFLASH_OFFLINE=1 and nothing is cached (then no download is tried)."""
+    import pytest
+
+    if offline() and not _cached(cache_dir() / "src"):
+        pytest.skip(f"{OFFLINE_ENV} is set and TensorRT {TRT_VERSION}'s tensorrt.plugin is not cached in {cache_dir()}")
+    try:
+        return plugin_source_root()
+    except PluginLayerUnavailable as error:
+        pytest.fail(f"TensorRT {TRT_VERSION}'s tensorrt.plugin is needed for these tests and could not be fetched: "
+                    f"{error}. Set {OFFLINE_ENV}=1 to skip them on a machine without a package index.")
 
 
 def _fresh_core(root: Path) -> types.ModuleType:
@@ -116,7 +139,11 @@ def installed():
         del sys.modules[name]
     sys.modules["tensorrt"] = trt = _fresh_core(root)
     try:
-        trt.plugin = importlib.import_module("tensorrt.plugin")
+        with warnings.catch_warnings():
+            # upstream docstrings hold "\s" (DeprecationWarning, SyntaxWarning on 3.12) at compile time
+            warnings.filterwarnings("ignore", "invalid escape sequence", DeprecationWarning)
+            warnings.filterwarnings("ignore", "invalid escape sequence", SyntaxWarning)
+            trt.plugin = importlib.import_module("tensorrt.plugin")
         yield trt
     finally:
         for name in [k for k in sys.modules if k == "tensorrt" or k.startswith("tensorrt.")]:
