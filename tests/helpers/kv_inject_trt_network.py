@@ -8,12 +8,13 @@ as its cache lengths. B, T (block), S_max and N (new rows) are dynamic; Hq, Hkv,
 `python kv_inject_trt_network.py` (no TRITON_INTERPRET: the AOT impls compile PTX) builds the
 network for every case with trt_build.build_network and prints one JSON report line,
 "REPORT {...}": per case and plugin, the output types, output shapes, launch grid and int32
-arguments evaluated for PROFILES, and the kernel name and PTX parameter count.
+arguments evaluated for PROFILES, and the kernel name, PTX target and parameter count.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 
@@ -79,6 +80,7 @@ def _layer_report(build, envs: dict) -> dict:
     return dict(
         types=[t.name for t in build.output_types], kernel=build.kernel_name,
         ptx_params=trt_plugin.ptx_param_count(build.ptx.decode(), build.kernel_name),
+        ptx_target=re.findall(r"^\.target\s+(\S+)", build.ptx.decode(), re.M),
         shapes={k: [evaluate(s, env) for s in build.output_shapes] for k, env in envs.items()},
         launch={k: {n: e.evaluate(env) for n, e in build.launch.items()} for k, env in envs.items()},
         extra={k: evaluate(build.extra_args, env) for k, env in envs.items()})

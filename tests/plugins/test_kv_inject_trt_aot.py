@@ -58,7 +58,7 @@ def test_padding_matches_triton(report):
 def test_attention_aot(report, name):
     got, case, pad = report["cases"][name]["attention"], CASES[name], report["pad"]
     assert got["types"] == [case.act] + ["INT32"] * pad
-    assert got["kernel"] == "_kv_inject_attention_fwd"
+    assert got["kernel"] == "_kv_inject_attention_fwd" and got["ptx_target"] == ["sm_90a"]  # GPUTarget("cuda", 90, 32)
     assert got["ptx_params"] == 8 + 22 + 1 + pad  # inputs, int32 args, out, padding: TensorRT's argument list
     block_m = _block_m()
     for key, p in PROFILES.items():
@@ -81,7 +81,7 @@ def test_attention_aot(report, name):
 def test_append_aot(report, name):
     got, case, pad = report["cases"][name]["append"], CASES[name], report["pad"]
     assert got["types"] == [case.cache, case.cache, "INT32"] + ["INT32"] * pad
-    assert got["kernel"] == "_append_context_aot"
+    assert got["kernel"] == "_append_context_aot" and got["ptx_target"] == ["sm_90a"]  # GPUTarget("cuda", 90, 32)
     assert got["ptx_params"] == 8 + 14 + 3 + pad
     for key, p in PROFILES.items():
         B, S, N = p["B"], p["S"], p["N"]

@@ -27,7 +27,7 @@ def test_failed_download_fails_the_tests(monkeypatch, tmp_path):
         trt_plugin_layer.plugin_source_root()
     with pytest.raises(pytest.fail.Exception, match=f"Set {trt_plugin_layer.OFFLINE_ENV}=1 to skip"):
         trt_plugin_layer.require()
-    assert not (tmp_path / "cache" / "trtllm_dflash" / "tensorrt-plugin" / trt_plugin_layer.TRT_VERSION / "src").exists()
+    assert not (trt_plugin_layer.cache_dir() / "src").exists()  # nothing half-done left in the cache
 
 
 def test_offline_skips_without_downloading(monkeypatch, tmp_path):
