@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import trt_core
-from trt_core import (DataType, DimsExprs, DynamicPluginTensorDesc, IExprBuilder, IKernelLaunchParams, ISymExprs,
+from trt_core import (DimsExprs, DynamicPluginTensorDesc, IExprBuilder, IKernelLaunchParams, ISymExprs,
                       PluginArgDataType, PluginArgType, PluginCallbackError, PluginCapabilityType, PluginTensorDesc,
                       TensorFormat, call_plugin)
 
@@ -149,14 +149,6 @@ def build_plugin_layer(layer, env: dict) -> PluginBuild:
     return record
 
 
-def build_network(network: trt_core.INetworkDefinition, shapes: dict) -> list:
-    """Build every plugin layer in network order; shapes: network input name -> concrete shape."""
-    env = profile_env(network, shapes)
-    return [build_plugin_layer(layer, env) for layer in network.layers if layer.kind == "plugin"]
-
-
 def evaluate(exprs, env: dict) -> list:
     return [e.evaluate(env) for e in exprs]
 
-
-__all__ = ["PluginBuild", "build_network", "build_plugin_layer", "profile_env", "evaluate", "DataType"]

@@ -3,11 +3,7 @@ any test module here imports the kernel. `trt`: TensorRT's own plugin layer (trt
 
 import pytest
 from kernel_fixtures import device, kernel  # noqa: F401
-
-# Padding outputs the in-process tests register with: what triton >= 3.3 appends (global and
-# profile scratch). In-process tests run under the Triton interpreter and compile nothing, so
-# triton_extra_params (a PTX compile) is replaced by this value there.
-PAD = 2
+from kv_inject_trt_network import PAD
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import PAD
-from kv_inject_trt_network import CASES, D, HKV, HQ, PROFILES, WINDOW, drafter_layer, input_shapes
+from kv_inject_trt_network import CASES, D, HKV, HQ, PAD, PROFILES, WINDOW, drafter_layer, input_shapes
 from trt_build import build_plugin_layer, evaluate, profile_env
 from trt_core import PluginCallbackError
 
