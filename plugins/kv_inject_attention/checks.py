@@ -290,6 +290,21 @@ def check_append_values(cache_lens: Sequence[int], new_lens: Sequence[int], max_
                       "(k_cache dim 1): the cache would overflow")
 
 
+def _kernel_reason(static: dict, head_dim: Dim, cache_dtype: str, sm: Optional[int]) -> Optional[str]:
+    """The kernels' compile-time requirements: `static` dims known, D supported, the GPU new enough."""
+    for name, value in static.items():
+        if value is None:
+            return f"{name} must be known when the kernel is compiled (it is a compile-time constant)"
+    if head_dim not in KERNEL_HEAD_DIMS:
+        return f"head dim D = {head_dim} is not supported by the kernel; supported: {KERNEL_HEAD_DIMS}"
+    if sm is not None:
+        if sm < 80:
+            return f"compute capability sm_{sm} is below sm_80 (the kernel targets Ampere and newer)"
+        if cache_dtype == FP8_CACHE_DTYPE and sm < 89:
+            return f"an FP8 ({FP8_CACHE_DTYPE}) cache needs sm_89 or newer, this device is sm_{sm}"
+    return None
+
+
 def kernel_unsupported_reason(problem: AttentionProblem, sm: Optional[int] = None) -> Optional[str]:
     """Why the Triton kernel cannot run this problem (None: it can).
 
@@ -297,14 +312,11 @@ def kernel_unsupported_reason(problem: AttentionProblem, sm: Optional[int] = Non
     (the interpreter, or when only shapes matter).
     """
     p = problem
-    for name, value in (("Hq", p.num_q_heads), ("Hkv", p.num_kv_heads), ("D", p.head_dim)):
-        if value is None:
-            return f"{name} must be known when the kernel is compiled (it is a compile-time constant)"
-    if p.head_dim not in KERNEL_HEAD_DIMS:
-        return f"head dim D = {p.head_dim} is not supported by the kernel; supported: {KERNEL_HEAD_DIMS}"
-    if sm is not None:
-        if sm < 80:
-            return f"compute capability sm_{sm} is below sm_80 (the kernel targets Ampere and newer)"
-        if p.cache_dtype == FP8_CACHE_DTYPE and sm < 89:
-            return f"an FP8 ({FP8_CACHE_DTYPE}) cache needs sm_89 or newer, this device is sm_{sm}"
-    return None
+    static = {"Hq": p.num_q_heads, "Hkv": p.num_kv_heads, "D": p.head_dim}
+    return _kernel_reason(static, p.head_dim, p.cache_dtype, sm)
+
+
+def append_kernel_unsupported_reason(problem: AppendProblem, sm: Optional[int] = None) -> Optional[str]:
+    """Why the append kernel cannot run this problem (None: it can); `sm` as in kernel_unsupported_reason."""
+    p = problem
+    return _kernel_reason({"Hkv": p.num_kv_heads, "D": p.head_dim}, p.head_dim, p.cache_dtype, sm)

@@ -322,10 +322,9 @@ def append_context_triton(
     if k_cache.device.type != "cuda" and not interpreting():
         raise checks.KVInjectArgumentError(
             f"append_context: the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), got {k_cache.device.type}")
-    if p.head_dim not in checks.KERNEL_HEAD_DIMS:
-        raise checks.KVInjectArgumentError(
-            f"append_context: head dim D = {p.head_dim} is not supported by the kernel; "
-            f"supported: {checks.KERNEL_HEAD_DIMS}")
+    reason = checks.append_kernel_unsupported_reason(p)
+    if reason is not None:
+        raise checks.KVInjectArgumentError(f"append_context: {reason}")
     checks.check_append_values(cache_lens.tolist(), new_lens.tolist(), p.max_new_len, p.max_cache_len)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise checks.KVInjectArgumentError("append_context: k_cache / v_cache must have a contiguous last dim "

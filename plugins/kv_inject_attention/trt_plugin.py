@@ -6,8 +6,9 @@
 - `trtllm_dflash::kv_inject_attention`: block queries over [context cache ; block].
   Inputs q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale (the scales are
   float32 [1] or [Hkv]; with a non-FP8 cache they are ignored and the insert helper feeds
-  constant ones). Attributes: scale (float, resolved), causal_block (bool), window (int,
-  0 = no window: attributes cannot be None). Output: [B, T, Hq, D] in q's dtype.
+  constant ones). Attributes (`attention_attrs`): scale (float64 [1], resolved), causal_block
+  (bool), window (int32 [1], 0 = no window: attributes cannot be None); 1-element arrays
+  rather than float / int, see ScaleAttr. Output: [B, T, Hq, D] in q's dtype.
 - `trtllm_dflash::kv_append`: writes this step's context K/V rows into the caches.
   Inputs k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale; outputs
   k_cache_out, v_cache_out (shaped like the caches) and lens_out = cache_lens + new_lens.
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import checks
 from .checks import AppendProblem, AttentionProblem, KVInjectArgumentError, TensorMeta
@@ -68,8 +70,8 @@ _TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "FP8":
 # checks.py dtype name -> Triton pointer type in a kernel signature
 _TRITON_POINTERS = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float8_e4m3fn": "*fp8e4nv",
                     "int32": "*i32"}
-_ONE = np.ones(1, dtype=np.float32)
-MAX_STATIC_SHARED_MEM = 48 * 1024  # bytes of dynamic shared memory a kernel may use without opting in  # scale input for non-FP8 caches; TensorRT keeps a pointer to it
+_ONE = np.ones(1, dtype=np.float32)  # scale input for non-FP8 caches; TensorRT keeps a pointer to it
+MAX_STATIC_SHARED_MEM = 48 * 1024  # bytes of dynamic shared memory a kernel may use without opting in
 
 
 def dtype_name(trt_dtype) -> str:
@@ -128,19 +130,20 @@ def scalar_args(B, T, S, num_q_heads: int, num_kv_heads: int, head_dim: int, sca
 
 
 def append_plugin_problem(metas: Sequence[TensorMeta]) -> AppendProblem:
-    """Check the append plugin's 8 inputs with checks.py; raises KVInjectArgumentError."""
+    """Check the append plugin's 8 inputs with checks.py; raises KVInjectArgumentError.
+
+    Unknown dims (None) pass, as in plugin_problem: TensorRT's dtype-inference pass hands the
+    descriptor function "fake" dims only (tensorrt/plugin/_plugin_class.py
+    `_TemplatePluginBase.get_output_data_types`, TensorRT 10.14). What the kernel needs static
+    (Hkv, D) is checked where it is compiled (compile_append_kernel)."""
     if len(metas) != len(APPEND_INPUT_NAMES):
         raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: expected {len(APPEND_INPUT_NAMES)} inputs "
                                     f"{APPEND_INPUT_NAMES}, got {len(metas)}")
     k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale = metas
     _check_scales(APPEND_PLUGIN_ID, k_scale, v_scale)
     fp8 = k_cache.dtype == checks.FP8_CACHE_DTYPE
-    problem = checks.check_append(k_cache, v_cache, k_new, v_new, cache_lens, new_lens,
-                                  k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
-    if problem.head_dim not in checks.KERNEL_HEAD_DIMS or problem.num_kv_heads is None:
-        raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: Hkv and D must be static and D one of "
-                                    f"{checks.KERNEL_HEAD_DIMS}; got Hkv = {problem.num_kv_heads}, D = {problem.head_dim}")
-    return problem
+    return checks.check_append(k_cache, v_cache, k_new, v_new, cache_lens, new_lens,
+                               k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None)
 
 
 def append_scalar_args(N, S, num_kv_heads: int, head_dim: int, scale_per_head: bool) -> list:
@@ -241,8 +244,9 @@ def compile_append_kernel(problem: AppendProblem, target=None) -> CompiledKernel
     from . import kernel
 
     sm = None if target is None else int(target.arch)
-    if problem.cache_dtype == checks.FP8_CACHE_DTYPE and sm is not None and sm < 89:
-        raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: an FP8 cache needs sm_89 or newer, this device is sm_{sm}")
+    reason = checks.append_kernel_unsupported_reason(problem, sm)
+    if reason is not None:
+        raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: {reason}")
     fn = kernel._append_context_aot
     pointer = _TRITON_POINTERS
     p = problem
@@ -307,6 +311,47 @@ class Plugins:
 
 _REGISTERED: Optional[Plugins] = None
 
+# Attribute types. scale and window travel as 1-element numpy arrays, not as float / int:
+# TensorRT 10.14's tensorrt.plugin rebuilds a scalar attribute with `float(field.data)` /
+# `int(field.data)` on a 1-element array (tensorrt/plugin/_lib.py,
+# _TemplatePluginCreator.create_plugin; unchanged on TensorRT main), a NumPy 1.25 deprecation
+# that NumPy 2.4 turned into "TypeError: only 0-dimensional arrays can be converted to Python
+# scalars" (hit by a QDP plugin's int attribute in
+# https://github.com/Stability-AI/stable-audio-3/pull/49). Array attributes are rebuilt with
+# `astype`, on every NumPy. bool(1-element array) is not deprecated: causal_block stays a bool.
+ScaleAttr = npt.NDArray[np.float64]
+WindowAttr = npt.NDArray[np.int32]
+
+
+def attention_attrs(scale: float, causal_block: bool, window: Optional[int]) -> dict:
+    """The attention plugin's attributes, in registration order, as `trtp.op` takes them."""
+    return dict(scale=np.array([scale], dtype=np.float64), causal_block=bool(causal_block),
+                window=np.array([window or 0], dtype=np.int32))
+
+
+def _attr_value(name: str, value) -> Union[int, float]:
+    """A 1-element array attribute as a Python number."""
+    array = np.asarray(value)
+    if array.shape != (1,):
+        raise KVInjectArgumentError(f"{PLUGIN_ID}: attribute {name} must be a 1-element array, got shape "
+                                    f"{array.shape}")
+    return array.item()
+
+
+def _attention_problem(descs, scale, causal_block: bool, window) -> AttentionProblem:
+    return plugin_problem([desc_meta(d) for d in descs], _attr_value("scale", scale), causal_block,
+                          _attr_value("window", window))
+
+
+def require_static_scales(plugin_id: str, k_scale: TensorMeta, v_scale: TensorMeta) -> None:
+    """An FP8 kernel is compiled for per-tensor ([1]) or per-KV-head ([Hkv]) scales; a scale whose
+    length is only known at run time could be either (checks.py would take it for per-head and
+    the kernel would read Hkv entries of a [1] buffer)."""
+    for name, m in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if any(d is None for d in m.shape):
+            raise KVInjectArgumentError(f"{plugin_id}: {name} has a dynamic shape {m.shape}; an FP8 cache needs a "
+                                        "static [1] (per tensor) or [Hkv] (per KV head) scale")
+
 
 def _outputs(n: int):
     """The return annotation of a descriptor with n outputs (tensorrt.plugin counts its arguments)."""
@@ -315,31 +360,25 @@ def _outputs(n: int):
     return Tuple[tuple([trtp.TensorDesc] * n)]
 
 
-def register_plugin(target=None) -> Plugins:
-    """Define both plugins with tensorrt.plugin (idempotent). `target`: the triton GPUTarget the
-    engine is built for (None: the current GPU), which fixes the padding outputs.
+def _launch(trtp, compiled: CompiledKernel, grid_x, grid_y, scalar_exprs: list):
+    """KernelLaunchParams and the int32 extra arguments (SymIntExprs of SymInt32) for the AOT impl."""
+    launch = trtp.KernelLaunchParams()
+    launch.grid_x, launch.grid_y = grid_x, grid_y
+    launch.block_x = compiled.num_warps * 32
+    launch.shared_mem = compiled.shared_mem
+    return launch, trtp.SymIntExprs.from_tuple([trtp.SymInt32(a) for a in scalar_exprs])
 
-    Upstream: tensorrt/plugin/_lib.py `register` (the number of outputs is read from the
-    descriptor's return annotation, `_validate.py::_parse_register_return`) and `aot_impl`
-    (returns kernel name, PTX, KernelLaunchParams, SymIntExprs; "extra_args ... located after the
-    tensor inputs and before the tensor outputs"), TensorRT 10.14."""
-    global _REGISTERED
-    if _REGISTERED is not None:
-        return _REGISTERED
-    import tensorrt.plugin as trtp
 
-    if not hasattr(trtp, "aot_impl"):
-        raise NotImplementedError(f"{PLUGIN_ID} needs TensorRT >= 10.9 (tensorrt.plugin.aot_impl); "
-                                  "this TensorRT has no AOT Python plugins")
-    pad = triton_extra_params(target)
+def _register_attention(trtp, pad: int, target) -> None:
+    """trtp.register / trtp.aot_impl of trtllm_dflash::kv_inject_attention (outputs: out, padding)."""
 
     def kv_inject_attention_desc(
         q: trtp.TensorDesc, k_block: trtp.TensorDesc, v_block: trtp.TensorDesc, k_cache: trtp.TensorDesc,
         v_cache: trtp.TensorDesc, cache_lens: trtp.TensorDesc, k_scale: trtp.TensorDesc, v_scale: trtp.TensorDesc,
-        scale: float, causal_block: bool, window: int,
+        scale: ScaleAttr, causal_block: bool, window: WindowAttr,
     ):
-        descs = (q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale)
-        plugin_problem([desc_meta(d) for d in descs], scale, causal_block, window)
+        _attention_problem((q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale), scale,
+                           causal_block, window)
         return (q.like(), *[cache_lens.like() for _ in range(pad)])  # out [B, T, Hq, D] in q's dtype; padding
 
     kv_inject_attention_desc.__annotations__["return"] = _outputs(1 + pad)
@@ -349,24 +388,24 @@ def register_plugin(target=None) -> Plugins:
     def kv_inject_attention_aot(
         q: trtp.TensorDesc, k_block: trtp.TensorDesc, v_block: trtp.TensorDesc, k_cache: trtp.TensorDesc,
         v_cache: trtp.TensorDesc, cache_lens: trtp.TensorDesc, k_scale: trtp.TensorDesc, v_scale: trtp.TensorDesc,
-        scale: float, causal_block: bool, window: int, outputs: Tuple[trtp.TensorDesc], tactic: int,
+        scale: ScaleAttr, causal_block: bool, window: WindowAttr, outputs: Tuple[trtp.TensorDesc], tactic: int,
     ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymIntExprs]:
-        descs = (q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale)
-        problem = plugin_problem([desc_meta(d) for d in descs], scale, causal_block, window)
-        compiled = compile_attention_kernel(problem, target)
+        p = _attention_problem((q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale), scale,
+                               causal_block, window)
+        if p.cache_dtype == checks.FP8_CACHE_DTYPE:
+            require_static_scales(PLUGIN_ID, desc_meta(k_scale), desc_meta(v_scale))
+        compiled = compile_attention_kernel(p, target)
         check_launch_abi(PLUGIN_ID, compiled, pad)
         B, T, S = q.shape_expr[0], q.shape_expr[1], k_cache.shape_expr[1]
-        G = problem.group_size
+        args = scalar_args(B, T, S, p.num_q_heads, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
+        # one program per (sequence, KV head) and BLOCK_M query rows (t, head in group)
+        launch, extra = _launch(trtp, compiled, B * p.num_kv_heads, trtp.cdiv(T * p.group_size, compiled.block_m),
+                                args)
+        return compiled.name, compiled.ptx, launch, extra
 
-        launch = trtp.KernelLaunchParams()
-        launch.grid_x = B * problem.num_kv_heads  # one program per (sequence, KV head)
-        launch.grid_y = trtp.cdiv(T * G, compiled.block_m)  # query rows (t, head in group)
-        launch.block_x = compiled.num_warps * 32
-        launch.shared_mem = compiled.shared_mem
-        args = scalar_args(B, T, S, problem.num_q_heads, problem.num_kv_heads, problem.head_dim,
-                           bool(problem.kv_scale_per_head))
-        extra_args = trtp.SymIntExprs.from_tuple([trtp.SymInt32(a) for a in args])
-        return compiled.name, compiled.ptx, launch, extra_args
+
+def _register_append(trtp, pad: int, target) -> None:
+    """trtp.register / trtp.aot_impl of trtllm_dflash::kv_append (outputs: caches, lens, padding)."""
 
     def kv_append_desc(
         k_cache: trtp.TensorDesc, v_cache: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc,
@@ -386,20 +425,39 @@ def register_plugin(target=None) -> Plugins:
         outputs: Tuple[trtp.TensorDesc], tactic: int,
     ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymIntExprs]:
         descs = (k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale)
-        problem = append_plugin_problem([desc_meta(d) for d in descs])
-        compiled = compile_append_kernel(problem, target)
+        p = append_plugin_problem([desc_meta(d) for d in descs])
+        if p.cache_dtype == checks.FP8_CACHE_DTYPE:
+            require_static_scales(APPEND_PLUGIN_ID, desc_meta(k_scale), desc_meta(v_scale))
+        compiled = compile_append_kernel(p, target)
         check_launch_abi(APPEND_PLUGIN_ID, compiled, pad)
         B, N, S = k_new.shape_expr[0], k_new.shape_expr[1], k_cache.shape_expr[1]
+        args = append_scalar_args(N, S, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
+        # one program per (sequence, KV head, APPEND_BLOCK_N new rows)
+        launch, extra = _launch(trtp, compiled, B * p.num_kv_heads, trtp.cdiv(N, APPEND_BLOCK_N), args)
+        return compiled.name, compiled.ptx, launch, extra
 
-        launch = trtp.KernelLaunchParams()
-        launch.grid_x = B * problem.num_kv_heads  # one program per (sequence, KV head, 16 new rows)
-        launch.grid_y = trtp.cdiv(N, APPEND_BLOCK_N)
-        launch.block_x = compiled.num_warps * 32
-        launch.shared_mem = compiled.shared_mem
-        args = append_scalar_args(N, S, problem.num_kv_heads, problem.head_dim, bool(problem.kv_scale_per_head))
-        extra_args = trtp.SymIntExprs.from_tuple([trtp.SymInt32(a) for a in args])
-        return compiled.name, compiled.ptx, launch, extra_args
 
+def register_plugin(target=None) -> Plugins:
+    """Define both plugins with tensorrt.plugin (idempotent). `target`: the triton GPUTarget the
+    engine is built for (None: the current GPU), which fixes the padding outputs.
+
+    Upstream (TensorRT 10.14, tensorrt/plugin/): _lib.py `register` (the number of outputs is
+    read from the descriptor's return annotation, `_validate.py::_parse_register_return`) and
+    `aot_impl` (returns kernel name, PTX, KernelLaunchParams, SymIntExprs; "extra_args ...
+    located after the tensor inputs and before the tensor outputs"). _plugin_class.py calls the
+    descriptor function with "fake" dims (dtype inference), then with shape expressions, and
+    the aot_impl with all attributes positionally, in the order `trtp.op` received them."""
+    global _REGISTERED
+    if _REGISTERED is not None:
+        return _REGISTERED
+    import tensorrt.plugin as trtp
+
+    if not hasattr(trtp, "aot_impl"):
+        raise NotImplementedError(f"{PLUGIN_ID} needs TensorRT >= 10.9 (tensorrt.plugin.aot_impl); "
+                                  "this TensorRT has no AOT Python plugins")
+    pad = triton_extra_params(target)
+    _register_attention(trtp, pad, target)
+    _register_append(trtp, pad, target)
     ops = trtp.op.trtllm_dflash
     _REGISTERED = Plugins(ops.kv_inject_attention, getattr(ops, APPEND_PLUGIN_NAME), pad)
     return _REGISTERED
@@ -441,11 +499,12 @@ def insert_kv_inject_attention(
     reason = checks.kernel_unsupported_reason(problem)
     if reason is not None:
         raise KVInjectArgumentError(f"{PLUGIN_ID}: {reason}")
+    if k_scale is not None:
+        require_static_scales(PLUGIN_ID, itensor_meta(k_scale), itensor_meta(v_scale))
     k_scale, v_scale = _scales(network, k_scale, v_scale)
     op = register_plugin().attention
-    # Attributes in registration order (the AOT impl receives them positionally in that order).
     plugin = op(q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale,
-                scale=float(problem.scale), causal_block=bool(causal_block), window=int(window or 0))
+                **attention_attrs(float(problem.scale), causal_block, window))
     return network.add_plugin(plugin, aot=True)
 
 
@@ -456,9 +515,11 @@ def insert_kv_append(network, k_cache, v_cache, k_new, v_new, cache_lens, new_le
     metas = [itensor_meta(t) for t in (k_cache, v_cache, k_new, v_new, cache_lens, new_lens)]
     problem = checks.check_append(*metas, k_scale=None if k_scale is None else itensor_meta(k_scale),
                                   v_scale=None if v_scale is None else itensor_meta(v_scale))
-    if problem.head_dim not in checks.KERNEL_HEAD_DIMS:
-        raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: head dim D = {problem.head_dim} is not supported by the "
-                                    f"kernel; supported: {checks.KERNEL_HEAD_DIMS}")
+    reason = checks.append_kernel_unsupported_reason(problem)
+    if reason is not None:
+        raise KVInjectArgumentError(f"{APPEND_PLUGIN_ID}: {reason}")
+    if k_scale is not None:
+        require_static_scales(APPEND_PLUGIN_ID, itensor_meta(k_scale), itensor_meta(v_scale))
     k_scale, v_scale = _scales(network, k_scale, v_scale)
     plugin = register_plugin().append(k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale)
     return network.add_plugin(plugin, aot=True)

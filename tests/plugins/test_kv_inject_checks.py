@@ -185,6 +185,18 @@ def test_kernel_unsupported_reason():
     assert checks.kernel_unsupported_reason(fp8, sm=89) is None
 
 
+def test_append_kernel_unsupported_reason():
+    p = checks.check_append(*append_metas().values())
+    assert checks.append_kernel_unsupported_reason(p) is None
+    assert checks.append_kernel_unsupported_reason(p, sm=90) is None
+    unknown = replace(p, num_kv_heads=None)  # what the dtype-inference pass of TensorRT knows
+    assert "Hkv must be known when the kernel is compiled" in checks.append_kernel_unsupported_reason(unknown)
+    assert "D = 96" in checks.append_kernel_unsupported_reason(replace(p, head_dim=96))
+    fp8 = replace(p, cache_dtype="float8_e4m3fn")
+    assert "sm_89" in checks.append_kernel_unsupported_reason(fp8, sm=80)
+    assert checks.append_kernel_unsupported_reason(fp8, sm=89) is None
+
+
 def test_torch_entry_points_check_before_computing():
     q = torch.zeros(B, T, HQ, D)
     kb = vb = torch.zeros(B, T, HKV, D)
