@@ -313,6 +313,43 @@ class Embedding(Module):
         return Tensor(t=F.embedding(ids.t.long(), self.weight.raw))
 
 
+# ----------------------------------------------------------------------------- build config
+
+
+class BuildConfig:
+    """Stand-in of tensorrt_llm/builder.py BuildConfig.from_dict as the stored copy at
+    NVIDIA/TensorRT-LLM@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc reads a build_config.json (the
+    dict form; the later copy that defaults every key accepts whatever this one accepts): six
+    keys are popped with no default, `kv_cache_type` too whenever `plugin_config` is present
+    (KVCacheType.from_string of a member name), every other key has a default; the plugin dict
+    updates a default PluginConfig. Upstream imports tensorrt, so it cannot run here: this is
+    written from the reading, independently of trtllm_dflash/build/upstream.py's list."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    @classmethod
+    def from_dict(cls, config: dict, plugin_config=None) -> "BuildConfig":
+        config = json.loads(json.dumps(config))  # upstream deep-copies: the caller's dict is untouched
+        values = {k: config.pop(k) for k in ("max_input_len", "max_seq_len", "max_batch_size", "max_beam_width",
+                                             "max_num_tokens", "opt_num_tokens")}
+        if "plugin_config" in config:
+            kv = config.pop("kv_cache_type")
+            if kv not in ("CONTINUOUS", "PAGED", "DISABLED"):
+                raise ValueError(f"KVCacheType.from_string: {kv!r}")
+            values["kv_cache_type"] = kv
+        defaults = dict(opt_batch_size=8, max_prompt_embedding_table_size=0, gather_context_logits=False,
+                        gather_generation_logits=False, strongly_typed=True, force_num_profiles=None,
+                        weight_sparsity=False, profiling_verbosity="layer_names_only", enable_debug_output=False,
+                        max_draft_len=0, speculative_decoding_mode=1, use_refit=False, input_timing_cache=None,
+                        output_timing_cache=None, max_encoder_input_len=1024, weight_streaming=False,
+                        use_strip_plan=False, dry_run=False, visualize_network=None, monitor_memory=False,
+                        use_mrope=False)
+        values.update({k: config.pop(k, d) for k, d in defaults.items()})
+        values["plugin_config"] = {**(plugin_config or {}), **config.get("plugin_config", {})}
+        return cls(**values)
+
+
 # ----------------------------------------------------------------------------- models
 
 
