@@ -146,6 +146,9 @@ class TapEngine(Protocol):
 
 
 class FakeExecutor:
+    """tensorrt_llm.bindings.executor.Executor of TensorRT-LLM 1.2.1 (cpp/include/tensorrt_llm/
+    executor/executor.h) over a TapEngine, with the rules of the module docstring."""
+
     def __init__(self, engine: TapEngine, *, max_seq_len: int, max_input_len: int,
                  max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS, context_fmha: bool = True, paged_context_fmha: bool = True,
                  tokens_per_block: int = 32, enable_block_reuse: bool = True, enable_partial_reuse: bool = True):
