@@ -12,9 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-import fake_trtllm
 import pytest
-from checklist import checklist_recipe
 
 from trtllm_dflash.artifacts import Manifest, verify_input
 from trtllm_dflash.build.plan import FROM_PLACEHOLDER, make_plan, max_draft_len, models_file, render
@@ -30,7 +28,7 @@ from trtllm_dflash.build.upstream import (
 from trtllm_dflash.cli import main
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe, list_recipes
-from trtllm_dflash.recipe.engine_layout import kv_block_reuse, resolve_attention
+from trtllm_dflash.recipe.engine_layout import FP8_KV_REUSE_ISSUE, kv_block_reuse, resolve_attention
 from trtllm_dflash.recipe.rules import check
 from trtllm_dflash.recipe.schema import parse_recipe
 
@@ -95,7 +93,8 @@ def test_build_config_holds_only_upstream_fields_and_every_required_key(path, tm
     # The target verifies drafts as prompt tokens: no speculative decoding inputs, whole-sequence requests.
     assert target["max_draft_len"] == 0 and target["max_input_len"] == target["max_seq_len"] - 1
     assert target["kv_cache_type"] == "PAGED"
-    assert target["plugin_config"]["use_paged_context_fmha"] is plan["kv_block_reuse"] is kv_block_reuse(recipe)
+    assert plan["kv_block_reuse"] is kv_block_reuse(recipe) and plan["kv_block_reuse"] <= target["plugin_config"][
+        "use_paged_context_fmha"]  # reuse only where the engine has paged context FMHA
     # The drafter's block is max_draft_len + 1; its attention is our plugin, not gpt_attention.
     assert drafter["max_draft_len"] == max_draft_len(recipe) <= recipe.drafter_facts.block_size - 1
     assert drafter["plugin_config"]["gpt_attention_plugin"] is None
@@ -122,6 +121,8 @@ def test_every_build_config_has_what_build_config_from_dict_reads_without_a_defa
     """The shipped plans before this check omitted opt_num_tokens, which the stored 1.2-era
     BuildConfig.from_dict pops with no default: KeyError inside trtllm-build (the stand-in
     reads as that copy does, independently of upstream.FROM_DICT_REQUIRED)."""
+    import fake_trtllm  # tests/helpers (imported here: `python tests/build/test_build.py --regenerate` lacks it)
+
     recipe = load_recipe(path)
     plan = make_plan(recipe, None, tmp_path / "b")
     for e in plan.engines:
@@ -135,16 +136,17 @@ def test_every_build_config_has_what_build_config_from_dict_reads_without_a_defa
             fake_trtllm.BuildConfig.from_dict(without)
 
 
-# (recipe, overrides, (context FMHA, paged context FMHA, FP8 context FMHA) after build()).
+# (recipe, overrides, (context FMHA, paged context FMHA, FP8 context FMHA) after build(), KV block reuse
+# left to the layout: off over an FP8 KV cache, engine_layout.FP8_KV_REUSE_ISSUE).
 H100 = ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml"
 BF16_WEIGHTS = ["quantization.target_weights=bf16", "quantization.activations=bf16"]
 LAYOUTS = {
-    "fp8 weights, fp8 kv": (H100, [], (True, True, True)),
-    "fp8 weights, bf16 kv": (H100, ["quantization.kv_cache=bf16"], (True, True, False)),
-    "bf16 weights, bf16 kv": (H100, [*BF16_WEIGHTS, "quantization.kv_cache=bf16"], (True, True, False)),
-    "bf16 weights, fp8 kv": (H100, BF16_WEIGHTS, (True, False, False)),
-    "nvfp4 weights, fp8 kv": (ROOT / "recipes/blackwell/b300-qwen3-8b-nvfp4.yaml", [], (True, True, True)),
-    "fp32 weights": (TINY, [], (False, False, False)),
+    "fp8 weights, fp8 kv": (H100, [], (True, True, True), False),
+    "fp8 weights, bf16 kv": (H100, ["quantization.kv_cache=bf16"], (True, True, False), True),
+    "bf16 weights, bf16 kv": (H100, [*BF16_WEIGHTS, "quantization.kv_cache=bf16"], (True, True, False), True),
+    "bf16 weights, fp8 kv": (H100, BF16_WEIGHTS, (True, False, False), False),
+    "nvfp4 weights, fp8 kv": (ROOT / "recipes/blackwell/b300-qwen3-8b-nvfp4.yaml", [], (True, True, True), False),
+    "fp32 weights": (TINY, [], (False, False, False), False),
 }
 
 
@@ -157,17 +159,19 @@ def test_target_attention_flags_are_what_build_resolves_and_reuse_follows(name, 
     """build() turns paged context FMHA off for bf16 weights over an FP8 KV cache (its FP8 context
     FMHA needs an FP8 / NVFP4 checkpoint), and attentionOp.cpp has no fused context attention for
     fp32: the plan writes what the engine gets and claims KV block reuse only where it can be had."""
-    path, overrides, want = LAYOUTS[name]
+    path, overrides, want, reuse = LAYOUTS[name]
     recipe = load_recipe(path, overrides)
     plan = make_plan(recipe, None, tmp_path / "b")
     pc = plan.engine("target").build_config["plugin_config"]
     assert (pc["context_fmha"], pc["use_paged_context_fmha"], pc["use_fp8_context_fmha"]) == want
-    assert plan.kv_block_reuse is want[1]
+    assert plan.kv_block_reuse is reuse
     assert ("paged context FMHA (KV block reuse)" in plan.engine("target").plugins[0]["use"]) is want[1]
     note = next(n for n in plan.notes if n.startswith("KV block reuse:"))
-    assert note.startswith("KV block reuse: on" if want[1] else "KV block reuse: off")
+    assert note.startswith("KV block reuse: on" if reuse else "KV block reuse: off")
     if not want[1]:
         assert plan.engine("target").attention["why"] and plan.engine("target").attention["why"][0] in note
+    if want[1] and not reuse:
+        assert FP8_KV_REUSE_ISSUE in note
 
 
 def test_resolve_attention_follows_builds_branches():
@@ -193,7 +197,13 @@ def test_check_refuses_kv_reuse_the_layout_cannot_honour(tmp_path):
     # Left to the layout it is a note; asked off it is off everywhere.
     rc, _, err = cli("check", h100, *bf16_fp8kv)
     assert rc == 0 and "note: build.kv_cache_reuse: off:" in err
-    assert cli("check", h100, "--set", "build.kv_cache_reuse=true")[0] == 0
+    # Over an FP8 KV cache reuse is opt-in (wrong outputs upstream, the issue is named either way).
+    rc, _, err = cli("check", h100)
+    assert rc == 0 and f"note: build.kv_cache_reuse: off: an FP8 KV cache: reused blocks gave wrong outputs upstream " \
+                       f"({FP8_KV_REUSE_ISSUE}, open)" in err
+    rc, _, err = cli("check", h100, "--set", "build.kv_cache_reuse=true")
+    assert rc == 0 and "note: build.kv_cache_reuse: on: paged context FMHA; asked for over an FP8 KV cache despite" in err
+    assert make_plan(load_recipe(h100, ["build.kv_cache_reuse=true"]), None, tmp_path / "on").kv_block_reuse
     off = make_plan(load_recipe(h100, ["build.kv_cache_reuse=false"]), None, tmp_path / "b")
     assert off.kv_block_reuse is False and off.engine("target").build_config["plugin_config"]["use_paged_context_fmha"]
     rc, _, err = cli("check", ROOT / "recipes/cpu/tiny-pystd.yaml", "--set", "build.kv_cache_reuse=false")
@@ -213,6 +223,8 @@ def test_check_refuses_max_num_tokens_below_a_whole_verify_sequence():
 
 
 def test_the_gpu_checklist_builds_bf16_engines_with_kv_reuse(tmp_path):
+    from checklist import checklist_recipe
+
     plan = make_plan(checklist_recipe(), None, tmp_path / "b")
     for e in plan.engines:
         assert e.build_config["plugin_config"]["dtype"] == "bfloat16" and e.kv_cache_dtype == "bfloat16"

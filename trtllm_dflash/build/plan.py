@@ -57,6 +57,7 @@ from trtllm_dflash.recipe.engine_layout import (
     DTYPE_NAMES,
     default_opt_num_tokens,
     kv_block_reuse,
+    kv_reuse_decision,
     max_draft_len,
     target_attention,
     target_seq_len,
@@ -429,12 +430,10 @@ def _attention(recipe: Recipe, role: Role) -> dict:
 
 
 def _reuse_note(recipe: Recipe) -> str:
-    """Whether verify rounds reuse the committed prefix's KV blocks, and why not."""
-    if kv_block_reuse(recipe):
-        return "KV block reuse: on (paged context FMHA): a verify round recomputes only its new tokens"
-    if recipe.build.kv_cache_reuse is False:
-        return "KV block reuse: off (build.kv_cache_reuse false): every verify round recomputes its whole sequence"
-    why = "; ".join(target_attention(recipe).why)
+    """Whether verify rounds reuse the committed prefix's KV blocks, and why (kv_reuse_decision)."""
+    on, why = kv_reuse_decision(recipe)
+    if on:
+        return f"KV block reuse: on ({why}): a verify round recomputes only its new tokens"
     return f"KV block reuse: off ({why}): every verify round recomputes its whole sequence"
 
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from trtllm_dflash.recipe.engine_layout import max_draft_len, runtime_max_input_len, target_attention, target_seq_len
+from trtllm_dflash.recipe.engine_layout import (
+    kv_reuse_decision,
+    max_draft_len,
+    runtime_max_input_len,
+    target_attention,
+    target_seq_len,
+)
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe.schema import ModelSource, Recipe
 
@@ -64,12 +70,12 @@ def _engine_layout(recipe: Recipe) -> list[Issue]:
                           "(the pytorch backend's reuse is deploy's per-version choice); remove it")]
         return []
     q, flags, issues = recipe.quantization, target_attention(recipe), []
+    on, why = kv_reuse_decision(recipe)
     if not flags.paged_context_fmha:
         dtype = q.checkpoint_dtype("target")
         layout = (f"quantization.target_weights {q.target_weights}"
                   + (f" (checkpoint dtype {dtype})" if dtype != q.target_weights else "")
                   + f" with quantization.kv_cache {q.kv_cache}")
-        why = "; ".join(flags.why)
         if b.kv_cache_reuse:
             issues.append(Issue("error", "build.kv_cache_reuse", f"true, but {layout} builds a target engine without paged "
                                 f"context FMHA ({why}), and the 1.2.1 Executor then switches block reuse off; set "
@@ -77,6 +83,8 @@ def _engine_layout(recipe: Recipe) -> list[Issue]:
         elif b.kv_cache_reuse is None:
             issues.append(Issue("warning", "build.kv_cache_reuse", f"off: {layout} builds no paged context FMHA ({why}); "
                                 "every verify round recomputes its whole sequence"))
+    elif q.kv_cache == "fp8" and b.kv_cache_reuse is not False:
+        issues.append(Issue("warning", "build.kv_cache_reuse", f"{'on' if on else 'off'}: {why}"))
     seq = target_seq_len(recipe)
     cap = runtime_max_input_len(max_seq_len=seq, max_input_len=seq - 1, max_num_tokens=b.max_num_tokens,
                                 context_fmha=flags.context_fmha)
