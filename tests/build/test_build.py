@@ -19,6 +19,7 @@ from trtllm_dflash.build.plan import FROM_PLACEHOLDER, make_plan, max_draft_len,
 from trtllm_dflash.build.stage import build, cannot_build_here
 from trtllm_dflash.build.upstream import (
     BUILD_CONFIG_FIELDS,
+    FROM_DICT_REQUIRED,
     KV_CACHE_TYPES,
     PLUGIN_CONFIG_FIELDS,
     REQUIRED_BUILD_KEYS,
@@ -27,6 +28,7 @@ from trtllm_dflash.build.upstream import (
 from trtllm_dflash.cli import main
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe, list_recipes
+from trtllm_dflash.recipe.engine_layout import FP8_KV_REUSE_ISSUE, kv_block_reuse, resolve_attention
 from trtllm_dflash.recipe.rules import check
 from trtllm_dflash.recipe.schema import parse_recipe
 
@@ -79,7 +81,10 @@ def test_build_config_holds_only_upstream_fields_and_every_required_key(path, tm
         assert cfg["kv_cache_type"] in KV_CACHE_TYPES and cfg["speculative_decoding_mode"] == 1  # NONE
         assert all(isinstance(v, (int, bool, str, type(None), dict)) for v in cfg.values())
         assert plugins["nccl_plugin"] == ("auto" if recipe.world_size > 1 else None)
-        assert plugins["use_fp8_context_fmha"] == (role == "target" and recipe.quantization.kv_cache == "fp8")
+        assert plugins["use_fp8_context_fmha"] == (role == "target" and recipe.quantization.kv_cache == "fp8"
+                                                   and recipe.quantization.target_weights in ("fp8", "nvfp4"))
+        # The TensorRT timing cache goes into the engine's own stage directory, never the working directory.
+        assert cfg["output_timing_cache"] == str(out.resolve() / role / "timing.cache") and cfg["input_timing_cache"] is None
         engine = next(e for e in plan["engines"] if e["role"] == role)
         assert engine["build_config"] == cfg
         assert engine["command"][engine["command"].index("--build_config") + 1] == str(out.resolve() / role / "build_config.json")
@@ -87,7 +92,9 @@ def test_build_config_holds_only_upstream_fields_and_every_required_key(path, tm
     drafter = json.loads((out / "drafter" / "build_config.json").read_text())
     # The target verifies drafts as prompt tokens: no speculative decoding inputs, whole-sequence requests.
     assert target["max_draft_len"] == 0 and target["max_input_len"] == target["max_seq_len"] - 1
-    assert target["kv_cache_type"] == "PAGED" and target["plugin_config"]["use_paged_context_fmha"] is True
+    assert target["kv_cache_type"] == "PAGED"
+    assert plan["kv_block_reuse"] is kv_block_reuse(recipe) and plan["kv_block_reuse"] <= target["plugin_config"][
+        "use_paged_context_fmha"]  # reuse only where the engine has paged context FMHA
     # The drafter's block is max_draft_len + 1; its attention is our plugin, not gpt_attention.
     assert drafter["max_draft_len"] == max_draft_len(recipe) <= recipe.drafter_facts.block_size - 1
     assert drafter["plugin_config"]["gpt_attention_plugin"] is None
@@ -107,6 +114,154 @@ def test_tp2_plan_has_per_rank_engines_the_mpi_form_and_the_nccl_plugin(tmp_path
         assert "nccl_plugin" in [p["name"] for p in e.plugins]
     assert plan.engine("drafter").dims["kv_heads"] == recipe.drafter_facts.num_kv_heads // 2
     assert "all_reduce_workspace" in [t.name for t in plan.engine("target").inputs]
+
+
+@pytest.mark.parametrize("path", ENGINE_RECIPES, ids=NAMES)
+def test_every_build_config_has_what_build_config_from_dict_reads_without_a_default(path, tmp_path):
+    """The shipped plans before this check omitted opt_num_tokens, which the stored 1.2-era
+    BuildConfig.from_dict pops with no default: KeyError inside trtllm-build (the stand-in
+    reads as that copy does, independently of upstream.FROM_DICT_REQUIRED)."""
+    import fake_trtllm  # tests/helpers (imported here: `python tests/build/test_build.py --regenerate` lacks it)
+
+    recipe = load_recipe(path)
+    plan = make_plan(recipe, None, tmp_path / "b")
+    for e in plan.engines:
+        cfg = e.build_config
+        assert set(FROM_DICT_REQUIRED) <= set(cfg), set(FROM_DICT_REQUIRED) - set(cfg)
+        got = fake_trtllm.BuildConfig.from_dict(cfg)
+        assert got.opt_num_tokens == min(recipe.build.max_batch_size, recipe.build.max_num_tokens)  # check_max_num_tokens'
+        assert got.kv_cache_type == cfg["kv_cache_type"] and got.output_timing_cache == cfg["output_timing_cache"]
+        without = {k: v for k, v in cfg.items() if k != "opt_num_tokens"}  # what the shipped plans wrote
+        with pytest.raises(KeyError, match="opt_num_tokens"):
+            fake_trtllm.BuildConfig.from_dict(without)
+
+
+# (recipe, overrides, (context FMHA, paged context FMHA, FP8 context FMHA) after build(), KV block reuse
+# left to the layout: off over an FP8 KV cache, engine_layout.FP8_KV_REUSE_ISSUE).
+H100 = ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml"
+BF16_WEIGHTS = ["quantization.target_weights=bf16", "quantization.activations=bf16"]
+LAYOUTS = {
+    "fp8 weights, fp8 kv": (H100, [], (True, True, True), False),
+    "fp8 weights, bf16 kv": (H100, ["quantization.kv_cache=bf16"], (True, True, False), True),
+    "bf16 weights, bf16 kv": (H100, [*BF16_WEIGHTS, "quantization.kv_cache=bf16"], (True, True, False), True),
+    "bf16 weights, fp8 kv": (H100, BF16_WEIGHTS, (True, False, False), False),
+    "nvfp4 weights, fp8 kv": (ROOT / "recipes/blackwell/b300-qwen3-8b-nvfp4.yaml", [], (True, True, True), False),
+    "fp32 weights": (TINY, [], (False, False, False), False),
+}
+
+
+def flags(f) -> tuple[bool, bool, bool]:
+    return f.context_fmha, f.paged_context_fmha, f.fp8_context_fmha
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_target_attention_flags_are_what_build_resolves_and_reuse_follows(name, tmp_path):
+    """build() turns paged context FMHA off for bf16 weights over an FP8 KV cache (its FP8 context
+    FMHA needs an FP8 / NVFP4 checkpoint), and attentionOp.cpp has no fused context attention for
+    fp32: the plan writes what the engine gets and claims KV block reuse only where it can be had."""
+    path, overrides, want, reuse = LAYOUTS[name]
+    recipe = load_recipe(path, overrides)
+    plan = make_plan(recipe, None, tmp_path / "b")
+    pc = plan.engine("target").build_config["plugin_config"]
+    assert (pc["context_fmha"], pc["use_paged_context_fmha"], pc["use_fp8_context_fmha"]) == want
+    assert plan.kv_block_reuse is reuse
+    assert ("paged context FMHA (KV block reuse)" in plan.engine("target").plugins[0]["use"]) is want[1]
+    note = next(n for n in plan.notes if n.startswith("KV block reuse:"))
+    assert note.startswith("KV block reuse: on" if reuse else "KV block reuse: off")
+    if not want[1]:
+        assert plan.engine("target").attention["why"] and plan.engine("target").attention["why"][0] in note
+    if want[1] and not reuse:
+        assert FP8_KV_REUSE_ISSUE in note
+
+
+def test_resolve_attention_follows_builds_branches():
+    # Pre-Ada: no FP8 context FMHA, so no paged context FMHA over an FP8 KV cache either.
+    assert flags(resolve_attention("bfloat16", "FP8", True, 80, fp8=True)) == (True, False, False)
+    assert flags(resolve_attention("bfloat16", "FP8", False, 80)) == (True, True, False)
+    # Paged context FMHA: FP8 context FMHA follows the KV cache both ways.
+    assert flags(resolve_attention("float16", "NVFP4", False, 100, fp8=True)) == (True, True, False)
+    assert flags(resolve_attention("float16", "NVFP4", True, 100, fp8=False)) == (True, True, True)
+    # Without paged context FMHA build() leaves an asked-for FP8 context FMHA alone.
+    assert flags(resolve_attention("bfloat16", "FP8", False, 90, paged=False, fp8=True)) == (True, False, True)
+
+
+def test_check_refuses_kv_reuse_the_layout_cannot_honour(tmp_path):
+    h100 = H100
+    bf16_fp8kv = [a for o in BF16_WEIGHTS for a in ("--set", o)]
+    rc, _, err = cli("check", h100, *bf16_fp8kv, "--set", "build.kv_cache_reuse=true")
+    line = one_line_error(rc, err)
+    assert "build.kv_cache_reuse: true" in line and "without paged context FMHA" in line
+    assert "quantization.target_weights bf16" in line and "quantization.kv_cache fp8" in line
+    rc, _, err = cli("check", TINY, "--set", "build.kv_cache_reuse=true")
+    assert "build.kv_cache_reuse: true" in one_line_error(rc, err) and "float32" in err
+    # Left to the layout it is a note; asked off it is off everywhere.
+    rc, _, err = cli("check", h100, *bf16_fp8kv)
+    assert rc == 0 and "note: build.kv_cache_reuse: off:" in err
+    # Over an FP8 KV cache reuse is opt-in (wrong outputs upstream, the issue is named either way).
+    rc, _, err = cli("check", h100)
+    assert rc == 0 and f"note: build.kv_cache_reuse: off: an FP8 KV cache: reused blocks gave wrong outputs upstream " \
+                       f"({FP8_KV_REUSE_ISSUE}, open)" in err
+    rc, _, err = cli("check", h100, "--set", "build.kv_cache_reuse=true")
+    assert rc == 0 and "note: build.kv_cache_reuse: on: paged context FMHA; asked for over an FP8 KV cache despite" in err
+    assert make_plan(load_recipe(h100, ["build.kv_cache_reuse=true"]), None, tmp_path / "on").kv_block_reuse
+    off = make_plan(load_recipe(h100, ["build.kv_cache_reuse=false"]), None, tmp_path / "b")
+    assert off.kv_block_reuse is False and off.engine("target").build_config["plugin_config"]["use_paged_context_fmha"]
+    rc, _, err = cli("check", ROOT / "recipes/cpu/tiny-pystd.yaml", "--set", "build.kv_cache_reuse=false")
+    assert "applies to the engine backend only" in one_line_error(rc, err)
+
+
+def test_check_refuses_max_num_tokens_below_a_whole_verify_sequence():
+    """With context FMHA the 1.2.1 Executor caps a prompt at min(max_seq_len - 1, max_num_tokens)
+    (trtGptModel.h); a verify round's prompt is the whole sequence, up to max_seq_len + drafts."""
+    h100 = H100
+    rc, _, err = cli("check", h100, "--set", "build.max_num_tokens=4096")
+    line = one_line_error(rc, err)
+    assert "build.max_num_tokens: 4096 < 4110 = build.max_seq_len + max_draft_len 15 - 1" in line
+    assert cli("check", h100, "--set", "build.max_num_tokens=4110")[0] == 0
+    # Without context FMHA (fp32) the cap is the engine's max_input_len, which the plan sets to max_seq_len - 1.
+    assert cli("check", TINY, "--set", "build.max_num_tokens=300")[0] == 0
+
+
+def test_the_gpu_checklist_builds_bf16_engines_with_kv_reuse(tmp_path):
+    from checklist import checklist_recipe
+
+    plan = make_plan(checklist_recipe(), None, tmp_path / "b")
+    for e in plan.engines:
+        assert e.build_config["plugin_config"]["dtype"] == "bfloat16" and e.kv_cache_dtype == "bfloat16"
+    pc = plan.engine("target").build_config["plugin_config"]
+    assert pc["context_fmha"] and pc["use_paged_context_fmha"] and plan.kv_block_reuse
+
+
+def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted, monkeypatch):
+    """trtllm-build writes build_config's output_timing_cache (upstream default 'model.cache': the
+    working directory). A stand-in of it does the same, from the --build_config file it is given."""
+    import subprocess
+
+    from trtllm_dflash.build import stage
+
+    ran = []
+
+    def trtllm_build(cmd):
+        args = dict(zip(cmd[1::2], cmd[2::2]))
+        cfg = json.loads(Path(args["--build_config"]).read_text())
+        ran.append(cfg)
+        Path(cfg.get("output_timing_cache") or "model.cache").write_bytes(b"cache")
+        Path(args["--output_dir"]).mkdir(parents=True)
+        (Path(args["--output_dir"]) / "rank0.engine").write_bytes(b"engine")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(stage, "cannot_build_here", lambda: None)
+    monkeypatch.setattr(stage.subprocess, "run", trtllm_build)
+    out = tmp_path / "b"
+    result = build(load_recipe(TINY), converted, out, say=lambda _: None)
+    assert result.built and len(ran) == 2 and not (tmp_path / "model.cache").exists()
+    for role in ("target", "drafter"):
+        assert (out / role / "timing.cache").read_bytes() == b"cache"
+        assert json.loads((out / role / "build_config.json").read_text())["output_timing_cache"] == \
+            str(out.resolve() / role / "timing.cache")
+    assert not list(out.rglob("*.running.json"))
+    assert "timing.cache" in json.dumps(Manifest.read(out).files)
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -152,18 +152,76 @@ def test_target_tap_marks_the_dflash_outputs_by_the_row_rule(converted, monkeypa
     assert out["dflash_tail"].shape == (3, 16, config.hidden_size)
 
 
-def test_target_tap_is_kept_out_of_quantization(converted, monkeypatch):
+def _fp8_copy(converted: Path, dst: Path, role: str, exclude_modules, weights: bool = True) -> Path:
+    """`role`'s checkpoint re-saved as quantize writes it for an FP8 KV cache (k / v cache scales per
+    layer, kv_cache_quant_algo FP8) and, with `weights`, FP8 weights (the stock layers' mlp.proj in
+    fp8 with per-tensor weight and activation scales; quant_algo FP8 with `exclude_modules`)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = dst / role
+    shutil.copytree(converted / role, out)
+    w = load_file(out / "rank0.safetensors")
+    for name in [n for n in w if n.endswith("mlp.proj.weight") and n.startswith("transformer.layers.")]:
+        if weights:
+            scale = w[name].abs().max().reshape(1) / 448
+            w[name] = (w[name] / scale).to(torch.float8_e4m3fn)
+            w[name.replace("weight", "weights_scaling_factor")] = scale
+            w[name.replace("weight", "activation_scaling_factor")] = torch.ones(1)
+        layer = name.removesuffix("mlp.proj.weight")
+        w[layer + "attention.k_cache_scaling_factor"], w[layer + "attention.v_cache_scaling_factor"] = \
+            torch.tensor([0.5]), torch.tensor([2.0])
+    save_file(w, out / "rank0.safetensors")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization"] = {"quant_algo": "FP8" if weights else None, "kv_cache_quant_algo": "FP8",
+                           "exclude_modules": exclude_modules}
+    (out / "config.json").write_text(json.dumps(cfg))
+    if role == "target":  # the target reads its tap from the drafter checkpoint beside it
+        shutil.copytree(converted / "drafter", dst / "drafter")
+    return out
+
+
+@pytest.mark.parametrize("given", [["lm_head"], None], ids=["given", "default"])
+def test_target_tap_is_kept_out_of_quantization(converted, monkeypatch, tmp_path, given):
+    """PretrainedModel quantizes after __init__ (__post_init__, modeling_utils.py): the stock
+    linears become FP8 layers loading the checkpoint's fp8 weights and scales, while `dflash.*`
+    (added to exclude_modules) and the excluded lm_head stay in the model dtype. The stand-in
+    used to quantize nothing, so an FP8 config over float weights loaded there and nowhere else."""
     fake_trtllm.install(monkeypatch)
     models = fake_trtllm.load_models_file(models_file())
-    for given, kept in ((["lm_head"], ["lm_head"]), (None, ["*lm_head", "*router", "*vocab_embedding"])):
-        config = fake_trtllm.PretrainedConfig.from_json_file(converted / "target" / "config.json")
-        config.quantization.quant_algo, config.quantization.exclude_modules = "FP8", given
-        model = models.DFlashLlamaTarget.from_checkpoint(str(converted / "target"), config=config)
-        excluded = model.config.quantization.exclude_modules
-        assert excluded[-1] == "dflash.*" and all(k in excluded for k in kept)
+    ckpt = _fp8_copy(converted, tmp_path, "target", given)
+    model = models.DFlashLlamaTarget.from_checkpoint(str(ckpt))
+    excluded = model.config.quantization.exclude_modules
+    assert excluded[-1] == "dflash.*" and all(k in excluded for k in (given or ["*lm_head", "*router"]))
+    proj = model.transformer.layers[0].mlp.proj
+    assert type(proj) is fake_trtllm.FP8RowLinear and proj.weight.raw.dtype == torch.float8_e4m3fn
+    assert type(model.dflash.fc) is fake_trtllm.ColumnLinear and model.dflash.fc.weight.raw.dtype == torch.float32
+    assert type(model.lm_head) is fake_trtllm.ColumnLinear
+    assert not [n for n in model.unused if "mlp.proj" in n]  # the fp8 weights and their scales were all taken
+    # An FP8 config over the float checkpoint is refused, as upstream's load refuses it.
+    config = fake_trtllm.PretrainedConfig.from_json_file(converted / "target" / "config.json")
+    config.quantization.quant_algo = "FP8"
+    with pytest.raises(RuntimeError, match="Required but not provided tensors.*weights_scaling_factor"):
+        models.DFlashLlamaTarget.from_checkpoint(str(converted / "target"), config=config)
     config = fake_trtllm.PretrainedConfig.from_json_file(converted / "target" / "config.json")
     with pytest.raises(ValueError, match="no `dflash` section"):
         models.DFlashQwen3Target(config)
+
+
+def test_fp8_arena_scales_come_from_preprocess_weights(converted, monkeypatch, tmp_path):
+    """preprocess_weights (modeling_utils.py) merges each layer's k / v cache scales into
+    kv_cache_scaling_factor = max(k, v) and adds its reciprocal: the drafter's FP8-arena parameters
+    load from what quantize writes (the stand-in used to skip preprocess_weights)."""
+    fake_trtllm.install(monkeypatch)
+    models = fake_trtllm.load_models_file(models_file())
+    ckpt = _fp8_copy(converted, tmp_path, "drafter", None, weights=False)  # the shipped recipes' bf16 drafter
+    model = models.DFlashDrafter.from_checkpoint(str(ckpt))
+    att = model.transformer.layers[0].attention
+    assert model.fp8_arena and att.kv_cache_scaling_factor.raw.item() == 2.0
+    assert att.kv_cache_rcp_scaling_factor.raw.item() == 0.5
+    assert type(model.transformer.layers[0].mlp.proj) is fake_trtllm.RowLinear and model.unused == []
 
 
 def test_classes_pickle_under_the_package_name(monkeypatch):

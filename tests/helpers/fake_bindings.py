@@ -6,6 +6,13 @@ result conventions of the C++ batch manager: additional outputs named "context_<
 (batch_manager/llmRequest.cpp createResult, llmRequest.h allocAdditionalOutputs); KV reuse per
 cache salt in whole blocks, reported in request_perf_metrics.kv_cache_metrics.num_reused_blocks.
 
+The Executor's limits are the engine's (its config.json build_config, `build_config=`), with the
+1.2.1 rules of serve/fake_executor.py EngineLimits (one definition, each rule citing its C++
+file): reuse only with paged context FMHA (trtGptModelInflightBatching.cpp fixExecutorConfig),
+prompts up to the runtime max input length and max_tokens clamped at max_seq_len
+(trtGptModel.h, llmRequest.cpp LlmRequest::validate), steps of at most max_num_tokens
+(microBatchScheduler.cpp).
+
 The engine is a serve/engine_runners.py TapEngine (full-sequence outputs by name).
 """
 
@@ -16,6 +23,12 @@ import itertools
 from types import SimpleNamespace
 
 import torch
+
+from trtllm_dflash.serve.fake_executor import EngineLimits
+
+# An engine built with paged context FMHA and room to spare, for tests that do not probe limits.
+ROOMY_ENGINE = {"max_seq_len": 4096, "max_input_len": 4095, "max_num_tokens": 8192,
+                "plugin_config": {"context_fmha": True, "use_paged_context_fmha": True}}
 
 
 class CommunicationType(enum.Enum):
@@ -94,52 +107,72 @@ class _Response:
 
 
 class Executor:
-    """Runs every queued request when a response is awaited (one engine step, all context requests)."""
+    """Runs queued requests when a response is awaited: engine steps of at most max_num_tokens prompt
+    tokens (every request a context request), after 1.2.1's admission rules."""
 
-    def __init__(self, engine, model_type=ModelType.DECODER_ONLY, config=None, *, tokens_per_block=4):
+    def __init__(self, engine, model_type=ModelType.DECODER_ONLY, config=None, *, tokens_per_block=4,
+                 build_config=ROOMY_ENGINE):
         self.engine, self.config, self.tokens_per_block = engine, config or ExecutorConfig(), tokens_per_block
+        self.limits = EngineLimits.from_build_config(build_config)
+        kv = self.config.kv_cache_config
+        self.reuse = self.limits.reuse(kv.enable_block_reuse if kv is not None else True)  # KvCacheConfig's default
         self.bound = {o.name for o in (self.config.additional_model_outputs or [])}
         self._ids = itertools.count(1)
         self._queue, self._done, self._cached = {}, {}, {}
         self.requests: list[Request] = []
+        self.steps: list[int] = []
 
     def enqueue_request(self, request: Request) -> int:
         rid = next(self._ids)
         self.requests.append(request)
-        self._queue[rid] = request
+        error, request.max_tokens = self.limits.admit(len(request.input_token_ids), request.max_tokens)
+        if error is not None:
+            self._done[rid] = _Response(rid, error_msg=error)
+        else:
+            self._queue[rid] = request
         return rid
 
     def _reused_blocks(self, salt, tokens) -> int:
+        if not self.reuse:
+            return 0
         best = 0
         for seq in self._cached.get(salt, []):
             best = max(best, next((i for i, (a, b) in enumerate(zip(seq, tokens)) if a != b), min(len(seq), len(tokens))))
         return min(best, len(tokens) - 1) // self.tokens_per_block
 
+    def _step(self):
+        queued = list(self._queue.items())
+        batch = queued[: self.limits.step_size([len(r.input_token_ids) for _, r in queued])]
+        for rid, _ in batch:
+            del self._queue[rid]
+        self.steps.append(sum(len(r.input_token_ids) for _, r in batch))
+        outs = self.engine.run([r.input_token_ids for _, r in batch])
+        for (rid, req), out in zip(batch, outs):
+            self._done[rid] = self._respond(rid, req, out)
+
+    def _respond(self, rid, req, out):
+        blocks = self._reused_blocks(req.cache_salt_id, req.input_token_ids)
+        extra = []
+        for o in req.output_config.additional_model_outputs or []:
+            if o.name not in self.bound:
+                return _Response(rid, error_msg=f"additional output {o.name} is not in the ExecutorConfig")
+            t = out[o.name]
+            if o.gather_context:
+                ctx = t.clone()
+                ctx[: blocks * self.tokens_per_block] = 0  # reused rows are never written
+                extra.append(SimpleNamespace(name="context_" + o.name, output=ctx))
+                t = t[-1]  # the last context row is also the first generation step's
+            extra.append(SimpleNamespace(name="generation_" + o.name, output=t[None, None]))
+        self._cached.setdefault(req.cache_salt_id, []).append(list(req.input_token_ids))
+        metrics = SimpleNamespace(kv_cache_metrics=SimpleNamespace(num_reused_blocks=blocks))
+        return _Response(rid, SimpleNamespace(output_token_ids=[[int(out["logits"].argmax())]], is_final=True,
+                                              additional_outputs=extra,
+                                              request_perf_metrics=metrics if req.output_config.return_perf_metrics
+                                              else None))
+
     def await_responses(self, request_id, timeout=None):
-        if request_id not in self._done:
-            batch = list(self._queue.items())
-            self._queue.clear()
-            outs = self.engine.run([r.input_token_ids for _, r in batch])
-            for (rid, req), out in zip(batch, outs):
-                blocks = self._reused_blocks(req.cache_salt_id, req.input_token_ids)
-                extra, error = [], None
-                for o in req.output_config.additional_model_outputs or []:
-                    if o.name not in self.bound:
-                        error = f"additional output {o.name} is not in the ExecutorConfig"
-                        break
-                    t = out[o.name]
-                    if o.gather_context:
-                        ctx = t.clone()
-                        ctx[: blocks * self.tokens_per_block] = 0  # reused rows are never written
-                        extra.append(SimpleNamespace(name="context_" + o.name, output=ctx))
-                        t = t[-1]  # the last context row is also the first generation step's
-                    extra.append(SimpleNamespace(name="generation_" + o.name, output=t[None, None]))
-                self._cached.setdefault(req.cache_salt_id, []).append(list(req.input_token_ids))
-                metrics = SimpleNamespace(kv_cache_metrics=SimpleNamespace(num_reused_blocks=blocks))
-                result = SimpleNamespace(output_token_ids=[[int(out["logits"].argmax())]], is_final=True,
-                                         additional_outputs=extra,
-                                         request_perf_metrics=metrics if req.output_config.return_perf_metrics else None)
-                self._done[rid] = _Response(rid, error_msg=error) if error else _Response(rid, result)
+        while request_id not in self._done and request_id in self._queue:
+            self._step()
         return [self._done.pop(request_id)]
 
     def cancel_request(self, request_id):

@@ -15,8 +15,17 @@ models/modeling_utils.py, layers/*), and strict where TensorRT is strict:
 - `Tensor(name=..., is_network_input=True)` checks the fed value against the declared dtype,
   static dims and dim_range;
 - `mark_output(name, dtype)` records whether a cast was needed;
-- PretrainedModel.from_checkpoint: rank file -> preprocess_weights_hook -> cls(config) -> load
-  (required parameters must be provided).
+- PretrainedModel (tensorrt_llm/models/modeling_utils.py, stored copy NVIDIA/TensorRT-LLM@01ea6d79):
+  constructing one runs __post_init__ (the PostInitCaller metaclass), which quantizes the model
+  as tensorrt_llm/quantization/quantize.py quantize_layers does (FP8: every ColumnLinear /
+  RowLinear whose dotted name matches no exclude_modules pattern (fnmatchcase; upstream's default
+  list when None) becomes an FP8Linear / FP8RowLinear with fp8 weight, weights_scaling_factor and
+  activation_scaling_factor; other algorithms are refused here); from_checkpoint reads the rank
+  file, runs preprocess_weights_hook, then the module-level preprocess_weights (k / v cache
+  scales merged into kv_cache_scaling_factor = max(k, v) plus kv_cache_rcp_scaling_factor; FP8
+  int8-stored weights viewed as fp8; an unquantized lm_head's scales dropped), then cls(config)
+  and load (a parameter not provided is a RuntimeError, lm_head exempt when vocab_embedding is
+  given; extra tensors only warn, kept in `unused`).
 Layers compute like TensorRT-LLM's: Linear = F.linear in the weight dtype, RmsNorm in fp32 then
 the input dtype times the weight, Embedding = gather. tp = 1 only.
 
@@ -255,7 +264,13 @@ class Module:
     def named_parameters(self):
         for prefix, m in self.named_modules():
             for name, p in m._parameters.items():
-                yield prefix + ("." if prefix else "") + name, p
+                if p is not None:
+                    yield prefix + ("." if prefix else "") + name, p
+
+    def named_modules_with_parent(self, prefix="", parent=None):
+        yield prefix, self, parent
+        for name, m in self._modules.items():
+            yield from m.named_modules_with_parent(prefix + ("." if prefix else "") + name, self)
 
 
 class ModuleList(Module):
@@ -276,6 +291,7 @@ class _Linear(Module):
                  **_):
         super().__init__()
         assert tp_size == 1, "the stand-in runs tp = 1"
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
         self.weight = Parameter(shape=(out_features, in_features), dtype=dtype)
         self.bias = Parameter(shape=(out_features,), dtype=dtype) if bias else None
 
@@ -290,6 +306,30 @@ class ColumnLinear(_Linear):
 
 
 class RowLinear(_Linear):
+    pass
+
+
+class FP8Linear(_Linear):
+    """tensorrt_llm/quantization/layers.py FP8Linear: an fp8 weight with a per-tensor weight scale and
+    a static activation scale; the input is quantized to fp8 with it, the product is in the input
+    dtype."""
+
+    def __init__(self, in_features, out_features, bias=True, dtype=None, **kw):
+        super().__init__(in_features, out_features, bias=bias, dtype=dtype, **kw)
+        self.weight = Parameter(shape=(out_features, in_features), dtype="fp8")
+        self.weights_scaling_factor = Parameter(shape=(1,), dtype="float32")
+        self.activation_scaling_factor = Parameter(shape=(1,), dtype="float32")
+
+    def forward(self, x):
+        a, s = self.activation_scaling_factor.raw, self.weights_scaling_factor.raw
+        xq = (x.t.float() / a).clamp(-448, 448).to(torch.float8_e4m3fn).float() * a
+        y = F.linear(xq, self.weight.raw.float() * s)
+        if self.bias is not None:
+            y = y + self.bias.raw.float()
+        return Tensor(t=y.to(x.dtype))
+
+
+class FP8RowLinear(FP8Linear):
     pass
 
 
@@ -311,6 +351,43 @@ class Embedding(Module):
 
     def forward(self, ids):
         return Tensor(t=F.embedding(ids.t.long(), self.weight.raw))
+
+
+# ----------------------------------------------------------------------------- build config
+
+
+class BuildConfig:
+    """Stand-in of tensorrt_llm/builder.py BuildConfig.from_dict as the stored copy at
+    NVIDIA/TensorRT-LLM@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc reads a build_config.json (the
+    dict form; the later copy that defaults every key accepts whatever this one accepts): six
+    keys are popped with no default, `kv_cache_type` too whenever `plugin_config` is present
+    (KVCacheType.from_string of a member name), every other key has a default; the plugin dict
+    updates a default PluginConfig. Upstream imports tensorrt, so it cannot run here: this is
+    written from the reading, independently of trtllm_dflash/build/upstream.py's list."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    @classmethod
+    def from_dict(cls, config: dict, plugin_config=None) -> "BuildConfig":
+        config = json.loads(json.dumps(config))  # upstream deep-copies: the caller's dict is untouched
+        values = {k: config.pop(k) for k in ("max_input_len", "max_seq_len", "max_batch_size", "max_beam_width",
+                                             "max_num_tokens", "opt_num_tokens")}
+        if "plugin_config" in config:
+            kv = config.pop("kv_cache_type")
+            if kv not in ("CONTINUOUS", "PAGED", "DISABLED"):
+                raise ValueError(f"KVCacheType.from_string: {kv!r}")
+            values["kv_cache_type"] = kv
+        defaults = dict(opt_batch_size=8, max_prompt_embedding_table_size=0, gather_context_logits=False,
+                        gather_generation_logits=False, strongly_typed=True, force_num_profiles=None,
+                        weight_sparsity=False, profiling_verbosity="layer_names_only", enable_debug_output=False,
+                        max_draft_len=0, speculative_decoding_mode=1, use_refit=False, input_timing_cache=None,
+                        output_timing_cache=None, max_encoder_input_len=1024, weight_streaming=False,
+                        use_strip_plan=False, dry_run=False, visualize_network=None, monitor_memory=False,
+                        use_mrope=False)
+        values.update({k: config.pop(k, d) for k, d in defaults.items()})
+        values["plugin_config"] = {**(plugin_config or {}), **config.get("plugin_config", {})}
+        return cls(**values)
 
 
 # ----------------------------------------------------------------------------- models
@@ -346,10 +423,77 @@ class PretrainedConfig:
         self.mapping.rank = rank
 
 
-class PretrainedModel(Module):
+# tensorrt_llm/quantization/quantize.py quantize_layers: the exclusions when exclude_modules is None.
+DEFAULT_EXCLUDED = ["*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding",
+                    "*shared_expert_gate", "*fused_a"]
+
+
+def quantize(model, quantization):
+    """quantize.py quantize() for the algorithms the engine path writes: FP8 replaces the linears
+    quantize_layers would (fp8_quantize's map); kv_cache_quantize only touches upstream Attention
+    classes, of which the stand-in has none (our drafter declares its own KV scales)."""
+    algo = quantization.quant_algo
+    if algo is None:
+        return model
+    if algo != "FP8":
+        raise NotImplementedError(f"the stand-in quantizes FP8 only, not {algo} (tensorrt_llm/quantization/layers.py)")
+    import fnmatch
+
+    excluded = quantization.exclude_modules or DEFAULT_EXCLUDED
+    for name, module, parent in list(model.named_modules_with_parent()):
+        cls = {ColumnLinear: FP8Linear, RowLinear: FP8RowLinear}.get(type(module))
+        if cls is None or parent is None or any(fnmatch.fnmatchcase(name, pat) for pat in excluded):
+            continue
+        parent._modules[name.rsplit(".", 1)[-1]] = cls(module.in_features, module.out_features,
+                                                       bias=module.bias is not None, dtype=module.dtype)
+    return model
+
+
+def preprocess_weights(weights: dict, config) -> dict:
+    """modeling_utils.py preprocess_weights for a non-mixed checkpoint: merge k / v cache scales into
+    kv_cache_scaling_factor (their max) and add its reciprocal; FP8 views int8-stored weights as
+    fp8 and drops the scales of an lm_head left unquantized."""
+    weights = dict(weights)
+    for name in [n for n in weights if n.endswith(".k_cache_scaling_factor")]:
+        v = name.replace("k_cache_scaling_factor", "v_cache_scaling_factor")
+        assert v in weights, f"{v} not found"
+        weights[name.replace("k_cache_scaling_factor", "kv_cache_scaling_factor")] = torch.max(weights.pop(name),
+                                                                                               weights.pop(v))
+    for name in [n for n in weights if n.endswith(".kv_cache_scaling_factor")]:
+        weights.setdefault(name.replace("kv_cache_scaling_factor", "kv_cache_rcp_scaling_factor"),
+                           torch.reciprocal(weights[name]))
+    algo = config.quantization.quant_algo
+    if algo == "FP8":
+        weights = {n: t.view(torch.float8_e4m3fn) if n.endswith("weight") and t.dtype == torch.int8 else t
+                   for n, t in weights.items()}
+        if "lm_head.weight" in weights and weights["lm_head.weight"].dtype != torch.float8_e4m3fn:
+            weights.pop("lm_head.weights_scaling_factor", None)
+            weights.pop("lm_head.activation_scaling_factor", None)
+    elif algo is not None:
+        raise NotImplementedError(f"the stand-in preprocesses FP8 checkpoints only, not {algo}")
+    return weights
+
+
+class _PostInitCaller(type):
+    """modeling_utils.py PostInitCaller: __post_init__ runs after every construction."""
+
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        obj.__post_init__()
+        return obj
+
+
+class PretrainedModel(Module, metaclass=_PostInitCaller):
+    """tensorrt_llm/models/modeling_utils.py PretrainedModel (TensorRT-LLM 1.2.x; stored copy
+    NVIDIA/TensorRT-LLM@01ea6d79): __post_init__ quantizes, from_checkpoint preprocesses, load
+    checks what is required (the module docstring gives each rule)."""
+
     def __init__(self, config):
         super().__init__()
         self.config = config
+
+    def __post_init__(self):
+        quantize(self, self.config.quantization)
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir, rank=None, config=None, *, preprocess_weights_hook=None):
@@ -362,15 +506,22 @@ class PretrainedModel(Module):
         weights = load_file(f"{ckpt_dir}/rank{config.mapping.rank}.safetensors")
         if preprocess_weights_hook is not None:
             weights = preprocess_weights_hook(weights)
+        weights = preprocess_weights(weights, config)
         model = cls(config)
-        missing = [n for n, p in model.named_parameters() if not p.is_inited() and n not in weights]
-        assert not missing, f"Required but not provided tensors: {missing}"
-        params = dict(model.named_parameters())
-        model.unused = sorted(set(weights) - set(params))  # upstream only warns
-        for n, v in weights.items():
-            if n in params:
-                params[n].value = v
+        model.load(weights)
         return model
+
+    def load(self, weights):
+        params = dict(self.named_parameters())
+        embedding = any(k.endswith("vocab_embedding.weight") for k in weights)
+        required = {n for n, p in params.items() if not p.is_inited()}
+        required -= {n for n in required if n.endswith("lm_head.weight") and embedding and n not in weights}
+        if not required <= set(weights):
+            raise RuntimeError(f"Required but not provided tensors:{required - set(weights)}")
+        self.unused = sorted(set(weights) - required)  # upstream only warns ("Provided but not required tensors")
+        for n, v in weights.items():
+            if n in params:  # every provided parameter, initialised ones too
+                params[n].value = v
 
 
 class _StockLayer(Module):
@@ -381,6 +532,11 @@ class _StockLayer(Module):
         super().__init__()
         self.layer_idx = idx
         self.post_layernorm = RmsNorm(config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
+        # GatedMLP's down projection under its checkpoint name: loaded (and quantized) like the real
+        # layer's, unused by the stand-in forward.
+        self.mlp = Module()
+        inter = getattr(config, "intermediate_size", 4 * config.hidden_size)
+        self.mlp.proj = RowLinear(inter, config.hidden_size, bias=False, dtype=config.dtype)
 
     def forward(self, hidden, use_cache=False, **_):
         out = Tensor(t=hidden.t + torch.tanh(self.post_layernorm(hidden).t))

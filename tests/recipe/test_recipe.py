@@ -65,7 +65,8 @@ def test_tp_that_does_not_divide_heads_is_rejected(tmp_path):
 def test_unknown_key_names_the_field_and_allowed_keys(tmp_path):
     p = write_variant(tmp_path, LLAMA_H100, lambda r: r["build"].update(max_batch=8))
     msg = load_error(p)
-    assert msg == f"{p}: build.max_batch: unknown key (allowed: max_batch_size, max_input_len, max_seq_len, max_num_tokens)"
+    assert msg == (f"{p}: build.max_batch: unknown key (allowed: max_batch_size, max_input_len, max_seq_len, max_num_tokens, "
+                   "kv_cache_reuse)")
 
 
 def test_bad_enum_value_lists_what_is_allowed(tmp_path):

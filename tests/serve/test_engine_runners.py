@@ -148,13 +148,80 @@ def test_fake_executor_follows_the_121_rules(pair):
     assert rows(seq, salt=2) == 22  # another salt sees nothing of salt 1
     (bad,) = ex.await_responses(ex.enqueue_request(Request(seq, 1, OutputConfig([AdditionalModelOutput("hidden")]))))
     assert bad.has_error() and "not an output of the engine" in bad.error_msg
+    # 1.2.1 with context FMHA takes prompts up to min(max_seq_len - 1, max_num_tokens) (trtGptModel.h).
     (long,) = ex.await_responses(ex.enqueue_request(Request(list(range(40)), 1, ctx)))
-    assert long.has_error() and "exceeds max_seq_len 40" in long.error_msg
+    assert long.has_error() and long.error_msg == "Prompt length (40) exceeds maximum input length (39)."
     # the engine runner refuses a prefill whose context rows were hidden by reuse
     runner = EngineTarget(ex, vocab_size=target.cfg.vocab_size, eos_token_ids=(), tail=8, greedy=True)
     runner._salts = iter([1])
     with pytest.raises(RuntimeError, match="KV reuse hid some"):
         runner.prefill([seq])
+
+
+def _tap(pair):
+    target, drafter = pair
+    w = drafter_weights(target, drafter)
+    return TapEngine(target, {k: w[k] for k in ("dflash.fc.weight", "dflash.hidden_norm.weight")},
+                     tuple(drafter.target_layer_ids), drafter.cfg.rms_norm_eps, tail=8)
+
+
+def test_fake_executor_reuses_kv_only_with_paged_context_fmha(pair):
+    """fixExecutorConfig (trtGptModelInflightBatching.cpp) switches block reuse off for an engine
+    built without paged context FMHA (fp32, or bf16 weights over an FP8 KV cache): every prompt row
+    is computed again. The stand-in used to reuse blocks regardless."""
+    ctx = OutputConfig([AdditionalModelOutput("dflash_ctx", gather_context=True)])
+    seq = list(range(1, 23))
+    for paged, second in ((True, 24 - 20), (False, 24)):
+        ex = FakeExecutor(_tap(pair), max_seq_len=40, max_input_len=39, tokens_per_block=4, enable_partial_reuse=False,
+                          paged_context_fmha=paged)
+        rows = []
+        for tokens in (seq, seq + [5, 6]):
+            (r,) = ex.await_responses(ex.enqueue_request(Request(tokens, 1, ctx, cache_salt_id=1)))
+            rows.append(r.result.additional_outputs[0].output.shape[0])
+        assert rows == [22, second] and ex.reuse is paged and (ex.reused_tokens > 0) is paged
+
+
+def test_fake_executor_clamps_the_tail_and_packs_steps_to_max_num_tokens(pair):
+    """LlmRequest::validate clamps max_tokens to max_seq_len - prompt (a warning, no error; the
+    stand-in used to refuse the request); MicroBatchScheduler packs context requests up to
+    max_num_tokens tokens a step and leaves the rest for the next (the stand-in ran any batch)."""
+    tail = OutputConfig([AdditionalModelOutput("dflash_tail")])
+    ex = FakeExecutor(_tap(pair), max_seq_len=40, max_input_len=39, max_num_tokens=25)
+    (r,) = ex.await_responses(ex.enqueue_request(Request(list(range(1, 21)), 64, tail)))
+    assert not r.has_error() and ex.limits.admit(20, 64) == (None, 20)
+    # The input cap is min(max_seq_len - 1, max_num_tokens) = 25 here.
+    (r,) = ex.await_responses(ex.enqueue_request(Request(list(range(1, 27)), 1, tail)))
+    assert r.error_msg == "Prompt length (26) exceeds maximum input length (25)."
+    ids = [ex.enqueue_request(Request(list(range(1 + i, 11 + i)), 1, tail, cache_salt_id=9 + i)) for i in range(3)]
+    got = [ex.await_responses(i)[0] for i in reversed(ids)]  # awaiting the last runs every step before it
+    assert not any(g.has_error() for g in got) and ex.steps[-2:] == [20, 10]
+    assert all(n <= 25 for n in ex.steps)
+    # Without context FMHA the cap is the engine's max_input_len (trtGptModel.h).
+    assert FakeExecutor(_tap(pair), max_seq_len=40, max_input_len=30, context_fmha=False).limits.input_cap == 30
+
+
+def test_the_engine_runners_do_not_rely_on_kv_reuse(pair):
+    """An engine without paged context FMHA gets no block reuse: greedy DFlash through it decodes
+    the same tokens, every verify round recomputing its whole sequence."""
+    target, drafter = pair
+    prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8]]
+
+    def tokens(paged):
+        model = engine_model_from_pair(target, drafter, max_seq_len=64)
+        old = model.executor
+        model.executor = FakeExecutor(old.engine, max_seq_len=old.limits.max_seq_len,
+                                      max_input_len=old.limits.max_input_len, paged_context_fmha=paged)
+        dec = model.decoder(sampling=SamplingParams(), max_len=40)
+        rec = dec.admit([0, 1], prompts, [12, 9], [[], []])
+        out = {r: list(t) for r, t in zip(rec.seq_ids, rec.tokens)}
+        while dec.running:
+            rec = dec.step()
+            for r, t in zip(rec.seq_ids, rec.tokens):
+                out[r] += t
+        return out, model.executor.reused_tokens
+
+    (with_reuse, saved), (without, none) = tokens(True), tokens(False)
+    assert with_reuse == without and saved > 0 and none == 0
 
 
 def test_a_failing_round_fails_only_its_batch(pair):

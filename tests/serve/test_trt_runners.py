@@ -4,6 +4,8 @@ names, reused rows left unwritten): the Executor configuration, the adapter Engi
 and a whole greedy decode through TrtExecutor + ArenaDrafter equal to the CPU engine runners.
 (That this module imports here at all shows it imports no tensorrt / tensorrt_llm at import time.)"""
 
+import json
+
 import fake_bindings
 import pytest
 from reference_helpers import make_drafter, make_target
@@ -64,6 +66,46 @@ def test_adapter_translates_requests_and_outputs(pair):
     tail_only = OutputConfig([AdditionalModelOutput("dflash_tail", False)])
     (resp,) = ex.await_responses(ex.enqueue_request(Request([1, 2, 3, 4, 5, 6, 7, 8, 9], 1, tail_only, cache_salt_id=7)))
     assert not resp.has_error() and not ex.ex.requests[-1].output_config.return_perf_metrics
+
+
+def test_bindings_stand_in_reuses_kv_only_where_the_engine_has_paged_context_fmha(pair):
+    """fixExecutorConfig: an engine without paged context FMHA gets no block reuse, whatever the
+    KvCacheConfig asks, so a second prefill over the same salt computes every row again."""
+    target, drafter = pair
+    out = OutputConfig([AdditionalModelOutput("dflash_ctx", True)])
+    fp32 = {**fake_bindings.ROOMY_ENGINE, "plugin_config": {"context_fmha": False, "use_paged_context_fmha": False}}
+    for engine, reused in ((fake_bindings.ROOMY_ENGINE, True), (fp32, False)):
+        _, ex = _tap_executor(target, drafter, build_config=engine)
+        ex.await_responses(ex.enqueue_request(Request([1, 2, 3, 4, 5], 1, out, cache_salt_id=7)))
+        (resp,) = ex.await_responses(ex.enqueue_request(Request(list(range(1, 10)), 1, out, cache_salt_id=7)))
+        assert resp.has_error() is reused  # TrtExecutor refuses a prefill whose rows reuse hid
+        if not reused:
+            assert resp.result.additional_outputs[0].output.shape[0] == 9
+
+
+def test_bindings_stand_in_clamps_max_tokens_and_refuses_long_prompts(pair):
+    target, drafter = pair
+    small = {**fake_bindings.ROOMY_ENGINE, "max_seq_len": 12, "max_num_tokens": 10}
+    _, ex = _tap_executor(target, drafter, build_config=small)
+    tail = OutputConfig([AdditionalModelOutput("dflash_tail", False)])
+    (resp,) = ex.await_responses(ex.enqueue_request(Request(list(range(1, 9)), 16, tail)))
+    assert not resp.has_error() and ex.ex.requests[-1].max_tokens == 12 - 8  # clamped, as LlmRequest::validate does
+    (resp,) = ex.await_responses(ex.enqueue_request(Request(list(range(1, 12)), 1, tail)))
+    assert resp.error_msg == "Prompt length (11) exceeds maximum input length (10)."  # min(max_seq_len - 1, max_num_tokens)
+
+
+def test_engine_kv_reuse_reads_the_plan_and_the_engine(tmp_path):
+    (tmp_path / "target" / "engines").mkdir(parents=True)
+
+    def reuse(plan_reuse, paged):
+        (tmp_path / "plan.json").write_text(json.dumps({"kv_block_reuse": plan_reuse}))
+        cfg = {"build_config": {"plugin_config": {"use_paged_context_fmha": paged}, "gather_context_logits": False}}
+        (tmp_path / "target" / "engines" / "config.json").write_text(json.dumps(cfg))
+        return trt_runners.engine_kv_reuse(tmp_path)
+
+    assert reuse(True, True) and not reuse(True, False) and not reuse(False, True)
+    b = fake_bindings.module()
+    assert not trt_runners.executor_config(1, kv_block_reuse=False, bindings=b).kv_cache_config.enable_block_reuse
 
 
 def test_greedy_decode_through_the_adapter_and_the_drafter_runner(pair):

@@ -6,9 +6,11 @@ Two engines (engine-path.md §8.2, design C):
 target   `DFlashQwen3Target` / `DFlashLlamaTarget` (build/trtllm_models.py): the stock
          `QWenForCausalLM` / `LLaMAForCausalLM` with the DFlash tap. No speculative decoding
          mode: each verify round is a context request (committed tokens + drafts as prompt
-         tokens, max_tokens=1) served by the C++ Executor with KV block reuse, so its engine
-         needs `max_input_len` = `max_seq_len` - 1 and `max_seq_len` = the recipe's plus one
-         block of drafts. Extra outputs `dflash_ctx`, `dflash_tail`, `dflash_argmax`.
+         tokens, max_tokens=1) served by the C++ Executor, with KV block reuse where the engine
+         has paged context FMHA (recipe/engine_layout.py: not for fp32, nor for bf16 / fp16
+         weights over an FP8 KV cache), so its engine needs `max_input_len` = `max_seq_len` - 1
+         and `max_seq_len` = the recipe's plus one block of drafts. Extra outputs `dflash_ctx`,
+         `dflash_tail`, `dflash_argmax`.
 drafter  `DFlashDrafter`: our model class; its attention is the AOT TensorRT Python plugin
          `trtllm_dflash::kv_inject_attention` (plugins/kv_inject_attention/trt_plugin.py) over a
          context arena the runner owns; `max_draft_len` = block - 1 sizes its block.
@@ -17,9 +19,16 @@ drafter  `DFlashDrafter`: our model class; its attention is the AOT TensorRT Pyt
 `speculative.draft_len` band); the block is max_draft_len + 1 rows (anchor + drafts).
 
 The KV-cache dtype is not a BuildConfig field: TensorRT-LLM takes it from the checkpoint's
-`quantization.kv_cache_quant_algo` (builder.py `build()`: FP8 KV forces `strongly_typed` and FP8
-context FMHA); the plan records what the recipe's `quantization.kv_cache` asks for, and the
-stage checks the checkpoint says the same.
+`quantization.kv_cache_quant_algo` (builder.py `build()`: FP8 KV forces `strongly_typed`); the
+plan records what the recipe's `quantization.kv_cache` asks for, and the stage checks the
+checkpoint says the same. The attention flags in build_config.json are the ones build() would
+resolve them to (recipe/engine_layout.py target_attention), so the file says what the engine
+gets; the plan says whether the Executor can then reuse KV blocks (`kv_block_reuse`).
+
+The TensorRT timing cache: build() writes it to `output_timing_cache`, whose default
+('model.cache') is relative, i.e. trtllm-build's working directory; with `--build_config` the
+command-line flags are not read (commands/build.py main), so build_config.json names a file in
+the engine's own stage directory (TIMING_CACHE).
 
 Tensor parallelism: one engine per rank for both models, from the per-rank checkpoints
 (`rank{r}.safetensors`) convert writes; `trtllm-build --workers N` or `mpirun -n N
@@ -44,6 +53,15 @@ from trtllm_dflash.build.upstream import (
 )
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.engine_layout import (
+    DTYPE_NAMES,
+    default_opt_num_tokens,
+    kv_block_reuse,
+    kv_reuse_decision,
+    max_draft_len,
+    target_attention,
+    target_seq_len,
+)
 from trtllm_dflash.recipe.rules import BACKEND_FAMILIES, DEFAULT_TRTLLM_VERSION
 from trtllm_dflash.recipe.stages import input_stage
 
@@ -86,9 +104,9 @@ MODELS_FILE = "trtllm_models.py"
 # The checkpoint architectures convert writes (convert/weight_maps.py), which the classes load.
 CHECKPOINT_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "drafter": "DFlashDrafter"}
 
-DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 TOKENS_PER_BLOCK = 32  # engine-path.md §8.2: 32 or 64; PluginConfig's default
 FROM_PLACEHOLDER = "FROM_DIR"  # --checkpoint_dir when the plan is made without --from
+TIMING_CACHE = "timing.cache"  # per engine, beside its build_config.json
 
 DRAFTER_TP = (
     "split: with tp > 1 the drafter engine is built per rank, like the target, from the per-rank drafter "
@@ -122,6 +140,7 @@ class EnginePlan:
     output_dir: str
     build_config: dict
     kv_cache_dtype: str
+    attention: dict  # the resolved attention flags and why (recipe/engine_layout.py)
     plugins: list[dict]
     dims: dict[str, int]
     inputs: list[Tensor]
@@ -145,6 +164,7 @@ class BuildPlan:
     engines: list[EnginePlan]
     drafter_parallelism: dict
     launch: dict
+    kv_block_reuse: bool  # the target Executor reuses KV blocks across verify rounds
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -152,12 +172,6 @@ class BuildPlan:
 
     def engine(self, role: Role) -> EnginePlan:
         return next(e for e in self.engines if e.role == role)
-
-
-def max_draft_len(recipe: Recipe) -> int:
-    """The longest draft of any concurrency band: block_size - 1 without bands."""
-    spec = recipe.speculative
-    return max((b.draft_len for b in spec.bands), default=spec.block_size - 1)
 
 
 def models_file() -> Path:
@@ -191,25 +205,26 @@ def check_buildable(recipe: Recipe) -> None:
 
 
 def _plugin_config(recipe: Recipe, role: Role) -> dict:
-    """PluginConfig values (upstream.PLUGIN_CONFIG_FIELDS); "auto" = the model dtype."""
+    """PluginConfig values (upstream.PLUGIN_CONFIG_FIELDS); "auto" = the model dtype. The target's
+    attention flags are what build() resolves them to (target_attention), not a wish it overrides."""
     q = recipe.quantization
-    fp8_kv = q.kv_cache == "fp8"
     tp_nccl = "auto" if recipe.world_size > 1 else None
     weights = q.target_weights if role == "target" else q.drafter
     # builder.py build(): NVFP4 checkpoints get gemm_plugin "nvfp4" unless explicitly disabled; say so here.
     gemm = "nvfp4" if weights == "nvfp4" else "auto"
     if role == "target":
+        flags = target_attention(recipe)
         return {
             "dtype": DTYPE_NAMES[q.checkpoint_dtype("target")],
             "gpt_attention_plugin": "auto",
             "gemm_plugin": gemm,
             "nccl_plugin": tp_nccl,
-            "context_fmha": True,
+            "context_fmha": flags.context_fmha,
             "paged_kv_cache": True,
             "remove_input_padding": True,
             "tokens_per_block": TOKENS_PER_BLOCK,
-            "use_paged_context_fmha": True,  # KV block reuse across verify rounds
-            "use_fp8_context_fmha": fp8_kv,  # build() turns it on for an FP8 paged KV cache anyway
+            "use_paged_context_fmha": flags.paged_context_fmha,  # what KV block reuse across verify rounds needs
+            "use_fp8_context_fmha": flags.fp8_context_fmha,
         }
     return {
         "dtype": DTYPE_NAMES[q.checkpoint_dtype("drafter")],
@@ -225,34 +240,36 @@ def _plugin_config(recipe: Recipe, role: Role) -> dict:
     }
 
 
-def build_config(recipe: Recipe, role: Role) -> dict:
-    """The build_config.json of one engine: TensorRT-LLM 1.2.x BuildConfig fields only, in
-    upstream's declaration order."""
-    cfg = _build_config(recipe, role)
+def build_config(recipe: Recipe, role: Role, out: Path) -> dict:
+    """The build_config.json of one engine whose stage output is `out`: TensorRT-LLM 1.2.x
+    BuildConfig fields only, in upstream's declaration order."""
+    cfg = _build_config(recipe, role, Path(out))
     cfg["plugin_config"] = {k: cfg["plugin_config"][k] for k in PLUGIN_CONFIG_FIELDS if k in cfg["plugin_config"]}
     return {k: cfg[k] for k in BUILD_CONFIG_FIELDS if k in cfg}
 
 
-def _build_config(recipe: Recipe, role: Role) -> dict:
+def _build_config(recipe: Recipe, role: Role, out: Path) -> dict:
     b = recipe.build
-    draft = max_draft_len(recipe)
-    seq = b.max_seq_len + draft  # the last verify block may reach draft tokens past max_seq_len
     common = {
         "max_batch_size": b.max_batch_size,
-        "max_seq_len": seq,
+        "max_seq_len": target_seq_len(recipe),  # the last verify block may reach draft tokens past max_seq_len
         "max_num_tokens": b.max_num_tokens,
+        # What check_max_num_tokens makes of an unset one, written out: older from_dict pops it without a default.
+        "opt_num_tokens": default_opt_num_tokens(b.max_batch_size, 1, b.max_num_tokens),
         "max_beam_width": 1,
         "speculative_decoding_mode": SPECULATIVE_DECODING_MODE["NONE"],
         "gather_context_logits": False,
         "gather_generation_logits": False,
         "strongly_typed": True,
+        "input_timing_cache": None,  # a fresh cache: create_builder_config only warns about a missing file
+        "output_timing_cache": str(out.resolve() / role / TIMING_CACHE),
     }
     if role == "target":
         return {
             **common,
             # A verify round is a context request of the whole sequence (max_tokens=1): the
-            # Executor checks its length against max_input_len.
-            "max_input_len": seq - 1,
+            # Executor checks its length against its max input length (engine_layout.runtime_max_input_len).
+            "max_input_len": common["max_seq_len"] - 1,
             "max_draft_len": 0,  # drafts are prompt tokens; no spec-decoding inputs in the engine
             "kv_cache_type": "PAGED",
             "plugin_config": _plugin_config(recipe, role),
@@ -260,7 +277,7 @@ def _build_config(recipe: Recipe, role: Role) -> dict:
     return {
         **common,
         "max_input_len": b.max_input_len,  # the most context rows one sequence adds in a step (prefill)
-        "max_draft_len": draft,  # block = max_draft_len + 1 rows: anchor + drafts
+        "max_draft_len": max_draft_len(recipe),  # block = max_draft_len + 1 rows: anchor + drafts
         "kv_cache_type": "CONTINUOUS",  # no TensorRT-LLM KV cache: the runner-owned arena is engine I/O
         "plugin_config": _plugin_config(recipe, role),
     }
@@ -371,9 +388,11 @@ def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
     dtype = lambda v: pc["dtype"] if v == "auto" else v  # noqa: E731
     out: list[dict] = []
     if pc["gpt_attention_plugin"]:
-        features = ["paged KV cache", "context FMHA", "paged context FMHA (KV block reuse)"]
+        features = ["paged KV cache", "context FMHA" if pc["context_fmha"] else "unfused context attention"]
+        if pc["use_paged_context_fmha"]:
+            features.append("paged context FMHA (KV block reuse)")
         if pc["use_fp8_context_fmha"]:
-            features.append("FP8 KV cache + FP8 context FMHA")
+            features.append("FP8 context FMHA")
         out.append({"name": "gpt_attention_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["gpt_attention_plugin"]),
                     "use": "every decoder layer's attention: " + ", ".join(features)})
     if role == "drafter":
@@ -400,6 +419,24 @@ def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
     return out
 
 
+def _attention(recipe: Recipe, role: Role) -> dict:
+    """The engine's gpt_attention_plugin features as build() resolves them, and why."""
+    if role == "drafter":
+        return {"context_fmha": False, "paged_context_fmha": False, "fp8_context_fmha": False,
+                "why": ["no gpt_attention_plugin: the drafter's attention is the KV-injection plugin over its arena"]}
+    flags = target_attention(recipe)
+    return {"context_fmha": flags.context_fmha, "paged_context_fmha": flags.paged_context_fmha,
+            "fp8_context_fmha": flags.fp8_context_fmha, "why": list(flags.why)}
+
+
+def _reuse_note(recipe: Recipe) -> str:
+    """Whether verify rounds reuse the committed prefix's KV blocks, and why (kv_reuse_decision)."""
+    on, why = kv_reuse_decision(recipe)
+    if on:
+        return f"KV block reuse: on ({why}): a verify round recomputes only its new tokens"
+    return f"KV block reuse: off ({why}): every verify round recomputes its whole sequence"
+
+
 def _command(checkpoint: str, config: str, cls: str, output: str, workers: int) -> list[str]:
     return [TRTLLM_BUILD, "--checkpoint_dir", checkpoint, "--build_config", config, "--model_cls_file",
             str(models_file()), "--model_cls_name", cls, "--output_dir", output, "--workers", str(workers)]
@@ -416,7 +453,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
     ws = recipe.world_size
     engines = []
     for role in ROLES:
-        cfg = build_config(recipe, role)
+        cfg = build_config(recipe, role, out)
         assert cfg["kv_cache_type"] in KV_CACHE_TYPES
         dims, inputs, outputs = (_target_io if role == "target" else _drafter_io)(recipe, cfg, block)
         cls = TARGET_CLASSES[recipe.target_facts.family] if role == "target" else DRAFTER_CLASS
@@ -425,7 +462,8 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         mpi = ["mpirun", "-n", str(ws), "--allow-run-as-root", *_command(paths[0], paths[1], cls, paths[2], 1)] \
             if ws > 1 else None
         engines.append(EnginePlan(role, cls, paths[0], paths[1], paths[2], cfg, _kv_dtype(recipe, role),
-                                  _plugins(recipe, role, cfg), dims, inputs, outputs, command, mpi))
+                                  _attention(recipe, role), _plugins(recipe, role, cfg), dims, inputs, outputs,
+                                  command, mpi))
     inp = input_stage(recipe, "build")
     launch = {
         "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
@@ -445,13 +483,14 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         "quantization.kv_cache_quant_algo, not from build_config.json",
         "target max_input_len = max_seq_len - 1: a verify round is a context request of the whole sequence; "
         f"prompts stay limited to build.max_input_len = {recipe.build.max_input_len} by the server",
+        _reuse_note(recipe),
     ]
     return BuildPlan(
         recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION["engine"],
         container=CONTAINER, tp=recipe.parallel.tp, pp=recipe.parallel.pp, world_size=ws, max_draft_len=draft,
         block=block, from_dir=None if from_dir is None else src, models_file=str(models_file()), engines=engines,
         drafter_parallelism={"mode": "split per rank" if ws > 1 else "tp1 (tp = 1)", "why": DRAFTER_TP},
-        launch=launch, notes=notes,
+        launch=launch, kv_block_reuse=kv_block_reuse(recipe), notes=notes,
     )
 
 
@@ -471,11 +510,13 @@ def render(plan: BuildPlan, *, io: bool = True) -> str:
         for p in e.plugins:
             dtype = f" ({p['dtype']})" if "dtype" in p else ""
             lines.append(f"  plugin {p['name']}{dtype}: {p['use']}")
+        lines.append(f"  timing cache: {e.build_config['output_timing_cache']}")
         if io:
             lines.append("  dims (largest values): " + ", ".join(f"{k}={v}" for k, v in e.dims.items()))
             for kind, tensors in (("in ", e.inputs), ("out", e.outputs)):
                 for t in tensors:
                     lines.append(f"  {kind} {t.name} {t.dtype} {_shape(t.shape)}")
+    lines.append(next(n for n in plan.notes if n.startswith("KV block reuse:")))
     lines.append(f"drafter engine: {plan.drafter_parallelism['mode']}")
     lines.append(f"launch: {plan.launch['build']}")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ Output (atomic, with a manifest; `extra.dry_run` says whether engines were built
     OUT/plan.json                    commands, plugins, I/O tensors, launch, parallelism
     OUT/target/build_config.json     TensorRT-LLM 1.2.x BuildConfig fields (upstream.py)
     OUT/target/engines/              config.json + rank{r}.engine (not with --dry-run)
+    OUT/target/timing.cache          TensorRT's timing cache (build_config output_timing_cache)
     OUT/drafter/build_config.json
     OUT/drafter/engines/
 
@@ -35,6 +36,7 @@ from trtllm_dflash.build.plan import (
     CHECKPOINT_ARCHITECTURES,
     ROLES,
     BuildPlan,
+    EnginePlan,
     check_buildable,
     make_plan,
     max_draft_len,
@@ -44,6 +46,9 @@ from trtllm_dflash.build.upstream import CONTAINER, SUPPORTED_LINE, TRTLLM_BUILD
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.stages import input_stage
+
+
+RUNNING_CONFIG = ".build_config.running.json"  # _run's copy with the temporary directory's paths
 
 
 class NotBuiltHere(UserError):
@@ -137,11 +142,20 @@ def _replaces_dry_run(out: Path, recipe: Recipe) -> bool:
     return old.stage == "build" and old.recipe == recipe.name and bool(old.extra.get("dry_run"))
 
 
-def _run(cmd: list[str], out: Path, tmp: Path, say: Callable[[str], None]) -> None:
-    """Run one trtllm-build command, writing under tmp instead of out."""
-    here = [a.replace(str(out.resolve()), str(tmp)) for a in cmd]
-    say("running: " + shlex.join(here))
-    rc = subprocess.run(here).returncode
+def _run(engine: EnginePlan, out: Path, tmp: Path, say: Callable[[str], None]) -> None:
+    """Run one engine's trtllm-build writing under tmp instead of out: its command's paths and its
+    build_config's (the timing cache) point into tmp while it runs, through a copy of
+    build_config.json that is removed afterwards (the stage then renames tmp to out)."""
+    def here(v):
+        return v.replace(str(out.resolve()), str(tmp)) if isinstance(v, str) else v
+
+    running = tmp / engine.role / RUNNING_CONFIG
+    running.write_text(json.dumps({k: here(v) for k, v in engine.build_config.items()}, indent=2) + "\n")
+    cmd = [here(a) for a in engine.command]
+    cmd[cmd.index("--build_config") + 1] = str(running)
+    say("running: " + shlex.join(cmd))
+    rc = subprocess.run(cmd).returncode
+    running.unlink()
     if rc != 0:
         raise UserError(f"{TRTLLM_BUILD} exited with {rc} (its output is above); nothing was written to {out}")
 
@@ -177,7 +191,7 @@ def build(recipe: Recipe, from_dir: Path | None, out: Path, *, dry_run: bool = F
             (tmp / e.role / "build_config.json").write_text(json.dumps(e.build_config, indent=2) + "\n")
         if building:
             for e in plan.engines:
-                _run(e.command, out, tmp, say)
+                _run(e, out, tmp, say)
     if why_not is not None:
         raise NotBuiltHere(f"{why_not}: wrote the build plan to {out} (plan.json, build_config.json per engine) but "
                         f"built no engines; build them inside {CONTAINER}: trtllm-dflash build "

@@ -25,6 +25,10 @@ a build_config.json holding only the names below is read identically by `from_di
 forms: the dataclass ignores unknown keys, a strict pydantic model would reject them. Version
 caveat (engine-path.md §1.1): re-check both lists against the 1.2.1 wheel on the first GPU
 machine (`tests/build` prints the check: `BuildConfig.from_dict(json.load(f))` round-trips).
+
+What `BuildConfig.from_dict` reads without a default differs between the stored copies of
+builder.py (FROM_DICT_REQUIRED below). How build() resolves the attention flags and the runtime
+limits that follow (recipe/engine_layout.py) are read from the same files and the 1.2 line's C++.
 """
 
 from __future__ import annotations
@@ -110,20 +114,36 @@ PLUGIN_CONFIG_FIELDS: tuple[str, ...] = (
     "pp_reduce_scatter",
 )
 
-# Keys every build_config.json we write must set (our contract, not upstream's: upstream
-# defaults every field, and its defaults -- max_batch_size 2048, max_seq_len from
-# max_position_embeddings -- are not what a recipe asks for).
-REQUIRED_BUILD_KEYS: tuple[str, ...] = (
-    "max_batch_size",
+# tensorrt_llm/builder.py :: BuildConfig.from_dict -- the keys it pops WITHOUT a default, so a
+# build_config.json lacking one fails with KeyError before anything is built. Read in the stored
+# copies: NVIDIA/TensorRT-LLM@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc (and the fork copy
+# Ataraksia/TensorRT-LLM@419b007d7bad5e746865e29c1467cf807e5cd1fc): `config.pop('max_input_len')`
+# ... `config.pop('opt_num_tokens')` with no default, and `kv_cache_type` popped without one
+# whenever `plugin_config` is in the dict (`KVCacheType.from_string(config.pop('kv_cache_type'))
+# if 'plugin_config' in config`). The newest stored copy (the October 2025 main line before PR
+# #8330) defaults every key through `get_build_config_defaults()`; the 1.2.x tag itself could not
+# be read here, so every build_config.json carries all of these: valid under either form.
+FROM_DICT_REQUIRED: tuple[str, ...] = (
     "max_input_len",
     "max_seq_len",
-    "max_num_tokens",
+    "max_batch_size",
     "max_beam_width",
+    "max_num_tokens",
+    "opt_num_tokens",
+    "kv_cache_type",  # required because every build_config.json we write has a plugin_config
+)
+
+# Keys every build_config.json we write must set: what from_dict needs, plus our own contract
+# (upstream defaults the rest, and its defaults -- max_batch_size 2048, max_seq_len from
+# max_position_embeddings, output_timing_cache 'model.cache' in the working directory -- are not
+# what a recipe asks for).
+REQUIRED_BUILD_KEYS: tuple[str, ...] = FROM_DICT_REQUIRED + (
     "max_draft_len",
     "speculative_decoding_mode",
-    "kv_cache_type",
     "gather_context_logits",
     "strongly_typed",
+    "input_timing_cache",
+    "output_timing_cache",
     "plugin_config",
 )
 REQUIRED_PLUGIN_KEYS: tuple[str, ...] = (
@@ -158,3 +178,4 @@ TRTLLM_BUILD_FLAGS = ("--checkpoint_dir", "--build_config", "--model_cls_file", 
 SUPPORTED_LINE = (1, 2)
 CONTAINER_IMAGE = "nvidia/tritonserver:25.12-trtllm-python-py3"  # on NGC
 CONTAINER = f"NVIDIA's Triton 25.12 trtllm-python-py3 container ({CONTAINER_IMAGE}: TensorRT-LLM 1.2.x, TensorRT 10.14)"
+

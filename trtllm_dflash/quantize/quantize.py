@@ -36,6 +36,7 @@ from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import formats as F
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.engine_layout import QUANT_ALGO
 
 FLOAT_FORMATS = ("fp32", "bf16", "fp16")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,7 +49,7 @@ class Scheme(str, Enum):
 
     @property
     def quant_algo(self) -> str | None:
-        return {"none": None, "fp8": "FP8", "nvfp4": "NVFP4"}[self.value]
+        return QUANT_ALGO.get(self.value)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trtllm_dflash.recipe.engine_layout import (
+    kv_reuse_decision,
+    max_draft_len,
+    runtime_max_input_len,
+    target_attention,
+    target_seq_len,
+)
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe.schema import ModelSource, Recipe
 
@@ -50,6 +57,43 @@ def _version_tuple(v: str) -> tuple[int, ...] | None:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _engine_layout(recipe: Recipe) -> list[Issue]:
+    """What TensorRT-LLM 1.2.x makes of the target engine (recipe/engine_layout.py): KV-cache block
+    reuse needs paged context FMHA, and every verify round's whole-sequence prompt must fit the
+    Executor's input limit."""
+    b = recipe.build
+    if recipe.backend.name != "engine":
+        if b.kv_cache_reuse is not None:
+            return [Issue("error", "build.kv_cache_reuse", f"applies to the engine backend only, not {recipe.backend.name} "
+                          "(the pytorch backend's reuse is deploy's per-version choice); remove it")]
+        return []
+    q, flags, issues = recipe.quantization, target_attention(recipe), []
+    on, why = kv_reuse_decision(recipe)
+    if not flags.paged_context_fmha:
+        dtype = q.checkpoint_dtype("target")
+        layout = (f"quantization.target_weights {q.target_weights}"
+                  + (f" (checkpoint dtype {dtype})" if dtype != q.target_weights else "")
+                  + f" with quantization.kv_cache {q.kv_cache}")
+        if b.kv_cache_reuse:
+            issues.append(Issue("error", "build.kv_cache_reuse", f"true, but {layout} builds a target engine without paged "
+                                f"context FMHA ({why}), and the 1.2.1 Executor then switches block reuse off; set "
+                                "build.kv_cache_reuse to false or change those fields"))
+        elif b.kv_cache_reuse is None:
+            issues.append(Issue("warning", "build.kv_cache_reuse", f"off: {layout} builds no paged context FMHA ({why}); "
+                                "every verify round recomputes its whole sequence"))
+    elif q.kv_cache == "fp8" and b.kv_cache_reuse is not False:
+        issues.append(Issue("warning", "build.kv_cache_reuse", f"{'on' if on else 'off'}: {why}"))
+    seq = target_seq_len(recipe)
+    cap = runtime_max_input_len(max_seq_len=seq, max_input_len=seq - 1, max_num_tokens=b.max_num_tokens,
+                                context_fmha=flags.context_fmha)
+    if cap < seq - 1:
+        issues.append(Issue("error", "build.max_num_tokens", f"{b.max_num_tokens} < {seq - 1} = build.max_seq_len + "
+                            f"max_draft_len {max_draft_len(recipe)} - 1: a verify round sends the whole sequence as one "
+                            "prompt, and TensorRT-LLM 1.2.1 with context FMHA refuses prompts longer than "
+                            "min(max_seq_len - 1, max_num_tokens) (trtGptModel.h)"))
+    return issues
 
 
 def check(recipe: Recipe) -> list[Issue]:
@@ -176,6 +220,8 @@ def check(recipe: Recipe) -> list[Issue]:
         err("sweep.concurrency", f"level {max(recipe.sweep.concurrency)} > build.max_batch_size {b.max_batch_size}")
     if recipe.sweep.input_len + recipe.sweep.output_len > b.max_seq_len:
         err("sweep.output_len", f"input_len + output_len = {recipe.sweep.input_len + recipe.sweep.output_len} > build.max_seq_len {b.max_seq_len}")
+
+    issues += _engine_layout(recipe)
 
     # Serving.
     ports = [recipe.serve.http_port, recipe.serve.grpc_port, recipe.serve.metrics_port]

@@ -114,6 +114,10 @@ class Build(_Section):
     max_input_len: int = Field(default=4096, ge=1, description="longest prompt, tokens")
     max_seq_len: int = Field(default=8192, ge=2, description="longest prompt + output, tokens")
     max_num_tokens: int = Field(default=8192, ge=1, description="tokens per forward pass (prefill chunks + drafts)")
+    kv_cache_reuse: bool | None = Field(
+        default=None, description="engine backend: KV-cache block reuse across verify rounds (needs paged context "
+        "FMHA in the target engine); null = wherever the engine layout allows it, true = required (check refuses a "
+        "layout that cannot honour it), false = off")
 
 
 class DraftBand(_Section):

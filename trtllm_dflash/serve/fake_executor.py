@@ -5,17 +5,21 @@ await_responses / cancel_request / shutdown; Request with output_config and a ca
 Result.additional_outputs) and models the 1.2.1 rules the engine runner depends on (upstream:
 cpp/tensorrt_llm/batch_manager/utils/inflightBatchingUtils.cpp::copyAdditionalOutputs for the
 additional-output rows, cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp for block reuse,
-cpp/include/tensorrt_llm/executor/executor.h for the request fields):
+cpp/include/tensorrt_llm/executor/executor.h for the request fields; EngineLimits for the
+limits, each rule citing its file):
   - every request is a context request (design C: drafts travel as prompt tokens, max_tokens 1);
-  - KV-cache block reuse: a request reuses the longest prefix of tokens an earlier request
-    with the same cache salt already computed (whole blocks of tokens_per_block, or any
-    prefix with partial reuse), never the last input token;
+  - KV-cache block reuse, only where the engine has paged context FMHA (otherwise the Executor
+    switches it off): a request reuses the longest prefix of tokens an earlier request with the
+    same cache salt already computed (whole blocks of tokens_per_block, or any prefix with
+    partial reuse), never the last input token;
   - additional outputs: a `gather_context` output (one row per token, e.g. dflash_ctx)
     returns rows only for the positions that were computed, i.e. not reused; an output
     without it (one row per sequence, e.g. dflash_tail) returns that sequence's row;
     requesting an output the engine does not have is an error;
-  - input + max_tokens beyond max_seq_len, or more than max_input_len prompt tokens, is an
-    error response (the server keeps serving).
+  - a prompt longer than the Executor's max input length is an error response (the server keeps
+    serving); prompt + max_tokens beyond max_seq_len is not an error: max_tokens is clamped;
+  - one engine step packs queued requests in order up to max_num_tokens prompt tokens; the
+    rest wait for the next step.
 Outputs come back under their plain names, as serve/trt_runners.TrtExecutor presents the real
 executor's (`context_<name>` / `generation_<name>` in 1.2.1). Where 1.2.1 leaves reused context
 rows unwritten in a [promptLen, ...] output, the stand-in returns only the computed rows;
@@ -33,6 +37,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+from trtllm_dflash.recipe.engine_layout import kv_reuse_honoured, runtime_max_input_len
+
+# BuildConfig's max_num_tokens default (tensorrt_llm/builder.py), for an engine built without one.
+DEFAULT_MAX_NUM_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,53 @@ class Response:
         return self.error_msg is not None
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """What a 1.2.1 Executor takes from the target engine's build config, and its request rules."""
+
+    max_seq_len: int
+    max_input_len: int  # the engine's build_config max_input_len
+    max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
+    context_fmha: bool = True
+    paged_context_fmha: bool = True
+
+    @classmethod
+    def from_build_config(cls, cfg: dict) -> "EngineLimits":
+        """From a build_config.json / the engine config.json's build_config."""
+        pc = cfg.get("plugin_config", {})
+        return cls(cfg["max_seq_len"], cfg["max_input_len"], cfg.get("max_num_tokens") or DEFAULT_MAX_NUM_TOKENS,
+                   bool(pc.get("context_fmha", True)), bool(pc.get("use_paged_context_fmha", True)))
+
+    @property
+    def input_cap(self) -> int:
+        """The longest prompt (trtGptModel.h; engine_layout.runtime_max_input_len)."""
+        return runtime_max_input_len(max_seq_len=self.max_seq_len, max_input_len=self.max_input_len,
+                                     max_num_tokens=self.max_num_tokens, context_fmha=self.context_fmha)
+
+    def reuse(self, requested: bool) -> bool:
+        """fixExecutorConfig: reuse only with paged context FMHA (engine_layout.kv_reuse_honoured)."""
+        return kv_reuse_honoured(requested, paged_context_fmha=self.paged_context_fmha)
+
+    def admit(self, prompt_len: int, max_tokens: int) -> tuple[str | None, int]:
+        """LlmRequest::validate (cpp/tensorrt_llm/batch_manager/llmRequest.cpp): (error, max_tokens).
+        Too long a prompt is an error; prompt + max_tokens past max_seq_len only clamps max_tokens
+        (a warning: "Number of requested output tokens is changed to ...")."""
+        if prompt_len > self.input_cap:
+            return f"Prompt length ({prompt_len}) exceeds maximum input length ({self.input_cap}).", 0
+        return None, min(max_tokens, self.max_seq_len - prompt_len)
+
+    def step_size(self, prompt_lens: list[int]) -> int:
+        """How many queued context requests (in order) one step takes: MicroBatchScheduler
+        (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp), unchunked, counts every token of
+        a request (reused ones too, in the 1.2-era copy) and stops before max_num_tokens is passed."""
+        n, total = 0, 0
+        for length in prompt_lens:
+            if total + length > self.max_num_tokens:
+                break
+            n, total = n + 1, total + length
+        return max(n, 1)  # admit() keeps any single prompt within the budget with context FMHA
+
+
 class TapEngine(Protocol):
     """The target engine: full-sequence outputs, per token ('token') or per sequence ('sequence')."""
 
@@ -90,30 +146,33 @@ class TapEngine(Protocol):
 
 
 class FakeExecutor:
-    def __init__(self, engine: TapEngine, *, max_seq_len: int, max_input_len: int, tokens_per_block: int = 32,
-                 enable_block_reuse: bool = True, enable_partial_reuse: bool = True):
+    """tensorrt_llm.bindings.executor.Executor of TensorRT-LLM 1.2.1 (cpp/include/tensorrt_llm/
+    executor/executor.h) over a TapEngine, with the rules of the module docstring."""
+
+    def __init__(self, engine: TapEngine, *, max_seq_len: int, max_input_len: int,
+                 max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS, context_fmha: bool = True, paged_context_fmha: bool = True,
+                 tokens_per_block: int = 32, enable_block_reuse: bool = True, enable_partial_reuse: bool = True):
         self.engine = engine
-        self.max_seq_len, self.max_input_len = max_seq_len, max_input_len
-        self.tokens_per_block, self.reuse, self.partial = tokens_per_block, enable_block_reuse, enable_partial_reuse
+        self.limits = EngineLimits(max_seq_len, max_input_len, max_num_tokens, context_fmha, paged_context_fmha)
+        self.tokens_per_block, self.partial = tokens_per_block, enable_partial_reuse
+        self.reuse = self.limits.reuse(enable_block_reuse)
         self._ids = itertools.count(1)
         self._queue: dict[int, Request] = {}
         self._done: dict[int, Response] = {}
         self._cached: dict[int | None, list[list[int]]] = {}  # cache salt -> token sequences with KV blocks
         self.requests = 0  # requests served (for tests and stats)
         self.reused_tokens = 0  # prompt tokens that KV reuse saved
+        self.steps: list[int] = []  # prompt tokens of each engine step
 
     def enqueue_request(self, request: Request) -> int:
         rid = next(self._ids)
         names = [o.name for o in request.output_config.additional_model_outputs]
         unknown = [n for n in names if n not in self.engine.output_kinds]
+        error, _ = self.limits.admit(len(request.input_token_ids), request.max_tokens)
         if unknown:
             self._done[rid] = Response(rid, error_msg=f"additional output {unknown[0]!r} is not an output of the engine")
-        elif len(request.input_token_ids) + request.max_tokens > self.max_seq_len:
-            self._done[rid] = Response(rid, error_msg=f"input length {len(request.input_token_ids)} + max_tokens "
-                                                      f"{request.max_tokens} exceeds max_seq_len {self.max_seq_len}")
-        elif len(request.input_token_ids) > self.max_input_len:
-            self._done[rid] = Response(rid, error_msg=f"input length {len(request.input_token_ids)} exceeds "
-                                                      f"max_input_len {self.max_input_len}")
+        elif error is not None:
+            self._done[rid] = Response(rid, error_msg=error)
         else:
             self._queue[rid] = request
         return rid
@@ -132,11 +191,14 @@ class FakeExecutor:
         return best if self.partial else best - best % self.tokens_per_block
 
     def _step(self) -> None:
-        """One engine step over everything queued (all context requests of one batch)."""
+        """One engine step over the queued context requests that fit max_num_tokens."""
         if not self._queue:
             return
-        batch = list(self._queue.items())
-        self._queue.clear()
+        queued = list(self._queue.items())
+        batch = queued[: self.limits.step_size([len(r.input_token_ids) for _, r in queued])]
+        for rid, _ in batch:
+            del self._queue[rid]
+        self.steps.append(sum(len(r.input_token_ids) for _, r in batch))
         outs = self.engine.run([r.input_token_ids for _, r in batch])
         for (rid, req), out in zip(batch, outs):
             reused = self._reused(req.cache_salt_id, req.input_token_ids)
@@ -154,7 +216,7 @@ class FakeExecutor:
             self._done[rid] = Response(rid, Result([[token]], True, extra))
 
     def await_responses(self, request_id: int) -> list[Response]:
-        if request_id not in self._done:
+        while request_id not in self._done and request_id in self._queue:
             self._step()
         return [self._done.pop(request_id)]
 

@@ -18,6 +18,7 @@ import torch
 
 from trtllm_dflash.build import engine_io
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.engine_layout import kv_reuse_honoured
 from trtllm_dflash.serve.fake_executor import AdditionalOutput, Response, Result
 
 
@@ -36,19 +37,21 @@ def executor_worker_path() -> Path:
     return Path(tensorrt_llm.__file__).parent / "bin" / "executorWorker"
 
 
-def executor_config(world_size: int, *, free_gpu_memory_fraction: float = 0.9, device_ids: list[int] | None = None,
-                    bindings=None):
-    """ExecutorConfig(max_beam_width=1, kv_cache_config=KvCacheConfig(enable_block_reuse=True,
+def executor_config(world_size: int, *, kv_block_reuse: bool = True, free_gpu_memory_fraction: float = 0.9,
+                    device_ids: list[int] | None = None, bindings=None):
+    """ExecutorConfig(max_beam_width=1, kv_cache_config=KvCacheConfig(enable_block_reuse=kv_block_reuse,
     free_gpu_memory_fraction=...), enable_chunked_context=False, additional_model_outputs=[the
     DFlash outputs]) and, for world_size > 1, parallel_config=ParallelConfig(CommunicationType.MPI,
     CommunicationMode.ORCHESTRATOR, device_ids=..., orchestrator_config=OrchestratorConfig(True,
     <executorWorker>)): tensorrt_llm.bindings.executor (cpp/tensorrt_llm/nanobind/executor/
     executorConfig.cpp). Chunked context stays off: a chunk boundary would split a verify
-    request's tail rows across steps (engine-path.md §8.2)."""
+    request's tail rows across steps (engine-path.md §8.2). `kv_block_reuse`: what the engine can
+    honour (engine_kv_reuse); asking more only earns fixExecutorConfig's warning."""
     b = bindings or _bindings()
     kwargs = dict(
         max_beam_width=1,
-        kv_cache_config=b.KvCacheConfig(enable_block_reuse=True, free_gpu_memory_fraction=free_gpu_memory_fraction),
+        kv_cache_config=b.KvCacheConfig(enable_block_reuse=kv_block_reuse,
+                                        free_gpu_memory_fraction=free_gpu_memory_fraction),
         enable_chunked_context=False,
         additional_model_outputs=[b.AdditionalModelOutput(name, gather_context=g)
                                   for name, g in engine_io.GATHER_CONTEXT.items()],
@@ -181,6 +184,19 @@ class TrtSession:
         caller.wait_stream(self.stream)
 
 
+def engine_kv_reuse(build_dir: Path) -> bool:
+    """KV block reuse for the target Executor of a build output: what its plan settled
+    (plan.json kv_block_reuse, from the recipe's build.kv_cache_reuse) where the target engine
+    was built with paged context FMHA (its config.json), as the 1.2.1 Executor honours it
+    (recipe/engine_layout.py kv_reuse_honoured)."""
+    plan = json.loads((build_dir / "plan.json").read_text())
+    build_config = json.loads((build_dir / "target" / "engines" / "config.json").read_text())["build_config"]
+    pc = build_config.get("plugin_config", {})
+    return kv_reuse_honoured(bool(plan.get("kv_block_reuse", True)),
+                             paged_context_fmha=bool(pc.get("use_paged_context_fmha")),
+                             gather_context_logits=bool(build_config.get("gather_context_logits")))
+
+
 def _engine_dirs(build_dir: Path) -> tuple[Path, Path]:
     plan = build_dir / "plan.json"
     if not plan.is_file():
@@ -206,6 +222,7 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda", free_gpu_mem
     tcfg, d = reference_configs(tc, dc, target_dir, drafter_dir)
     session = TrtSession(drafter_dir, device)
     executor = open_executor(target_dir, int(tc["mapping"].get("world_size", 1)),
+                             kv_block_reuse=engine_kv_reuse(Path(build_dir)),
                              free_gpu_memory_fraction=free_gpu_memory_fraction)
 
     def drafter(max_len: int) -> ArenaDrafter:

@@ -1,0 +1,138 @@
+"""How TensorRT-LLM 1.2.x lays out the engine backend's target engine, as rules over a recipe:
+which attention features `build()` leaves on, whether the Executor then honours KV-cache block
+reuse, and the longest prompt it accepts. One definition, used by the recipe rules (`check`)
+and by the build plan (build/plan.py), read from upstream (NVIDIA/TensorRT-LLM, 1.2 line):
+
+- tensorrt_llm/builder.py build(), the block "Logics to control paged_context_fmha and
+  fp8_context_fmha" (stored copies: the October 2025 main line before PR #8330, and
+  NVIDIA/TensorRT-LLM@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc: the same block);
+- tensorrt_llm/_common.py check_max_num_tokens (opt_num_tokens);
+- cpp/tensorrt_llm/common/attentionOp.cpp, AttentionOp's constructor (FMHA dtypes);
+- cpp/tensorrt_llm/batch_manager/trtGptModel.h (the runtime max input length) and
+  trtGptModelInflightBatching.cpp fixExecutorConfig (when block reuse is switched off);
+- cpp/tensorrt_llm/batch_manager/llmRequest.cpp LlmRequest::validate (prompt and output limits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtllm_dflash.recipe.schema import Recipe
+
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# A checkpoint's quantization.quant_algo per weight format (convert / quantize write it).
+QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
+# build(): FP8 context FMHA exists only for these quant_algo values.
+FP8_CONTEXT_FMHA_ALGOS = ("FP8", "W4A8_AWQ", "NVFP4")
+# attentionOp.cpp: fused context attention exists for these dtypes only; any other "falls back to
+# unfused MHA because of unsupported data type", which cannot attend over a reused (paged) prefix.
+FMHA_DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class AttentionFlags:
+    """The gpt_attention_plugin features an engine ends up with, and why a request changed."""
+
+    context_fmha: bool
+    paged_context_fmha: bool
+    fp8_context_fmha: bool
+    why: tuple[str, ...] = ()
+
+
+def resolve_attention(dtype: str, quant_algo: str | None, kv_fp8: bool, sm: int | None, *, paged: bool = True,
+                      fp8: bool = False) -> AttentionFlags:
+    """build()'s resolution of use_paged_context_fmha (`paged`) and use_fp8_context_fmha (`fp8`)
+    asked for with context FMHA on, after attentionOp.cpp's dtype fallback. `sm` None: the
+    building GPU is unknown (a cpu recipe) and taken to be Ada or newer, as every GPU of
+    recipe/catalog/hardware.yaml is."""
+    if dtype not in FMHA_DTYPES:
+        return AttentionFlags(False, False, False, (
+            f"{dtype} has no fused context attention (attentionOp.cpp falls back to unfused MHA): context FMHA, "
+            "paged context FMHA and FP8 context FMHA are off",))
+    if quant_algo not in FP8_CONTEXT_FMHA_ALGOS or (sm is not None and sm < 89):
+        reason = (f"FP8 context FMHA needs an FP8, W4A8_AWQ or NVFP4 checkpoint (quant_algo is {quant_algo})"
+                  if quant_algo not in FP8_CONTEXT_FMHA_ALGOS else f"FP8 context FMHA needs sm >= 89 (sm {sm})")
+        off = (["use_fp8_context_fmha"] if fp8 else []) + (["use_paged_context_fmha"] if paged and kv_fp8 else [])
+        why = [f"{reason}: build() turns {' and '.join(off)} off"] if off else []
+        if paged and kv_fp8:
+            why[0] += " (paged context FMHA over an FP8 KV cache needs FP8 context FMHA)"
+        return AttentionFlags(True, paged and not kv_fp8, False, tuple(why))
+    if paged and fp8 != kv_fp8:
+        return AttentionFlags(True, True, kv_fp8, (
+            "under paged context FMHA build() sets use_fp8_context_fmha to match the KV cache (on for FP8 KV)",))
+    return AttentionFlags(True, paged, fp8)
+
+
+def default_opt_num_tokens(max_batch_size: int, max_beam_width: int, max_num_tokens: int) -> int:
+    """check_max_num_tokens: with remove_input_padding and one optimization profile, an unset
+    opt_num_tokens becomes min(max_batch_size * max_beam_width, max_num_tokens)."""
+    return min(max_batch_size * max_beam_width, max_num_tokens)
+
+
+def runtime_max_input_len(*, max_seq_len: int, max_input_len: int, max_num_tokens: int, context_fmha: bool,
+                          chunked_context: bool = False) -> int:
+    """The longest prompt the 1.2.1 Executor accepts (trtGptModel.h, TrtGptModel's constructor):
+    max_seq_len - 1 with chunked context; min(max_seq_len - 1, max_num_tokens) with context FMHA
+    and packed input; else the engine's max_input_len. A longer prompt is an error response
+    ("Prompt length (%d) exceeds maximum input length (%d)", LlmRequest::validate)."""
+    if chunked_context:
+        return max_seq_len - 1
+    if context_fmha:
+        return min(max_seq_len - 1, max_num_tokens)
+    return max_input_len
+
+
+def kv_reuse_honoured(requested: bool, *, paged_context_fmha: bool, gather_context_logits: bool = False) -> bool:
+    """fixExecutorConfig: block reuse is switched off, with a warning and no error, for an engine
+    built without paged context FMHA or one that returns context logits."""
+    return requested and paged_context_fmha and not gather_context_logits
+
+
+def max_draft_len(recipe: Recipe) -> int:
+    """The longest draft of any concurrency band: block_size - 1 without bands."""
+    spec = recipe.speculative
+    return max((b.draft_len for b in spec.bands), default=spec.block_size - 1)
+
+
+def target_seq_len(recipe: Recipe) -> int:
+    """The target engine's max_seq_len: the last verify block may reach max_draft_len tokens past
+    build.max_seq_len."""
+    return recipe.build.max_seq_len + max_draft_len(recipe)
+
+
+def target_attention(recipe: Recipe) -> AttentionFlags:
+    """The target engine's attention features: paged context FMHA asked for (KV block reuse
+    across verify rounds), FP8 context FMHA asked for with an FP8 KV cache."""
+    q = recipe.quantization
+    kv_fp8 = q.kv_cache == "fp8"
+    return resolve_attention(DTYPE_NAMES[q.checkpoint_dtype("target")], QUANT_ALGO.get(q.target_weights), kv_fp8,
+                             recipe.gpu.sm, paged=True, fp8=kv_fp8)
+
+
+# Open upstream bug: wrong outputs when KV blocks are reused over an FP8 KV cache (FP8 checkpoint,
+# paged + FP8 context FMHA; reported on 0.16, still wrong on a later main in the thread). Our
+# verify rounds reuse their own prefix that way every round, so over an FP8 KV cache reuse is
+# opt-in (build.kv_cache_reuse: true) until the GPU checks show it exact on 1.2.1.
+FP8_KV_REUSE_ISSUE = "https://github.com/NVIDIA/TensorRT-LLM/issues/2699"
+
+
+def kv_reuse_decision(recipe: Recipe) -> tuple[bool, str]:
+    """(whether the target Executor reuses KV blocks across verify rounds, why): build.kv_cache_reuse
+    where the engine has paged context FMHA; left unset (None) it is on, except over an FP8 KV
+    cache (FP8_KV_REUSE_ISSUE)."""
+    asked, flags = recipe.build.kv_cache_reuse, target_attention(recipe)
+    if not flags.paged_context_fmha:
+        return False, "; ".join(flags.why)
+    if asked is False:
+        return False, "build.kv_cache_reuse false"
+    if recipe.quantization.kv_cache == "fp8":
+        if asked is None:
+            return False, (f"an FP8 KV cache: reused blocks gave wrong outputs upstream ({FP8_KV_REUSE_ISSUE}, open); "
+                           "build.kv_cache_reuse true opts in")
+        return True, f"paged context FMHA; asked for over an FP8 KV cache despite {FP8_KV_REUSE_ISSUE}"
+    return True, "paged context FMHA"
+
+
+def kv_block_reuse(recipe: Recipe) -> bool:
+    """Whether the target Executor reuses KV blocks across verify rounds (kv_reuse_decision)."""
+    return kv_reuse_decision(recipe)[0]
