@@ -34,9 +34,12 @@ NO_DEPS = ("nvidia-pytriton",)
 
 
 def lane_python() -> str:
-    """A Python 3.12 interpreter: $LANE_PYTHON, python3.12 on PATH, or pyenv's."""
-    found = os.environ.get("LANE_PYTHON") or shutil.which("python3.12")
-    found = found or next(iter(sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))), None)
+    """A Python 3.12 interpreter: $LANE_PYTHON, pyenv's, or python3.12 on PATH (not a pyenv shim,
+    which fails unless 3.12 is pyenv's selected version)."""
+    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))
+    on_path = shutil.which("python3.12")
+    found = os.environ.get("LANE_PYTHON") or (pyenv[-1] if pyenv else None)
+    found = found or (on_path if on_path and "/shims/" not in on_path else None)
     if not found:
         sys.exit("lane: no Python 3.12 (set LANE_PYTHON)")
     return found

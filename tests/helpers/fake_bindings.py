@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import torch
 
-from trtllm_dflash.serve.fake_executor import EngineLimits
+from trtllm_dflash.serve.fake_executor import EngineLimits, cached_prefix, take_step
 
 # An engine built with paged context FMHA and room to spare, for tests that do not probe limits.
 ROOMY_ENGINE = {"max_seq_len": 4096, "max_input_len": 4095, "max_num_tokens": 8192,
@@ -135,17 +135,10 @@ class Executor:
     def _reused_blocks(self, salt, tokens) -> int:
         if not self.reuse:
             return 0
-        best = 0
-        for seq in self._cached.get(salt, []):
-            best = max(best, next((i for i, (a, b) in enumerate(zip(seq, tokens)) if a != b), min(len(seq), len(tokens))))
-        return min(best, len(tokens) - 1) // self.tokens_per_block
+        return cached_prefix(self._cached.get(salt, []), tokens) // self.tokens_per_block
 
     def _step(self):
-        queued = list(self._queue.items())
-        batch = queued[: self.limits.step_size([len(r.input_token_ids) for _, r in queued])]
-        for rid, _ in batch:
-            del self._queue[rid]
-        self.steps.append(sum(len(r.input_token_ids) for _, r in batch))
+        batch = take_step(self._queue, self.limits, self.steps)
         outs = self.engine.run([r.input_token_ids for _, r in batch])
         for (rid, req), out in zip(batch, outs):
             self._done[rid] = self._respond(rid, req, out)

@@ -81,3 +81,54 @@ def test_real_stdlib_corpus():
     assert not any(p.startswith(("test/", "idlelib/")) or "/test/" in p or "/tests/" in p
                    for p in held | {f.path for f in c.train})
     assert c.info.fingerprint == load_corpus().info.fingerprint
+
+
+def test_shipped_text_is_pinned_and_split():
+    import hashlib
+
+    from trtllm_dflash.prompts.corpus import SHIPPED, SHIPPED_SHA256, shipped_text
+
+    text = shipped_text()
+    assert hashlib.sha256(SHIPPED.read_bytes()).hexdigest() == SHIPPED_SHA256 == text.sha256
+    held, calib = {f.path for f in text.heldout}, {f.path for f in text.calibration}
+    assert held and calib and not held & calib  # calibration never sees a prompt's file
+    assert sum(len(f.text) for f in text.heldout) > 200_000 and sum(len(f.text) for f in text.calibration) > 50_000
+
+
+def test_prompts_and_calibration_do_not_read_the_interpreter(tmp_path, monkeypatch):
+    """Prompts and the default calibration text are the same whatever stdlib the interpreter has
+    (they were cut from it, and on Python 3.12 the shipped pair's acceptance fell below its gate)."""
+    import sysconfig
+
+    from trtllm_dflash.prompts import corpus
+    from trtllm_dflash.prompts.sources import heldout_token_prompts, load_prompts
+    from trtllm_dflash.quantize.quantize import calibration_data
+    from trtllm_dflash.perf.bench_quant import shipped_pair
+
+    target = shipped_pair()[0]
+    before = (load_prompts("builtin:pystd-heldout", 6, 64, 0), heldout_token_prompts(target, 3, 32),
+              [b.tolist() for b in calibration_data(target, 4096, None, 2, 64).batches])
+    real = sysconfig.get_paths
+
+    def no_stdlib(*a, **kw):  # a different (here: empty) stdlib
+        return {**real(*a, **kw), "stdlib": str(tmp_path)}
+
+    monkeypatch.setattr(sysconfig, "get_paths", no_stdlib)
+    corpus.shipped_text.cache_clear()
+    after = (load_prompts("builtin:pystd-heldout", 6, 64, 0), heldout_token_prompts(target, 3, 32),
+             [b.tolist() for b in calibration_data(target, 4096, None, 2, 64).batches])
+    assert after == before and len(before[2]) == 2
+
+
+def test_a_changed_shipped_text_is_refused(tmp_path, monkeypatch):
+    from trtllm_dflash.prompts import corpus
+
+    changed = tmp_path / "python-heldout.jsonl"
+    changed.write_bytes(corpus.SHIPPED.read_bytes().replace(b"def ", b"def  ", 1))
+    monkeypatch.setattr(corpus, "SHIPPED", changed)
+    corpus.shipped_text.cache_clear()
+    try:
+        with pytest.raises(UserError, match="is not the pinned"):
+            corpus.shipped_text()
+    finally:
+        corpus.shipped_text.cache_clear()

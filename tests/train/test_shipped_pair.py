@@ -2,9 +2,11 @@
 
 Guards the package data itself: a broken install, a truncated file, a drafter trained
 for another target or a regression in the decode loop would show up here. The tau
-floor is the tiny-pair issue's requirement (in-loop tau >= 3); the shipped drafter
-measures 4.0 with `bench decode` (8 prompts x 128 tokens) and 4.6 in training's
-evaluation, so 4 prompts x 64 tokens clear it with margin. The DFlash2 drafter beside it
+floor is the tiny-pair issue's requirement (in-loop tau >= 3). The prompts are the shipped
+held-out text (Python the pair never saw, the same on every interpreter), where per-prompt
+tau varies a lot: 4 prompts x 64 tokens measured 3.19, 8 prompts 2.70, 16 prompts 3.41,
+32 prompts 3.81 (4.6 in training's evaluation on held-out stdlib files); 16 prompts keep
+the estimate steady enough to clear the floor by 0.4. The DFlash2 drafter beside it
 (`drafter-dflash2/`) is held to the same losslessness, in a batch with joins and a cancel.
 """
 
@@ -47,7 +49,7 @@ def test_assets_fit_the_size_budget(dirs):
 
 def test_shipped_drafter_accepts_and_stays_lossless(dirs):
     target, drafter = load_pair(*dirs, torch.float32)
-    prompts = heldout_prompts(dirs[0], 4, 64)
+    prompts = heldout_prompts(dirs[0], 16, 64)
     ar = generate(target, None, prompts, 64, mode="ar", stop_token_ids=[])
     out = generate(target, drafter, prompts, 64, mode="dflash", stop_token_ids=[])
     assert [g.tokens for g in out] == [g.tokens for g in ar]  # fp32 greedy: exact

@@ -145,6 +145,26 @@ class TapEngine(Protocol):
         (per-token outputs [len, ...], per-sequence outputs [...])."""
 
 
+def cached_prefix(cached: list[list[int]], tokens: list[int]) -> int:
+    """How many leading `tokens` a cached sequence already holds, at most len(tokens) - 1: the last
+    input token is always computed (its logits)."""
+    best = 0
+    for seq in cached:
+        best = max(best, next((i for i, (a, b) in enumerate(zip(seq, tokens)) if a != b), min(len(seq), len(tokens))))
+    return min(best, len(tokens) - 1)
+
+
+def take_step(queue: dict, limits: EngineLimits, steps: list[int]) -> list:
+    """Pop the queued (id, request) pairs of one engine step (as many as fit max_num_tokens, in
+    order) and record the step's prompt tokens in `steps`."""
+    queued = list(queue.items())
+    batch = queued[: limits.step_size([len(r.input_token_ids) for _, r in queued])]
+    for rid, _ in batch:
+        del queue[rid]
+    steps.append(sum(len(r.input_token_ids) for _, r in batch))
+    return batch
+
+
 class FakeExecutor:
     """tensorrt_llm.bindings.executor.Executor of TensorRT-LLM 1.2.1 (cpp/include/tensorrt_llm/
     executor/executor.h) over a TapEngine, with the rules of the module docstring."""
@@ -183,22 +203,14 @@ class FakeExecutor:
     def _reused(self, salt: int | None, tokens: list[int]) -> int:
         if not self.reuse:
             return 0
-        best = 0
-        for seq in self._cached.get(salt, []):
-            n = next((i for i, (a, b) in enumerate(zip(seq, tokens)) if a != b), min(len(seq), len(tokens)))
-            best = max(best, n)
-        best = min(best, len(tokens) - 1)  # the last input token is always computed (its logits)
+        best = cached_prefix(self._cached.get(salt, []), tokens)
         return best if self.partial else best - best % self.tokens_per_block
 
     def _step(self) -> None:
         """One engine step over the queued context requests that fit max_num_tokens."""
         if not self._queue:
             return
-        queued = list(self._queue.items())
-        batch = queued[: self.limits.step_size([len(r.input_token_ids) for _, r in queued])]
-        for rid, _ in batch:
-            del self._queue[rid]
-        self.steps.append(sum(len(r.input_token_ids) for _, r in batch))
+        batch = take_step(self._queue, self.limits, self.steps)
         outs = self.engine.run([r.input_token_ids for _, r in batch])
         for (rid, req), out in zip(batch, outs):
             reused = self._reused(req.cache_salt_id, req.input_token_ids)
