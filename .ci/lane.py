@@ -80,21 +80,28 @@ def install(stack: str) -> None:
     constraints = STACKS / f"{stack}.txt"
     pinned = pins(stack)
     run(*pip, "install", "-q", "-c", constraints, *(f"{p}=={v}" for p, v in pinned.items()))
+    check_dry_run(pip, pinned)  # a user's `pip install -e .` on the container's stack
     rest = [r for r in requirements() if name_of(r) not in pinned and name_of(r) not in NO_DEPS]
     run(*pip, "install", "-q", "-c", constraints, *rest)
     for req in (r for r in requirements() if name_of(r) in NO_DEPS):
         run(*pip, "install", "-q", "--no-deps", req)
-        deps = subprocess.run([*pip[:3], "-c", f"from importlib import metadata; print('\\n'.join(metadata.requires("
-                               f"{name_of(req)!r}) or []))"], check=True, capture_output=True, text=True).stdout.split()
-        deps = [d for d in deps if name_of(d) not in pinned]
+        deps = [d for d in requires(venv, name_of(req)) if name_of(d) not in pinned]
         if deps:
             run(*pip, "install", "-q", "-c", constraints, *deps)
-    check_dry_run(pip, pinned)
     run(*pip, "install", "-q", "--no-deps", "-e", ROOT)
     if int(pinned.get("numpy", "1").split(".")[0]) >= 2:  # the bundled Triton stub's numpy < 2 (compat.py)
         target = subprocess.run([*pip[:1], "-c", "from trtllm_dflash.compat import stub_numpy_dir; print(stub_numpy_dir())"],
                                 cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-        run(*pip, "install", "-q", "--no-deps", "--target", target, "numpy>=1.26,<2")
+        run(*pip, "install", "-q", "--no-deps", "--upgrade", "--target", target, "numpy>=1.26,<2")
+
+
+def requires(venv: Path, package: str) -> list[str]:
+    """`package`'s requirements that apply in the venv (markers evaluated there, no extras)."""
+    code = ("from importlib import metadata; from packaging.requirements import Requirement\n"
+            f"for r in map(Requirement, metadata.requires({package!r}) or []):\n"
+            "    if r.marker is None or r.marker.evaluate({'extra': ''}): print(str(r).split(';')[0])")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], check=True, capture_output=True, text=True)
+    return out.stdout.splitlines()
 
 
 def check_dry_run(pip: list, pinned: dict[str, str]) -> None:
