@@ -211,7 +211,7 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         raise UserError(f"block size {block2} exceeds the DFlash2 drafter's block_size {dflash2.block_size}")
     budget = ddtree_budget or block - 1
     ps = heldout_token_prompts(target_dir, prompts, prompt_len) if target_dir else None
-    prompt_source = "held-out corpus files" if ps is not None else "random token ids (no tokenizer)"
+    prompt_source = "the shipped held-out Python text (prompts/data)" if ps is not None else "random token ids (no tokenizer)"
     if ps is None:
         g = torch.Generator().manual_seed(seed)
         ps = [torch.randint(0, target.cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]

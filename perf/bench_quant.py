@@ -90,7 +90,7 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         source = "random tiny models (the shipped tiny-pystd pair is not installed): Qwen3 8L x 256 + 2-layer drafter; tau ~ 1"
     block = block_size or drafter.block_size
     ps = heldout_prompts(target_dir, prompts, prompt_len) if target_dir else None
-    prompt_source = "held-out corpus files" if ps is not None else "random token ids"
+    prompt_source = "the shipped held-out Python text (prompts/data)" if ps is not None else "random token ids"
     if ps is None:
         g = torch.Generator().manual_seed(seed)
         ps = [torch.randint(0, target.cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
