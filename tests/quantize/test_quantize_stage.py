@@ -175,3 +175,23 @@ def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys):
         fp8 = load_recipe(write_recipe(tmp_path / "d.yaml", target, drafter, fmt="fp8"))
         quantize(fp8, converted(fp8, tmp_path / "c8"), tmp_path / "q", **CALIB)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q")] == []
+
+
+def test_an_fp8_kv_cache_alone_runs_quantize_and_reaches_the_engine_checkpoint(tmp_path, bf16_pair):
+    """bf16 weights + FP8 KV: the quantize stage runs (convert writes no KV scales, and a TensorRT-LLM
+    checkpoint without kv_cache_quant_algo builds no FP8 KV cache, which build then refuses)."""
+    _modelopt()
+    from trtllm_dflash.recipe.stages import stages_for
+
+    target, drafter = bf16_pair
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, fmt="bf16", gpu="h100-sxm", backend="engine",
+                                      quantization={"kv_cache": "fp8"}))
+    assert "quantize" in stages_for(recipe)
+    c = converted(recipe, tmp_path / "c")
+    out = quantize(recipe, c, tmp_path / "q", **CALIB)
+    q = read_config(out / "target")["quantization"]
+    assert q["quant_algo"] is None and q["kv_cache_quant_algo"] == "FP8"
+    ours, source = load_file(out / "target" / "rank0.safetensors"), load_file(c / "target" / "rank0.safetensors")
+    w = "transformer.layers.0.attention.qkv.weight"
+    assert ours[w].dtype == torch.bfloat16 and torch.equal(ours[w], source[w])  # weights untouched
+    assert any(k.endswith("kv_cache_scaling_factor") for k in ours)

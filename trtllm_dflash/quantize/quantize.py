@@ -83,10 +83,11 @@ def resolve(recipe: Recipe) -> QuantPlan:
         raise UserError(f"{file}: quantization.{field_}: {fmt} is not produced by quantize; allowed: fp8, nvfp4, {', '.join(FLOAT_FORMATS)}")
 
     target, drafter = scheme("target_weights", q.target_weights), scheme("drafter", q.drafter)
-    if target is Scheme.NONE and drafter is Scheme.NONE:
+    if not q.quantizes:
         raise UserError(
-            f"{file}: quantization.target_weights is {q.target_weights} and quantization.drafter is {q.drafter}: "
-            "nothing to quantize (run `convert`); set one of them to fp8 or nvfp4"
+            f"{file}: quantization.target_weights is {q.target_weights}, quantization.drafter is {q.drafter} and "
+            f"quantization.kv_cache is {q.kv_cache}: nothing to quantize (run `convert`); set one of them to fp8 "
+            "(or the weights to nvfp4)"
         )
     activations = q.activations not in FLOAT_FORMATS
     if backend != "reference":

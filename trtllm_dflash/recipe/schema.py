@@ -79,8 +79,10 @@ class Quantization(_Section):
 
     @property
     def quantizes(self) -> bool:
-        """True when the target or the drafter weights are in a quantized format (the quantize stage runs)."""
-        return self.target_weights not in FLOAT_FORMATS or self.drafter not in FLOAT_FORMATS
+        """True when the quantize stage runs: the target or the drafter weights are in a quantized
+        format, or the KV cache is (its scales come from calibration; convert writes none, and a
+        TensorRT-LLM checkpoint without kv_cache_quant_algo builds no FP8 KV cache)."""
+        return any(f not in FLOAT_FORMATS for f in (self.target_weights, self.drafter, self.kv_cache))
 
     def checkpoint_dtype(self, role: Literal["target", "drafter"]) -> str:
         """The high-precision format a model's checkpoint keeps (convert's output, and every tensor
