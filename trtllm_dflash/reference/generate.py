@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
@@ -226,6 +226,27 @@ def _run(decoder: "Decoder", ids, prompts, limits, stops) -> Iterator[StepRecord
     yield decoder.admit(ids, prompts, limits, stops)
     while decoder.running:
         yield decoder.step()
+
+
+class DecoderProtocol(Protocol):
+    """The decode loop as its callers drive it (the serving batcher, checkpoint_steps, the benches):
+    `Decoder` below, whatever runners it holds (reference, emulated engine, TensorRT), and the proxy
+    of a tensor-parallel rank group (serve/checkpoint_runner.py `_RemoteDecoder`). Every
+    implementation has exactly these signatures (tests/serve/test_interfaces.py)."""
+
+    @property
+    def running(self) -> int:
+        """Requests in the batch."""
+
+    def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
+              stops: Sequence[Sequence[int]]) -> StepRecord:
+        """Prefill new requests and add them to the batch."""
+
+    def step(self, draft_len: int | None = None) -> StepRecord:
+        """One round for every running request (draft_len: drafts this round; None: block_size - 1)."""
+
+    def cancel(self, ids: Sequence[int]) -> None:
+        """Remove requests from the batch."""
 
 
 class Decoder:

@@ -12,10 +12,12 @@ All greedy requests share one group, unless they ask for their own draft length 
 (`draft_len`, `mode`: AR, DFlash and DDTree requests on one server), which makes one group
 per (sampling, draft length, mode).
 
-The model is anything with `decoder(**kwargs)` (a reference `Decoder` or one with the same
-admit / step / cancel / running interface), `release(decoder)` and `eos_token_ids`:
-`LocalModel` (target and drafter in this process) or checkpoint_runner's `ShardedModel`
-(tensor-parallel worker processes).
+The model is a `ServingModel`: `LocalModel` (target and drafter in this process),
+checkpoint_runner's `ShardedModel` (tensor-parallel worker processes) or engine_runners'
+`EngineModel` (the engine backend's runners, emulated or TensorRT); its decoders are
+`reference.generate.DecoderProtocol`s. A model that can no longer serve at all (a dead rank)
+says so in `failed`; the engine then fails every request, running and new, with that reason,
+and calls `on_fatal` once (the Triton model marks itself unavailable there).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from trtllm_dflash.reference.draft_policy import DraftPolicy
-from trtllm_dflash.reference.generate import Decoder, StepRecord
+from trtllm_dflash.reference.generate import Decoder, DecoderProtocol, StepRecord
 from trtllm_dflash.reference.verify import SamplingParams
 from trtllm_dflash.serve.trace import now
 
@@ -86,8 +88,28 @@ def _group_key(job: "Job", default_mode: str) -> tuple:
     return (("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)), job.draft_len, job.mode or default_mode
 
 
+class ServingModel(Protocol):
+    """What the serving engine decodes with (every implementation has these signatures:
+    tests/serve/test_interfaces.py)."""
+
+    eos_token_ids: tuple[int, ...]
+    failed: str | None  # why the model can no longer serve (a dead rank), else None
+
+    def decoder(self, *, sampling: SamplingParams, mode: str = "dflash", block_size: int | None = None,
+                ddtree_budget: int | None = None, max_len: int = 2048) -> DecoderProtocol:
+        """A new decode loop (one per sampling group)."""
+
+    def release(self, decoder: DecoderProtocol) -> None:
+        """The group of `decoder` is done; must not raise, even for a failed model."""
+
+    def close(self) -> None:
+        """Free the model (processes, executors)."""
+
+
 class LocalModel:
     """A reference target and drafter in this process."""
+
+    failed = None  # nothing of it can die alone
 
     def __init__(self, target, drafter):
         self.target, self.drafter = target, drafter
@@ -96,8 +118,9 @@ class LocalModel:
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.target.cfg.eos_token_ids
 
-    def decoder(self, **kwargs) -> Decoder:
-        return Decoder(self.target, self.drafter, **kwargs)
+    def decoder(self, *, sampling: SamplingParams, mode: str = "dflash", block_size: int | None = None,
+                ddtree_budget: int | None = None, max_len: int = 2048) -> Decoder:
+        return Decoder(self.target, self.drafter, mode, block_size, ddtree_budget, sampling, max_len)
 
     def release(self, decoder: Decoder) -> None:
         pass
@@ -114,8 +137,9 @@ class ServingEngine:
 
     def __init__(self, model, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
                  ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64,
-                 policy: DraftPolicy | None = None, trace=None):
+                 policy: DraftPolicy | None = None, trace=None, on_fatal: Callable[[str], None] | None = None):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
+        self.on_fatal = on_fatal  # called once, with the reason, when the model can no longer serve
         self.trace = trace  # serve/trace.Trace: per-round timestamps for perf/bench_serve.py, or None
         self.mode, self.ddtree_budget = mode, ddtree_budget  # requests without a mode of their own get `mode`
         self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
@@ -169,6 +193,13 @@ class ServingEngine:
                 for decoder, _ in self.groups.values():
                     self.model.release(decoder)
                 self.groups.clear()
+                self._report_fatal()
+
+    def _report_fatal(self) -> None:
+        """Tell the front end, once, that the model can no longer serve (a dead rank)."""
+        if self.model.failed and self.on_fatal is not None:
+            on_fatal, self.on_fatal = self.on_fatal, None
+            on_fatal(self.model.failed)
 
     def _draft_len(self, key: tuple, jobs: dict[int, Job]) -> int | None:
         if key[1] is not None:  # the requests asked for a draft length
@@ -199,6 +230,7 @@ class ServingEngine:
                 except Exception as e:  # e.g. a mode these runners cannot decode: fail these requests only
                     for job in new:
                         self._finish(job, f"error: {type(e).__name__}: {e}")
+                    self._report_fatal()
                     continue
                 self.groups[key] = (decoder, {})
             decoder, jobs = self.groups[key]

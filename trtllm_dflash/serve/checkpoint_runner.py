@@ -326,11 +326,21 @@ def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, r
         torch.distributed.destroy_process_group()
 
 
+class RankFailed(UserError):
+    """A tensor-parallel rank died or failed: the model can no longer serve any request."""
+
+
 class ShardedModel:
     """The reference target + drafter of a checkpoint in `tp` worker processes (torch.distributed:
     gloo on CPU, NCCL on GPU), each holding only its rank's shard. `decoder()` returns a proxy
     with the reference Decoder's interface (admit / step / cancel / running) whose calls run on
-    every rank; the serving batcher and `checkpoint_steps` drive it like a local Decoder."""
+    every rank; the serving batcher and `checkpoint_steps` drive it like a local Decoder.
+
+    If a rank dies (or raises), the call that finds out raises RankFailed naming the rank and how
+    it ended, the surviving ranks are stopped (a peer of a dead rank would wait in a collective),
+    and every later call raises the same at once: `failed` holds the reason."""
+
+    failed: str | None = None
 
     def __init__(self, info: CheckpointInfo, tp: int, dtype: torch.dtype | None, device: str,
                  runners: str = "reference", max_seq_len: int = 2048):
@@ -348,42 +358,77 @@ class ShardedModel:
         )
         self._reply()  # rank 0 loaded its shard
 
+    @property
+    def pids(self) -> list[int]:
+        """The rank processes' ids, in rank order."""
+        return [p.pid for p in self._procs.processes]
+
     def _reply(self):
         while True:
             try:
                 kind, result, running = self._replies.get(timeout=0.2)
             except queue.Empty:
-                self._procs.join(timeout=0)  # raises if a rank died
+                if any(p.exitcode is not None for p in self._procs.processes):
+                    self._fail("")
                 continue
             if kind == "fatal":
-                raise UserError(f"tensor-parallel run failed: {result}")
+                self._fail(result)
             if kind == "error":
                 raise UserError(result)
             return result, running
 
+    def _fail(self, detail: str):
+        """Record why the model cannot serve, stop the ranks still running, raise RankFailed."""
+        import time
+
+        time.sleep(0.5)  # the peers of a dead rank fail in their next collective: name every rank that ended
+        ended = "; ".join(f"rank {r} {_how_ended(p.exitcode)}" for r, p in enumerate(self._procs.processes)
+                          if p.exitcode is not None)
+        raised = detail.splitlines()[0] if detail else ""
+        self.failed = (f"tensor-parallel {'; '.join(x for x in (ended, raised) if x)}: this model cannot serve any more "
+                       "requests; restart the server")
+        for p in self._procs.processes:
+            if p.is_alive():
+                p.terminate()
+        raise RankFailed(self.failed)
+
     def _send(self, *cmd):
+        if self.failed:
+            raise RankFailed(self.failed)
         for q in self._commands:
             q.put(cmd)
         return self._reply()
 
-    def decoder(self, **kwargs) -> "_RemoteDecoder":
+    def decoder(self, *, sampling, mode: str = "dflash", block_size: int | None = None,
+                ddtree_budget: int | None = None, max_len: int = 2048) -> "_RemoteDecoder":
         self._next += 1
-        self._send("new", self._next, kwargs)
+        self._send("new", self._next, dict(sampling=sampling, mode=mode, block_size=block_size,
+                                           ddtree_budget=ddtree_budget, max_len=max_len))
         return _RemoteDecoder(self, self._next)
 
     def release(self, decoder: "_RemoteDecoder") -> None:
-        self._send("release", decoder.did)
+        if not self.failed:  # a failed model's ranks are gone: nothing to release
+            self._send("release", decoder.did)
 
     def close(self) -> None:
         for q in self._commands:
             q.put(("stop", 0))
         try:
-            while not self._procs.join(timeout=30):
+            while not self.failed and not self._procs.join(timeout=30):
                 pass
         finally:
             for p in self._procs.processes:
                 if p.is_alive():
                     p.terminate()
+
+
+def _how_ended(exitcode: int) -> str:
+    """A process exit code in words: 'exited with code 1' or 'was killed by SIGKILL'."""
+    import signal
+
+    if exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
 
 
 class _RemoteDecoder:
@@ -396,13 +441,14 @@ class _RemoteDecoder:
         result, self.running = self.model._send("call", self.did, method, args)
         return result
 
-    def admit(self, ids, prompts, limits, stops):
+    def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
+              stops: Sequence[Sequence[int]]):
         return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops])
 
-    def step(self):
-        return self._call("step")
+    def step(self, draft_len: int | None = None):
+        return self._call("step", draft_len)
 
-    def cancel(self, ids) -> None:
+    def cancel(self, ids: Sequence[int]) -> None:
         self._call("cancel", list(ids))
 
 

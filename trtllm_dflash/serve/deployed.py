@@ -26,7 +26,7 @@ from trtllm_dflash.serve.requests import Limits
 @dataclass
 class Deployed:
     recipe: object  # the deployed recipe (Recipe)
-    model: object  # LocalModel | ShardedModel
+    model: object  # a batcher.ServingModel: LocalModel | ShardedModel | EngineModel
     tokenizer: object
     engine: object  # ServingEngine
     limits: Limits
@@ -40,7 +40,8 @@ class Deployed:
         self.model.close()
 
 
-def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
+def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> Deployed:
+    """on_fatal(reason): called once when the model can no longer serve (ServingEngine)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -85,7 +86,7 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
     engine = ServingEngine(
         model, copy.deepcopy(tokenizer), mode=mode, block_size=spec.block_size, ddtree_budget=spec.ddtree_budget,
         max_seq_len=build.max_seq_len, max_batch_size=build.max_batch_size, policy=draft_policy(recipe, model),
-        trace=from_env(),
+        trace=from_env(), on_fatal=on_fatal,
     )
     return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
                     checkpoint, info.tp, info.manifest.stage)

@@ -181,6 +181,8 @@ class EngineModel:
     the decoders of every sampling group. With tp > 1 this is one rank's model (its shards and
     `comm`), driven by checkpoint_runner.ShardedModel like the reference runners."""
 
+    failed = None  # a single process: a rank of it that dies takes the whole ShardedModel down
+
     def __init__(self, executor, drafter_weights: dict | None, drafter_cfg, *, vocab_size: int,
                  eos_token_ids: tuple[int, ...], device: str = "cpu", comm=SingleRank(), drafter_factory=None):
         # drafter_factory(max_len) -> DrafterRunner replaces EngineDrafter over drafter_weights (the

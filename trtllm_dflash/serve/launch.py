@@ -176,6 +176,10 @@ class TritonServer:
             f"--grpc-port={e.grpc_port}",
             f"--metrics-port={e.metrics_port}",
             "--disable-auto-complete-config",
+            # Explicit model control: a model that can no longer serve (a dead tensor-parallel rank)
+            # marks itself unavailable (triton_model.mark_unavailable); every model loads at start.
+            "--model-control-mode=explicit",
+            "--load-model=*",
             # A clean unload takes ~3 s (the Python backend stops its stub); a stream the client left
             # half-closed can hold the model until the timeout, so do not wait long for it.
             "--exit-timeout-secs=4",

@@ -14,7 +14,8 @@ Routes
                                tiny pair's has none): one "role: content" line per message, then
                                "assistant:" (the fallback in use is logged and shown in /v1/models)
   GET  /health                 200 once the engine is loaded, with the engine's running and
-                               queued requests and how many requests ended, by finish reason
+                               queued requests and how many requests ended, by finish reason;
+                               503 with the reason once the model cannot serve (a dead tp rank)
 Both generation routes take stream (server-sent events ending with `data: [DONE]`),
 stream_options.include_usage, max_tokens (chat: also max_completion_tokens; default 16 for
 completions, the rest of build.max_seq_len for chat), temperature (default 1, as OpenAI's;
@@ -319,6 +320,8 @@ def create_app(deployed, model_name: str):
 
     @app.get("/health")
     async def health():
+        if deployed.model.failed:  # a dead tensor-parallel rank: this server cannot serve
+            return JSONResponse({"status": "failed", "reason": deployed.model.failed}, status_code=503)
         engine = deployed.engine
         for _ in range(10):  # the engine thread may resize its groups while we count them
             try:

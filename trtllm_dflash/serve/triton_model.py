@@ -95,6 +95,36 @@ def check_stub_numpy() -> None:
             "triton-inference-server/python_backend PR #384): use Triton >= 24.11 or numpy < 2 in the stub")
 
 
+# A config parameter only `mark_unavailable` sets: the reason this deployment cannot serve.
+FAILED_PARAMETER = "failed"
+
+
+def mark_unavailable(model_name: str, config: dict, reason: str) -> None:
+    """Make Triton report the model, and with strict readiness the server, not ready, `reason`
+    in the repository index (POST /v2/repository/index): unload it, then load it again with
+    FAILED_PARAMETER set, which `initialize` refuses. A Python model has no say in its readiness
+    (before triton-inference-server/python_backend PR #423, Dec 2025, not even a dead stub made it
+    unready), and a failed *re*load keeps the old version serving, hence the unload first. Needs
+    --model-control-mode=explicit (serve/launch.py starts tritonserver so); runs on a thread of its
+    own, as the unload waits for this model's requests and calls finalize."""
+
+    def run():
+        try:
+            pb_utils.unload_model(model_name)
+            for _ in range(600):
+                if not pb_utils.is_model_ready(model_name):
+                    break
+                time.sleep(0.05)
+            failed = {**config, "parameters": {**config.get("parameters", {}), FAILED_PARAMETER: {"string_value": reason}}}
+            pb_utils.load_model(model_name, config=json.dumps(failed))
+        except Exception as e:  # the load fails as meant; anything else: say why health still says ready
+            if reason not in str(e):
+                pb_utils.Logger.log_error(f"dflash: could not mark {model_name} unavailable ({e}); it answers every "
+                                          f"request with: {reason}")
+
+    threading.Thread(target=run, name="dflash-unavailable", daemon=True).start()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from trtllm_dflash.serve.deployed import open_deployed
@@ -102,9 +132,12 @@ class TritonPythonModel:
         check_stub_numpy()
         cfg = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        if FAILED_PARAMETER in params:
+            raise RuntimeError(f"not serving: {params[FAILED_PARAMETER]}")
         version_dir = Path(args["model_repository"]) / args["model_version"]
+        name = args["model_name"]
         # The same loader and engine as the OpenAI-compatible server (serve/deployed.py).
-        self.deployed = open_deployed(version_dir, params)
+        self.deployed = open_deployed(version_dir, params, on_fatal=lambda why: mark_unavailable(name, cfg, why))
         self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
         self.outbox = _Outbox()
         d = self.deployed
@@ -112,6 +145,8 @@ class TritonPythonModel:
 
         pb_utils.Logger.log_info(f"dflash: {d.recipe.name} ready ({d.mode}, block {d.recipe.speculative.block_size}, "
                                  f"{d.stage} output {d.checkpoint}, tp {d.tp}, {torch.get_num_threads()} torch threads)")
+        if hasattr(d.model, "pids"):
+            pb_utils.Logger.log_info(f"dflash: tensor-parallel rank processes (rank order): {d.model.pids}")
         cost = getattr(self.engine.policy, "cost", None)
         if cost is not None:  # draft_len: auto
             pb_utils.Logger.log_info(f"dflash: draft length auto; round cost fitted at start-up: {cost.fixed * 1e3:.2f} ms "

@@ -1,0 +1,102 @@
+"""The reference backend at tp=2 (two gloo rank processes, each holding only its shard) behind a real
+tritonserver: tp=1's greedy text token for token on 12 prompts, 16 concurrent streams, and a
+killed rank: every in-flight and later request gets an error naming it, and the model, then the
+server, stop reporting ready (triton_model.mark_unavailable), instead of hanging."""
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from serve_helpers import deployed, make_pair, write_recipe
+
+pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
+
+from test_server import reference_text, request, stream  # noqa: E402
+
+from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
+from trtllm_dflash.recipe import load_recipe  # noqa: E402
+from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
+
+PROMPTS = [f"def f{i}(x):\n    return x * {i} + {'xyz'[i % 3]}" for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served-tp2")
+    make_pair(root)
+    ports = (free_port(), free_port(), free_port())
+    recipe = load_recipe(write_recipe(root, ports), ["parallel.tp=2"])
+    out = deployed(recipe, root / "pipeline")
+    server = TritonServer(out / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
+    yield recipe, server
+    server.stop()
+
+
+def _status(server, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{server.endpoints.http_url}{path}", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_tp2_serves_tp1s_greedy_text(served):
+    recipe, server = served
+    assert "rank processes (rank order)" in server.log_path.read_text()  # really two ranks
+
+    async def each():
+        return [await stream(server.endpoints.grpc_url, request(p.encode(), 16)) for p in PROMPTS]
+
+    for prompt, (deltas, last, error) in zip(PROMPTS, asyncio.run(each())):
+        assert error is None
+        assert "".join(deltas) == reference_text(recipe, prompt, 16), prompt
+
+
+def test_sixteen_concurrent_streams_finish_exact(served):
+    recipe, server = served
+    prompts = [PROMPTS[i % 12] + "\n" * (i // 12) for i in range(16)]
+
+    async def many():
+        return await asyncio.gather(*(stream(server.endpoints.grpc_url, request(p.encode(), 12)) for p in prompts))
+
+    results = asyncio.run(many())
+    assert all(error is None and last["finish_reason"] in (b"length", b"stop") for _, last, error in results)
+    for p, (deltas, _, _) in zip(prompts, results):
+        assert "".join(deltas) == reference_text(recipe, p, 12)
+
+
+def test_a_killed_rank_fails_requests_clearly_and_the_server_goes_unready(served):
+    """Runs last in this module: it takes the deployment down."""
+    _, server = served
+    pids = json.loads(re.search(r"rank processes \(rank order\): (\[[0-9, ]+\])", server.log_path.read_text())[1])
+    assert len(pids) == 2 and _status(server, "/v2/health/ready") == 200
+
+    async def in_flight_then_kill():
+        task = asyncio.create_task(stream(server.endpoints.grpc_url, request(b"def g(x):\n", 120)))
+        await asyncio.sleep(0.3)  # the request is decoding
+        os.kill(pids[1], signal.SIGKILL)
+        return await asyncio.wait_for(task, 60)  # no hang
+
+    deltas, last, error = asyncio.run(in_flight_then_kill())
+    reason = error or last.get("finish_reason", b"").decode()
+    assert "rank 1 was killed by SIGKILL" in reason and "cannot serve" in reason
+    _, _, later = asyncio.run(asyncio.wait_for(stream(server.endpoints.grpc_url, request()), 60))
+    assert later is not None  # ours naming the rank, or Triton's once the model is unloaded
+    deadline = time.monotonic() + 60
+    while _status(server, "/v2/health/ready") == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _status(server, "/v2/health/ready") != 200 and _status(server, "/v2/models/dflash/ready") != 200
+    while time.monotonic() < deadline:  # the failing load ends in UNAVAILABLE, with the reason
+        (model,) = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"http://{server.endpoints.http_url}/v2/repository/index", b"{}", method="POST"), timeout=5).read())
+        if model["state"] != "LOADING":
+            break
+        time.sleep(0.2)
+    assert model["state"] == "UNAVAILABLE" and "rank 1 was killed by SIGKILL" in model["reason"]
+    assert _status(server, "/v2/health/ready") != 200  # and stays so
