@@ -1,7 +1,8 @@
 """Recipe rules: cross-field checks that save a wasted GPU hour.
 
-Formats the hardware supports, tp that divides the heads, drafter/target agreement,
-backend and version support, build limits, and the memory plan fitting the device.
+Formats the hardware supports, tp against every dimension it splits (recipe/sharding.py),
+drafter/target agreement, backend and version support, build limits, and the memory plan
+fitting each rank's GPU (recipe/planner.py).
 `check` returns every violation (errors) and note (warnings) of a parsed recipe.
 """
 
