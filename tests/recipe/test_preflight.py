@@ -224,4 +224,17 @@ def test_the_plan_uses_the_fraction_deploy_writes(tmp_path):
     recipe = load_recipe(GPT_OSS)
     written = extra_llm_api_options(recipe, tmp_path)["kv_cache_config"]["free_gpu_memory_fraction"]
     assert plan(recipe).kv_fraction == written == F
-    assert plan(load_recipe(None)).kv_fraction is None  # the reference backend has no KV pool
+    ref = plan(load_recipe(None))  # the reference backend has no KV pool: it needs every row
+    assert ref.kv_fraction is None and ref.kv_pool_bytes is None
+    assert ref.need_bytes == pytest.approx(sum(r.bytes * (16 if r.per_sequence else 1) for r in ref.rows), rel=1e-12)
+    assert {r.where for r in ref.rows if r.per_sequence} == {"start-up", "on demand"}
+
+
+def test_drafter_context_per_token_matches_the_upstream_figure():
+    """Issue #16005: "10 KB/token/rank" at TP2 for a 5-layer, 8-KV-head BF16 drafter (head dim
+    128): 5 x K,V x 4 heads x 128 x 2 bytes = 10240 bytes per token on each of 2 ranks."""
+    from trtllm_dflash.recipe.models import catalog_facts
+    from trtllm_dflash.recipe.planner import drafter_ctx_bytes_per_seq
+
+    d = catalog_facts("qwen3-8b-dflash-b16", "test")
+    assert drafter_ctx_bytes_per_seq(d, 2, 1, 0, 2.0) == 10240

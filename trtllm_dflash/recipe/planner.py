@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GiB, GpuSpec, hardware_catalog
 from trtllm_dflash.recipe.models import ArchFacts
@@ -68,7 +68,7 @@ GPU_RUNTIME_RESERVE = 2 * GiB
 CPU_RUNTIME_RESERVE = 1 * GiB
 HIGH_PRECISION = 2.0  # bytes: embeddings, LM head, norms and activations stay BF16
 
-Where = Literal["start-up", "KV pool", "after pool"]
+Where = Literal["start-up", "KV pool", "after pool", "on demand"]  # "on demand": no pool (reference)
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,6 @@ class MemoryPlan:
     @property
     def need_gib(self) -> float:
         return self.need_bytes / GiB
-
-    def at(self, where: Where) -> float:
-        """Bytes this rank holds in one allocation at max_batch_size."""
-        return sum(r.bytes * (self.max_batch_size if r.per_sequence else 1) for r in self.rows if r.where == where)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -208,6 +204,7 @@ def _rows(recipe: Recipe, tp: int, gpu: GpuSpec) -> list[PlanRow]:
     ctx = drafter_ctx_bytes_per_seq(d, tp, b.max_seq_len, block, BYTES_PER_ELEMENT[ctx_fmt])
     vocab = vocab_rows_per_rank(t.vocab_size, tp)
     tokens = f"{b.max_seq_len}+{block} tokens"
+    pool, after = ("KV pool", "after pool") if kv_fraction(backend) else ("on demand", "on demand")
     rows = _weight_rows(recipe, tp) + [
         PlanRow("activations", act, False, f"max_num_tokens {b.max_num_tokens} x ({n_feat} captured features + "
                 "GEMM outputs)"),
@@ -215,20 +212,24 @@ def _rows(recipe: Recipe, tp: int, gpu: GpuSpec) -> list[PlanRow]:
                 "CUDA context, cuBLAS/NCCL workspaces"),
         PlanRow("verify logits", block * vocab * 4, True, f"{block} x {vocab} vocab rows x fp32"),
         PlanRow("target KV cache", kv, True, f"{t.num_layers} layers x {tokens} x "
-                f"{kv_heads_per_rank(t.num_kv_heads, tp)} KV heads x {t.head_dim} x {q.kv_cache}", "KV pool"),
+                f"{kv_heads_per_rank(t.num_kv_heads, tp)} KV heads x {t.head_dim} x {q.kv_cache}", pool),
         PlanRow("drafter context cache", ctx, True, f"{d.num_layers} layers x {tokens} x "
-                f"{kv_heads_per_rank(d.num_kv_heads, tp)} KV heads x {d.head_dim} x {ctx_fmt}", "after pool"),
+                f"{kv_heads_per_rank(d.num_kv_heads, tp)} KV heads x {d.head_dim} x {ctx_fmt}", after),
     ]
     if backend == "pytorch":
         rows.append(PlanRow("drafter dummy slot", ctx, False, "TensorRT-LLM DFlash arena has max_batch_size+1 slots",
-                            "after pool"))
+                            after))
     return rows
+
+
+def _by_where(rows: list[PlanRow], batch: int) -> dict[str, float]:
+    """Bytes of each allocation (start-up, KV pool, after pool) at `batch` sequences."""
+    return {w: sum(r.bytes * (batch if r.per_sequence else 1) for r in rows if r.where == w) for w in get_args(Where)}
 
 
 def _need(rows: list[PlanRow], batch: int, fraction: float | None) -> float:
     """The least GPU memory on which `rows` fit at `batch` sequences (see the module docstring)."""
-    at = {w: sum(r.bytes * (batch if r.per_sequence else 1) for r in rows if r.where == w)
-          for w in ("start-up", "KV pool", "after pool")}
+    at = _by_where(rows, batch)
     if fraction is None:
         return sum(at.values())
     return at["start-up"] + max(at["KV pool"] / fraction, at["after pool"] / (1 - fraction))
@@ -265,7 +266,7 @@ def plan(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | None = None) -
     rows = _rows(recipe, tp, gpu)
     capacity = gpu.memory_bytes
     need = _need(rows, b.max_batch_size, fraction)
-    startup = sum(r.bytes * (b.max_batch_size if r.per_sequence else 1) for r in rows if r.where == "start-up")
+    startup = _by_where(rows, b.max_batch_size)["start-up"]
     read, floor_ms = _bandwidth(recipe, tp, gpu)
     return MemoryPlan(
         recipe=recipe.name, device=gpu.name, devices=recipe.hardware.count, tp=tp, max_batch_size=b.max_batch_size,

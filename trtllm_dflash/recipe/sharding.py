@@ -102,11 +102,11 @@ def problem(d: ModelDims, tp: int, backend: str) -> str | None:
     """Why `tp` cannot split this model on `backend` (the first rule it breaks), or None."""
     for name, size, why in _rules(d, backend):
         if size % tp:
-            padded = vocab_rows_per_rank(size, tp) * tp
-            return f"{tp} does not divide {d.who} {name} {size}" + why.format(padded=padded)
+            next_multiple = math.ceil(size / tp) * tp  # what TensorRT-LLM pads a vocabulary to
+            return f"{tp} does not divide {d.who} {name} {size}" + why.format(padded=next_multiple)
     if d.num_kv_heads % tp and tp % d.num_kv_heads:
         return (f"{tp} and {d.who} num_kv_heads {d.num_kv_heads}: one must divide the other (TensorRT-LLM "
-                f"replicates KV heads only when tp is a multiple of num_kv_heads)")
+                "replicates KV heads only when tp is a multiple of num_kv_heads)")
     return None
 
 
