@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     for issue in check(recipe):
         console.print(f"note: {issue.field}: {issue.message}", markup=False)
     p = plan(recipe)
-    console.print(f"{p.total_gib:.2f} GiB of {p.capacity_gib:.1f} GiB per device at max_batch_size {p.max_batch_size}; "
+    console.print(f"{p.need_gib:.2f} GiB needed of {p.capacity_gib:.1f} GiB per rank at max_batch_size {p.max_batch_size}; "
                   f"max concurrency that fits: {p.max_concurrency}")
     console.rule("[bold]pipeline")
     rc, out, stages = run_pipeline(args, console)

@@ -51,6 +51,7 @@ from trtllm_dflash.convert.weight_maps import (
 )
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.sharding import ModelDims, tp_message
 from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, read_json
 
 Layout = Literal["trtllm", "hf"]
@@ -151,22 +152,20 @@ def _local_dir(src, field: str) -> Path:
     return path
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def check_tp(who: str, tp: int, sizes: dict[str, int], kv_heads: int) -> None:
-    """tp must divide every split dimension; KV heads may be replicated instead."""
-    for name, n in sizes.items():
-        if n % tp:
-            raise UserError(
-                f"parallel.tp: {tp} does not divide the {who}'s {name} {n}; allowed tp: {', '.join(map(str, _divisors(n)))}"
-            )
-    if kv_heads % tp and tp % kv_heads:
-        raise UserError(
-            f"parallel.tp: {tp} and the {who}'s num_key_value_heads {kv_heads}: one must divide the other "
-            f"(tp > num_key_value_heads replicates KV heads)"
-        )
+def check_tp(tp: int, t, d) -> None:
+    """tp against every dimension it splits in the target and the drafter read from their
+    config.json (the recipe rules' definition: recipe/sharding.py, our converter's layout)."""
+    models = [
+        ModelDims("target", t.num_heads, t.num_kv_heads,
+                  t.intermediate_size if t.moe is None or not all(t.moe.sparse_layers) else 0, t.vocab_size,
+                  num_experts=t.moe.num_experts if t.moe else 0,
+                  moe_intermediate_size=t.moe.intermediate_size if t.moe else 0),
+        # The drafter checkpoint holds its own copy of the target's embedding and LM head rows.
+        ModelDims("drafter", d.num_heads, d.num_kv_heads, d.intermediate_size, t.vocab_size, fc_out=d.hidden_size),
+    ]
+    why = tp_message(models, tp, "engine")
+    if why:
+        raise UserError(f"parallel.tp: {why}")
 
 
 def _expected_shapes(role: Role, cfg) -> dict[str, tuple[int, ...]]:
@@ -398,17 +397,7 @@ def recorded_sources(convert_dir: Path, m: Manifest) -> Sources:
 
 def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
     t, d = src.target_cfg, src.drafter_cfg
-    sizes = {"num_attention_heads": t.num_heads, "vocab_size": t.vocab_size}
-    if t.moe is None or not all(t.moe.sparse_layers):
-        sizes["intermediate_size"] = t.intermediate_size
-    if t.moe is not None:
-        sizes["moe_intermediate_size"] = t.moe.intermediate_size
-    check_tp("target", tp, sizes, t.num_kv_heads)
-    check_tp(
-        "drafter", tp,
-        {"num_attention_heads": d.num_heads, "intermediate_size": d.intermediate_size, "hidden_size": d.hidden_size},
-        d.num_kv_heads,
-    )
+    check_tp(tp, t, d)
     arch_map = WEIGHT_MAPS[t.arch]
     tied = t.tie_word_embeddings and "lm_head.weight" not in src.target.tensors
     plans: dict[Role, ModelPlan] = {}

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.recipe.rules import DEFAULT_TRTLLM_VERSION, PYTORCH_TRTLLM_LINES, trtllm_line
 
 # Prompt tokens recomputed after a prefix-cache hit on 1.4 (the drafter's context then starts
@@ -172,7 +173,7 @@ def llm_args(recipe: Recipe, artifact: Path) -> dict:
         "max_seq_len": b.max_seq_len,
         "max_num_tokens": b.max_num_tokens,
         # The DFlash context arena is allocated after the KV pool: leave room for it.
-        "kv_cache_config": {"dtype": kv_dtype, "free_gpu_memory_fraction": 0.8, "enable_block_reuse": reuse},
+        "kv_cache_config": {"dtype": kv_dtype, "free_gpu_memory_fraction": KV_CACHE_FREE_GPU_MEM_FRACTION, "enable_block_reuse": reuse},
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": b.max_batch_size},
         **({"enable_chunked_prefill": True} if reuse else {}),
         # Per-request acceptance (perf-metric outputs of the Triton model, /perf_metrics).

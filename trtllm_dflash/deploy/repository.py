@@ -37,6 +37,7 @@ from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtll
 from trtllm_dflash.deploy.triton_config import dflash_model_config, llmapi_model_config, render
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.recipe.stages import input_stage, source_ref
 
 REPOSITORY = "model_repository"
@@ -131,7 +132,7 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
                     block_size=str(spec.block_size),
                     draft_len_schedule=json.dumps({b.max_concurrency: b.draft_len for b in spec.bands}),
                     max_batch_size=str(recipe.build.max_batch_size),
-                    kv_cache_free_gpu_mem_fraction="0.8",
+                    kv_cache_free_gpu_mem_fraction=str(KV_CACHE_FREE_GPU_MEM_FRACTION),
                 )
             (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, params), header))
             (version / "model.py").write_text(MODEL_PY)

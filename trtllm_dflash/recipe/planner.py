@@ -1,48 +1,83 @@
-"""Memory planner: what one device holds for a recipe, and the concurrency that fits.
+"""Memory planner: what one rank holds for a recipe, whether that fits its GPU, the largest
+concurrency that does, and the smallest tp that fits on each GPU of the catalog.
 
-Per device (tp ranks share every weight matrix and every KV head evenly; KV heads are
-replicated when tp > num_kv_heads):
+Per rank (how tp splits each dimension, and the vocabulary rows a rank holds: recipe/sharding.py):
 
-    target weights  = (linear_params * bytes(target_weights) + embed/lm_head params * 2) / tp
-    drafter weights = drafter linear_params * bytes(drafter) / tp
-                      (the drafter shares the target's embedding and LM head)
-    target KV / seq = sum over layers of tokens(layer) * 2 * ceil(n_kv / tp) * head_dim * bytes(kv_cache)
+    target weights  = linear_params * bytes(target_weights) / tp + embedding and LM head rows * hidden * 2
+    drafter weights = drafter layers * bytes(drafter) / tp, plus its fc (n_captured * hidden^2):
+                      split by our converter (engine, reference), replicated by TensorRT-LLM's DFlash
+                      (pytorch); the engine backend's drafter engine also holds its own BF16 copy of the
+                      target's embedding and LM head rows (convert/weight_maps.py DRAFTER_MAP), the
+                      other backends' drafters use the target's
+    activations     = max_num_tokens * (n_captured * hidden * 2       # captured target features, bf16
+                                        + (4 * hidden + 2 * ffn / tp) * 2)  # transient GEMM outputs, bf16
+    runtime reserve = 2 GiB per GPU (CUDA context, cuBLAS / NCCL workspaces); 1 GiB on cpu
+    verify logits   = block_size * vocab rows * 4 per sequence (fp32)
+    target KV / seq = sum over layers of tokens(layer) * 2 * kv_heads_per_rank * head_dim * bytes(kv_cache)
                       tokens = max_seq_len + block_size (the verify block is written before the trim),
                       capped at sliding_window + block_size on sliding-window layers
-    draft ctx / seq = drafter layers * (max_seq_len + block_size) * 2 * ceil(n_kv_d / tp) * head_dim_d
+    draft ctx / seq = drafter layers * (max_seq_len + block_size) * 2 * kv_heads_per_rank * head_dim
                       * bytes(context cache); the pytorch backend keeps it in BF16 and allocates one
                       extra (dummy) slot
-    logits / seq    = block_size * vocab / tp * 4 (fp32 verify logits)
-    activations     = max_num_tokens * (n_target_layers * hidden * 2      # captured target features, bf16
-                                        + (4 * hidden + 2 * ffn / tp) * 2) # transient GEMM outputs, bf16
-    runtime reserve = 2 GiB per GPU (CUDA context, cuBLAS / NCCL workspaces); 1 GiB on cpu
-    capacity        = device memory * 0.95 (allocator fragmentation)
 
-fits iff weights + activations + reserve + max_batch_size * (KV + ctx + logits) <= capacity;
-max_concurrency = floor((capacity - fixed) / per-sequence bytes).
+Where each lives, in the order TensorRT-LLM allocates at start-up (both GPU backends): weights,
+activations, runtime buffers and the verify logits first ("start-up", S); then the KV cache
+manager takes the fraction f = KV_CACHE_FREE_GPU_MEM_FRACTION of the memory still free ("KV pool":
+the target KV cache); the drafter's context arena is allocated after that, from what the pool
+left ("after pool"). That order is TensorRT-LLM's DFlash arena (its warning that the arena lands
+after the KV cache manager has carved its pool; shared reference pytorch-backend.md section 2.4;
+an arena sized for max_batch_size x max_seq_len that does not fit there starves admission or
+fails to allocate: https://github.com/NVIDIA/TensorRT-LLM/issues/16005, open. `check` refuses such
+a recipe before launch instead: the "after pool" term below)
+and our engine backend's (serve/trt_runners.py open_trt_engine: the drafter engine loads before
+the Executor carves its pool; the arenas are made per decoder afterwards). With M the GPU's memory
+(hardware catalog):
+
+    fits  iff  target KV <= f * (M - S)  and  drafter arena <= (1 - f) * (M - S)
+    need  =  S + max(target KV / f, drafter arena / (1 - f))       the least M on which it fits
+
+The reference backend has no pool (torch allocates on demand): need = S + KV + arena. The runtime
+reserve is the allocator's slack there. max_concurrency = the largest max_batch_size whose need
+fits M; `smallest_tp` = the least tp that splits both models (sharding.py) and fits.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal, get_args
 
-from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GiB
+from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GiB, GpuSpec, hardware_catalog
 from trtllm_dflash.recipe.models import ArchFacts
 from trtllm_dflash.recipe.schema import Recipe
+from trtllm_dflash.recipe.sharding import (
+    OUR_CONVERTER,
+    ModelDims,
+    allowed_tps,
+    kv_heads_per_rank,
+    vocab_rows_per_rank,
+)
 
-CAPACITY_FRACTION = 0.95
+# The free-memory fraction every GPU deployment we write gives the target's KV cache: deploy
+# writes it into the pytorch backend's kv_cache_config.free_gpu_memory_fraction and the engine
+# backend's kv_cache_free_gpu_mem_fraction (the 1.2.1 Executor's KvCacheConfig), serve reads it
+# back. Below TensorRT-LLM's 0.9 default: the DFlash context arena is allocated from what the
+# pool leaves.
+KV_CACHE_FREE_GPU_MEM_FRACTION = 0.8
 GPU_RUNTIME_RESERVE = 2 * GiB
 CPU_RUNTIME_RESERVE = 1 * GiB
 HIGH_PRECISION = 2.0  # bytes: embeddings, LM head, norms and activations stay BF16
+
+Where = Literal["start-up", "KV pool", "after pool", "on demand"]  # "on demand": no pool (reference)
 
 
 @dataclass(frozen=True)
 class PlanRow:
     component: str
-    bytes: float
+    bytes: float  # per rank; per sequence when per_sequence
     per_sequence: bool
     formula: str
+    where: Where = "start-up"
 
     @property
     def gib(self) -> float:
@@ -57,10 +92,13 @@ class MemoryPlan:
     tp: int
     max_batch_size: int
     rows: list[PlanRow]
-    capacity_bytes: float
+    capacity_bytes: float  # the GPU's memory (hardware catalog)
+    kv_fraction: float | None  # None: no KV pool (reference backend)
     fixed_bytes: float
     per_sequence_bytes: float
-    total_bytes: float
+    total_bytes: float  # every row at max_batch_size
+    need_bytes: float  # the least GPU memory this rank fits in at max_batch_size
+    kv_pool_bytes: float | None  # the pool's size on this GPU: f * (M - start-up)
     max_concurrency: int
     fits: bool
     weights_read_per_step_bytes: float
@@ -74,16 +112,32 @@ class MemoryPlan:
     def capacity_gib(self) -> float:
         return self.capacity_bytes / GiB
 
+    @property
+    def need_gib(self) -> float:
+        return self.need_bytes / GiB
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["rows"] = [dict(asdict(r), gib=round(r.gib, 4)) for r in self.rows]
-        d["total_gib"] = round(self.total_gib, 4)
-        d["capacity_gib"] = round(self.capacity_gib, 4)
+        d.update(total_gib=round(self.total_gib, 4), capacity_gib=round(self.capacity_gib, 4),
+                 need_gib=round(self.need_gib, 4))
         return d
 
 
-def kv_heads_per_rank(n_kv: int, tp: int) -> int:
-    return max(1, math.ceil(n_kv / tp))
+@dataclass(frozen=True)
+class TpFit:
+    """The smallest tp at which a recipe fits one GPU type (None: none up to max_per_node)."""
+
+    gpu: GpuSpec
+    tp: int | None
+    need_bytes: float  # per rank, at `tp` (or at the largest allowed tp when none fits)
+    tried: list[int]  # the tps that split both models, in the order tried
+    unsupported: list[str]  # the recipe's formats this GPU does not run
+
+    def describe(self) -> str:
+        if self.tp is not None:
+            return str(self.tp)
+        return f"none up to {self.gpu.max_per_node} per node" if self.tried else "no tp splits the models"
 
 
 def target_kv_bytes_per_seq(t: ArchFacts, tp: int, max_seq_len: int, block_size: int, kv_bytes: float) -> float:
@@ -108,62 +162,139 @@ def context_cache_format(recipe: Recipe) -> str:
     return kv
 
 
-def plan(recipe: Recipe) -> MemoryPlan:
-    t, d, gpu = recipe.target_facts, recipe.drafter_facts, recipe.gpu
-    q, b, tp = recipe.quantization, recipe.build, recipe.parallel.tp
-    block = recipe.speculative.block_size
-    wbytes, dbytes = BYTES_PER_ELEMENT[q.target_weights], BYTES_PER_ELEMENT[q.drafter]
-    kvbytes = BYTES_PER_ELEMENT[q.kv_cache]
-    ctx_fmt = context_cache_format(recipe)
-    ctxbytes = BYTES_PER_ELEMENT[ctx_fmt]
+def kv_fraction(backend: str) -> float | None:
+    """The fraction of free memory the KV pool takes (None: the reference backend has no pool)."""
+    return None if backend == "reference" else KV_CACHE_FREE_GPU_MEM_FRACTION
+
+
+def model_dims(recipe: Recipe) -> list[ModelDims]:
+    return [ModelDims.of("target", recipe.target_facts), ModelDims.of("drafter", recipe.drafter_facts)]
+
+
+def _weight_rows(recipe: Recipe, tp: int) -> list[PlanRow]:
+    t, d, q, backend = recipe.target_facts, recipe.drafter_facts, recipe.quantization, recipe.backend.name
+    rows = vocab_rows_per_rank(t.vocab_size, tp)
+    tables = 1 if t.tie_word_embeddings else 2  # embedding and LM head
+    embed = tables * rows * t.hidden_size * HIGH_PRECISION
+    fc = len(d.target_layer_ids or []) * d.hidden_size ** 2
+    fc_split = backend in OUR_CONVERTER
+    drafter = (d.linear_params - fc) * BYTES_PER_ELEMENT[q.drafter] / tp
+    drafter += fc * BYTES_PER_ELEMENT[q.drafter] / (tp if fc_split else 1)
+    own_head = backend == "engine"  # the drafter engine embeds its block and picks its drafts itself
+    drafter += embed if own_head else 0.0
+    placement = "layers and fc / tp" if fc_split else "layers / tp, fc replicated"
+    placement += " + its own embed/head copy x bf16" if own_head else ""
+    return [
+        PlanRow("target weights", t.linear_params * BYTES_PER_ELEMENT[q.target_weights] / tp + embed,
+                False, f"{t.linear_params / 1e9:.2f}B linear x {q.target_weights} / tp + {tables} x {rows} "
+                f"vocab rows x bf16"),
+        PlanRow("drafter weights", drafter, False, f"{d.linear_params / 1e9:.3f}B x {q.drafter}: {placement}"),
+    ]
+
+
+def _rows(recipe: Recipe, tp: int, gpu: GpuSpec) -> list[PlanRow]:
+    t, d, b = recipe.target_facts, recipe.drafter_facts, recipe.build
+    q, block, backend = recipe.quantization, recipe.speculative.block_size, recipe.backend.name
     ffn = t.intermediate_size if not t.is_moe else t.experts_per_token * t.moe_intermediate_size
     n_feat = len(d.target_layer_ids or [])
-
-    target_w = (t.linear_params * wbytes + t.embedding_params * HIGH_PRECISION) / tp
-    drafter_w = d.linear_params * dbytes / tp
-    activations = b.max_num_tokens * (n_feat * t.hidden_size * HIGH_PRECISION + (4 * t.hidden_size + 2 * ffn / tp) * HIGH_PRECISION)
+    ctx_fmt = context_cache_format(recipe)
+    act = b.max_num_tokens * (n_feat * t.hidden_size + 4 * t.hidden_size + 2 * ffn / tp) * HIGH_PRECISION
     reserve = CPU_RUNTIME_RESERVE if gpu.is_cpu else GPU_RUNTIME_RESERVE
-    kv = target_kv_bytes_per_seq(t, tp, b.max_seq_len, block, kvbytes)
-    ctx = drafter_ctx_bytes_per_seq(d, tp, b.max_seq_len, block, ctxbytes)
-    logits = block * t.vocab_size / tp * 4
-    dummy_slot = ctx if recipe.backend.name == "pytorch" else 0.0
-
-    rows = [
-        PlanRow("target weights", target_w, False, f"{t.linear_params / 1e9:.2f}B linear x {q.target_weights} + {t.embedding_params / 1e9:.2f}B embed/head x bf16, / tp"),
-        PlanRow("drafter weights", drafter_w, False, f"{d.linear_params / 1e9:.3f}B x {q.drafter}, / tp"),
-        PlanRow("activations", activations, False, f"max_num_tokens {b.max_num_tokens} x ({n_feat} captured features + GEMM outputs)"),
-        PlanRow("runtime reserve", reserve, False, "CUDA context, cuBLAS/NCCL workspaces" if not gpu.is_cpu else "Python + torch"),
-        PlanRow("target KV cache", kv, True, f"{t.num_layers} layers x {b.max_seq_len}+{block} tokens x {kv_heads_per_rank(t.num_kv_heads, tp)} KV heads x {t.head_dim} x {q.kv_cache}"),
-        PlanRow("drafter context cache", ctx, True, f"{d.num_layers} layers x {b.max_seq_len}+{block} tokens x {kv_heads_per_rank(d.num_kv_heads, tp)} KV heads x {d.head_dim} x {ctx_fmt}"),
-        PlanRow("verify logits", logits, True, f"{block} x vocab {t.vocab_size} / tp x fp32"),
+    kv = target_kv_bytes_per_seq(t, tp, b.max_seq_len, block, BYTES_PER_ELEMENT[q.kv_cache])
+    ctx = drafter_ctx_bytes_per_seq(d, tp, b.max_seq_len, block, BYTES_PER_ELEMENT[ctx_fmt])
+    vocab = vocab_rows_per_rank(t.vocab_size, tp)
+    tokens = f"{b.max_seq_len}+{block} tokens"
+    pool, after = ("KV pool", "after pool") if kv_fraction(backend) else ("on demand", "on demand")
+    rows = _weight_rows(recipe, tp) + [
+        PlanRow("activations", act, False, f"max_num_tokens {b.max_num_tokens} x ({n_feat} captured features + "
+                "GEMM outputs)"),
+        PlanRow("runtime reserve", reserve, False, "Python + torch" if gpu.is_cpu else
+                "CUDA context, cuBLAS/NCCL workspaces"),
+        PlanRow("verify logits", block * vocab * 4, True, f"{block} x {vocab} vocab rows x fp32"),
+        PlanRow("target KV cache", kv, True, f"{t.num_layers} layers x {tokens} x "
+                f"{kv_heads_per_rank(t.num_kv_heads, tp)} KV heads x {t.head_dim} x {q.kv_cache}", pool),
+        PlanRow("drafter context cache", ctx, True, f"{d.num_layers} layers x {tokens} x "
+                f"{kv_heads_per_rank(d.num_kv_heads, tp)} KV heads x {d.head_dim} x {ctx_fmt}", after),
     ]
-    if dummy_slot:
-        rows.insert(4, PlanRow("drafter dummy slot", dummy_slot, False, "TensorRT-LLM DFlash arena has max_batch_size+1 slots"))
-    fixed = sum(r.bytes for r in rows if not r.per_sequence)
-    per_seq = sum(r.bytes for r in rows if r.per_sequence)
-    capacity = gpu.memory_bytes * CAPACITY_FRACTION
-    total = fixed + b.max_batch_size * per_seq
-    max_conc = max(0, math.floor((capacity - fixed) / per_seq))
+    if backend == "pytorch":
+        rows.append(PlanRow("drafter dummy slot", ctx, False, "TensorRT-LLM DFlash arena has max_batch_size+1 slots",
+                            after))
+    return rows
 
-    # Batch-1 decode reads every active weight once per step (plus the LM head).
+
+def _by_where(rows: list[PlanRow], batch: int) -> dict[str, float]:
+    """Bytes of each allocation (start-up, KV pool, after pool) at `batch` sequences."""
+    return {w: sum(r.bytes * (batch if r.per_sequence else 1) for r in rows if r.where == w) for w in get_args(Where)}
+
+
+def _need(rows: list[PlanRow], batch: int, fraction: float | None) -> float:
+    """The least GPU memory on which `rows` fit at `batch` sequences (see the module docstring)."""
+    at = _by_where(rows, batch)
+    if fraction is None:
+        return sum(at.values())
+    return at["start-up"] + max(at["KV pool"] / fraction, at["after pool"] / (1 - fraction))
+
+
+def _max_batch(rows: list[PlanRow], fraction: float | None, capacity: float) -> int:
+    """The largest batch whose need fits `capacity` (need grows with the batch: bisection)."""
+    if _need(rows, 0, fraction) > capacity:
+        return 0
+    lo, hi = 0, 1
+    while _need(rows, hi, fraction) <= capacity:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _need(rows, mid, fraction) <= capacity else (lo, mid)
+    return lo
+
+
+def _bandwidth(recipe: Recipe, tp: int, gpu: GpuSpec) -> tuple[float, float | None]:
+    """Batch-1 decode reads every active weight once per step, plus the LM head."""
+    t = recipe.target_facts
     active_linear = t.active_params - t.embedding_params
-    head = t.vocab_size * t.hidden_size * HIGH_PRECISION
-    read = (active_linear * wbytes + head) / tp
+    head = vocab_rows_per_rank(t.vocab_size, tp) * t.hidden_size * HIGH_PRECISION
+    read = active_linear * BYTES_PER_ELEMENT[recipe.quantization.target_weights] / tp + head
     floor_ms = read / (gpu.hbm_bandwidth_tbs * 1e12) * 1e3 if gpu.hbm_bandwidth_tbs else None
+    return read, floor_ms
 
-    return MemoryPlan(  # (alike only in form to train/tokenizer.py's keyword list: unrelated)
-        recipe=recipe.name,
-        device=gpu.name,
-        devices=recipe.hardware.count,
-        tp=tp,
-        max_batch_size=b.max_batch_size,
-        rows=rows,
-        capacity_bytes=capacity,
-        fixed_bytes=fixed,
-        per_sequence_bytes=per_seq,
-        total_bytes=total,
-        max_concurrency=max_conc,
-        fits=total <= capacity,
-        weights_read_per_step_bytes=read,
-        bandwidth_floor_ms=floor_ms,
+
+def plan(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | None = None) -> MemoryPlan:
+    """The recipe's memory per rank, at its own tp and GPU unless `tp` / `gpu` say otherwise."""
+    tp = tp or recipe.parallel.tp
+    gpu = gpu or recipe.gpu
+    b, fraction = recipe.build, kv_fraction(recipe.backend.name)
+    rows = _rows(recipe, tp, gpu)
+    capacity = gpu.memory_bytes
+    need = _need(rows, b.max_batch_size, fraction)
+    startup = _by_where(rows, b.max_batch_size)["start-up"]
+    read, floor_ms = _bandwidth(recipe, tp, gpu)
+    return MemoryPlan(
+        recipe=recipe.name, device=gpu.name, devices=recipe.hardware.count, tp=tp, max_batch_size=b.max_batch_size,
+        rows=rows, capacity_bytes=capacity, kv_fraction=fraction,
+        fixed_bytes=sum(r.bytes for r in rows if not r.per_sequence),
+        per_sequence_bytes=sum(r.bytes for r in rows if r.per_sequence),
+        total_bytes=_need(rows, b.max_batch_size, None), need_bytes=need,
+        kv_pool_bytes=None if fraction is None else max(0.0, fraction * (capacity - startup)),
+        max_concurrency=_max_batch(rows, fraction, capacity), fits=need <= capacity,
+        weights_read_per_step_bytes=read, bandwidth_floor_ms=floor_ms,
     )
+
+
+def gpu_types() -> list[GpuSpec]:
+    """The GPUs of the hardware catalog (every entry but cpu), in catalog order."""
+    return [g for g in hardware_catalog().values() if not g.is_cpu]
+
+
+def smallest_tp(recipe: Recipe, gpu: GpuSpec) -> TpFit:
+    """The least tp (up to the GPU's max_per_node) that splits both models and fits `gpu`, at the
+    recipe's formats, max_batch_size and max_seq_len. Formats `gpu` cannot run are reported, not
+    substituted: the answer is then about memory only."""
+    tried = allowed_tps(model_dims(recipe), recipe.backend.name, gpu.max_per_node)
+    unsupported = sorted({f for f in recipe.quantization.model_dump().values() if not gpu.supports(f)})
+    need = math.inf
+    for tp in tried:
+        p = plan(recipe, tp=tp, gpu=gpu)
+        need = p.need_bytes
+        if p.fits:
+            return TpFit(gpu, tp, need, tried, unsupported)
+    return TpFit(gpu, None, need, tried, unsupported)

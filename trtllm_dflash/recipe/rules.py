@@ -1,7 +1,8 @@
 """Recipe rules: cross-field checks that save a wasted GPU hour.
 
-Formats the hardware supports, tp that divides the heads, drafter/target agreement,
-backend and version support, build limits, and the memory plan fitting the device.
+Formats the hardware supports, tp against every dimension it splits (recipe/sharding.py),
+drafter/target agreement, backend and version support, build limits, and the memory plan
+fitting each rank's GPU (recipe/planner.py).
 `check` returns every violation (errors) and note (warnings) of a parsed recipe.
 """
 
@@ -17,8 +18,9 @@ from trtllm_dflash.recipe.engine_layout import (
     target_attention,
     target_seq_len,
 )
-from trtllm_dflash.recipe.planner import plan
+from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
 from trtllm_dflash.recipe.schema import ModelSource, Recipe
+from trtllm_dflash.recipe.sharding import tp_message
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,28 @@ def _version_tuple(v: str) -> tuple[int, ...] | None:
         return None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _split_issues(recipe: Recipe) -> list[Issue]:
+    """tp against every dimension it splits in both models (recipe/sharding.py: one rule each)."""
+    models, tp = model_dims(recipe), recipe.parallel.tp
+    why = tp_message(models, tp, recipe.backend.name)
+    if why:
+        return [Issue("error", "parallel.tp", why)]
+    return [Issue("warning", "parallel.tp", f"tp {tp} > {m.who} num_kv_heads {m.num_kv_heads}: each KV head is "
+                  f"replicated on {tp // m.num_kv_heads} ranks") for m in models if tp > m.num_kv_heads]
+
+
+def memory_issues(recipe: Recipe) -> list[Issue]:
+    """The memory plan at the recipe's tp against its GPU; when it does not fit, one line with the
+    per-rank need, the GPU's memory, the largest batch that fits and the smallest tp that does."""
+    p, b, gpu = plan(recipe), recipe.build, recipe.gpu
+    if p.fits:
+        return []
+    best = smallest_tp(recipe, gpu)
+    pool = f" (KV pool: free_gpu_memory_fraction {p.kv_fraction})" if p.kv_fraction else ""
+    field = "build.max_batch_size" if p.max_concurrency else "parallel.tp"
+    return [Issue("error", field, f"{b.max_batch_size} sequences of {b.max_seq_len} tokens need {p.need_gib:.1f} GiB "
+                  f"per rank at tp {p.tp}{pool}; {gpu.name} has {p.capacity_gib:.1f} GiB; largest that fits: "
+                  f"{p.max_concurrency} at tp {p.tp}; smallest tp that fits on {gpu.name}: {best.describe()}")]
 
 
 def _engine_layout(recipe: Recipe) -> list[Issue]:
@@ -96,8 +118,9 @@ def _engine_layout(recipe: Recipe) -> list[Issue]:
     return issues
 
 
-def check(recipe: Recipe) -> list[Issue]:
-    """All rule violations (errors) and notes (warnings) of a loaded recipe."""
+def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
+    """All rule violations (errors) and notes (warnings) of a loaded recipe; `memory=False` leaves
+    out whether the memory plan fits (`plan` shows a plan that does not)."""
     issues: list[Issue] = []
 
     def err(field: str, msg: str) -> None:
@@ -129,16 +152,7 @@ def check(recipe: Recipe) -> list[Issue]:
         err("parallel.tp", f"tp*pp = {recipe.world_size} > hardware.count {recipe.hardware.count}")
     if par.pp != 1:
         err("parallel.pp", "pipeline parallelism is not supported with speculative decoding (use tp); allowed: 1")
-    for who, f in (("target", t), ("drafter", d)):
-        if f.num_attention_heads % par.tp:
-            allowed = [x for x in _divisors(f.num_attention_heads) if x <= max(8, par.tp)]
-            err("parallel.tp", f"{par.tp} does not divide {who} num_attention_heads {f.num_attention_heads}; allowed: {allowed}")
-            break
-        elif f.num_kv_heads % par.tp and par.tp % f.num_kv_heads:
-            err("parallel.tp", f"{par.tp} and {who} num_kv_heads {f.num_kv_heads}: one must divide the other")
-            break
-        elif par.tp > f.num_kv_heads:
-            warn("parallel.tp", f"tp {par.tp} > {who} num_kv_heads {f.num_kv_heads}: KV heads are replicated")
+    issues += _split_issues(recipe)
 
     # Drafter against target.
     if d.hidden_size != t.hidden_size:
@@ -234,13 +248,6 @@ def check(recipe: Recipe) -> list[Issue]:
         if src.path is not None and not src.path.exists():
             warn(f"{who}.source", f"{src.source} does not exist yet; stages that load weights will need it")
 
-    # Memory.
-    if not any(i.level == "error" for i in issues):
-        p = plan(recipe)
-        if not p.fits:
-            err(
-                "build.max_batch_size",
-                f"{b.max_batch_size} sequences of {b.max_seq_len} tokens need {p.total_gib:.1f} GiB per device, "
-                f"{p.capacity_gib:.1f} GiB available; largest that fits: {p.max_concurrency}",
-            )
+    if memory and not any(i.level == "error" for i in issues):
+        issues += memory_issues(recipe)
     return issues

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
+from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.serve.requests import Limits
 
 
@@ -76,7 +77,7 @@ def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> D
         from trtllm_dflash.serve.trt_runners import open_trt_engine
 
         model = open_trt_engine(Path(params["engine_dir"]), free_gpu_memory_fraction=float(
-            params.get("kv_cache_free_gpu_mem_fraction", "0.9")))
+            params.get("kv_cache_free_gpu_mem_fraction", KV_CACHE_FREE_GPU_MEM_FRACTION)))
     else:
         model = open_checkpoint(checkpoint, runners=runners, max_seq_len=build.max_seq_len)
     tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)

@@ -19,6 +19,7 @@ import torch
 from trtllm_dflash.build import engine_io
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.engine_layout import kv_reuse_honoured
+from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.serve.fake_executor import AdditionalOutput, Response, Result
 
 
@@ -37,7 +38,8 @@ def executor_worker_path() -> Path:
     return Path(tensorrt_llm.__file__).parent / "bin" / "executorWorker"
 
 
-def executor_config(world_size: int, *, kv_block_reuse: bool = True, free_gpu_memory_fraction: float = 0.9,
+def executor_config(world_size: int, *, kv_block_reuse: bool = True,
+                    free_gpu_memory_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION,
                     device_ids: list[int] | None = None, bindings=None):
     """ExecutorConfig(max_beam_width=1, kv_cache_config=KvCacheConfig(enable_block_reuse=kv_block_reuse,
     free_gpu_memory_fraction=...), enable_chunked_context=False, additional_model_outputs=[the
@@ -209,7 +211,8 @@ def _engine_dirs(build_dir: Path) -> tuple[Path, Path]:
     return dirs
 
 
-def open_trt_engine(build_dir: str | Path, *, device: str = "cuda", free_gpu_memory_fraction: float = 0.9):
+def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
+                    free_gpu_memory_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION):
     """The engine runners over a build stage output: the target Executor (TrtExecutor) and the
     drafter engine (TrtSession, one per process, shared by the decoders' ArenaDrafters)."""
     from trtllm_dflash.serve.checkpoint_runner import reference_configs
