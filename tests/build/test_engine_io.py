@@ -69,6 +69,7 @@ def _drafter_dir(root: Path, tensors: dict) -> Path:
     (root / "target").mkdir()
     save_file(tensors, str(root / "drafter" / "rank0.safetensors"))
     (root / "drafter" / "config.json").write_text(json.dumps({"dflash": {"block_size": 16, "target_layer_ids": [1]}}))
+    (root / "target" / "config.json").write_text(json.dumps({"mapping": {"world_size": 1, "tp_size": 1}}))
     return root / "target"
 
 

@@ -40,7 +40,16 @@ class Deployed:
         self.model.close()
 
 
-def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
+def _device_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"gpu_device_ids: {text!r}: expected comma-separated GPU ids, e.g. 0,1") from None
+
+
+def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed | None:
+    """The deployment, ready to serve; None on a tensor-parallel rank > 0 of the engine backend's
+    TensorRT runners, once the leader has stopped (that rank only ran the target's shard)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -72,10 +81,14 @@ def open_deployed(version_dir: Path, params: dict[str, str]) -> Deployed:
         raise UserError(f"{checkpoint}: no tokenizer/ (the target had no tokenizer files); serving speaks text")
     spec, build = recipe.speculative, recipe.build
     if runners == "tensorrt":  # the engines the build stage made (GPU, TensorRT-LLM 1.2.x)
-        from trtllm_dflash.serve.trt_runners import open_trt_engine
+        from trtllm_dflash.serve.trt_runners import WorkerRank, open_trt_engine
 
+        ids = params.get("gpu_device_ids")  # tensorrtllm_backend's parameter name and form ("0,1")
         model = open_trt_engine(Path(params["engine_dir"]), free_gpu_memory_fraction=float(
-            params.get("kv_cache_free_gpu_mem_fraction", "0.9")))
+            params.get("kv_cache_free_gpu_mem_fraction", "0.9")), device_ids=_device_ids(ids) if ids else None)
+        if isinstance(model, WorkerRank):  # a tp rank > 0: it serves the leader's steps until the leader stops
+            model.serve()
+            return None
     else:
         model = open_checkpoint(checkpoint, runners=runners, max_seq_len=build.max_seq_len)
     tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)
