@@ -198,7 +198,7 @@ class _Session:
 
     opened: list = []
 
-    def __init__(self, engine_dir, device):
+    def __init__(self, engine_dir, device, rank=0):
         _Session.opened.append((Path(engine_dir).parent.name, device))
 
 
@@ -225,16 +225,43 @@ def test_open_trt_engine_places_the_drafter_on_rank_0_and_makes_the_others_worke
             assert model.device == "cuda:3" and isinstance(model.executor, trt_runners.TrtExecutor)
 
 
-def test_open_trt_engine_refuses_a_split_drafter_it_cannot_serve(tp2_build, tmp_path, monkeypatch):
+class _StopAtOnce:
+    """A RankGroup stand-in whose rank 0 has already said stop."""
+
+    def __init__(self, rank, world, device):
+        self.rank, self.world, self.device, self.made = rank, world, device, (rank, world, device)
+
+    def recv(self):
+        return ("stop", 0)
+
+
+def test_open_trt_engine_opens_every_rank_s_drafter_shard_when_split(tp2_build, tmp_path, monkeypatch):
+    """A split plan: every rank opens its own drafter engine (rank{r}.engine on its GPU), and a
+    worker rank serves its drafter loop until rank 0 says stop, then waits out the Executor."""
     import shutil
 
     out = shutil.copytree(tp2_build, tmp_path / "b")
     plan = json.loads((out / "plan.json").read_text())
     plan["drafter_parallelism"]["placement"] = "split"
     (out / "plan.json").write_text(json.dumps(plan))
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
-    with pytest.raises(UserError, match=r"drafter placement 'split': the TensorRT runners serve a drafter on rank 0 only"):
-        trt_runners.open_trt_engine(out, bindings=fake_bindings.module(), session_cls=_Session)
+    for var in ("SLURM_PROCID", "PMI_RANK", "PMI_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    made, groups = [], []
+    b = fake_bindings.module()
+    b.Executor = lambda *a, **k: made.append(fake_bindings.Executor(*a, world_rank=1, **k)) or made[-1]
+    sessions = []
+
+    class Session:
+        def __init__(self, engine_dir, device, rank):
+            sessions.append((device, rank))
+
+    worker = trt_runners.open_trt_engine(out, device_ids=[3, 5], bindings=b, session_cls=Session,
+                                         rank_group=lambda *a: groups.append(_StopAtOnce(*a)) or groups[-1])
+    assert isinstance(worker, trt_runners.WorkerRank) and sessions == [("cuda:5", 1)]
+    assert groups[0].made == (1, 2, "cuda:5")
+    worker.serve()
+    assert made[-1].shutdown_called
     (out / "target/engines/rank1.engine").unlink()
     with pytest.raises(UserError, match=r"target/engines: no rank1.engine of its 2 ranks"):
         trt_runners.open_trt_engine(out, bindings=fake_bindings.module(), session_cls=_Session)

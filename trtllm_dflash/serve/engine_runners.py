@@ -222,6 +222,7 @@ class EngineModel:
         # there, None elsewhere; drafts in draft_dtype); `comm` is then the drafter's own (world 1).
         self.executor, self.w, self.cfg, self.comm = executor, drafter_weights, drafter_cfg, comm
         self.drafter_factory, self.rank0_of, self.draft_dtype = drafter_factory, rank0_of, draft_dtype
+        self._drafters: dict[int, object] = {}  # id(decoder) -> its drafter, until release
         self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, device
         heads = Heads(drafter_cfg.num_heads, drafter_cfg.num_kv_heads, drafter_cfg.head_dim).local(comm.world)
         self.spec = dataclasses.replace(DrafterSpec.from_config(drafter_cfg), num_heads=heads.num_heads,
@@ -244,12 +245,20 @@ class EngineModel:
             drafter = None
         if self.rank0_of is not None:
             drafter = Rank0Drafter(drafter, self.rank0_of, self.cfg, self.vocab_size, self.draft_dtype)
-        return Decoder(target, drafter, mode, block_size, ddtree_budget, sampling, max_len)
+        decoder = Decoder(target, drafter, mode, block_size, ddtree_budget, sampling, max_len)
+        self._drafters[id(decoder)] = drafter
+        return decoder
 
     def release(self, decoder: Decoder) -> None:
-        pass
+        """A decoder is done: a factory that tracks its drafters (drafter_ranks.SplitDrafters:
+        the other ranks hold a twin of each) hears of it."""
+        drafter = self._drafters.pop(id(decoder), None)
+        if drafter is not None and hasattr(self.drafter_factory, "release"):
+            self.drafter_factory.release(drafter)
 
     def close(self) -> None:
+        if hasattr(self.drafter_factory, "stop"):  # the worker ranks' drafter loops end
+            self.drafter_factory.stop()
         self.executor.shutdown()
 
 

@@ -166,16 +166,20 @@ class WorkerRank:
     """A rank > 0 of the target Executor in leader mode. The Executor's own threads run this
     rank's shard of the target engine in step with the leader, which broadcasts every step's new
     requests to the tensor-parallel group (cpp/tensorrt_llm/executor/executorImpl.cpp
-    getNewReqWithIds); no request, drafter or loop of ours runs here. serve() blocks until the
-    leader shuts down: Executor.shutdown() on a non-leader joins the execution thread, which ends
-    on the leader's terminate request (executorImpl.cpp shutdown). Upstream's Python model does
-    the same in its initialize (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/
-    model.py: "In leader mode, worker ranks will wait here until leader is done")."""
+    getNewReqWithIds): no request or round loop of ours runs here. serve() blocks until the
+    leader shuts down: first `drafter_loop` (a split drafter: this rank's shard, run in step
+    with rank 0 until it says stop: serve/drafter_ranks.py), then Executor.shutdown(), which on a
+    non-leader joins the execution thread that ends on the leader's terminate request
+    (executorImpl.cpp shutdown). Upstream's Python model ends its initialize the same way on such
+    ranks (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py: "In leader
+    mode, worker ranks will wait here until leader is done")."""
 
-    def __init__(self, executor):
-        self.ex = executor
+    def __init__(self, executor, drafter_loop=None):
+        self.ex, self.drafter_loop = executor, drafter_loop
 
     def serve(self) -> None:
+        if self.drafter_loop is not None:
+            self.drafter_loop()
         self.ex.shutdown()
 
 
@@ -197,24 +201,24 @@ class TrtSession:
     ICudaEngine.create_execution_context / get_tensor_shape / get_tensor_dtype,
     IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3, on its own torch
     CUDA stream ordered after the caller's. `import tensorrt_llm` first loads TensorRT-LLM's plugin
-    library (tensorrt_llm/_common.py _init -> plugin._load_plugin_lib: the engine's gemm plugin);
-    our AOT plugins are in the engine itself."""
+    library (tensorrt_llm/_common.py _init -> plugin._load_plugin_lib: the engine's gemm and NCCL
+    plugins); our AOT plugins are in the engine itself. A split drafter's engine `rank{rank}` also
+    takes the custom all-reduce workspace every rank allocates together
+    (tensorrt_llm/plugin/plugin.py CustomAllReduceHelper.allocate_workspace, as
+    tensorrt_llm/runtime/generation.py does for a tp > 1 engine)."""
 
-    def __init__(self, engine_dir: str | Path, device: str = "cuda"):
+    def __init__(self, engine_dir: str | Path, device: str = "cuda", rank: int = 0):
         import tensorrt as trt
         import tensorrt_llm  # noqa: F401
 
         engine_dir = Path(engine_dir)
         cfg = json.loads((engine_dir / "config.json").read_text())
         pretrained = cfg["pretrained_config"]
-        if pretrained["mapping"].get("world_size", 1) > 1:
-            raise UserError(f"{engine_dir}: a drafter engine built for tp = {pretrained['mapping']['tp_size']}; the drafter "
-                            "runner runs tp = 1 engines (one process, one GPU); build the drafter at tp 1")
         self.device = torch.device(device)
-        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
-            (engine_dir / "rank0.engine").read_bytes())
+        path = engine_dir / f"rank{rank}.engine"
+        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
-            raise RuntimeError(f"{engine_dir / 'rank0.engine'}: TensorRT could not deserialize it (TensorRT version?)")
+            raise RuntimeError(f"{path}: TensorRT could not deserialize it (TensorRT version?)")
         self.context = self.engine.create_execution_context()
         self.stream = torch.cuda.Stream(self.device)
         dtype = lambda name: _TORCH_DTYPES[self.engine.get_tensor_dtype(name).name]  # noqa: E731
@@ -224,11 +228,23 @@ class TrtSession:
         self.dtype, self.kv_dtype = dtype("ctx_rows"), dtype("k_cache_0")
         self.max_len = int(cfg["build_config"]["max_seq_len"])
         self.config = pretrained
+        self.fixed = self._all_reduce_workspace(int(pretrained["mapping"].get("tp_size", 1)), rank)
+
+    def _all_reduce_workspace(self, tp: int, rank: int) -> dict[str, torch.Tensor]:
+        if tp == 1:
+            return {}
+        from tensorrt_llm.mapping import Mapping
+        from tensorrt_llm.plugin.plugin import CustomAllReduceHelper
+
+        mapping = Mapping(world_size=tp, rank=rank, tp_size=tp)
+        self._ipc, workspace = CustomAllReduceHelper.allocate_workspace(
+            mapping, CustomAllReduceHelper.max_workspace_size_auto(tp))
+        return {"all_reduce_workspace": workspace}
 
     def run(self, inputs, outputs):
         """IExecutionContext.set_input_shape / set_tensor_address for every input and output (the
         arena inputs and present outputs share addresses), then execute_async_v3(stream)."""
-        for name, t in inputs.items():
+        for name, t in {**inputs, **self.fixed}.items():
             self.context.set_input_shape(name, tuple(t.shape))
             self.context.set_tensor_address(name, t.data_ptr())
         for name, t in outputs.items():
@@ -278,14 +294,17 @@ def drafter_placement_of(build_dir: Path, world_size: int) -> str:
 
 
 def open_trt_engine(build_dir: str | Path, *, device: str = "cuda", free_gpu_memory_fraction: float = 0.9,
-                    device_ids: list[int] | None = None, bindings=None, session_cls=None):
+                    device_ids: list[int] | None = None, bindings=None, session_cls=None, rank_group=None):
     """The engine runners over a build stage output, in this process's rank: on the rank that
     takes requests an EngineModel over the target Executor (TrtExecutor) and the drafter engine
     (TrtSession, one per process, shared by the decoders' ArenaDrafters); on the other ranks of a
     tp > 1 deployment a WorkerRank. The drafter is placed as the build recorded (docs/engine-tp.md):
-    rank0, the whole drafter on rank 0's GPU (device_ids[0]), loaded before the Executor sizes its
-    KV pool from the free memory. `bindings` / `session_cls`: stand-ins for CPU tests."""
+    rank0, the whole drafter on rank 0's GPU (device_ids[0]); split, a shard on every rank's GPU,
+    run in step through serve/drafter_ranks.py. Drafter engines are opened before the Executor
+    sizes its KV pool from the free memory. `bindings` / `session_cls` / `rank_group` (rank,
+    world, device) -> RankGroup: stand-ins for CPU tests."""
     from trtllm_dflash.serve.checkpoint_runner import reference_configs
+    from trtllm_dflash.serve.drafter_ranks import SplitDrafters, TorchRankGroup, serve_drafter_rank
     from trtllm_dflash.serve.drafter_runner import ArenaDrafter
     from trtllm_dflash.serve.engine_runners import EngineModel
 
@@ -294,27 +313,24 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda", free_gpu_mem
     tc = json.loads((target_dir / "config.json").read_text())["pretrained_config"]
     dc = json.loads((drafter_dir / "config.json").read_text())["pretrained_config"]
     world = int(tc["mapping"].get("world_size", 1))
-    placement = drafter_placement_of(build_dir, world)
-    if placement != "rank0":
-        raise UserError(f"{build_dir}: drafter placement {placement!r}: the TensorRT runners serve a drafter on rank 0 "
-                        "only (docs/engine-tp.md: a split drafter needs ranks > 0 to run drafter shards in step, not "
-                        "written yet); serve this recipe at a tp where recipe/planner.py drafter_placement gives rank0")
+    split = drafter_placement_of(build_dir, world) == "split"
     rank = mpi_rank() if world > 1 else 0
     if world > 1:
-        device = f"cuda:{rank_devices(world, device_ids)[0]}"
-    session = (session_cls or TrtSession)(drafter_dir, device) if rank == 0 else None
+        devices = rank_devices(world, device_ids)
+        device = f"cuda:{devices[rank % len(devices)]}"  # this rank's GPU (runtime/worldConfig.cpp getDevice)
+    session = (session_cls or TrtSession)(drafter_dir, device, rank if split else 0) if split or rank == 0 else None
     executor = open_executor(target_dir, world, bindings=bindings, kv_block_reuse=engine_kv_reuse(build_dir),
                              free_gpu_memory_fraction=free_gpu_memory_fraction, device_ids=device_ids)
-    if isinstance(executor, WorkerRank):
-        return executor
-    if session is None:
-        raise RuntimeError(f"MPI rank {rank}: the Executor made this process its leader, but rank 0 holds the drafter")
+    group = (rank_group or TorchRankGroup.from_mpi)(rank, world, device) if split else None
     tcfg, d = reference_configs(tc, dc, target_dir, drafter_dir)
 
     def drafter(max_len: int) -> ArenaDrafter:
         return ArenaDrafter(session, block_size=d.block_size, mask_token_id=d.mask_token_id,
                             target_layer_ids=tuple(d.target_layer_ids), max_len=max_len)
 
-    return EngineModel(executor, None, d, vocab_size=tcfg.vocab_size,
-                       eos_token_ids=tcfg.eos_token_ids, device=device,
-                       drafter_factory=drafter)
+    if isinstance(executor, WorkerRank):
+        return WorkerRank(executor.ex, (lambda: serve_drafter_rank(group, drafter)) if split else None)
+    if session is None:
+        raise RuntimeError(f"MPI rank {rank}: the Executor made this process its leader, but rank 0 holds the drafter")
+    return EngineModel(executor, None, d, vocab_size=tcfg.vocab_size, eos_token_ids=tcfg.eos_token_ids, device=device,
+                       drafter_factory=SplitDrafters(group, drafter) if split else drafter)
