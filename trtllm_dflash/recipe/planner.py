@@ -128,6 +128,16 @@ def drafter_weight_bytes(recipe: Recipe, dtp: int) -> float:
     return (linear + copies) / dtp
 
 
+def _weight_read(recipe: Recipe) -> tuple[float, float | None]:
+    """Batch-1 decode reads every active target weight once per step (plus the LM head): bytes per
+    device, and the HBM floor in ms (None without a bandwidth in the catalog)."""
+    t, gpu, tp = recipe.target_facts, recipe.gpu, recipe.parallel.tp
+    active_linear = t.active_params - t.embedding_params
+    head = t.vocab_size * t.hidden_size * HIGH_PRECISION
+    read = (active_linear * BYTES_PER_ELEMENT[recipe.quantization.target_weights] + head) / tp
+    return read, read / (gpu.hbm_bandwidth_tbs * 1e12) * 1e3 if gpu.hbm_bandwidth_tbs else None
+
+
 def _plan(recipe: Recipe, dtp: int) -> MemoryPlan:
     """The plan of one device with the drafter split over `dtp` ranks (dtp = 1 at tp > 1: rank 0,
     which holds the whole drafter)."""
@@ -165,12 +175,7 @@ def _plan(recipe: Recipe, dtp: int) -> MemoryPlan:
     capacity = gpu.memory_bytes * CAPACITY_FRACTION
     total = fixed + b.max_batch_size * per_seq
 
-    # Batch-1 decode reads every active weight once per step (plus the LM head).
-    active_linear = t.active_params - t.embedding_params
-    head = t.vocab_size * t.hidden_size * HIGH_PRECISION
-    read = (active_linear * wbytes + head) / tp
-    floor_ms = read / (gpu.hbm_bandwidth_tbs * 1e12) * 1e3 if gpu.hbm_bandwidth_tbs else None
-
+    read, floor_ms = _weight_read(recipe)
     return MemoryPlan(  # (alike only in form to train/tokenizer.py's keyword list: unrelated)
         recipe=recipe.name,
         device=gpu.name,
