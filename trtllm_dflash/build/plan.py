@@ -466,7 +466,8 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
     inp = input_stage(recipe, "build")
     launch = {
         "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
-                  f"one process: trtllm-build --workers {ws} builds rank0..rank{ws - 1} (a spawn pool, one GPU each)"
+                  f"one process: trtllm-build --workers {ws} builds the target's rank0..rank{ws - 1} (a spawn pool, one "
+                  f"GPU each), the drafter's {'rank0 alone' if placement.tp == 1 else 'per rank the same way'}"
                   + (f"; or under MPI: mpirun -n {ws} trtllm-build ... --workers 1 (each MPI rank builds its engine "
                      "ranks, commands/build.py parallel_build)" if ws > 1 else "")),
         "serve": ("tritonserver with the decoupled Python model `dflash` (serve/triton_model.py): it holds the target "
