@@ -37,3 +37,40 @@ def test_every_command_and_bench_mode_has_a_row_in_the_readme_command_table():
     bench = next(a for a in sub.choices["bench"]._actions if isinstance(a, argparse._SubParsersAction))
     expected = {c for c in sub.choices if c != "bench"} | {f"bench {m}" for m in bench.choices}
     assert not expected - {r.split(" [")[0] for r in rows}, f"commands without a README row: {sorted(expected - rows)}"
+
+
+def placement_table() -> str:
+    """docs/engine-tp.md's table: the drafter placement rule on every shipped Hopper / Blackwell
+    engine recipe at tp 2, 4 and 8 (recipe/planner.py drafter_placement and plan)."""
+    from trtllm_dflash.recipe import list_recipes, load_recipe
+    from trtllm_dflash.recipe.hardware import GiB
+    from trtllm_dflash.recipe.planner import drafter_placement, plan
+    from trtllm_dflash.recipe.schema import parse_recipe
+
+    rows = ["| recipe | tp | whole drafter | a rank's target share | rank 0 fits | placement | split adds per round "
+            "| max concurrency |", "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(list_recipes()):
+        if path.parent.name not in ("hopper", "blackwell") or parse_recipe(path).backend.name != "engine":
+            continue
+        for tp in (2, 4, 8):
+            r = load_recipe(path, [f"parallel.tp={tp}", f"hardware.count={tp}"], check_rules=False)
+            p, m = drafter_placement(r), plan(r)
+            rows.append(f"| {r.name} | {tp} | {p.whole_bytes / GiB:.2f} GiB | {p.target_share_bytes / GiB:.2f} GiB | "
+                        f"{'yes' if p.rank0_fits else 'no'} | {p.mode} | {p.exchange_split_bytes / 2**20:,.0f} MiB, "
+                        f"{p.split_collectives} collectives | {m.max_concurrency} |")
+    return "\n".join(rows)
+
+
+def test_engine_tp_placement_table_is_the_rule_s():
+    doc = (ROOT / "docs" / "engine-tp.md").read_text()
+    block = re.search(r"<!-- placement-table:start -->\n(.*)\n<!-- placement-table:end -->", doc, re.S)
+    assert block, "docs/engine-tp.md lost its placement-table markers"
+    assert block.group(1) == placement_table(), (
+        "docs/engine-tp.md's placement table is stale: paste `python tests/test_docs.py placement-table`")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["placement-table"]:
+        print(placement_table())

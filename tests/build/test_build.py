@@ -103,17 +103,26 @@ def test_build_config_holds_only_upstream_fields_and_every_required_key(path, tm
     assert m.extra["dry_run"] is True and m.input is None
 
 
-def test_tp2_plan_has_per_rank_engines_the_mpi_form_and_the_nccl_plugin(tmp_path):
-    recipe = load_recipe(ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml", ["parallel.tp=2", "hardware.count=2"])
+@pytest.mark.parametrize("tp,placement", [(2, "rank0"), (4, "split")])
+def test_tp_plan_builds_the_drafter_where_the_placement_rule_puts_it(tmp_path, tp, placement):
+    """Qwen3-8B FP8 on H100s: at tp 2 the whole drafter (6.8 GiB with its context cache) is no
+    larger than a rank's share of the target (13.4 GiB): one drafter engine, no NCCL; at tp 4 the
+    share (6.7 GiB) is smaller: one drafter engine per rank, NCCL plugin, all-reduce workspace."""
+    recipe = load_recipe(ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml", [f"parallel.tp={tp}", f"hardware.count={tp}"])
     plan = make_plan(recipe, tmp_path / "quantize", tmp_path / "b")
-    assert plan.world_size == 2 and "split" in plan.drafter_parallelism["mode"]
+    assert plan.world_size == tp and plan.drafter_parallelism["placement"] == placement
+    n = {"target": tp, "drafter": tp if placement == "split" else 1}
     for e in plan.engines:
-        assert e.command[-2:] == ["--workers", "2"]
-        assert e.mpi_command[:3] == ["mpirun", "-n", "2"] and e.mpi_command[-2:] == ["--workers", "1"]
+        assert e.command[-2:] == ["--workers", str(n[e.role])]
         assert e.checkpoint_dir == str((tmp_path / "quantize" / e.role).resolve())
-        assert "nccl_plugin" in [p["name"] for p in e.plugins]
-    assert plan.engine("drafter").dims["kv_heads"] == recipe.drafter_facts.num_kv_heads // 2
-    assert "all_reduce_workspace" in [t.name for t in plan.engine("target").inputs]
+        if n[e.role] > 1:
+            assert e.mpi_command[:3] == ["mpirun", "-n", str(n[e.role])] and e.mpi_command[-2:] == ["--workers", "1"]
+        else:
+            assert e.mpi_command is None
+        assert ("nccl_plugin" in [p["name"] for p in e.plugins]) == (n[e.role] > 1)
+        assert ("all_reduce_workspace" in [t.name for t in e.inputs]) == (n[e.role] > 1)
+    assert plan.engine("drafter").dims["kv_heads"] == recipe.drafter_facts.num_kv_heads // n["drafter"]
+    assert ("drafter shard" in plan.launch["serve"]) == (placement == "split") and "LEADER" in plan.launch["serve"]
 
 
 @pytest.mark.parametrize("path", ENGINE_RECIPES, ids=NAMES)

@@ -18,7 +18,7 @@ from trtllm_dflash.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, 2, 4])  # the drafter kept whole at tp 2, split at tp 4 (the placement rule)
 def test_plan_names_are_the_contracts(tp, tmp_path):
     recipe = load_recipe(ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml", [f"parallel.tp={tp}", f"hardware.count={tp}"])
     plan = make_plan(recipe, None, tmp_path)
@@ -28,7 +28,8 @@ def test_plan_names_are_the_contracts(tp, tmp_path):
     arena = engine_io.arena_names(1)
     names = [t.name.replace("{l}", "0") for t in drafter.inputs]
     assert names[: len(engine_io.DRAFTER_INPUTS)] == list(engine_io.DRAFTER_INPUTS)
-    assert names[len(engine_io.DRAFTER_INPUTS):] == [i for i, _ in arena] + (["all_reduce_workspace"] if tp > 1 else [])
+    split = plan.drafter_parallelism["tp"] > 1
+    assert names[len(engine_io.DRAFTER_INPUTS):] == [i for i, _ in arena] + (["all_reduce_workspace"] if split else [])
     outs = [t.name.replace("{l}", "0") for t in drafter.outputs]
     assert outs == [*engine_io.DRAFTER_OUTPUTS, *[o for _, o in arena]]
     assert {p["name"] for p in drafter.plugins} >= {"trtllm_dflash::kv_append", "trtllm_dflash::kv_inject_attention"}
@@ -69,6 +70,7 @@ def _drafter_dir(root: Path, tensors: dict) -> Path:
     (root / "target").mkdir()
     save_file(tensors, str(root / "drafter" / "rank0.safetensors"))
     (root / "drafter" / "config.json").write_text(json.dumps({"dflash": {"block_size": 16, "target_layer_ids": [1]}}))
+    (root / "target" / "config.json").write_text(json.dumps({"mapping": {"world_size": 1, "tp_size": 1}}))
     return root / "target"
 
 
@@ -89,3 +91,26 @@ def test_tap_weights_come_from_the_drafter_beside_the_target(tmp_path):
         engine_io.tap_weights(target, 1, torch.float32)
     with pytest.raises(UserError, match=r"drafter/config.json: missing; the DFlash target engine"):
         engine_io.read_drafter_config(tmp_path / "c" / "target")
+
+
+def test_the_tap_of_a_whole_drafter_is_each_target_rank_s_columns(tmp_path, tiny_pair):
+    """At tp 2 the engine backend keeps the tiny drafter whole (placement rank0: one rank file,
+    mapping tp 1) where the reference backend splits it; either way target rank r's tap is
+    the same fc columns and hidden_norm, bit for bit."""
+    from checkpoints import write_recipe
+
+    from trtllm_dflash.convert.convert import convert
+
+    def converted(backend):
+        recipe = load_recipe(write_recipe(tmp_path / f"{backend}.yaml", *tiny_pair, tp=2, backend=backend))
+        return convert(recipe, tmp_path / backend, progress=False)
+
+    whole, split = converted("engine"), converted("reference")
+    assert json.loads((whole / "drafter/config.json").read_text())["mapping"]["tp_size"] == 1
+    assert sorted(p.name for p in (whole / "drafter").glob("rank*")) == ["rank0.safetensors"]
+    assert json.loads((split / "drafter/config.json").read_text())["mapping"]["tp_size"] == 2
+    for rank in (0, 1):
+        a = engine_io.tap_weights(whole / "target", rank, torch.float32)
+        b = engine_io.tap_weights(split / "target", rank, torch.float32)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert a["dflash.fc.weight"].shape[0] == 64 // 2  # hidden 64: rank r's half of fc's outputs

@@ -13,6 +13,14 @@ prompts up to the runtime max input length and max_tokens clamped at max_seq_len
 (trtGptModel.h, llmRequest.cpp LlmRequest::validate), steps of at most max_num_tokens
 (microBatchScheduler.cpp).
 
+Parallelism (ParallelConfig(communication_type, communication_mode, device_ids, participant_ids,
+orchestrator_config, num_nodes), executorConfig.cpp at 008b2b8d; num_nodes is a keyword there,
+a first-GPU check for the 1.2.1 wheel): `world_rank` stands in for this process's MPI rank, and
+can_enqueue_requests() answers as executorImpl.cpp (b35ac1b6) canEnqueueRequests: in leader mode
+only the leader, the first participant (participants default to every rank) takes requests; in
+orchestrator mode only the orchestrator. A non-leader's shutdown() returns at once here (the
+real one blocks until the leader's terminate request reaches the execution thread).
+
 The engine is a serve/engine_runners.py TapEngine (full-sequence outputs by name).
 """
 
@@ -79,9 +87,10 @@ class OrchestratorConfig:
 
 class ParallelConfig:
     def __init__(self, communication_type=CommunicationType.MPI, communication_mode=CommunicationMode.LEADER,
-                 device_ids=None, participant_ids=None, orchestrator_config=None):
+                 device_ids=None, participant_ids=None, orchestrator_config=None, num_nodes=None):
         self.communication_type, self.communication_mode = communication_type, communication_mode
-        self.device_ids, self.orchestrator_config = device_ids, orchestrator_config
+        self.device_ids, self.participant_ids = device_ids, participant_ids
+        self.orchestrator_config, self.num_nodes = orchestrator_config, num_nodes
 
 
 class ExecutorConfig:
@@ -111,8 +120,9 @@ class Executor:
     tokens (every request a context request), after 1.2.1's admission rules."""
 
     def __init__(self, engine, model_type=ModelType.DECODER_ONLY, config=None, *, tokens_per_block=4,
-                 build_config=ROOMY_ENGINE):
+                 build_config=ROOMY_ENGINE, world_rank=0):
         self.engine, self.config, self.tokens_per_block = engine, config or ExecutorConfig(), tokens_per_block
+        self.world_rank, self.shutdown_called = world_rank, False
         self.limits = EngineLimits.from_build_config(build_config)
         kv = self.config.kv_cache_config
         self.reuse = self.limits.reuse(kv.enable_block_reuse if kv is not None else True)  # KvCacheConfig's default
@@ -171,7 +181,18 @@ class Executor:
     def cancel_request(self, request_id):
         self._queue.pop(request_id, None)
 
+    def can_enqueue_requests(self):
+        pc = self.config.parallel_config
+        if self.shutdown_called:
+            return False
+        if pc is None:
+            return True
+        if pc.communication_mode is CommunicationMode.ORCHESTRATOR:
+            return pc.orchestrator_config.is_orchestrator
+        return self.world_rank == (pc.participant_ids or [0])[0]
+
     def shutdown(self):
+        self.shutdown_called = True
         self._queue.clear()
 
 

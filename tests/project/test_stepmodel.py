@@ -146,3 +146,16 @@ def test_more_efficient_kernels_never_slow_a_step_down():
                          ("nvlink_efficiency", 0.95), ("layer_overhead_us", 0.0), ("seq_overhead_us", 0.0)):
         assert m.with_assumptions(**{field: value}).step(32, 7, 4.0, 1500, 1024, 1024).seconds < base, field
     assert replace(m.a, step_overhead_ms=0.0) != m.a
+
+
+def test_the_drafter_pass_runs_where_the_placement_rule_puts_it():
+    """Llama-3.1-8B FP8 engine recipe: at tp 2 rank 0 holds the whole drafter (one GPU streams all
+    of it, no all-reduce), at tp 4 it is split (a quarter each, two all-reduces per layer)."""
+    _, one = model(LLAMA_H100)
+    _, two = model(LLAMA_H100, ["parallel.tp=2", "hardware.count=2"])
+    _, four = model(LLAMA_H100, ["parallel.tp=4", "hardware.count=4"])
+    assert (two.dep.drafter_tp, four.dep.drafter_tp) == (1, 4)
+    p1, p2, p4 = (m.drafter_pass(8, 9, 1000, 4.0) for m in (one, two, four))
+    assert p2.weight_bytes == p1.weight_bytes and p2.t_allreduce == 0.0
+    assert p4.weight_bytes == pytest.approx(p1.weight_bytes / 4) and p4.t_allreduce > 0.0
+    assert two.target_pass(8, 10, 1000).t_allreduce > 0.0  # the target is split either way

@@ -7,7 +7,7 @@ import pytest
 
 from trtllm_dflash.recipe.hardware import GiB
 from trtllm_dflash.recipe.models import catalog_facts
-from trtllm_dflash.recipe.planner import plan
+from trtllm_dflash.recipe.planner import drafter_placement, plan
 from trtllm_dflash.recipe import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -88,3 +88,57 @@ def test_kv_heads_are_replicated_beyond_their_count():
     base = load_recipe(RECIPES / "hopper" / "h200-qwen3-coder-30b-a3b-fp8.yaml")
     eight = plan(load_recipe(base.file, ["hardware.count=8", "parallel.tp=8"]))
     assert row(eight, "target KV cache") == 48 * (8192 + 16) * 2 * 1 * 128 * 1
+
+
+QWEN_H100 = RECIPES / "hopper" / "h100-qwen3-8b-fp8.yaml"
+QWEN_LAYER = 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 12288  # q + kv + o + gated MLP (Qwen3-8B and its drafter)
+COPIES = 2 * 151936 * 4096 * 2  # the engine drafter's own embedding + LM head, bf16
+
+
+def _qwen(tp: int, *more: str):
+    return load_recipe(QWEN_H100, [f"parallel.tp={tp}", f"hardware.count={tp}", *more], check_rules=False)
+
+
+def test_engine_drafter_weights_count_its_own_embedding_and_lm_head():
+    """The engine backend's drafter engine holds copies of the target's embedding and LM head
+    (convert's DRAFTER_MAP reads both from the target); the reference drafter shares the target's."""
+    linear = 5 * QWEN_LAYER + 5 * 4096**2  # 5 layers + fc (5 taps x H -> H)
+    assert row(plan(_qwen(1)), "drafter weights") == linear * 2 + COPIES
+    ref = load_recipe(QWEN_H100, ["backend.name=reference"], check_rules=False)
+    assert row(plan(ref), "drafter weights") == linear * 2
+
+
+def test_drafter_placement_rule_by_hand():
+    """Qwen3-8B FP8, H100, 64 sequences of 4096 + 16 tokens. Whole drafter: bf16 weights with
+    their embedding / LM-head copies + an FP8 context cache of 5 layers x 8 KV heads. A rank's
+    target share: FP8 linears + bf16 embedding / head over tp, + the FP8 KV cache of its heads."""
+    whole = (5 * QWEN_LAYER + 5 * 4096**2) * 2 + COPIES + 64 * 5 * 4112 * 2 * 8 * 128 * 1
+
+    def share(tp):
+        return (36 * QWEN_LAYER * 1 + COPIES) / tp + 64 * 36 * 4112 * 2 * (8 // tp) * 128 * 1
+
+    two, four = drafter_placement(_qwen(2)), drafter_placement(_qwen(4))
+    assert two.whole_bytes == whole == four.whole_bytes
+    assert (two.target_share_bytes, four.target_share_bytes) == (share(2), share(4))
+    assert share(2) > whole > share(4)  # 6.78 GiB between 13.43 and 6.71 GiB
+    assert (two.mode, two.tp, four.mode, four.tp) == ("rank0", 1, "split", 4)
+    assert four.split_bytes == pytest.approx(whole / 4)
+    assert two.exchange_rank0_bytes == 0 < two.exchange_split_bytes and two.split_collectives == 1 + 2 * 5 + 2
+    # The plan follows the placement: rank 0 holds the whole drafter at tp 2, a quarter of it at tp 4.
+    p2, p4 = plan(_qwen(2)), plan(_qwen(4))
+    assert p2.drafter_tp == 1 and row(p2, "drafter weights") == whole - 64 * row(p2, "drafter context cache")
+    assert p4.drafter_tp == 4 and row(p4, "drafter weights") == pytest.approx(row(p2, "drafter weights") / 4)
+
+
+def test_a_drafter_that_does_not_fit_beside_rank_0_is_split():
+    """330 sequences fit only when the drafter is split (rank 0 with the whole drafter: 321)."""
+    p = drafter_placement(_qwen(2, "build.max_batch_size=330"))
+    assert not p.rank0_fits and p.mode == "split" and "cannot hold the whole drafter" in p.why
+    assert plan(_qwen(2, "build.max_batch_size=330")).fits
+
+
+def test_only_the_engine_backend_places_its_drafter():
+    assert drafter_placement(load_recipe(QWEN_H100)).mode == "rank0"  # tp 1: the one GPU
+    for backend in ("reference", "pytorch"):
+        p = drafter_placement(_qwen(2, f"backend.name={backend}"))
+        assert (p.mode, p.tp) == ("split", 2)

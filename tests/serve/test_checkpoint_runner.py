@@ -77,6 +77,25 @@ def test_each_rank_holds_only_its_shard(tmp_path, tiny_pair):
     assert n_params < full  # a rank holds about half the target (norms are replicated)
 
 
+def test_a_drafter_kept_whole_is_whole_on_every_rank(tmp_path, tiny_pair):
+    """The engine backend keeps the tiny drafter whole at tp 2 (placement rank0); the reference
+    runners then load all of it on each rank (no drafter collectives) beside the target's shard."""
+    import json
+
+    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=2, backend="engine")), tmp_path / "ckpt",
+                  progress=False)
+    info = read_checkpoint(out)
+    assert info.drafter_tp == 1 and info.drafter_whole
+    target, drafter = load_rank(info, Comm(rank=1, world=2))
+    assert target.layers[0].self_attn.q_proj.weight.shape == (32, 64)  # the target's half
+    assert drafter.fc.weight.shape == (64, 128) and drafter.layers[0].self_attn.v_proj.weight.shape == (32, 64)
+    cfg = json.loads((out / "drafter" / "config.json").read_text())
+    cfg["mapping"]["tp_size"] = 3
+    (out / "drafter" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=r"drafter/config.json: mapping.tp_size 3: a drafter is split like the target"):
+        read_checkpoint(out)
+
+
 def test_tp_must_match_the_checkpoint(tmp_path, tiny_pair):
     out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=2)), tmp_path / "ckpt", progress=False)
     with pytest.raises(UserError, match=r"--tp 1: .* is sharded for tp=2"):

@@ -18,10 +18,14 @@ from reference_helpers import make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
 
 from trtllm_dflash.reference import SamplingParams, load_pair
+from trtllm_dflash.recipe import recipes_root
 from trtllm_dflash.reference.generate import Decoder
 from trtllm_dflash.serve.batcher import LocalModel
 from trtllm_dflash.serve.engine_runners import EngineTarget, TapEngine, drafter_weights, engine_model_from_pair
 from trtllm_dflash.serve.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+
+
+RECIPES = recipes_root()
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
@@ -270,27 +274,45 @@ def test_a_failing_round_fails_only_its_batch(pair):
     assert done["c"] == "length"
 
 
-@pytest.mark.slow  # two spawned ranks for each of two runs: about 15 s
-def test_emulated_engine_at_tp2_reproduces_tp1(tmp_path):
-    """The engine runners' rank logic (target and drafter split per rank, FakeExecutor on every
-    rank, collectives over gloo in two processes) gives the tp = 1 reference tokens on the
-    shipped pair."""
+@pytest.mark.parametrize("backend,placement", [
+    ("engine", "rank0"),  # what the placement rule gives the shipped pair's engine recipe at tp 2
+    pytest.param("reference", "split", marks=pytest.mark.slow),  # split like the target: the other placement
+])
+def test_emulated_engine_at_tp2_reproduces_tp1(tmp_path, backend, placement):
+    """The engine runners at tp = 2 (target split per rank, FakeExecutor on every rank, gloo
+    collectives between two spawned processes) and the drafter where the placement rule puts it
+    give the tp = 1 reference runners' tokens, record for record, on the shipped pair's held-out
+    prompts with a request joining mid-flight and one cancelled. The engine recipe's convert
+    keeps the drafter whole (rank 0 drafts, every rank takes its drafts); the reference recipe's
+    splits it. Time: about 10-15 s (the spawn), 20-30 s on a loaded 2-core machine."""
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.prompts.sources import heldout_token_prompts
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
+    from trtllm_dflash.recipe.planner import drafter_placement
+    from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
 
-    def tokens(directory, runners, prompts):
-        got = [[] for _ in prompts]
-        rounds = 0
-        for rec in checkpoint_steps(directory, prompts, 24, runners=runners):
-            rounds += rec.round > 0
-            for r, t in zip(rec.seq_ids, rec.tokens):
-                got[r] += t
-        return got, rounds
-
-    one, two = load_recipe(None), load_recipe(None, ["parallel.tp=2"])
-    prompts = heldout_token_prompts(one.target.path, 2, 32)
-    ref, rounds = tokens(convert(one, tmp_path / "tp1", progress=False), "reference", prompts)
-    assert rounds < 20  # drafts were accepted (at one token per round this takes 23 rounds)
-    assert tokens(convert(two, tmp_path / "tp2", progress=False), "emulated", prompts) == (ref, rounds)
+    recipe = load_recipe(RECIPES / f"cpu/tiny-pystd{'-engine' if backend == 'engine' else ''}.yaml", ["parallel.tp=2"])
+    assert drafter_placement(recipe).mode == placement
+    one = load_recipe(None)
+    prompts = heldout_token_prompts(one.target.path, 3, 24)
+    # Two requests, a third joins at round 2 while they run, the second is cancelled at round 3.
+    events = [(0, "admit", [0, 1], prompts[:2], [24, 24]), (2, "admit", [2], prompts[2:], [24]),
+              (3, "cancel", [1], None, None)]
+    tp1 = open_checkpoint(convert(one, tmp_path / "tp1", progress=False), max_seq_len=64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each spawned rank runs (hardware.cpu_torch_threads); 2 threads crawl on a busy machine
+    try:
+        ref = play(tp1.decoder(sampling=SamplingParams(), max_len=64), events, [])
+    finally:
+        torch.set_num_threads(threads)
+    two_dir = convert(recipe, tmp_path / "tp2", progress=False)
+    assert read_checkpoint(two_dir).drafter_tp == (1 if placement == "rank0" else 2)
+    two = open_checkpoint(two_dir, runners="emulated", max_seq_len=64)
+    try:
+        got = play(two.decoder(sampling=SamplingParams(), max_len=64), events, [])
+    finally:
+        two.close()
+    assert got == ref
+    steps = [rec for rec in ref if rec[0] == "step"]
+    assert sum(map(len, steps[0][2])) > len(steps[0][2])  # drafts were accepted (more than one token a row)
+    assert 2 in steps[2][1] and 1 not in steps[-1][1]  # the join and the cancel took effect

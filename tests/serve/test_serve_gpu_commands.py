@@ -84,3 +84,21 @@ def test_engine_backend_has_no_openai_endpoint(tmp_path):
     r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe_path), "--from", str(out), "--api",
                         "openai"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--api openai: the engine backend serves Triton only" in r.stderr
+
+
+def test_engine_backend_launches_one_tritonserver_per_rank_in_leader_mode(tmp_path):
+    """tp 2: launch_triton_server.py's leader-mode form (get_cmd): mpirun, one tritonserver per rank
+    with its own Python-backend shared-memory prefix, ranks > 0 loading only the dflash model, whose
+    Executor runs in leader mode (no orchestrator environment, no spawned workers)."""
+    from trtllm_dflash.serve.launch import Endpoints, launch_command
+
+    repo = tmp_path / "model_repository"
+    cmd = launch_command(repo, Endpoints("0.0.0.0", 8000, 8001, 8002), 2, "dflash", llmapi=False)
+    assert cmd[:2] == ["mpirun", "--allow-run-as-root"]
+    ranks = " ".join(cmd[2:]).split(" : ")
+    assert len(ranks) == 2 and all(r.startswith("-n 1 /opt/tritonserver/bin/tritonserver ") for r in ranks)
+    for i, r in enumerate(ranks):
+        assert f"--backend-config=python,shm-region-prefix-name=prefix{i}_" in r and f"--model-repository={repo}" in r
+        assert ("--model-control-mode=explicit --load-model=dflash" in r) == (i > 0)
+    assert not any("ORCHESTRATOR" in a for a in cmd)
+    assert launch_command(repo, Endpoints("0.0.0.0", 8000, 8001, 8002), 1, "dflash", llmapi=False)[0].endswith("tritonserver")

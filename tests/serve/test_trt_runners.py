@@ -5,6 +5,7 @@ and a whole greedy decode through TrtExecutor + ArenaDrafter equal to the CPU en
 (That this module imports here at all shows it imports no tensorrt / tensorrt_llm at import time.)"""
 
 import json
+from pathlib import Path
 
 import fake_bindings
 import pytest
@@ -25,18 +26,42 @@ def pair(tmp_path_factory):
     return load_pair(t, make_drafter(root / "d", t, seed=4, block_size=8))
 
 
-def test_executor_config_binds_the_dflash_outputs_and_orchestrates_tp(monkeypatch):
+def test_executor_config_binds_the_dflash_outputs_and_runs_tp_in_leader_mode():
     b = fake_bindings.module()
     cfg = trt_runners.executor_config(1, bindings=b)
     assert cfg.kv_cache_config.enable_block_reuse and not cfg.enable_chunked_context and cfg.max_beam_width == 1
     assert [(o.name, o.gather_context) for o in cfg.additional_model_outputs] == [
         ("dflash_ctx", True), ("dflash_tail", False), ("dflash_logits", False), ("dflash_argmax", False)]
     assert cfg.parallel_config is None
-    monkeypatch.setattr(trt_runners, "executor_worker_path", lambda: "/wheel/tensorrt_llm/bin/executorWorker")
-    cfg = trt_runners.executor_config(2, bindings=b, device_ids=[0, 1])
-    p = cfg.parallel_config
-    assert p.communication_mode is b.CommunicationMode.ORCHESTRATOR and p.device_ids == [0, 1]
-    assert p.orchestrator_config.is_orchestrator and p.orchestrator_config.worker_executable_path.endswith("executorWorker")
+    for tp in (2, 4):  # one process per rank under mpirun: every rank a participant, rank r on GPU r
+        p = trt_runners.executor_config(tp, bindings=b).parallel_config
+        assert p.communication_type is b.CommunicationType.MPI and p.communication_mode is b.CommunicationMode.LEADER
+        assert p.device_ids == list(range(tp)) and p.participant_ids == list(range(tp))
+        assert p.orchestrator_config is None and p.num_nodes is None
+    p = trt_runners.executor_config(4, device_ids=[4, 5, 6, 7], bindings=b).parallel_config
+    assert p.device_ids == [4, 5, 6, 7] and p.participant_ids == [0, 1, 2, 3]
+    p = trt_runners.executor_config(4, num_nodes=2, bindings=b).parallel_config  # device ids are per node
+    assert p.device_ids == [0, 1] and p.num_nodes == 2 and p.participant_ids == [0, 1, 2, 3]
+    with pytest.raises(UserError, match=r"^gpu_device_ids: 0,0: need 2 distinct GPU ids"):
+        trt_runners.executor_config(2, device_ids=[0, 0], bindings=b)
+    with pytest.raises(UserError, match=r"^num_nodes: 3 does not divide the world size 4"):
+        trt_runners.executor_config(4, num_nodes=3, bindings=b)
+
+
+def test_only_the_leader_takes_requests_and_the_other_ranks_wait_for_it():
+    """open_executor: the rank the Executor says takes requests (can_enqueue_requests, the leader:
+    MPI rank 0) gets the adapter; every other rank a WorkerRank, whose serve() is the Executor's
+    shutdown (on a real non-leader it returns once the leader has stopped)."""
+    b = fake_bindings.module()
+    made = {}
+    for rank in (0, 1):
+        b.Executor = lambda *a, rank=rank, **k: made.setdefault(rank, fake_bindings.Executor(*a, world_rank=rank, **k))
+        ex = trt_runners.open_executor("engines", 2, bindings=b)
+        assert isinstance(ex, trt_runners.TrtExecutor if rank == 0 else trt_runners.WorkerRank)
+    worker = trt_runners.WorkerRank(made[1])
+    assert not made[1].shutdown_called
+    worker.serve()
+    assert made[1].shutdown_called and not made[1].can_enqueue_requests()
 
 
 def _tap_executor(target, drafter, **kw):
@@ -142,3 +167,101 @@ def test_open_trt_engine_refuses_a_dry_run_build(tmp_path):
     (tmp_path / "target" / "engines").mkdir(parents=True)
     with pytest.raises(UserError, match=r"target/engines: no rank0.engine / config.json \(a --dry-run build\?\)"):
         trt_runners.open_trt_engine(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def tp2_build(tmp_path_factory):
+    """A tp 2 build output of the shipped pair's engine recipe whose engine files are empty
+    stand-ins (configs as trtllm-build writes them: pretrained_config = the checkpoint's
+    config.json, build_config = the plan's), with the drafter placed by the rule: rank 0."""
+    from trtllm_dflash.build.stage import build
+    from trtllm_dflash.convert.convert import convert
+    from trtllm_dflash.recipe import load_recipe, recipes_root
+
+    root = tmp_path_factory.mktemp("tp2-build")
+    recipe = load_recipe(recipes_root() / "cpu/tiny-pystd-engine.yaml", ["parallel.tp=2"])
+    ckpt = convert(recipe, root / "convert", progress=False)
+    out = build(recipe, ckpt, root / "build", dry_run=True, say=lambda _: None).out
+    for role in ("target", "drafter"):
+        cfg = json.loads((ckpt / role / "config.json").read_text())
+        engines = out / role / "engines"
+        engines.mkdir()
+        (engines / "config.json").write_text(json.dumps({
+            "pretrained_config": cfg, "build_config": json.loads((out / role / "build_config.json").read_text())}))
+        for r in range(cfg["mapping"]["world_size"]):
+            (engines / f"rank{r}.engine").write_bytes(b"")
+    return out
+
+
+class _Session:
+    """TrtSession's stand-in: records where the drafter engine was opened."""
+
+    opened: list = []
+
+    def __init__(self, engine_dir, device, rank=0):
+        _Session.opened.append((Path(engine_dir).parent.name, device))
+
+
+def test_open_trt_engine_places_the_drafter_on_rank_0_and_makes_the_others_workers(tp2_build, monkeypatch):
+    plan = json.loads((tp2_build / "plan.json").read_text())
+    assert plan["drafter_parallelism"]["placement"] == "rank0"
+    assert json.loads((tp2_build / "drafter/engines/config.json").read_text())["pretrained_config"]["mapping"]["tp_size"] == 1
+    for var in ("SLURM_PROCID", "PMI_RANK", "PMI_ID"):
+        monkeypatch.delenv(var, raising=False)
+    made = []
+    b = fake_bindings.module()
+    for rank in (1, 0):
+        monkeypatch.setenv("OMPI_COMM_WORLD_RANK", str(rank))  # what mpirun gives each tritonserver
+        b.Executor = lambda *a, rank=rank, **k: made.append(fake_bindings.Executor(*a, world_rank=rank, **k)) or made[-1]
+        _Session.opened.clear()
+        model = trt_runners.open_trt_engine(tp2_build, device_ids=[3, 5], bindings=b, session_cls=_Session)
+        pc = made[-1].config.parallel_config
+        assert pc.communication_mode is b.CommunicationMode.LEADER and pc.device_ids == [3, 5]
+        assert pc.participant_ids == [0, 1]
+        if rank == 1:  # the target's shard only: no drafter engine opened here
+            assert isinstance(model, trt_runners.WorkerRank) and _Session.opened == []
+        else:  # the whole drafter, on rank 0's GPU (device_ids[0]), opened before the Executor sizes its KV pool
+            assert isinstance(model, EngineModel) and _Session.opened == [("drafter", "cuda:3")]
+            assert model.device == "cuda:3" and isinstance(model.executor, trt_runners.TrtExecutor)
+
+
+class _StopAtOnce:
+    """A RankGroup stand-in whose rank 0 has already said stop."""
+
+    def __init__(self, rank, world, device):
+        self.rank, self.world, self.device, self.made = rank, world, device, (rank, world, device)
+
+    def recv(self):
+        return ("stop", 0)
+
+
+def test_open_trt_engine_opens_every_rank_s_drafter_shard_when_split(tp2_build, tmp_path, monkeypatch):
+    """A split plan: every rank opens its own drafter engine (rank{r}.engine on its GPU), and a
+    worker rank serves its drafter loop until rank 0 says stop, then waits out the Executor."""
+    import shutil
+
+    out = shutil.copytree(tp2_build, tmp_path / "b")
+    plan = json.loads((out / "plan.json").read_text())
+    plan["drafter_parallelism"]["placement"] = "split"
+    (out / "plan.json").write_text(json.dumps(plan))
+    for var in ("SLURM_PROCID", "PMI_RANK", "PMI_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    made, groups = [], []
+    b = fake_bindings.module()
+    b.Executor = lambda *a, **k: made.append(fake_bindings.Executor(*a, world_rank=1, **k)) or made[-1]
+    sessions = []
+
+    class Session:
+        def __init__(self, engine_dir, device, rank):
+            sessions.append((device, rank))
+
+    worker = trt_runners.open_trt_engine(out, device_ids=[3, 5], bindings=b, session_cls=Session,
+                                         rank_group=lambda *a: groups.append(_StopAtOnce(*a)) or groups[-1])
+    assert isinstance(worker, trt_runners.WorkerRank) and sessions == [("cuda:5", 1)]
+    assert groups[0].made == (1, 2, "cuda:5")
+    worker.serve()
+    assert made[-1].shutdown_called
+    (out / "target/engines/rank1.engine").unlink()
+    with pytest.raises(UserError, match=r"target/engines: no rank1.engine of its 2 ranks"):
+        trt_runners.open_trt_engine(out, bindings=fake_bindings.module(), session_cls=_Session)

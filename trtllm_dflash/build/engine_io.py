@@ -83,14 +83,40 @@ def read_drafter_config(target_checkpoint_dir: str | Path) -> dict:
 
 
 def tap_weights(target_checkpoint_dir: str | Path, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The drafter's fc and hidden_norm (rank `rank`'s shard: fc is column-split like the target's
-    ColumnLinear) for the target engine, in the target's dtype. A quantized fc is dequantized:
-    the tap runs in the model dtype (trtllm_models.py excludes it from the target's quantization)."""
+    """The drafter's fc and hidden_norm for target rank `rank` (fc is column-split like the
+    target's ColumnLinear), in the target's dtype. The drafter checkpoint is split like the
+    target, or kept whole where rank 0 holds the drafter (recipe/planner.py drafter_placement):
+    then every target rank reads rank0.safetensors and takes its columns by DRAFTER_MAP's own
+    rule (convert/weight_maps.py rank_part). A quantized fc is dequantized first: the tap runs
+    in the model dtype (trtllm_models.py excludes it from the target's quantization)."""
+    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, rank_part
+
+    target_checkpoint_dir = Path(target_checkpoint_dir)
+    tp = _mapping_tp(target_checkpoint_dir / "config.json")
+    dtp = int(read_drafter_config(target_checkpoint_dir).get("mapping", {}).get("tp_size", 1))
+    if dtp not in (1, tp):
+        raise UserError(f"{target_checkpoint_dir.parent / 'drafter' / 'config.json'}: mapping.tp_size {dtp}: a drafter is "
+                        f"split like its target (tp {tp}) or kept whole (1); convert again")
+    fc, norm = _read_tap(target_checkpoint_dir.parent / "drafter" / f"rank{rank if dtp == tp else 0}.safetensors")
+    if dtp != tp:
+        entries = {e.dst: e for e in DRAFTER_MAP.top}
+        fc, norm = (rank_part(entries[n], x, rank, tp) for n, x in zip(TAP_WEIGHTS, (fc, norm)))
+    return {TAP_WEIGHTS[0]: fc.to(dtype), TAP_WEIGHTS[1]: norm.to(dtype)}
+
+
+def _mapping_tp(config_path: Path) -> int:
+    """mapping.tp_size of a TensorRT-LLM checkpoint config.json (1 when it has no mapping)."""
+    if not config_path.is_file():
+        raise UserError(f"{config_path}: missing; not a checkpoint written by trtllm-dflash convert")
+    return int(json.loads(config_path.read_text()).get("mapping", {}).get("tp_size", 1))
+
+
+def _read_tap(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fc, hidden_norm) of one drafter rank file, fc dequantized to float32 if quantized."""
     from safetensors import safe_open
 
     from trtllm_dflash.quantize.formats import dequantize_fp8, dequantize_nvfp4
 
-    path = Path(target_checkpoint_dir).parent / "drafter" / f"rank{rank}.safetensors"
     if not path.is_file():
         raise UserError(f"{path}: missing; the target engine's tap reads the drafter's fc and hidden_norm from it")
     with safe_open(str(path), "pt") as f:
@@ -104,7 +130,7 @@ def tap_weights(target_checkpoint_dir: str | Path, rank: int, dtype: torch.dtype
             fc = dequantize_fp8(fc, scale("weights_scaling_factor").reshape(()), torch.float32)
         elif fc.dtype == torch.uint8:
             fc = dequantize_nvfp4(fc, scale("weights_scaling_factor"), scale("weights_scaling_factor_2"), torch.float32)
-    return {TAP_WEIGHTS[0]: fc.to(dtype), TAP_WEIGHTS[1]: norm.to(dtype)}
+    return fc, norm
 
 
 # --------------------------------------------------------------------------- drafter engine

@@ -66,6 +66,9 @@ class SingleRank:
     def all_gather_last(self, x):
         return x
 
+    def broadcast(self, x):
+        return x
+
 
 class TorchOps:
     """ops over `weights` {checkpoint name: tensor} of one rank; `arena` and `new_lens` [B]

@@ -30,9 +30,12 @@ The TensorRT timing cache: build() writes it to `output_timing_cache`, whose def
 command-line flags are not read (commands/build.py main), so build_config.json names a file in
 the engine's own stage directory (TIMING_CACHE).
 
-Tensor parallelism: one engine per rank for both models, from the per-rank checkpoints
+Tensor parallelism: one target engine per rank from the per-rank checkpoints
 (`rank{r}.safetensors`) convert writes; `trtllm-build --workers N` or `mpirun -n N
-trtllm-build` (commands/build.py `parallel_build`). The drafter is split per rank (DRAFTER_TP).
+trtllm-build` (commands/build.py `parallel_build`). The drafter engine follows the placement
+rule (recipe/planner.py drafter_placement, docs/engine-tp.md): one engine for rank 0's GPU
+(rank0), or one per rank like the target (split, with the NCCL plugin and the all-reduce
+workspace input).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from trtllm_dflash.recipe.engine_layout import (
     target_attention,
     target_seq_len,
 )
+from trtllm_dflash.recipe.planner import drafter_placement
 from trtllm_dflash.recipe.rules import BACKEND_FAMILIES, DEFAULT_TRTLLM_VERSION
 from trtllm_dflash.recipe.stages import input_stage
 
@@ -107,18 +111,6 @@ CHECKPOINT_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausa
 TOKENS_PER_BLOCK = 32  # engine-path.md §8.2: 32 or 64; PluginConfig's default
 FROM_PLACEHOLDER = "FROM_DIR"  # --checkpoint_dir when the plan is made without --from
 TIMING_CACHE = "timing.cache"  # per engine, beside its build_config.json
-
-DRAFTER_TP = (
-    "split: with tp > 1 the drafter engine is built per rank, like the target, from the per-rank drafter "
-    "checkpoints convert writes (fc, q/kv/o and MLP column/row splits; its KV-injection projections per KV "
-    "head). Each GPU then holds 1/tp of the drafter weights and of its context arena, which grows with "
-    "batch x context and would otherwise cap concurrency on one GPU, and the draft step uses every GPU the "
-    "target leaves idle between verify rounds. engine-path.md §8.2 recommends a TP1 drafter for drafters "
-    "under ~3B parameters to keep NCCL out of the drafter runner; that is what tp = 1 gives, and every shipped "
-    "engine recipe is tp = 1. Replicating a TP1 drafter at tp > 1 would need a second, unsharded drafter "
-    "checkpoint (convert writes one per rank) and puts the whole arena on one GPU."
-)
-
 
 @dataclass(frozen=True)
 class Tensor:
@@ -204,11 +196,16 @@ def check_buildable(recipe: Recipe) -> None:
                         f"was trained with block_size {trained}; allowed: max_draft_len <= {trained - 1}")
 
 
+def engine_world(recipe: Recipe, role: Role) -> int:
+    """The ranks an engine is built for: the target's world size; the drafter's placement tp."""
+    return recipe.world_size if role == "target" else drafter_placement(recipe).tp * recipe.parallel.pp
+
+
 def _plugin_config(recipe: Recipe, role: Role) -> dict:
     """PluginConfig values (upstream.PLUGIN_CONFIG_FIELDS); "auto" = the model dtype. The target's
     attention flags are what build() resolves them to (target_attention), not a wish it overrides."""
     q = recipe.quantization
-    tp_nccl = "auto" if recipe.world_size > 1 else None
+    tp_nccl = "auto" if engine_world(recipe, role) > 1 else None
     weights = q.target_weights if role == "target" else q.drafter
     # builder.py build(): NVFP4 checkpoints get gemm_plugin "nvfp4" unless explicitly disabled; say so here.
     gemm = "nvfp4" if weights == "nvfp4" else "auto"
@@ -341,7 +338,7 @@ def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tenso
     README.md). build/trtllm_models.py declares these in `prepare_inputs`; the TensorRT drafter
     runner feeds them."""
     d = recipe.drafter_facts
-    tp = recipe.parallel.tp
+    tp = drafter_placement(recipe).tp
     act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("drafter")]
     kv = _kv_dtype(recipe, "drafter")
     dims = {
@@ -415,7 +412,7 @@ def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
         out.append({"name": "gemm_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["gemm_plugin"]), "use": what})
     if pc["nccl_plugin"]:
         out.append({"name": "nccl_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["nccl_plugin"]),
-                    "use": f"all-reduce / all-gather across the {recipe.parallel.tp} tensor-parallel ranks"})
+                    "use": f"all-reduce / all-gather across the {engine_world(recipe, role)} tensor-parallel ranks"})
     return out
 
 
@@ -450,6 +447,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
     src = str(Path(from_dir).resolve()) if from_dir is not None else FROM_PLACEHOLDER
     draft = max_draft_len(recipe)
     block = draft + 1
+    placement = drafter_placement(recipe)
     ws = recipe.world_size
     engines = []
     for role in ROLES:
@@ -458,23 +456,26 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         dims, inputs, outputs = (_target_io if role == "target" else _drafter_io)(recipe, cfg, block)
         cls = TARGET_CLASSES[recipe.target_facts.family] if role == "target" else DRAFTER_CLASS
         paths = (f"{src}/{role}", str(out / role / "build_config.json"), str(out / role / "engines"))
-        command = _command(paths[0], paths[1], cls, paths[2], ws)
-        mpi = ["mpirun", "-n", str(ws), "--allow-run-as-root", *_command(paths[0], paths[1], cls, paths[2], 1)] \
-            if ws > 1 else None
+        n = engine_world(recipe, role)
+        command = _command(paths[0], paths[1], cls, paths[2], n)
+        mpi = ["mpirun", "-n", str(n), "--allow-run-as-root", *_command(paths[0], paths[1], cls, paths[2], 1)] \
+            if n > 1 else None
         engines.append(EnginePlan(role, cls, paths[0], paths[1], paths[2], cfg, _kv_dtype(recipe, role),
                                   _attention(recipe, role), _plugins(recipe, role, cfg), dims, inputs, outputs,
                                   command, mpi))
     inp = input_stage(recipe, "build")
     launch = {
         "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
-                  f"one process: trtllm-build --workers {ws} builds rank0..rank{ws - 1} (a spawn pool, one GPU each)"
+                  f"one process: trtllm-build --workers {ws} builds the target's rank0..rank{ws - 1} (a spawn pool, one "
+                  f"GPU each), the drafter's {'rank0 alone' if placement.tp == 1 else 'per rank the same way'}"
                   + (f"; or under MPI: mpirun -n {ws} trtllm-build ... --workers 1 (each MPI rank builds its engine "
                      "ranks, commands/build.py parallel_build)" if ws > 1 else "")),
         "serve": ("tritonserver with the decoupled Python model `dflash` (serve/triton_model.py): it holds the target "
                   "Executor and the drafter runner"
-                  + (f"; the target Executor in orchestrator mode (ParallelConfig ORCHESTRATOR, spawning {ws} "
-                     "trtllmExecutorWorker processes, engine-path.md §7.2), the drafter runner one process per rank"
-                     if ws > 1 else "")),
+                  + (f"; {ws} ranks under mpirun, one tritonserver each, the target Executor in leader mode "
+                     "(ParallelConfig LEADER): rank 0 serves and runs the round loop, every rank runs its target shard"
+                     + (" and its drafter shard" if placement.mode == "split" else ", the drafter runs on rank 0's GPU")
+                     + " (docs/engine-tp.md)" if ws > 1 else "")),
     }
     notes = [
         f"FROM_DIR: the {inp} output of this recipe (trtllm-dflash {inp} RECIPE ... --out FROM_DIR)"
@@ -489,9 +490,20 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION["engine"],
         container=CONTAINER, tp=recipe.parallel.tp, pp=recipe.parallel.pp, world_size=ws, max_draft_len=draft,
         block=block, from_dir=None if from_dir is None else src, models_file=str(models_file()), engines=engines,
-        drafter_parallelism={"mode": "split per rank" if ws > 1 else "tp1 (tp = 1)", "why": DRAFTER_TP},
+        drafter_parallelism=_drafter_parallelism(placement, recipe.parallel.tp),
         launch=launch, kv_block_reuse=kv_block_reuse(recipe), notes=notes,
     )
+
+
+def _drafter_parallelism(placement, tp: int) -> dict:
+    """plan.json's record of where the drafter runs (serve/trt_runners.py reads `placement`)."""
+    if tp == 1:
+        mode = "tp1 (tp = 1)"
+    elif placement.mode == "rank0":
+        mode = "rank0: one engine, on rank 0's GPU"
+    else:
+        mode = f"split per rank ({placement.tp} engines)"
+    return {**placement.to_json(), "placement": placement.mode, "mode": mode}
 
 
 def _shape(shape: tuple) -> str:

@@ -45,6 +45,7 @@ from trtllm_dflash.build.plan import (
 from trtllm_dflash.build.upstream import CONTAINER, SUPPORTED_LINE, TRTLLM_BUILD
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.planner import drafter_placement
 from trtllm_dflash.recipe.stages import input_stage
 
 
@@ -106,7 +107,8 @@ def check_checkpoints(from_dir: Path, recipe: Recipe) -> None:
     if m.extra.get("layout") != "trtllm":
         raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the engine build "
                         "reads the trtllm layout (TensorRT-LLM checkpoints)")
-    ws, family = recipe.world_size, recipe.target_facts.family
+    family = recipe.target_facts.family
+    placement = drafter_placement(recipe)
     kv_want = "FP8" if recipe.quantization.kv_cache == "fp8" else None
     for role in ROLES:
         path = from_dir / role / "config.json"
@@ -115,8 +117,11 @@ def check_checkpoints(from_dir: Path, recipe: Recipe) -> None:
         if cfg.get("architecture") != arch:
             raise UserError(f"{path}: architecture is {cfg.get('architecture')!r}; the {role} engine builds from {arch}")
         tp = (cfg.get("mapping") or {}).get("tp_size")
-        if tp != recipe.parallel.tp:
-            raise UserError(f"{path}: mapping.tp_size is {tp!r}, recipe parallel.tp is {recipe.parallel.tp}")
+        want = recipe.parallel.tp if role == "target" else placement.tp
+        if tp != want:
+            why = "recipe parallel.tp" if role == "target" else f"the drafter placement ({placement.mode}) needs"
+            raise UserError(f"{path}: mapping.tp_size is {tp!r}, {why} {want}; convert again")
+        ws = want * recipe.parallel.pp
         for r in range(ws):
             if not (from_dir / role / f"rank{r}.safetensors").is_file():
                 raise UserError(f"{from_dir / role}: rank{r}.safetensors is missing (world size {ws})")

@@ -5,7 +5,10 @@ Layouts (one output directory, written atomically, with a manifest of checksums)
           backend's tensor-parallel runs): `target/` and `drafter/`, each a `config.json`
           (architecture, dtype, mapping, quantization, ...) plus `rank{r}.safetensors` per TP
           rank with TensorRT-LLM names, fused QKV and column / row / vocab splits
-          (weight_maps.py); `tokenizer/` holds the target's tokenizer files.
+          (weight_maps.py); `tokenizer/` holds the target's tokenizer files. The drafter is
+          split over recipe/planner.py drafter_placement(recipe).tp ranks: the target's tp, or
+          1 where rank 0 holds the whole drafter (the target engine's tap then takes its rank's
+          columns of the drafter's fc: build/engine_io.py tap_weights).
   hf      the HF layout TensorRT-LLM >= 1.3 loads for the pytorch backend: `target/` (HF names,
           the recipe dtype, tokenizer files) and `drafter/` (z-lab names). TP happens at load
           time there. Quantized HF checkpoints come from ModelOpt's export in `quantize`.
@@ -51,6 +54,7 @@ from trtllm_dflash.convert.weight_maps import (
 )
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.planner import drafter_placement
 from trtllm_dflash.recipe.sharding import ModelDims, tp_message
 from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, read_json
 
@@ -152,20 +156,20 @@ def _local_dir(src, field: str) -> Path:
     return path
 
 
-def check_tp(tp: int, t, d) -> None:
-    """tp against every dimension it splits in the target and the drafter read from their
-    config.json (the recipe rules' definition: recipe/sharding.py, our converter's layout)."""
-    models = [
-        ModelDims("target", t.num_heads, t.num_kv_heads,
-                  t.intermediate_size if t.moe is None or not all(t.moe.sparse_layers) else 0, t.vocab_size,
-                  num_experts=t.moe.num_experts if t.moe else 0,
-                  moe_intermediate_size=t.moe.intermediate_size if t.moe else 0),
-        # The drafter checkpoint holds its own copy of the target's embedding and LM head rows.
-        ModelDims("drafter", d.num_heads, d.num_kv_heads, d.intermediate_size, t.vocab_size, fc_out=d.hidden_size),
-    ]
-    why = tp_message(models, tp, "engine")
-    if why:
-        raise UserError(f"parallel.tp: {why}")
+def check_tp(tp: int, t, d, drafter_tp: int | None = None) -> None:
+    """tp against every dimension it splits in the target, and drafter_tp (default tp; 1 when rank
+    0 holds the whole drafter) in the drafter, read from their config.json (the recipe rules'
+    definition: recipe/sharding.py, our converter's layout)."""
+    target = ModelDims("target", t.num_heads, t.num_kv_heads,
+                       t.intermediate_size if t.moe is None or not all(t.moe.sparse_layers) else 0, t.vocab_size,
+                       num_experts=t.moe.num_experts if t.moe else 0,
+                       moe_intermediate_size=t.moe.intermediate_size if t.moe else 0)
+    # The drafter checkpoint holds its own copy of the target's embedding and LM head rows.
+    drafter = ModelDims("drafter", d.num_heads, d.num_kv_heads, d.intermediate_size, t.vocab_size, fc_out=d.hidden_size)
+    for models, n in (([target], tp), ([drafter], tp if drafter_tp is None else drafter_tp)):
+        why = tp_message(models, n, "engine")
+        if why:
+            raise UserError(f"parallel.tp: {why}")
 
 
 def _expected_shapes(role: Role, cfg) -> dict[str, tuple[int, ...]]:
@@ -395,9 +399,13 @@ def recorded_sources(convert_dir: Path, m: Manifest) -> Sources:
     return read_sources(Path(m.extra["target_dir"]), Path(m.extra["drafter_dir"]))
 
 
-def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
+def plan_trtllm(src: Sources, tp: int, drafter_tp: int | None = None) -> dict[Role, ModelPlan]:
+    """Both models' per-rank plans: the target split over `tp` ranks, the drafter over
+    `drafter_tp` (default tp; 1 where rank 0 holds the whole drafter: recipe/planner.py
+    drafter_placement, whose `.tp` every caller passes)."""
     t, d = src.target_cfg, src.drafter_cfg
-    check_tp(tp, t, d)
+    dtp = tp if drafter_tp is None else drafter_tp
+    check_tp(tp, t, d, dtp)
     arch_map = WEIGHT_MAPS[t.arch]
     tied = t.tie_word_embeddings and "lm_head.weight" not in src.target.tensors
     plans: dict[Role, ModelPlan] = {}
@@ -407,8 +415,8 @@ def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
         t.num_layers,
     )
     plans["drafter"] = ModelPlan(
-        "drafter", DRAFTER_MAP, tp, Heads(d.num_heads, d.num_kv_heads, d.head_dim),
-        _plan_model("drafter", DRAFTER_MAP, d, tp, {"self": src.drafter, "target": src.target}, tied),
+        "drafter", DRAFTER_MAP, dtp, Heads(d.num_heads, d.num_kv_heads, d.head_dim),
+        _plan_model("drafter", DRAFTER_MAP, d, dtp, {"self": src.drafter, "target": src.target}, tied),
         d.num_layers,
     )
     for role, plan in plans.items():  # every source tensor is consumed: the map is complete
@@ -420,9 +428,9 @@ def plan_trtllm(src: Sources, tp: int) -> dict[Role, ModelPlan]:
     return plans
 
 
-def _fingerprint(fields_sha: str, layout: str, sources: list[dict], transform: Transform, tp: int) -> str:
+def _fingerprint(fields_sha: str, layout: str, sources: list[dict], transform: Transform, tp: int, drafter_tp: int) -> str:
     blob = json.dumps(
-        {"v": FORMAT_VERSION, "recipe_fields": fields_sha, "layout": layout, "tp": tp,
+        {"v": FORMAT_VERSION, "recipe_fields": fields_sha, "layout": layout, "tp": tp, "drafter_tp": drafter_tp,
          "sources": [(r["role"], r["path"], r["sha256"]) for r in sources], "transform": transform.describe()},
         sort_keys=True,
     )
@@ -531,12 +539,12 @@ def convert(
     layout = layout or BACKEND_LAYOUT[recipe.backend.name]
     if layout not in LAYOUTS:
         raise UserError(f"--layout {layout!r}: allowed: {', '.join(LAYOUTS)}")
-    tp = recipe.parallel.tp
+    tp, dtp = recipe.parallel.tp, drafter_placement(recipe).tp
     src = sources or load_sources(recipe)
     _check_drafter_backend(src.drafter_cfg, recipe.backend.name, src.drafter_dir)
     transform = transform or Cast(default_dtypes(recipe))
     if layout == "trtllm":
-        plans = plan_trtllm(src, tp)
+        plans = plan_trtllm(src, tp, dtp)
         for plan in plans.values():
             transform.validate(plan)
     else:
@@ -546,9 +554,9 @@ def convert(
 
     records = [source_record(role, p) for role, p in src.input_files()]
     manifest = Manifest.for_stage(stage, recipe, input_dir, sources=records)
-    manifest.extra = {"layout": layout, "tp": tp, "transform": transform.describe(),
+    manifest.extra = {"layout": layout, "tp": tp, "drafter_tp": dtp, "transform": transform.describe(),
                       "target_dir": str(src.target_dir.resolve()), "drafter_dir": str(src.drafter_dir.resolve()),
-                      "fingerprint": _fingerprint(manifest.recipe_fields_sha256, layout, records, transform, tp),
+                      "fingerprint": _fingerprint(manifest.recipe_fields_sha256, layout, records, transform, tp, dtp),
                       **(extra or {})}
     fingerprint = manifest.extra["fingerprint"]
     work = out.parent / f".{out.name}.resume"
@@ -617,7 +625,7 @@ def _write_configs(tmp: Path, layout: str, src: Sources, plans: dict, transform:
     tdtype, ddtype = transform.dtype("target"), transform.dtype("drafter")
     tc = target_config(t, src.target_raw, plans["target"].arch_map, tp, tdtype, src.generation)
     tc["quantization"] = transform.quantization("target")
-    dc = drafter_config(d, src.drafter_raw, t, tp, ddtype)
+    dc = drafter_config(d, src.drafter_raw, t, plans["drafter"].tp, ddtype)
     dc["quantization"] = transform.quantization("drafter")
     (tmp / "target" / "config.json").write_text(json.dumps(tc, indent=2) + "\n")
     (tmp / "drafter" / "config.json").write_text(json.dumps(dc, indent=2) + "\n")

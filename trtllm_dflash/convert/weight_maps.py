@@ -249,6 +249,16 @@ def plan_reads(
     raise ValueError(f"unknown rule {rule!r}")
 
 
+def rank_part(entry: Entry, x: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+    """Rank `rank`'s part of `x`, the whole (tp 1) tensor of a single-source top-level entry, by
+    the entry's own rule (plan_reads: the very split convert writes per rank). The target
+    engine's tap takes its rank's columns of a drafter kept whole this way."""
+    if entry.rule not in ("replicate", "column", "row", "vocab") or len(entry.src) != 1:
+        raise ValueError(f"{entry.dst}: rule {entry.rule!r} is not a split of one tensor")
+    ((read,),) = plan_reads(entry, None, rank, tp, {entry.src[0]: tuple(x.shape)}, None, 0)
+    return x if read.dim is None else x.narrow(read.dim, read.start, read.stop - read.start)
+
+
 def planned_shape(entry: Entry, reads: list[list[Read]], shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
     def cat(pieces: list[Read]) -> tuple[int, ...]:
         parts = [r.shape(shapes[r.name]) for r in pieces]

@@ -46,7 +46,8 @@ The drafter pass is the same formula over the drafter: its linear params (fusion
 at the drafter format, K+1 query slots per sequence through its layers, the new context of tau
 tokens per sequence through `fc` and every layer's K/V projections, its context cache
 (planner.drafter_ctx_bytes_per_seq, the cache format the backend keeps), and the target's LM head
-on the K draft slots.
+on the K draft slots. It is split over the ranks recipe/planner.py drafter_placement gives it: tp
+(like the target, with its all-reduces), or 1 where rank 0 holds the whole drafter (engine backend).
 
 Rates: B_hbm, P_fmt from the hardware catalog (recipe/catalog/hardware.yaml) times the assumed
 efficiencies below, or the catalog entry's `measured` rates (used as they are, efficiency 1);
@@ -70,6 +71,7 @@ from trtllm_dflash.recipe.models import ArchFacts
 from trtllm_dflash.recipe.planner import (
     context_cache_format,
     drafter_ctx_bytes_per_seq,
+    drafter_placement,
     target_kv_bytes_per_seq,
 )
 from trtllm_dflash.recipe.schema import Recipe
@@ -302,6 +304,7 @@ class Deployment:
     drafter_gemm_format: str
     ctx_format: str  # the drafter's context cache
     block_size: int
+    drafter_tp: int | None = None  # ranks the drafter is split over (recipe/planner.py drafter_placement); None = tp
 
     @classmethod
     def from_recipe(cls, r: Recipe) -> Deployment:
@@ -315,6 +318,7 @@ class Deployment:
             gemm_format=q.activations, head_format=head, kv_format=q.kv_cache, drafter_format=q.drafter,
             drafter_gemm_format=_compute_format(q.drafter, q.checkpoint_dtype("drafter")),
             ctx_format=context_cache_format(r), block_size=r.speculative.block_size,
+            drafter_tp=drafter_placement(r).tp,
         )
 
 
@@ -330,8 +334,8 @@ class StepModel:
 
     # ---- pieces
 
-    def _allreduce(self, layers: int, n: int, hidden: int) -> float:
-        tp = self.dep.tp
+    def _allreduce(self, layers: int, n: int, hidden: int, tp: int | None = None) -> float:
+        tp = self.dep.tp if tp is None else tp
         if tp == 1:
             return 0.0
         per = self.rates.allreduce_latency_s + 2 * (tp - 1) / tp * n * hidden * ACT_BYTES / self.rates.link_bps
@@ -341,14 +345,14 @@ class StepModel:
         r = self.rates
         return kv_bytes / r.attention_bps + (flops / r.attention_flops if r.attention_flops else 0.0)
 
-    def _head(self, n_logits: int) -> tuple[float, float]:
-        """(bytes, FLOPs) of the target's LM head over n_logits positions, on one rank."""
-        t, tp = self.dep.target, self.dep.tp
+    def _head(self, n_logits: int, tp: int | None = None) -> tuple[float, float]:
+        """(bytes, FLOPs) of the target's LM head over n_logits positions, on one of `tp` ranks."""
+        t, tp = self.dep.target, self.dep.tp if tp is None else tp
         params = t.vocab_size * t.hidden_size
         return params * BYTES_PER_ELEMENT[self.dep.head_format] / tp, 2 * n_logits * params / tp
 
     def _cost(self, wbytes: float, kv: float, gemm: float, gemm_format: str, head_flops: float, att_flops: float,
-              layers: int, n: int, hidden: int) -> PassCost:
+              layers: int, n: int, hidden: int, tp: int | None = None) -> PassCost:
         """The times of a pass from what it moves and computes (module docstring, "A pass")."""
         r = self.rates
         return PassCost(
@@ -356,7 +360,7 @@ class StepModel:
             t_weights=wbytes / r.memory_bps,
             t_gemm=gemm / r.gemm_flops(gemm_format) + head_flops / r.gemm_flops(self.dep.head_format),
             t_attention=self._attention(kv, att_flops),
-            t_allreduce=self._allreduce(layers, n, hidden),
+            t_allreduce=self._allreduce(layers, n, hidden, tp),
             t_layers=(layers + 1) * r.layer_s,
         )
 
@@ -385,19 +389,20 @@ class StepModel:
     def drafter_pass(self, seqs: int, draft_len: int, ctx: int, new_ctx: float) -> PassCost:
         """One DFlash drafter pass: K+1 slots per sequence, `new_ctx` newly committed tokens per
         sequence projected into its context cache, the target's LM head on the K draft slots."""
-        d, f, tp = self.dep, self.dep.drafter, self.dep.tp
+        d, f = self.dep, self.dep.drafter
+        tp = d.tp if d.drafter_tp is None else d.drafter_tp  # 1: the whole drafter on rank 0's GPU
         q = draft_len + 1
         n = seqs * q
         h = f.hidden_size
         n_feat = len(f.target_layer_ids or [])
         per_layer = f.attention_params_per_layer + f.mlp_params_per_layer
         kv_proj = 2 * h * f.num_kv_heads * f.head_dim  # each layer's K/V projection of the context
-        head_bytes, head_flops = self._head(seqs * draft_len)
+        head_bytes, head_flops = self._head(seqs * draft_len, tp)
         wbytes = f.linear_params * BYTES_PER_ELEMENT[d.drafter_format] / tp + head_bytes
         gemm = (2 * n * f.num_layers * per_layer + 2 * seqs * new_ctx * (n_feat * h * h + f.num_layers * kv_proj)) / tp
         ctx_bytes = seqs * drafter_ctx_bytes_per_seq(f, tp, ctx, q, BYTES_PER_ELEMENT[d.ctx_format])
         att_flops = 4 * n * (ctx + q) * f.num_attention_heads * f.head_dim * f.num_layers / tp
-        return self._cost(wbytes, ctx_bytes, gemm, d.drafter_gemm_format, head_flops, att_flops, f.num_layers, n, h)
+        return self._cost(wbytes, ctx_bytes, gemm, d.drafter_gemm_format, head_flops, att_flops, f.num_layers, n, h, tp)
 
     def prefill(self, prompt_len: int) -> float:
         """Seconds of one request's prompt pass (logits at its last position only)."""

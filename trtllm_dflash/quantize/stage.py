@@ -21,6 +21,7 @@ from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, check_out_dir, t
 from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, plan_trtllm, recorded_sources
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.planner import drafter_placement
 
 
 def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = None, samples: int = 32,
@@ -45,7 +46,8 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
     src = recorded_sources(from_dir, m)  # configs, pairing, every tensor header
     if layout == "trtllm":
         transform = QuantTransform(plan, {"target": Calibration(), "drafter": Calibration()})
-        for p in plan_trtllm(src, recipe.parallel.tp).values():  # tp / alignment problems before calibrating
+        # tp / alignment problems before calibrating (the drafter split as convert splits it)
+        for p in plan_trtllm(src, recipe.parallel.tp, drafter_placement(recipe).tp).values():
             try:
                 transform.validate(p)
             except Exception as e:

@@ -4,7 +4,7 @@ concurrency that does, and the smallest tp that fits on each GPU of the catalog.
 Per rank (how tp splits each dimension, and the vocabulary rows a rank holds: recipe/sharding.py):
 
     target weights  = linear_params * bytes(target_weights) / tp + embedding and LM head rows * hidden * 2
-    drafter weights = drafter layers * bytes(drafter) / tp, plus its fc (n_captured * hidden^2):
+    drafter weights = drafter layers * bytes(drafter) / dtp, plus its fc (n_captured * hidden^2):
                       split by our converter (engine, reference), replicated by TensorRT-LLM's DFlash
                       (pytorch); the engine backend's drafter engine also holds its own BF16 copy of the
                       target's embedding and LM head rows (convert/weight_maps.py DRAFTER_MAP), the
@@ -16,7 +16,7 @@ Per rank (how tp splits each dimension, and the vocabulary rows a rank holds: re
     target KV / seq = sum over layers of tokens(layer) * 2 * kv_heads_per_rank * head_dim * bytes(kv_cache)
                       tokens = max_seq_len + block_size (the verify block is written before the trim),
                       capped at sliding_window + block_size on sliding-window layers
-    draft ctx / seq = drafter layers * (max_seq_len + block_size) * 2 * kv_heads_per_rank * head_dim
+    draft ctx / seq = drafter layers * (max_seq_len + block_size) * 2 * kv_heads_per_rank(dtp) * head_dim
                       * bytes(context cache); the pytorch backend keeps it in BF16 and allocates one
                       extra (dummy) slot
 
@@ -39,6 +39,12 @@ the Executor carves its pool; the arenas are made per decoder afterwards). With 
 The reference backend has no pool (torch allocates on demand): need = S + KV + arena. The runtime
 reserve is the allocator's slack there. max_concurrency = the largest max_batch_size whose need
 fits M; `smallest_tp` = the least tp that splits both models (sharding.py) and fits.
+
+dtp is the number of ranks the drafter is split over (`drafter_placement`, the one rule): tp
+when it is split like the target, 1 when rank 0 holds the whole drafter. The plan then describes
+rank 0, the most loaded device, and that is the deployment's capacity: TensorRT-LLM 1.2.x gives
+every rank the smallest KV-cache token count any rank can afford (kvCacheManager.cpp,
+"make sure all ranks use same value for maxTokens": an MPI all-reduce MIN).
 """
 
 from __future__ import annotations
@@ -103,6 +109,7 @@ class MemoryPlan:
     fits: bool
     weights_read_per_step_bytes: float
     bandwidth_floor_ms: float | None
+    drafter_tp: int = 1  # ranks the drafter is split over in this plan (1: the whole drafter on this device)
 
     @property
     def total_gib(self) -> float:
@@ -171,18 +178,20 @@ def model_dims(recipe: Recipe) -> list[ModelDims]:
     return [ModelDims.of("target", recipe.target_facts), ModelDims.of("drafter", recipe.drafter_facts)]
 
 
-def _weight_rows(recipe: Recipe, tp: int) -> list[PlanRow]:
+def _weight_rows(recipe: Recipe, tp: int, dtp: int) -> list[PlanRow]:
     t, d, q, backend = recipe.target_facts, recipe.drafter_facts, recipe.quantization, recipe.backend.name
     rows = vocab_rows_per_rank(t.vocab_size, tp)
     tables = 1 if t.tie_word_embeddings else 2  # embedding and LM head
     embed = tables * rows * t.hidden_size * HIGH_PRECISION
     fc = len(d.target_layer_ids or []) * d.hidden_size ** 2
     fc_split = backend in OUR_CONVERTER
-    drafter = (d.linear_params - fc) * BYTES_PER_ELEMENT[q.drafter] / tp
-    drafter += fc * BYTES_PER_ELEMENT[q.drafter] / (tp if fc_split else 1)
+    drafter = (d.linear_params - fc) * BYTES_PER_ELEMENT[q.drafter] / dtp
+    drafter += fc * BYTES_PER_ELEMENT[q.drafter] / (dtp if fc_split else 1)
     own_head = backend == "engine"  # the drafter engine embeds its block and picks its drafts itself
-    drafter += embed if own_head else 0.0
-    placement = "layers and fc / tp" if fc_split else "layers / tp, fc replicated"
+    drafter += tables * vocab_rows_per_rank(t.vocab_size, dtp) * t.hidden_size * HIGH_PRECISION if own_head else 0.0
+    split = "/ dtp" if dtp > 1 else ("whole, on rank 0" if tp > 1 else "")
+    placement = f"layers and fc {split}" if fc_split else f"layers {split}, fc replicated"
+    placement = placement.replace("  ", " ").strip()
     placement += " + its own embed/head copy x bf16" if own_head else ""
     return [
         PlanRow("target weights", t.linear_params * BYTES_PER_ELEMENT[q.target_weights] / tp + embed,
@@ -192,7 +201,7 @@ def _weight_rows(recipe: Recipe, tp: int) -> list[PlanRow]:
     ]
 
 
-def _rows(recipe: Recipe, tp: int, gpu: GpuSpec) -> list[PlanRow]:
+def _rows(recipe: Recipe, tp: int, gpu: GpuSpec, dtp: int) -> list[PlanRow]:
     t, d, b = recipe.target_facts, recipe.drafter_facts, recipe.build
     q, block, backend = recipe.quantization, recipe.speculative.block_size, recipe.backend.name
     ffn = t.intermediate_size if not t.is_moe else t.experts_per_token * t.moe_intermediate_size
@@ -201,11 +210,11 @@ def _rows(recipe: Recipe, tp: int, gpu: GpuSpec) -> list[PlanRow]:
     act = b.max_num_tokens * (n_feat * t.hidden_size + 4 * t.hidden_size + 2 * ffn / tp) * HIGH_PRECISION
     reserve = CPU_RUNTIME_RESERVE if gpu.is_cpu else GPU_RUNTIME_RESERVE
     kv = target_kv_bytes_per_seq(t, tp, b.max_seq_len, block, BYTES_PER_ELEMENT[q.kv_cache])
-    ctx = drafter_ctx_bytes_per_seq(d, tp, b.max_seq_len, block, BYTES_PER_ELEMENT[ctx_fmt])
+    ctx = drafter_ctx_bytes_per_seq(d, dtp, b.max_seq_len, block, BYTES_PER_ELEMENT[ctx_fmt])
     vocab = vocab_rows_per_rank(t.vocab_size, tp)
     tokens = f"{b.max_seq_len}+{block} tokens"
     pool, after = ("KV pool", "after pool") if kv_fraction(backend) else ("on demand", "on demand")
-    rows = _weight_rows(recipe, tp) + [
+    rows = _weight_rows(recipe, tp, dtp) + [
         PlanRow("activations", act, False, f"max_num_tokens {b.max_num_tokens} x ({n_feat} captured features + "
                 "GEMM outputs)"),
         PlanRow("runtime reserve", reserve, False, "Python + torch" if gpu.is_cpu else
@@ -214,7 +223,7 @@ def _rows(recipe: Recipe, tp: int, gpu: GpuSpec) -> list[PlanRow]:
         PlanRow("target KV cache", kv, True, f"{t.num_layers} layers x {tokens} x "
                 f"{kv_heads_per_rank(t.num_kv_heads, tp)} KV heads x {t.head_dim} x {q.kv_cache}", pool),
         PlanRow("drafter context cache", ctx, True, f"{d.num_layers} layers x {tokens} x "
-                f"{kv_heads_per_rank(d.num_kv_heads, tp)} KV heads x {d.head_dim} x {ctx_fmt}", after),
+                f"{kv_heads_per_rank(d.num_kv_heads, dtp)} KV heads x {d.head_dim} x {ctx_fmt}", after),
     ]
     if backend == "pytorch":
         rows.append(PlanRow("drafter dummy slot", ctx, False, "TensorRT-LLM DFlash arena has max_batch_size+1 slots",
@@ -258,12 +267,14 @@ def _bandwidth(recipe: Recipe, tp: int, gpu: GpuSpec) -> tuple[float, float | No
     return read, floor_ms
 
 
-def plan(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | None = None) -> MemoryPlan:
-    """The recipe's memory per rank, at its own tp and GPU unless `tp` / `gpu` say otherwise."""
+def plan(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | None = None, dtp: int | None = None) -> MemoryPlan:
+    """The recipe's memory per rank, at its own tp and GPU unless `tp` / `gpu` say otherwise, with
+    the drafter where drafter_placement puts it (or split over `dtp` ranks): rank 0's plan."""
     tp = tp or recipe.parallel.tp
     gpu = gpu or recipe.gpu
+    dtp = dtp or drafter_placement(recipe, tp=tp, gpu=gpu).tp
     b, fraction = recipe.build, kv_fraction(recipe.backend.name)
-    rows = _rows(recipe, tp, gpu)
+    rows = _rows(recipe, tp, gpu, dtp)
     capacity = gpu.memory_bytes
     need = _need(rows, b.max_batch_size, fraction)
     startup = _by_where(rows, b.max_batch_size)["start-up"]
@@ -276,7 +287,7 @@ def plan(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | None = None) -
         total_bytes=_need(rows, b.max_batch_size, None), need_bytes=need,
         kv_pool_bytes=None if fraction is None else max(0.0, fraction * (capacity - startup)),
         max_concurrency=_max_batch(rows, fraction, capacity), fits=need <= capacity,
-        weights_read_per_step_bytes=read, bandwidth_floor_ms=floor_ms,
+        weights_read_per_step_bytes=read, bandwidth_floor_ms=floor_ms, drafter_tp=dtp,
     )
 
 
@@ -298,3 +309,89 @@ def smallest_tp(recipe: Recipe, gpu: GpuSpec) -> TpFit:
         if p.fits:
             return TpFit(gpu, tp, need, tried, unsupported)
     return TpFit(gpu, None, need, tried, unsupported)
+
+
+# ----------------------------------------------------------------------------- drafter placement
+
+PLACEMENTS = ("rank0", "split")
+
+
+@dataclass(frozen=True)
+class DrafterPlacement:
+    """Where the drafter runs at tp > 1, and the numbers the choice was made from (bytes; the
+    memory ones at build.max_batch_size, the exchange ones per round at that batch and a full
+    block). `tp`: the ranks its weights and context cache are split over (1 for rank0)."""
+
+    mode: str  # "rank0": the whole drafter on rank 0's GPU; "split": tensor-parallel like the target
+    tp: int
+    why: str
+    whole_bytes: float = 0.0  # the whole drafter: weights + context cache
+    split_bytes: float = 0.0  # one rank's part of it when split
+    target_share_bytes: float = 0.0  # one rank's share of the target: weights + KV cache
+    rank0_fits: bool = True
+    exchange_rank0_bytes: float = 0.0  # what drafting adds to the cross-rank traffic of a round
+    exchange_split_bytes: float = 0.0
+    split_collectives: int = 0  # collectives a split drafter pass adds to a round
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _exchange_split(recipe: Recipe, tp: int) -> tuple[float, int]:
+    """Bytes a split drafter moves between ranks per round, per GPU, and its collectives: rank 0
+    broadcasts the round's inputs (new context rows, block ids and positions) to the tp - 1
+    others; inside the pass every layer all-reduces twice (attention output, MLP output: ring,
+    2 (tp-1)/tp of the tensor per GPU), fc's output and the vocab-parallel LM head's logits are
+    all-gathered ((tp-1)/tp)."""
+    d, t, b = recipe.drafter_facts, recipe.target_facts, recipe.build
+    rows = b.max_batch_size * recipe.speculative.block_size  # a full block, every draft accepted
+    act = rows * d.hidden_size * HIGH_PRECISION
+    broadcast = (tp - 1) * (act + rows * 2 * 4)  # context rows + int32 ids and positions
+    all_reduce = 2 * d.num_layers * 2 * (tp - 1) / tp * act
+    gathers = (tp - 1) / tp * (act + b.max_batch_size * (recipe.speculative.block_size - 1) * t.vocab_size * HIGH_PRECISION)
+    return broadcast + all_reduce + gathers, 1 + 2 * d.num_layers + 2
+
+
+def drafter_placement(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | None = None) -> DrafterPlacement:
+    """The one rule for where the drafter runs (docs/engine-tp.md).
+
+    Only the engine backend chooses (TensorRT-LLM 1.2.x leader mode, every rank a process of
+    ours): rank 0 holds the whole drafter when (a) rank 0 still fits the recipe's batch with it,
+    and (b) the whole drafter (weights + context cache) is no larger than one rank's share of
+    the target (weights + KV cache). (a) is hard: 1.2.x sizes every rank's KV pool by the
+    tightest rank. (b) keeps rank 0 at most twice as loaded as the others, in memory and in the
+    bytes its passes stream (a memory-bound drafter pass on one GPU then takes no longer than
+    each rank's verify pass). Rank 0 adds nothing to a round's cross-rank traffic (the drafts
+    travel inside the verify requests the Executor's leader broadcasts anyway); a split drafter
+    adds a broadcast of the round's context rows and 2 collectives per layer, so ties go to
+    rank 0. Otherwise the drafter is split like the target. `tp` / `gpu`: decide for another
+    tp or GPU than the recipe's (the smallest-tp search).
+    The reference backend's rank group splits it like the target (the oracle of the engine's
+    split); the pytorch backend's drafter is TensorRT-LLM's, counted split like the target."""
+    tp = tp or recipe.parallel.tp
+    if tp == 1:
+        return DrafterPlacement("rank0", 1, "tp 1: one GPU holds the target and the drafter")
+    if recipe.backend.name != "engine":
+        who = ("the reference rank group splits every module like the target" if recipe.backend.name == "reference"
+               else "TensorRT-LLM's DFlash places its own drafter; the plan counts it split like the target")
+        return DrafterPlacement("split", tp, who)
+    b = recipe.build.max_batch_size
+    one, split = plan(recipe, tp=tp, gpu=gpu, dtp=1), plan(recipe, tp=tp, gpu=gpu, dtp=tp)
+    rows = lambda p, *names: sum(r.bytes * (b if r.per_sequence else 1) for r in p.rows if r.component in names)  # noqa: E731
+    whole = rows(one, "drafter weights", "drafter context cache")
+    share = rows(one, "target weights", "target KV cache")
+    exchange, collectives = _exchange_split(recipe, tp)
+    numbers = dict(whole_bytes=whole, split_bytes=rows(split, "drafter weights", "drafter context cache"),
+                   target_share_bytes=share, rank0_fits=one.fits, exchange_split_bytes=exchange,
+                   split_collectives=collectives)
+    gib = lambda x: f"{x / GiB:.2f} GiB"  # noqa: E731
+    if one.fits and whole <= share:
+        why = (f"the whole drafter ({gib(whole)}) is no larger than a rank's share of the target ({gib(share)}) and "
+               f"rank 0 fits {b} sequences with it; split would add {gib(exchange)} and {collectives} collectives "
+               "to every round")
+        return DrafterPlacement("rank0", 1, why, **numbers)
+    if not one.fits:
+        why = f"rank 0 cannot hold the whole drafter ({gib(whole)}) beside its share of the target at {b} sequences"
+    else:
+        why = f"the whole drafter ({gib(whole)}) is larger than a rank's share of the target ({gib(share)})"
+    return DrafterPlacement("split", tp, why + f"; split: {gib(numbers['split_bytes'])} per rank", **numbers)

@@ -14,7 +14,10 @@ Per rank (the checkpoint's splits, weight_maps.py):
               MoE: every expert's FFN width split, router replicated, the block output all-reduced
   embedding   vocab-parallel: each rank looks up its rows (others zero), then all-reduce
   LM head     vocab-parallel: local logits, all-gathered on the vocabulary axis
-  drafter     the same, and fc column-parallel with its output all-gathered before hidden_norm
+  drafter     the same, and fc column-parallel with its output all-gathered before hidden_norm;
+              a drafter checkpoint kept whole (engine backend, placement rank0: recipe/planner.py
+              drafter_placement) is loaded whole on every rank here (the reference runners), and
+              on rank 0 only by the emulated engine runners, which broadcast its drafts
   norms       replicated; row-parallel biases live on rank 0 only (summed once)
 Quantized tensors (FP8 / NVFP4 weights with their scales) are dequantized on load into the
 compute dtype: the reference emulates quantized weights; activations and the KV cache stay in
@@ -62,6 +65,12 @@ class Comm:
         torch.distributed.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
 
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's x on every rank (x: a buffer of the same shape and dtype elsewhere)."""
+        if self.world > 1:
+            torch.distributed.broadcast(x, src=0)
+        return x
+
 
 class VocabParallelEmbedding(nn.Module):
     """Rows [start, start + n) of the embedding; ids outside them contribute zeros."""
@@ -103,6 +112,12 @@ class CheckpointInfo:
     quantization: dict  # role -> config.json quantization section
     tokenizer_dir: Path | None
     manifest: object  # artifacts.Manifest of the stage output
+    drafter_tp: int = 0  # ranks the drafter checkpoint is split over: tp, or 1 (kept whole); 0 = tp
+
+    @property
+    def drafter_whole(self) -> bool:
+        """The drafter checkpoint is one rank file under a tensor-parallel target."""
+        return self.tp > 1 and self.drafter_tp == 1
 
 
 def reference_configs(tc: dict, dc: dict, target_dir: Path, drafter_dir: Path):
@@ -140,11 +155,15 @@ def read_checkpoint(directory: str | Path) -> CheckpointInfo:
     tc = cfgs["target"]
     tcfg, dcfg = reference_configs(tc, cfgs["drafter"], directory / "target", directory / "drafter")
     tp = tc["mapping"]["tp_size"]
+    dtp = (cfgs["drafter"].get("mapping") or {}).get("tp_size", tp)
+    if dtp not in (1, tp):
+        raise UserError(f"{directory / 'drafter' / 'config.json'}: mapping.tp_size {dtp}: a drafter is split like "
+                        f"the target (tp {tp}) or kept whole (1); convert again")
     tok = directory / "tokenizer"
     has_tok = any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
     return CheckpointInfo(
         directory, tp, tcfg, dcfg, getattr(torch, tc["dtype"]),
-        {r: c.get("quantization") or {} for r, c in cfgs.items()}, tok if has_tok else None, m,
+        {r: c.get("quantization") or {} for r, c in cfgs.items()}, tok if has_tok else None, m, dtp,
     )
 
 
@@ -198,46 +217,68 @@ def _state(arch_map, layers: list[tuple], tensors: dict[str, torch.Tensor], loca
 
 
 def load_rank(info: CheckpointInfo, comm: Comm, dtype: torch.dtype | None = None, device: str = "cpu"):
-    """The reference target and drafter of one rank, holding only that rank's shard."""
-    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, WEIGHT_MAPS, Heads, model_entries
-    from trtllm_dflash.reference.draft import DFlashDraft
-    from trtllm_dflash.reference.target import Rope, Target
+    """The reference target and drafter of one rank, holding only that rank's shard (the whole
+    drafter where its checkpoint keeps it whole: then no drafter collectives)."""
+    drafter_comm = Comm() if info.drafter_whole else comm
+    return load_target(info, comm, dtype, device), _load_drafter(info, drafter_comm, dtype, device)
+
+
+def load_target(info: CheckpointInfo, comm: Comm, dtype: torch.dtype | None = None, device: str = "cpu"):
+    """The reference target of one rank: its shard of the target checkpoint."""
+    from trtllm_dflash.convert.weight_maps import WEIGHT_MAPS, Heads, model_entries
+    from trtllm_dflash.reference.target import Target
 
     dtype = dtype or info.dtype
-    tp, rank = comm.world, comm.rank
-    t, d = info.target_cfg, info.drafter_cfg
-    theads = Heads(t.num_heads, t.num_kv_heads, t.head_dim).local(tp)
-    dheads = Heads(d.num_heads, d.num_kv_heads, d.head_dim).local(tp)
+    tp, rank, t = comm.world, comm.rank, info.target_cfg
+    heads = Heads(t.num_heads, t.num_kv_heads, t.head_dim).local(tp)
     moe = t.moe and dataclasses.replace(t.moe, intermediate_size=t.moe.intermediate_size // tp)
-    local_t = dataclasses.replace(t, num_heads=theads.num_heads, num_kv_heads=theads.num_kv_heads,
-                                  intermediate_size=t.intermediate_size // tp, moe=moe)
-    local_d = dataclasses.replace(d, num_heads=dheads.num_heads, num_kv_heads=dheads.num_kv_heads,
-                                  intermediate_size=d.intermediate_size // tp)
-
+    local = dataclasses.replace(t, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads,
+                                intermediate_size=t.intermediate_size // tp, moe=moe)
     with torch.device("meta"):
-        target, drafter = Target(local_t), DFlashDraft(local_d)
+        target = Target(local)
         vocab = t.vocab_size // tp
         target.embed_tokens = VocabParallelEmbedding(vocab, t.hidden_size, rank * vocab, comm)
         target.lm_head = GatherLinear(t.hidden_size, vocab, comm)
-        drafter.fc = GatherLinear(len(d.target_layer_ids) * d.hidden_size, d.hidden_size // tp, comm)
+    tensors = _read_rank(info.directory, "target", rank, dtype)
+    state = _state(WEIGHT_MAPS[t.arch], model_entries(WEIGHT_MAPS[t.arch], t), tensors, heads,
+                   t.moe.num_experts if t.moe else 0, True, dtype)
+    return _finish(target, state, t, comm, device)
 
-    ttensors = _read_rank(info.directory, "target", rank, dtype)
-    tstate = _state(WEIGHT_MAPS[t.arch], model_entries(WEIGHT_MAPS[t.arch], t), ttensors, theads,
-                    t.moe.num_experts if t.moe else 0, True, dtype)
-    dstate = _state(DRAFTER_MAP, model_entries(DRAFTER_MAP, d, drafter=True), _read_rank(info.directory, "drafter", rank, dtype),
-                    dheads, 0, False, dtype)
-    for model, state, cfg in ((target, tstate, t), (drafter, dstate, d)):
-        if rank != 0:  # row-parallel biases are added once, after the all-reduce
-            for k in [k for k in state if k.endswith(("o_proj.bias", "down_proj.bias"))]:
-                state[k] = torch.zeros_like(state[k])
-        model.load_state_dict(state, strict=True, assign=True)
-        model.rope = Rope(cfg.rope, cfg.head_dim)
-        model.to(device).eval()
-    if tp > 1:
-        for layer in [*target.layers, *drafter.layers]:
+
+def _load_drafter(info: CheckpointInfo, comm: Comm, dtype: torch.dtype | None, device: str):
+    """The reference drafter of one rank of `comm` (world 1: the whole drafter, rank file 0)."""
+    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, Heads, model_entries
+    from trtllm_dflash.reference.draft import DFlashDraft
+
+    dtype = dtype or info.dtype
+    tp, d = comm.world, info.drafter_cfg
+    heads = Heads(d.num_heads, d.num_kv_heads, d.head_dim).local(tp)
+    local = dataclasses.replace(d, num_heads=heads.num_heads, num_kv_heads=heads.num_kv_heads,
+                                intermediate_size=d.intermediate_size // tp)
+    with torch.device("meta"):
+        drafter = DFlashDraft(local)
+        drafter.fc = GatherLinear(len(d.target_layer_ids) * d.hidden_size, d.hidden_size // tp, comm)
+    tensors = _read_rank(info.directory, "drafter", comm.rank, dtype)
+    state = _state(DRAFTER_MAP, model_entries(DRAFTER_MAP, d, drafter=True), tensors, heads, 0, False, dtype)
+    return _finish(drafter, state, d, comm, device)
+
+
+def _finish(model, state: dict, cfg, comm: Comm, device: str):
+    """Load a rank's state into a meta-built model, its RoPE, and (tp > 1) the all-reduce after
+    every attention and MLP block; row-parallel biases are added once, after the all-reduce."""
+    from trtllm_dflash.reference.target import Rope
+
+    if comm.rank != 0:
+        for k in [k for k in state if k.endswith(("o_proj.bias", "down_proj.bias"))]:
+            state[k] = torch.zeros_like(state[k])
+    model.load_state_dict(state, strict=True, assign=True)
+    model.rope = Rope(cfg.rope, cfg.head_dim)
+    model.to(device).eval()
+    if comm.world > 1:
+        for layer in model.layers:
             for module in (layer.self_attn, layer.mlp):
                 module.register_forward_hook(lambda _m, _i, out: comm.all_reduce(out))
-    return target, drafter
+    return model
 
 
 # ----------------------------------------------------------------------------- running
@@ -262,19 +303,25 @@ RUNNERS = ("reference", "emulated")  # what decodes a checkpoint on CPU: our tor
 
 def _emulated_model(info, comm, dtype: torch.dtype | None, device: str, max_seq_len: int):
     """The engine runners on CPU over one rank of a convert / quantize output: FakeExecutor over
-    TapEngine (this rank's target shard + tap) for the target, the torch drafter network on this
-    rank's drafter shard (the drafter is split per rank like the target: build/plan.py DRAFTER_TP)."""
-    from trtllm_dflash.build.engine_io import TAP_WEIGHTS
+    TapEngine (this rank's target shard + its part of the drafter's fc and hidden_norm, read as
+    the target engine reads them: build/engine_io.py tap_weights) for the target, the torch
+    drafter network for the drafter, placed as the checkpoint keeps it (recipe/planner.py
+    drafter_placement): this rank's drafter shard, or the whole drafter on rank 0 only, whose
+    drafts every rank then receives (engine_runners.Rank0Drafter)."""
+    from trtllm_dflash.build.engine_io import tap_weights
     from trtllm_dflash.serve.engine_runners import EngineModel, FakeExecutor, TapEngine
 
-    target, _ = load_rank(info, comm, dtype, device)
-    weights = read_rank(info, "drafter", comm.rank, dtype or info.dtype, device)
+    dtype = dtype or info.dtype
+    target = load_target(info, comm, dtype, device)
     d = info.drafter_cfg
-    tap = {k: weights[k] for k in TAP_WEIGHTS}
+    tap = {k: v.to(device) for k, v in tap_weights(info.directory / "target", comm.rank, dtype).items()}
     engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size, comm=comm)
     executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
-    return EngineModel(executor, weights, d, vocab_size=info.target_cfg.vocab_size,
-                       eos_token_ids=info.target_cfg.eos_token_ids, device=device, comm=comm)
+    common = dict(vocab_size=info.target_cfg.vocab_size, eos_token_ids=info.target_cfg.eos_token_ids, device=device)
+    if not info.drafter_whole:
+        return EngineModel(executor, read_rank(info, "drafter", comm.rank, dtype, device), d, comm=comm, **common)
+    weights = read_rank(info, "drafter", 0, dtype, device) if comm.rank == 0 else None
+    return EngineModel(executor, weights, d, rank0_of=comm, draft_dtype=dtype, **common)
 
 
 def _rank_model(runners: str, info: CheckpointInfo, comm: Comm, dtype, device: str, max_seq_len: int):

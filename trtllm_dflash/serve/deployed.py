@@ -41,8 +41,17 @@ class Deployed:
         self.model.close()
 
 
-def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> Deployed:
-    """on_fatal(reason): called once when the model can no longer serve (ServingEngine)."""
+def _device_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"gpu_device_ids: {text!r}: expected comma-separated GPU ids, e.g. 0,1") from None
+
+
+def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> Deployed | None:
+    """The deployment, ready to serve; None on a tensor-parallel rank > 0 of the engine backend's
+    TensorRT runners, once the leader has stopped (that rank only ran the target's shard).
+    on_fatal(reason): called once when the model can no longer serve (ServingEngine)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -74,10 +83,15 @@ def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> D
         raise UserError(f"{checkpoint}: no tokenizer/ (the target had no tokenizer files); serving speaks text")
     spec, build = recipe.speculative, recipe.build
     if runners == "tensorrt":  # the engines the build stage made (GPU, TensorRT-LLM 1.2.x)
-        from trtllm_dflash.serve.trt_runners import open_trt_engine
+        from trtllm_dflash.serve.trt_runners import WorkerRank, open_trt_engine
 
-        model = open_trt_engine(Path(params["engine_dir"]), free_gpu_memory_fraction=float(
-            params.get("kv_cache_free_gpu_mem_fraction", KV_CACHE_FREE_GPU_MEM_FRACTION)))
+        ids = params.get("gpu_device_ids")  # tensorrtllm_backend's parameter name and form ("0,1")
+        fraction = float(params.get("kv_cache_free_gpu_mem_fraction", KV_CACHE_FREE_GPU_MEM_FRACTION))
+        model = open_trt_engine(Path(params["engine_dir"]), free_gpu_memory_fraction=fraction,
+                                device_ids=_device_ids(ids) if ids else None)
+        if isinstance(model, WorkerRank):  # a tp rank > 0: it serves the leader's steps until the leader stops
+            model.serve()
+            return None
     else:
         model = open_checkpoint(checkpoint, runners=runners, max_seq_len=build.max_seq_len)
     tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_dir)

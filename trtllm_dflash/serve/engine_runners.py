@@ -176,6 +176,38 @@ class EngineDrafter:
         self.arena.keep(idx)
 
 
+class Rank0Drafter:
+    """The DrafterRunner of one tensor-parallel rank when rank 0 holds the whole drafter
+    (placement rank0, docs/engine-tp.md), where every rank runs the round loop in step
+    (checkpoint_runner.ShardedModel, the CPU emulation): rank 0 drafts with `inner`, and every
+    rank takes rank 0's draft logits [B, T-1, V] (a broadcast over `comm`), so all decoders
+    verify the same drafts. In a deployment ranks > 0 run no loop: the drafts reach their target
+    shards inside the verify requests the Executor's leader broadcasts."""
+
+    def __init__(self, inner, comm, cfg, vocab_size: int, dtype: torch.dtype):
+        if (inner is None) != (comm.rank != 0):
+            raise ValueError(f"rank {comm.rank}: rank 0, and only rank 0, holds the drafter")
+        self.inner, self.comm, self.vocab_size, self.dtype = inner, comm, vocab_size, dtype
+        # What the round loop reads of every DrafterRunner (reference/runners.py), from the drafter config.
+        self.block_size, self.mask_token_id = cfg.block_size, cfg.mask_token_id
+        self.target_layer_ids = tuple(cfg.target_layer_ids)
+
+    def join(self, n):
+        if self.inner is not None:
+            self.inner.join(n)
+
+    def keep(self, idx):
+        if self.inner is not None:
+            self.inner.keep(idx)
+
+    def draft(self, anchor, start, ctx, ctx_pos, T):
+        if self.inner is not None:
+            logits = self.inner.draft(anchor, start, ctx, ctx_pos, T).contiguous()
+        else:
+            logits = torch.empty(anchor.shape[0], T - 1, self.vocab_size, dtype=self.dtype, device=anchor.device)
+        return self.comm.broadcast(logits)
+
+
 class EngineModel:
     """Engine runners for the serving batcher: one executor and one drafter weight set shared by
     the decoders of every sampling group. With tp > 1 this is one rank's model (its shards and
@@ -184,16 +216,21 @@ class EngineModel:
     failed = None  # a single process: a rank of it that dies takes the whole ShardedModel down
 
     def __init__(self, executor, drafter_weights: dict | None, drafter_cfg, *, vocab_size: int,
-                 eos_token_ids: tuple[int, ...], device: str = "cpu", comm=SingleRank(), drafter_factory=None):
+                 eos_token_ids: tuple[int, ...], device: str = "cpu", comm=SingleRank(), drafter_factory=None,
+                 rank0_of=None, draft_dtype: torch.dtype | None = None):
         # drafter_factory(max_len) -> DrafterRunner replaces EngineDrafter over drafter_weights (the
         # drafter engine's runner, serve/trt_runners.py); None: the torch drafter network.
+        # rank0_of: the tensor-parallel group whose rank 0 alone holds the whole drafter (drafter_weights
+        # there, None elsewhere; drafts in draft_dtype); `comm` is then the drafter's own (world 1).
         self.executor, self.w, self.cfg, self.comm = executor, drafter_weights, drafter_cfg, comm
-        self.drafter_factory = drafter_factory
+        self.drafter_factory, self.rank0_of, self.draft_dtype = drafter_factory, rank0_of, draft_dtype
+        self._drafters: dict[int, object] = {}  # id(decoder) -> its drafter, until release
         self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, device
         heads = Heads(drafter_cfg.num_heads, drafter_cfg.num_kv_heads, drafter_cfg.head_dim).local(comm.world)
         self.spec = dataclasses.replace(DrafterSpec.from_config(drafter_cfg), num_heads=heads.num_heads,
                                         num_kv_heads=heads.num_kv_heads)  # this rank's heads
-        self.rope = Rope(drafter_cfg.rope, drafter_cfg.head_dim).to(device)
+        # The torch drafter network's RoPE table (a drafter engine has its own).
+        self.rope = Rope(drafter_cfg.rope, drafter_cfg.head_dim).to(device) if drafter_factory is None else None
 
     def decoder(self, *, sampling, mode: str = "dflash", block_size: int | None = None, ddtree_budget: int | None = None,
                 max_len: int = 2048) -> Decoder:
@@ -202,16 +239,28 @@ class EngineModel:
                               tail=self.cfg.block_size, greedy=sampling.greedy, device=self.device)
         if self.drafter_factory is not None:
             drafter = self.drafter_factory(max_len + 1 + block)
-        else:
+        elif self.w is not None:
             drafter = EngineDrafter(self.w, self.spec, self.rope, block_size=self.cfg.block_size,
                                     mask_token_id=self.cfg.mask_token_id, target_layer_ids=self.cfg.target_layer_ids,
                                     max_len=max_len + 1 + block, comm=self.comm)
-        return Decoder(target, drafter, mode, block_size, ddtree_budget, sampling, max_len)
+        else:
+            drafter = None
+        if self.rank0_of is not None:
+            drafter = Rank0Drafter(drafter, self.rank0_of, self.cfg, self.vocab_size, self.draft_dtype)
+        decoder = Decoder(target, drafter, mode, block_size, ddtree_budget, sampling, max_len)
+        self._drafters[id(decoder)] = drafter
+        return decoder
 
     def release(self, decoder: Decoder) -> None:
-        pass
+        """A decoder is done: a factory that tracks its drafters (drafter_ranks.SplitDrafters:
+        the other ranks hold a twin of each) hears of it."""
+        drafter = self._drafters.pop(id(decoder), None)
+        if drafter is not None and hasattr(self.drafter_factory, "release"):
+            self.drafter_factory.release(drafter)
 
     def close(self) -> None:
+        if hasattr(self.drafter_factory, "stop"):  # the worker ranks' drafter loops end
+            self.drafter_factory.stop()
         self.executor.shutdown()
 
 

@@ -288,7 +288,11 @@ def launch_command(repository: Path, endpoints: Endpoints, world_size: int, mode
 
     Engine backend (our Triton model over TensorRT-LLM 1.2.x engines): world size 1 is one
     tritonserver; otherwise one tritonserver per rank under mpirun, ranks other than 0 loading
-    only the model (explicit model control), each with its own Python-backend shared-memory prefix.
+    only the model (explicit model control), each with its own Python-backend shared-memory prefix:
+    the leader-mode form of triton_backend/scripts/launch_triton_server.py (get_cmd). Every rank's
+    model opens the target Executor in leader mode (serve/trt_runners.py parallel_config); rank 0
+    serves, the others run the target's shard and never finish loading, so they never bind the
+    ports (docs/engine-tp.md: why leader mode, what runs where).
 
     pytorch backend (TensorRT-LLM's LLM-API model): on one node a single tritonserver; its model
     creates LLM(...) with model.yaml's tensor_parallel_size, which spawns the MPI workers itself

@@ -138,6 +138,9 @@ class TritonPythonModel:
         name = args["model_name"]
         # The same loader and engine as the OpenAI-compatible server (serve/deployed.py).
         self.deployed = open_deployed(version_dir, params, on_fatal=lambda why: mark_unavailable(name, cfg, why))
+        if self.deployed is None:  # a tp rank > 0 (engine backend): it ran the target's shard until the leader left
+            pb_utils.Logger.log_info("dflash: tensor-parallel worker rank finished (the leader shut down)")
+            return
         self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
         self.outbox = _Outbox()
         d = self.deployed
@@ -183,8 +186,9 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.deployed.close()
-        self.outbox.close()
+        if self.deployed is not None:
+            self.deployed.close()
+            self.outbox.close()
 
 
 class _Emitter:

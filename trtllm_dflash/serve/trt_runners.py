@@ -1,17 +1,22 @@
 """The engine backend's TensorRT runners (GPU-only: tensorrt / tensorrt_llm are imported inside the
 functions, so this module imports on CPU and its logic is tested there with stand-ins).
 
-  executor_config / open_executor   the target engine's TensorRT-LLM 1.2.1 Executor
+  parallel_config / executor_config / open_executor   the target engine's TensorRT-LLM 1.2.1
+                  Executor; at tp > 1 in leader mode (docs/engine-tp.md): one process per rank
+                  under mpirun, rank 0 the leader that takes requests
   TrtExecutor     that Executor behind the interface EngineTarget (serve/engine_runners.py)
                   drives, FakeExecutor's: requests in, responses with the DFlash outputs by name
+  WorkerRank      a rank > 0 of that Executor: runs the target's shard, nothing of ours
   TrtSession      the drafter engine on the TensorRT runtime, a DrafterSession for ArenaDrafter
                   (serve/drafter_runner.py), which owns the arena as torch CUDA tensors
-  open_trt_engine a build stage output -> EngineModel (serve/engine_runners.py)
+  open_trt_engine a build stage output -> EngineModel (serve/engine_runners.py) on rank 0, a
+                  WorkerRank on the others
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -30,25 +35,57 @@ def _bindings():
     return bindings
 
 
-def executor_worker_path() -> Path:
-    """The wheel's `tensorrt_llm/bin/executorWorker` (setup.py package_data), which orchestrator
-    mode spawns per rank."""
-    import tensorrt_llm
+def mpi_rank() -> int:
+    """This process's rank in the MPI world mpirun / srun started, from the launcher's environment
+    (the variables tensorrt_llm/llmapi/trtllm-llmapi-launch reads, in its order); 0 outside one."""
+    for var in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_ID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
 
-    return Path(tensorrt_llm.__file__).parent / "bin" / "executorWorker"
+
+def rank_devices(world_size: int, device_ids: list[int] | None = None, num_nodes: int = 1) -> list[int]:
+    """The GPU of each rank on a node (ParallelConfig.device_ids): given, or 0 .. ranks per node - 1;
+    one distinct id per rank of a node (runtime/worldConfig.cpp checks them unique)."""
+    if num_nodes < 1 or world_size % num_nodes:
+        raise UserError(f"num_nodes: {num_nodes} does not divide the world size {world_size} (tp x pp)")
+    per_node = world_size // num_nodes
+    devices = list(range(per_node)) if device_ids is None else list(device_ids)
+    if len(devices) != per_node or len(set(devices)) != per_node or min(devices) < 0:
+        raise UserError(f"gpu_device_ids: {','.join(map(str, devices))}: need {per_node} distinct GPU ids (one per "
+                        f"rank on each of {num_nodes} node(s), world size {world_size})")
+    return devices
+
+
+def parallel_config(world_size: int, *, device_ids: list[int] | None = None, num_nodes: int = 1, bindings=None):
+    """The target Executor's ParallelConfig: None at world size 1; else TensorRT-LLM 1.2.x leader
+    mode, ParallelConfig(CommunicationType.MPI, CommunicationMode.LEADER, device_ids,
+    participant_ids) (cpp/tensorrt_llm/nanobind/executor/executorConfig.cpp): every MPI rank is a
+    participant (0 .. world_size - 1, rank 0 the leader that takes requests and returns
+    responses) and drives the GPU device_ids[rank % ranks per node] (runtime/worldConfig.cpp).
+    device_ids defaults to one node's 0 .. ranks per node - 1; num_nodes > 1 is passed on
+    (executorImpl.cpp initializeWorkers: device_ids x num_nodes must be the world size).
+    Why leader mode and not orchestrator mode: docs/engine-tp.md."""
+    if world_size == 1:
+        return None
+    b = bindings or _bindings()
+    kwargs = dict(device_ids=rank_devices(world_size, device_ids, num_nodes), participant_ids=list(range(world_size)))
+    if num_nodes > 1:
+        kwargs["num_nodes"] = num_nodes
+    return b.ParallelConfig(b.CommunicationType.MPI, b.CommunicationMode.LEADER, **kwargs)
 
 
 def executor_config(world_size: int, *, kv_block_reuse: bool = True,
                     free_gpu_memory_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION,
-                    device_ids: list[int] | None = None, bindings=None):
+                    device_ids: list[int] | None = None, num_nodes: int = 1, bindings=None):
     """ExecutorConfig(max_beam_width=1, kv_cache_config=KvCacheConfig(enable_block_reuse=kv_block_reuse,
     free_gpu_memory_fraction=...), enable_chunked_context=False, additional_model_outputs=[the
-    DFlash outputs]) and, for world_size > 1, parallel_config=ParallelConfig(CommunicationType.MPI,
-    CommunicationMode.ORCHESTRATOR, device_ids=..., orchestrator_config=OrchestratorConfig(True,
-    <executorWorker>)): tensorrt_llm.bindings.executor (cpp/tensorrt_llm/nanobind/executor/
-    executorConfig.cpp). Chunked context stays off: a chunk boundary would split a verify
-    request's tail rows across steps (engine-path.md §8.2). `kv_block_reuse`: what the engine can
-    honour (engine_kv_reuse); asking more only earns fixExecutorConfig's warning."""
+    DFlash outputs], parallel_config=parallel_config(...)): tensorrt_llm.bindings.executor
+    (cpp/tensorrt_llm/nanobind/executor/executorConfig.cpp). Chunked context stays off: a chunk
+    boundary would split a verify request's tail rows across steps (engine-path.md §8.2).
+    `kv_block_reuse`: what the engine can honour (engine_kv_reuse); asking more only earns
+    fixExecutorConfig's warning. free_gpu_memory_fraction is each rank's, but every rank gets the
+    KV token count of the tightest one (kvCacheManager.cpp: an MPI all-reduce MIN)."""
     b = bindings or _bindings()
     kwargs = dict(
         max_beam_width=1,
@@ -58,10 +95,9 @@ def executor_config(world_size: int, *, kv_block_reuse: bool = True,
         additional_model_outputs=[b.AdditionalModelOutput(name, gather_context=g)
                                   for name, g in engine_io.GATHER_CONTEXT.items()],
     )
-    if world_size > 1:
-        kwargs["parallel_config"] = b.ParallelConfig(
-            b.CommunicationType.MPI, b.CommunicationMode.ORCHESTRATOR, device_ids=device_ids,
-            orchestrator_config=b.OrchestratorConfig(True, str(executor_worker_path())))
+    parallel = parallel_config(world_size, device_ids=device_ids, num_nodes=num_nodes, bindings=b)
+    if parallel is not None:
+        kwargs["parallel_config"] = parallel
     return b.ExecutorConfig(**kwargs)
 
 
@@ -128,10 +164,34 @@ class TrtExecutor:
         self.ex.shutdown()
 
 
-def open_executor(engine_dir: str | Path, world_size: int, **config) -> TrtExecutor:
-    """Executor(engine_dir, ModelType.DECODER_ONLY, executor_config(...)) (tensorrt_llm.bindings.executor)."""
-    b = _bindings()
-    return TrtExecutor(b.Executor(Path(engine_dir), b.ModelType.DECODER_ONLY, executor_config(world_size, **config)), b)
+class WorkerRank:
+    """A rank > 0 of the target Executor in leader mode. The Executor's own threads run this
+    rank's shard of the target engine in step with the leader, which broadcasts every step's new
+    requests to the tensor-parallel group (cpp/tensorrt_llm/executor/executorImpl.cpp
+    getNewReqWithIds): no request or round loop of ours runs here. serve() blocks until the
+    leader shuts down: first `drafter_loop` (a split drafter: this rank's shard, run in step
+    with rank 0 until it says stop: serve/drafter_ranks.py), then Executor.shutdown(), which on a
+    non-leader joins the execution thread that ends on the leader's terminate request
+    (executorImpl.cpp shutdown). Upstream's Python model ends its initialize the same way on such
+    ranks (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py: "In leader
+    mode, worker ranks will wait here until leader is done")."""
+
+    def __init__(self, executor, drafter_loop=None):
+        self.ex, self.drafter_loop = executor, drafter_loop
+
+    def serve(self) -> None:
+        if self.drafter_loop is not None:
+            self.drafter_loop()
+        self.ex.shutdown()
+
+
+def open_executor(engine_dir: str | Path, world_size: int, *, bindings=None, **config):
+    """Executor(engine_dir, ModelType.DECODER_ONLY, executor_config(...)) (tensorrt_llm.bindings.executor):
+    a TrtExecutor where it takes requests (Executor.can_enqueue_requests(): the only rank at world
+    size 1, the leader in leader mode), a WorkerRank on the other ranks."""
+    b = bindings or _bindings()
+    ex = b.Executor(Path(engine_dir), b.ModelType.DECODER_ONLY, executor_config(world_size, bindings=b, **config))
+    return TrtExecutor(ex, b) if ex.can_enqueue_requests() else WorkerRank(ex)
 
 
 _TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "FP8": torch.float8_e4m3fn,
@@ -143,24 +203,24 @@ class TrtSession:
     ICudaEngine.create_execution_context / get_tensor_shape / get_tensor_dtype,
     IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3, on its own torch
     CUDA stream ordered after the caller's. `import tensorrt_llm` first loads TensorRT-LLM's plugin
-    library (tensorrt_llm/_common.py _init -> plugin._load_plugin_lib: the engine's gemm plugin);
-    our AOT plugins are in the engine itself."""
+    library (tensorrt_llm/_common.py _init -> plugin._load_plugin_lib: the engine's gemm and NCCL
+    plugins); our AOT plugins are in the engine itself. A split drafter's engine `rank{rank}` also
+    takes the custom all-reduce workspace every rank allocates together
+    (tensorrt_llm/plugin/plugin.py CustomAllReduceHelper.allocate_workspace, as
+    tensorrt_llm/runtime/generation.py does for a tp > 1 engine)."""
 
-    def __init__(self, engine_dir: str | Path, device: str = "cuda"):
+    def __init__(self, engine_dir: str | Path, device: str = "cuda", rank: int = 0):
         import tensorrt as trt
         import tensorrt_llm  # noqa: F401
 
         engine_dir = Path(engine_dir)
         cfg = json.loads((engine_dir / "config.json").read_text())
         pretrained = cfg["pretrained_config"]
-        if pretrained["mapping"].get("world_size", 1) > 1:
-            raise UserError(f"{engine_dir}: a drafter engine built for tp = {pretrained['mapping']['tp_size']}; the drafter "
-                            "runner runs tp = 1 engines (one process, one GPU); build the drafter at tp 1")
         self.device = torch.device(device)
-        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
-            (engine_dir / "rank0.engine").read_bytes())
+        path = engine_dir / f"rank{rank}.engine"
+        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
-            raise RuntimeError(f"{engine_dir / 'rank0.engine'}: TensorRT could not deserialize it (TensorRT version?)")
+            raise RuntimeError(f"{path}: TensorRT could not deserialize it (TensorRT version?)")
         self.context = self.engine.create_execution_context()
         self.stream = torch.cuda.Stream(self.device)
         dtype = lambda name: _TORCH_DTYPES[self.engine.get_tensor_dtype(name).name]  # noqa: E731
@@ -170,11 +230,23 @@ class TrtSession:
         self.dtype, self.kv_dtype = dtype("ctx_rows"), dtype("k_cache_0")
         self.max_len = int(cfg["build_config"]["max_seq_len"])
         self.config = pretrained
+        self.fixed = self._all_reduce_workspace(int(pretrained["mapping"].get("tp_size", 1)), rank)
+
+    def _all_reduce_workspace(self, tp: int, rank: int) -> dict[str, torch.Tensor]:
+        if tp == 1:
+            return {}
+        from tensorrt_llm.mapping import Mapping
+        from tensorrt_llm.plugin.plugin import CustomAllReduceHelper
+
+        mapping = Mapping(world_size=tp, rank=rank, tp_size=tp)
+        self._ipc, workspace = CustomAllReduceHelper.allocate_workspace(
+            mapping, CustomAllReduceHelper.max_workspace_size_auto(tp))
+        return {"all_reduce_workspace": workspace}
 
     def run(self, inputs, outputs):
         """IExecutionContext.set_input_shape / set_tensor_address for every input and output (the
         arena inputs and present outputs share addresses), then execute_async_v3(stream)."""
-        for name, t in inputs.items():
+        for name, t in {**inputs, **self.fixed}.items():
             self.context.set_input_shape(name, tuple(t.shape))
             self.context.set_tensor_address(name, t.data_ptr())
         for name, t in outputs.items():
@@ -208,30 +280,60 @@ def _engine_dirs(build_dir: Path) -> tuple[Path, Path]:
         if not (d / "rank0.engine").is_file() or not (d / "config.json").is_file():
             raise UserError(f"{d}: no rank0.engine / config.json (a --dry-run build?); build the engines with "
                             "`trtllm-dflash build` inside the TensorRT-LLM 1.2.x container")
+        world = json.loads((d / "config.json").read_text())["pretrained_config"]["mapping"].get("world_size", 1)
+        missing = [f"rank{r}.engine" for r in range(world) if not (d / f"rank{r}.engine").is_file()]
+        if missing:
+            raise UserError(f"{d}: no {missing[0]} of its {world} ranks; build again")
     return dirs
 
 
+def drafter_placement_of(build_dir: Path, world_size: int) -> str:
+    """Where a build output's drafter runs: plan.json drafter_parallelism.placement (the rule of
+    recipe/planner.py drafter_placement when it was built); "split" for a tp > 1 plan written
+    before placements were recorded (its drafter engines are per rank)."""
+    plan = json.loads((build_dir / "plan.json").read_text())
+    return plan.get("drafter_parallelism", {}).get("placement", "rank0" if world_size == 1 else "split")
+
+
 def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
-                    free_gpu_memory_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION):
-    """The engine runners over a build stage output: the target Executor (TrtExecutor) and the
-    drafter engine (TrtSession, one per process, shared by the decoders' ArenaDrafters)."""
+                    free_gpu_memory_fraction: float = KV_CACHE_FREE_GPU_MEM_FRACTION,
+                    device_ids: list[int] | None = None, bindings=None, session_cls=None, rank_group=None):
+    """The engine runners over a build stage output, in this process's rank: on the rank that
+    takes requests an EngineModel over the target Executor (TrtExecutor) and the drafter engine
+    (TrtSession, one per process, shared by the decoders' ArenaDrafters); on the other ranks of a
+    tp > 1 deployment a WorkerRank. The drafter is placed as the build recorded (docs/engine-tp.md):
+    rank0, the whole drafter on rank 0's GPU (device_ids[0]); split, a shard on every rank's GPU,
+    run in step through serve/drafter_ranks.py. Drafter engines are opened before the Executor
+    sizes its KV pool from the free memory. `bindings` / `session_cls` / `rank_group` (rank,
+    world, device) -> RankGroup: stand-ins for CPU tests."""
     from trtllm_dflash.serve.checkpoint_runner import reference_configs
+    from trtllm_dflash.serve.drafter_ranks import SplitDrafters, TorchRankGroup, serve_drafter_rank
     from trtllm_dflash.serve.drafter_runner import ArenaDrafter
     from trtllm_dflash.serve.engine_runners import EngineModel
 
-    target_dir, drafter_dir = _engine_dirs(Path(build_dir))
+    build_dir = Path(build_dir)
+    target_dir, drafter_dir = _engine_dirs(build_dir)
     tc = json.loads((target_dir / "config.json").read_text())["pretrained_config"]
     dc = json.loads((drafter_dir / "config.json").read_text())["pretrained_config"]
+    world = int(tc["mapping"].get("world_size", 1))
+    split = drafter_placement_of(build_dir, world) == "split"
+    rank = mpi_rank() if world > 1 else 0
+    if world > 1:
+        devices = rank_devices(world, device_ids)
+        device = f"cuda:{devices[rank % len(devices)]}"  # this rank's GPU (runtime/worldConfig.cpp getDevice)
+    session = (session_cls or TrtSession)(drafter_dir, device, rank if split else 0) if split or rank == 0 else None
+    executor = open_executor(target_dir, world, bindings=bindings, kv_block_reuse=engine_kv_reuse(build_dir),
+                             free_gpu_memory_fraction=free_gpu_memory_fraction, device_ids=device_ids)
+    group = (rank_group or TorchRankGroup.from_mpi)(rank, world, device) if split else None
     tcfg, d = reference_configs(tc, dc, target_dir, drafter_dir)
-    session = TrtSession(drafter_dir, device)
-    executor = open_executor(target_dir, int(tc["mapping"].get("world_size", 1)),
-                             kv_block_reuse=engine_kv_reuse(Path(build_dir)),
-                             free_gpu_memory_fraction=free_gpu_memory_fraction)
 
     def drafter(max_len: int) -> ArenaDrafter:
         return ArenaDrafter(session, block_size=d.block_size, mask_token_id=d.mask_token_id,
                             target_layer_ids=tuple(d.target_layer_ids), max_len=max_len)
 
-    return EngineModel(executor, None, d, vocab_size=tcfg.vocab_size,
-                       eos_token_ids=tcfg.eos_token_ids, device=device,
-                       drafter_factory=drafter)
+    if isinstance(executor, WorkerRank):
+        return WorkerRank(executor.ex, (lambda: serve_drafter_rank(group, drafter)) if split else None)
+    if session is None:
+        raise RuntimeError(f"MPI rank {rank}: the Executor made this process its leader, but rank 0 holds the drafter")
+    return EngineModel(executor, None, d, vocab_size=tcfg.vocab_size, eos_token_ids=tcfg.eos_token_ids, device=device,
+                       drafter_factory=SplitDrafters(group, drafter) if split else drafter)
