@@ -44,8 +44,8 @@ def test_openai_api_prints_the_deployed_trtllm_serve_command(deployed_pytorch):
     cmd = shlex.split(r.stdout.strip())
     assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "8", "trtllm-llmapi-launch"]
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == "9000"
-    r = serve("--from", out, "--api", "openai", "--launcher", "srun")
-    assert shlex.split(r.stdout.strip())[:6] == ["srun", "-N", "1", "--ntasks-per-node=8", "--mpi=pmix", "trtllm-llmapi-launch"]
+    # --launcher srun writes a batch script around the same command (tests/serve/test_cluster_launchers.py).
+    assert launch["srun"][:6] == ["srun", "-N", "1", "--ntasks-per-node=8", "--mpi=pmix", "trtllm-llmapi-launch"]
 
 
 def test_container_wraps_the_command_and_mounts_what_it_reads(deployed_pytorch):
@@ -84,3 +84,22 @@ def test_engine_backend_has_no_openai_endpoint(tmp_path):
     r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe_path), "--from", str(out), "--api",
                         "openai"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--api openai: the engine backend serves Triton only" in r.stderr
+
+
+def test_engine_tp2_runs_one_orchestrator_tritonserver(tmp_path):
+    """The engine model's Executor runs in orchestrator mode at tp > 1 and spawns its workers:
+    one tritonserver under a one-process MPI world, never one server per rank (each would hold an
+    orchestrator of its own)."""
+    recipe_path = ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml"
+    overrides = ["parallel.tp=2", "hardware.count=2"]
+    recipe = load_recipe(recipe_path, overrides)
+    with atomic_stage_dir(tmp_path / "build", Manifest.for_stage("build", recipe)) as d:
+        (d / "x").write_bytes(b"stand-in")
+    out = deploy(recipe, tmp_path / "build", tmp_path / "deploy")
+    sets = [a for o in overrides for a in ("--set", o)]
+    for launcher in ("single_node", "mpirun"):
+        r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe_path), *sets, "--from", str(out),
+                            "--launcher", launcher], capture_output=True, text=True, timeout=120)
+        cmd = shlex.split(r.stdout.strip())
+        assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"], r.stderr
+        assert cmd.count("/opt/tritonserver/bin/tritonserver") == 1 and ":" not in cmd

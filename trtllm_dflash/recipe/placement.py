@@ -30,10 +30,15 @@ class Placement:
     nodes: int
     tasks_per_node: int  # processes per node (MPI ranks for the pytorch backend)
     gpus_per_node: int  # GPUs each node gives the deployment
+    node_gpus: int  # GPUs a node of this kind has
 
     @property
     def tasks(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def whole_nodes(self) -> bool:
+        return self.gpus_per_node == self.node_gpus
 
 
 def span_problem(recipe: Recipe) -> tuple[str, str] | None:
@@ -68,6 +73,6 @@ def placement(recipe: Recipe) -> Placement:
         raise UserError(f"{problem[0]}: {problem[1]}")
     world, per_node = recipe.world_size, recipe.gpu.max_per_node
     if backend == "engine":
-        return Placement(nodes=1, tasks_per_node=1, gpus_per_node=world)
+        return Placement(nodes=1, tasks_per_node=1, gpus_per_node=world, node_gpus=per_node)
     nodes = 1 if world <= per_node else world // per_node
-    return Placement(nodes=nodes, tasks_per_node=world // nodes, gpus_per_node=world // nodes)
+    return Placement(nodes=nodes, tasks_per_node=world // nodes, gpus_per_node=world // nodes, node_gpus=per_node)
