@@ -7,6 +7,7 @@ scontrol, srun, ssh and mpirun that record their arguments."""
 
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -279,12 +280,20 @@ def test_shell_in_the_pods_parses(capsys, deployed):
 
 @pytest.mark.parametrize("args, message", [
     (("--launcher", "srun"), "--image: no published Triton image carries TensorRT-LLM >= 1.3"),
-    (("--launcher", "srun", "--api", "openai", "--registry", ""), "--registry: nvidia/tensorrt-llm/release:1.3.0 is on NGC"),
+    (("--launcher", "srun", "--api", "openai", "--registry", ""),
+     "--registry: nvidia/tensorrt-llm/release:1.3.0 is on NGC"),
     (("--launcher", "k8s", "--image", "i:1", "--container", "x:1"), "--container: docker run is for one node"),
 ])
 def test_what_a_launcher_needs_is_asked_for_in_one_line(capsys, deployed, args, message):
     rc, _, err = serve(capsys, "one-node", deployed, *args)
     assert rc == 2 and err.count("\n") == 1 and message in err
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is not None, reason="submits for real where Slurm is installed")
+def test_run_submits_only_where_the_schedulers_tool_is(capsys, deployed):
+    rc, out, err = serve(capsys, "one-gpu", deployed, "--launcher", "srun", "--api", "openai", "--registry", REGISTRY,
+                         "--run")
+    assert rc == 2 and out.startswith("wrote ") and "sbatch: not found on PATH; run `sbatch " in err
 
 
 def test_engine_on_kubernetes_needs_an_image_with_trtllm_dflash(capsys, deployed):
@@ -328,3 +337,13 @@ def test_dns_label_from_recipe_names():
     assert dns_label("H100_Qwen3.8B") == "h100-qwen3-8b"
     assert dns_label("8b-test") == "dflash-8b-test"
     assert len(dns_label("x" * 80)) == 40
+
+
+def test_run_stops_before_a_multi_node_serve_with_the_launcher_to_write():
+    from trtllm_dflash.pipeline import _where
+
+    one = _where(load_recipe(GPT_OSS), "serve", Path("runs/x"), "R")
+    two = _where(load_recipe(GPT_OSS, CASES["two-nodes"][1]), "serve", Path("runs/x"), "R")
+    assert "serves on 8x b300" in one and "--run --api openai" in one
+    assert "serves on 2 nodes of 8x b300" in two and "--launcher srun` (or `--launcher k8s`)" in two
+    assert "--run" not in two

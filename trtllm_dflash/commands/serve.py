@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=None, help="HTTP port (Triton HTTP, or the OpenAI server's)")
     p.add_argument("--grpc-port", type=int, default=None)
     p.add_argument("--metrics-port", type=int, default=None)
-    p.add_argument("--run", dest="execute", action="store_true", help="GPU backends: run the printed launch command")
+    p.add_argument("--run", dest="execute", action="store_true",
+                   help="GPU backends: run the printed launch command (srun / k8s: the printed sbatch / kubectl apply)")
     p.add_argument("--runners", choices=("reference", "emulated", "tensorrt"), default=None,
                    help="what decodes the dflash model (default: what deploy chose: reference, or tensorrt on the engine "
                    "backend); reference / emulated serve an engine deployment's checkpoint on this machine (emulated: "

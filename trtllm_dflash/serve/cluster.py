@@ -15,17 +15,18 @@ because TensorRT-LLM picks GPU `global_rank % device_count` (recipe/placement.py
 
 trtllm-llmapi-launch (tensorrt_llm/llmapi/trtllm-llmapi-launch, main line, commit 020c89e6)
 joins its arguments into one string and runs it unquoted: an argument with whitespace is split
-into two. `rank_command` refuses such paths instead of launching a broken command.
+into two (a later revision keeps them as an array; which releases carry which was not checked).
+`rank_command` refuses such paths instead of launching a broken command.
 
 Kubernetes (LeaderWorkerSet API leaderworkerset.x-k8s.io/v1, kubernetes-sigs/lws
-api/leaderworkerset/v1/leaderworkerset_types.go at 024af084 and pkg/utils/pod/pod_utils.go
-`AddLWSVariables`): a group is one leader pod `<name>-<group>` and workers `<name>-<group>-<i>`
+api/leaderworkerset/v1/leaderworkerset_types.go at 024af084, pkg/utils/pod/pod_utils.go
+`AddLWSVariables` at 1b17603c): a group is one leader pod `<name>-<group>` and workers `<name>-<group>-<i>`
 sharing the leader's DNS subdomain; LWS injects LWS_LEADER_ADDRESS (`<name>-<group>.<subdomain>.
 <namespace>`), LWS_GROUP_SIZE and LWS_WORKER_INDEX (0 on the leader) and labels every pod with
 `leaderworkerset.sigs.k8s.io/name` and `.../worker-index`. It creates a headless Service named
 like the set, so ours is `<name>-api`. TensorRT-LLM's ranks form one MPI world started from the
 leader: the leader runs `mpirun` over ssh into the workers, which run sshd (the pattern of NVIDIA
-Dynamo's operator, deploy/cloud/operator/internal/dynamo/backend_trtllm.go: port 2222, a key
+Dynamo's operator, deploy/cloud/operator/internal/dynamo/backend_trtllm.go at 02b3bad0: port 2222, a key
 pair from a Secret, OMPI_MCA_orte_keep_fqdn_hostnames=1 so remote daemons get resolvable
 names). Pods of a group start together (startupPolicy LeaderCreated: LeaderReady would wait for
 a leader that waits for its workers), and a group restarts as a whole
@@ -138,8 +139,8 @@ def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
     if job.backend == "engine" and not (slurm and job.source is not None):
         where = ("this trtllm_dflash is not a source checkout the job could install" if slurm
                  else "pods cannot install it from this machine")
-        raise UserError(f"--image: the engine backend's Triton model imports trtllm_dflash, which NVIDIA's image lacks, "
-                        f"and {where}; pass --image, an image built FROM {backend_image('engine', 'triton', None)} "
+        raise UserError("--image: the engine backend's Triton model imports trtllm_dflash, which NVIDIA's image "
+                        f"lacks, and {where}; pass --image, an image built FROM {backend_image('engine', 'triton', None)} "
                         "with trtllm_dflash installed")
     name = backend_image(job.backend, job.api, job.trtllm_version)
     if name is None:
@@ -244,7 +245,9 @@ def mount_root(paths: list[Path]) -> Path:
 
 def _ports(job: Job) -> list[dict]:
     e = job.endpoints
-    named = [("http", e.http_port)] + ([("grpc", e.grpc_port), ("metrics", e.metrics_port)] if job.api == "triton" else [])
+    named = [("http", e.http_port)]
+    if job.api == "triton":
+        named += [("grpc", e.grpc_port), ("metrics", e.metrics_port)]
     return [{"name": name, "containerPort": port} for name, port in named]
 
 
@@ -276,8 +279,8 @@ def leader_command(job: Job) -> list[str]:
         f'  until ssh {ssh} "$worker" true 2>/dev/null; do echo "waiting for $worker"; sleep 5; done',
         f'  hosts="$hosts,$worker:{w.gpus_per_node}"',
         "done",
-        " ".join(["exec", *mpirun, '-H "$hosts"', "--mca", "plm_rsh_args", f'"{ssh}"', "-x", "PATH", "-x", "LD_LIBRARY_PATH",
-                           shlex.join(rank)]),
+        " ".join(["exec", *mpirun, '-H "$hosts"', "--mca", "plm_rsh_args", f'"{ssh}"', "-x", "PATH",
+                  "-x", "LD_LIBRARY_PATH", shlex.join(rank)]),
     ]
     return ["/bin/bash", "-c", "\n".join(script)]
 
@@ -303,8 +306,8 @@ def _volumes(job: Job, opts: ClusterOptions) -> tuple[list[dict], list[dict]]:
     """(volumes, mounts): shared memory for NCCL and MPI (a container's default /dev/shm is 64 MB),
     the claim holding the served directories at their paths, and the ssh keys across nodes."""
     root = mount_root(job.paths)
-    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
-               {"name": "runs", "persistentVolumeClaim": {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": True}}]
+    claim = {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": True}
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "runs", "persistentVolumeClaim": claim}]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": str(root), "readOnly": True}]
     if job.where.nodes > 1:
         volumes.append({"name": "mpi-ssh", "secret": {"secretName": opts.ssh_secret or f"{job.name}-mpi-ssh",
