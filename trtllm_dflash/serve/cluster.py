@@ -377,7 +377,8 @@ def lws_manifest(job: Job, opts: ClusterOptions, path: Path) -> str:
             f"--api {job.api}).",
             f"{w.nodes} pod(s) x {w.gpus_per_node} GPU(s); needs the LeaderWorkerSet controller "
             "(leaderworkerset.x-k8s.io/v1).",
-            f"The claim {opts.pvc or job.name + '-runs'!r} must hold {mount_root(job.paths)} as it is here.",
+            f"The claim {opts.pvc or job.name + '-runs'!r} must hold {mount_root(job.paths)} as it is here"
+            + (" (ReadOnlyMany or ReadWriteMany: every node's pod mounts it)." if w.nodes > 1 else "."),
             f"Apply: kubectl apply -f {shlex.quote(str(path))}"]
     if w.nodes > 1:
         secret = opts.ssh_secret or f"{job.name}-mpi-ssh"
