@@ -28,6 +28,7 @@ from typing import Callable
 from trtllm_dflash.artifacts import MANIFEST, Manifest, changed_source, check_files, fields_diff, manifest_sha256
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.placement import placement
 from trtllm_dflash.recipe.stages import STAGES, input_stage, stage_fields, stages_for
 
 # Exit code of a run that stopped at a stage belonging to another machine (not an error).
@@ -85,10 +86,16 @@ def _where(recipe: Recipe, stage: str, out: Path, recipe_arg: str) -> str:
         else "TensorRT-LLM >= 1.3"
     # The pytorch backend is swept through trtllm-serve's OpenAI endpoint (sweep --api openai).
     api, port = (" --api openai", recipe.serve.http_port) if recipe.backend.name == "pytorch" else ("", recipe.serve.grpc_port)
+    sweep = f"`trtllm-dflash sweep {recipe_arg}{api} --url HOST:{port} --from {out / 'deploy'} --out {out / 'sweep'}`"
+    nodes = placement(recipe).nodes
+    if nodes > 1:  # a scheduler starts it: the launcher is a file to submit
+        return (f"serve: the {recipe.backend.name} backend serves on {nodes} nodes of {recipe.world_size // nodes}x "
+                f"{recipe.gpu.name}: write its Slurm batch script or Kubernetes manifest with `trtllm-dflash serve "
+                f"{recipe_arg} --from {out / 'deploy'}{api} --launcher srun` (or `--launcher k8s`), submit it, then "
+                f"{sweep}")
     return (f"serve: the {recipe.backend.name} backend serves on {recipe.world_size}x {recipe.gpu.name}: there, inside "
             f"NVIDIA's {container} container, run `trtllm-dflash serve {recipe_arg} --from {out / 'deploy'} --run{api}`, "
-            f"then `trtllm-dflash sweep {recipe_arg}{api} --url HOST:{port} --from {out / 'deploy'} "
-            f"--out {out / 'sweep'}`")
+            f"then {sweep}")
 
 
 def run(recipe: Recipe, out: Path, *, until: str | None = None, force: str | None = None,

@@ -122,8 +122,8 @@ def test_tp16_replicates_kv_heads_but_one_node_has_eight_gpus():
     with pytest.raises(RecipeError) as e:
         load_recipe(LLAMA_H100, ["parallel.tp=16", "hardware.count=16", "build.max_batch_size=8",
                                  "sweep.concurrency=[1, 8]"])
-    lines = str(e.value).splitlines()
-    assert lines == [f"{LLAMA_H100}: hardware.count: 16 > 8 h100-sxm per node"]
+    (line,) = str(e.value).splitlines()  # the KV heads pass; the layout (recipe/placement.py) does not
+    assert line.startswith(f"{LLAMA_H100}: hardware.count: 16 > 8 h100-sxm per node: only the pytorch backend spans")
 
 
 def test_convert_refuses_what_the_recipe_rules_refuse():

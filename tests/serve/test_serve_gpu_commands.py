@@ -44,8 +44,8 @@ def test_openai_api_prints_the_deployed_trtllm_serve_command(deployed_pytorch):
     cmd = shlex.split(r.stdout.strip())
     assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "8", "trtllm-llmapi-launch"]
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == "9000"
-    r = serve("--from", out, "--api", "openai", "--launcher", "srun")
-    assert shlex.split(r.stdout.strip())[:6] == ["srun", "-N", "1", "--ntasks-per-node=8", "--mpi=pmix", "trtllm-llmapi-launch"]
+    # --launcher srun writes a batch script around the same command (tests/serve/test_cluster_launchers.py).
+    assert launch["srun"][:6] == ["srun", "-N", "1", "--ntasks-per-node=8", "--mpi=pmix", "trtllm-llmapi-launch"]
 
 
 def test_container_wraps_the_command_and_mounts_what_it_reads(deployed_pytorch):
@@ -99,6 +99,25 @@ def test_engine_backend_launches_one_tritonserver_per_rank_in_leader_mode(tmp_pa
     assert len(ranks) == 2 and all(r.startswith("-n 1 /opt/tritonserver/bin/tritonserver ") for r in ranks)
     for i, r in enumerate(ranks):
         assert f"--backend-config=python,shm-region-prefix-name=prefix{i}_" in r and f"--model-repository={repo}" in r
-        assert ("--model-control-mode=explicit --load-model=dflash" in r) == (i > 0)
+        assert "--model-control-mode=explicit" in r  # rank 0 can unload itself when a rank dies
+        assert r.endswith("--load-model=dflash" if i > 0 else "--load-model=*")
     assert not any("ORCHESTRATOR" in a for a in cmd)
     assert launch_command(repo, Endpoints("0.0.0.0", 8000, 8001, 8002), 1, "dflash", llmapi=False)[0].endswith("tritonserver")
+
+
+def test_serve_prints_the_leader_mode_launch_whatever_the_launcher(tmp_path):
+    """`serve` on an engine deployment at tp 2: one tritonserver per rank under one mpirun (leader
+    mode; the Executor spawns no workers), for the single-node and the mpirun launcher alike."""
+    recipe_path = ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml"
+    overrides = ["parallel.tp=2", "hardware.count=2"]
+    recipe = load_recipe(recipe_path, overrides)
+    with atomic_stage_dir(tmp_path / "build", Manifest.for_stage("build", recipe)) as d:
+        (d / "x").write_bytes(b"stand-in")
+    out = deploy(recipe, tmp_path / "build", tmp_path / "deploy")
+    sets = [a for o in overrides for a in ("--set", o)]
+    for launcher in ("single_node", "mpirun"):
+        r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe_path), *sets, "--from", str(out),
+                            "--launcher", launcher], capture_output=True, text=True, timeout=120)
+        cmd = shlex.split(r.stdout.strip())
+        assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"], r.stderr
+        assert cmd.count("/opt/tritonserver/bin/tritonserver") == 2 and cmd.count(":") == 1

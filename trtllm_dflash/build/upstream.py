@@ -33,6 +33,8 @@ limits that follow (recipe/engine_layout.py) are read from the same files and th
 
 from __future__ import annotations
 
+from trtllm_dflash.recipe.containers import TRITON_TRTLLM_1_2
+
 # tensorrt_llm/builder.py :: BuildConfig -- every field, in declaration order.
 BUILD_CONFIG_FIELDS: tuple[str, ...] = (
     "max_input_len",
@@ -176,6 +178,6 @@ TRTLLM_BUILD_FLAGS = ("--checkpoint_dir", "--build_config", "--model_cls_file", 
 
 # Where the engine path runs (trtllm-triton.md §5; tensorrtllm_backend r25.12 / 9e828d3).
 SUPPORTED_LINE = (1, 2)
-CONTAINER_IMAGE = "nvidia/tritonserver:25.12-trtllm-python-py3"  # on NGC
+CONTAINER_IMAGE = TRITON_TRTLLM_1_2  # on NGC; recipe/containers.py names every backend's image
 CONTAINER = f"NVIDIA's Triton 25.12 trtllm-python-py3 container ({CONTAINER_IMAGE}: TensorRT-LLM 1.2.x, TensorRT 10.14)"
 

@@ -9,8 +9,11 @@ engine / pytorch backends (GPU): print the launch command for NVIDIA's container
   executes it (--container IMAGE: inside `docker run` of that image).
   --api triton   tritonserver over the repository (pytorch: TensorRT-LLM's LLM-API model)
   --api openai   pytorch only: trtllm-serve with the deployed extra_llm_api_options.yaml, the
-                 command deploy wrote to trtllm_serve/launch.json (--launcher picks single_node,
-                 mpirun or srun; the multi-node forms run every rank under trtllm-llmapi-launch)
+                 command deploy wrote to trtllm_serve/launch.json
+  --launcher     single_node (default) or mpirun: the command on one node (mpirun: every rank
+                 under trtllm-llmapi-launch); srun: write a Slurm batch script (Pyxis containers)
+                 and print `sbatch PATH`; k8s: write a LeaderWorkerSet manifest and print
+                 `kubectl apply -f PATH` (serve/cluster.py), over the nodes the recipe spans
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pathlib import Path
 
 from trtllm_dflash.commands.common import add_recipe_argument
 
-LAUNCHERS = ("single_node", "mpirun", "srun")
+LAUNCHERS = ("single_node", "mpirun", "srun", "k8s")
+CLUSTER = ("srun", "k8s")  # the launchers that write a file for a scheduler
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,17 +39,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=None, help="HTTP port (Triton HTTP, or the OpenAI server's)")
     p.add_argument("--grpc-port", type=int, default=None)
     p.add_argument("--metrics-port", type=int, default=None)
-    p.add_argument("--run", dest="execute", action="store_true", help="GPU backends: run the printed launch command")
+    p.add_argument("--run", dest="execute", action="store_true",
+                   help="GPU backends: run the printed launch command (srun / k8s: the printed sbatch / kubectl apply)")
     p.add_argument("--runners", choices=("reference", "emulated", "tensorrt"), default=None,
                    help="what decodes the dflash model (default: what deploy chose: reference, or tensorrt on the engine "
                    "backend); reference / emulated serve an engine deployment's checkpoint on this machine (emulated: "
                    "the engine runners over a CPU stand-in of TensorRT-LLM's Executor)")
     p.add_argument("--launcher", choices=LAUNCHERS, default="single_node",
-                   help="GPU backends: single_node (default), or an MPI world of tp*pp ranks under mpirun / srun")
+                   help="GPU backends: single_node (default) or mpirun (tp*pp ranks) print the command for one node; "
+                   "srun writes a Slurm batch script (Pyxis/enroot containers) and k8s a Kubernetes LeaderWorkerSet "
+                   "manifest for the nodes the recipe spans. The manifest is written here, not by deploy: like the "
+                   "batch script it fixes how the deployment is launched on a cluster (image, registry, volume, "
+                   "ports), which deploy's output does not depend on")
     p.add_argument("--container", metavar="IMAGE", default=None,
                    help="GPU backends: run inside `docker run IMAGE` (NVIDIA's TensorRT-LLM container of the "
                    "recipe's version)")
+    _cluster_arguments(p)
     p.set_defaults(run=run)
+
+
+def _cluster_arguments(p: argparse.ArgumentParser) -> None:
+    import os
+
+    g = p.add_argument_group("--launcher srun / k8s")
+    g.add_argument("--out", type=Path, default=None, metavar="PATH",
+                   help="where to write the batch script or manifest (default: DEPLOY_DIR/launch/NAME.sbatch or "
+                   "NAME-lws.yaml)")
+    g.add_argument("--image", default=None,
+                   help="the container image (default: the backend's NVIDIA image, recipe/containers.py, on "
+                   "--registry); engine backend: an image with trtllm_dflash installed (without it a Slurm job "
+                   "installs this source checkout into NVIDIA's image)")
+    g.add_argument("--registry", default=os.environ.get("NGC") or None, metavar="HOST",
+                   help="the registry of NVIDIA's images (default: $NGC)")
+    g.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
+    g.add_argument("--account", default=None, help="Slurm account (default: the user's)")
+    g.add_argument("--time", default=None, help="Slurm time limit, e.g. 04:00:00 (default: the partition's)")
+    g.add_argument("--pvc", default=None, metavar="CLAIM",
+                   help="k8s: the PersistentVolumeClaim holding the deploy output and what it serves at the same "
+                   "paths (default: NAME-runs)")
+    g.add_argument("--ssh-secret", default=None, metavar="SECRET",
+                   help="k8s, several nodes: the Secret with the ssh key pair mpirun uses (default: NAME-mpi-ssh)")
 
 
 def _override(cmd: list[str], flag: str, value) -> list[str]:
@@ -56,25 +89,65 @@ def _override(cmd: list[str], flag: str, value) -> list[str]:
     return out
 
 
-def _gpu_command(args, recipe, repository: Path, endpoints) -> list[str]:
+def _deployed_trtllm_serve(args, recipe, launcher: str) -> list[str]:
+    """The trtllm-serve command deploy wrote to launch.json for `launcher`."""
     import json
 
     from trtllm_dflash.deploy.repository import LAUNCH, TRTLLM_SERVE
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.serve.launch import launch_command
 
     backend = recipe.backend.name
-    if args.api == "triton":
-        return launch_command(repository, endpoints, recipe.world_size, recipe.serve.model_name,
-                              llmapi=backend == "pytorch", launcher=args.launcher)
     if backend != "pytorch":
         raise UserError(f"--api openai: the {backend} backend serves Triton only (the OpenAI endpoint is the reference "
                         "backend's server, or trtllm-serve for the pytorch backend)")
     launch = args.from_dir / TRTLLM_SERVE / LAUNCH
     if not launch.is_file():
         raise UserError(f"{args.from_dir}: no {TRTLLM_SERVE}/{LAUNCH}; deploy again with this version of trtllm-dflash")
-    cmd = json.loads(launch.read_text())[args.launcher]
+    return json.loads(launch.read_text())[launcher]
+
+
+def _gpu_command(args, recipe, repository: Path, endpoints) -> list[str]:
+    from trtllm_dflash.serve.launch import launch_command
+
+    if args.api == "triton":
+        return launch_command(repository, endpoints, recipe.world_size, recipe.serve.model_name,
+                              llmapi=recipe.backend.name == "pytorch", launcher=args.launcher)
+    cmd = _deployed_trtllm_serve(args, recipe, args.launcher)
     return _override(_override(cmd, "--host", args.host), "--port", args.http_port)
+
+
+def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
+    """srun / k8s: write the batch script or manifest around the one-node server command (bound
+    to every interface unless --host says otherwise: clients reach it from other machines)."""
+    import dataclasses
+    import shlex
+    import shutil
+    import subprocess
+
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.serve.cluster import ClusterOptions, make_job, write_launcher
+    from trtllm_dflash.serve.launch import served_paths, server_command
+
+    if args.container:
+        raise UserError(f"--container: docker run is for one node; --launcher {args.launcher} runs --image")
+    endpoints = dataclasses.replace(endpoints, host=args.host or "0.0.0.0")
+    if args.api == "triton":
+        server = server_command(repository, endpoints)
+    else:
+        server = _override(_override(_deployed_trtllm_serve(args, recipe, "single_node"), "--host", endpoints.host),
+                           "--port", endpoints.http_port)
+    job = make_job(recipe, args.api, server, endpoints, served_paths(args.from_dir))
+    opts = ClusterOptions(image=args.image, registry=args.registry, partition=args.partition, account=args.account,
+                          time=args.time, pvc=args.pvc, ssh_secret=args.ssh_secret)
+    path, submit = write_launcher(args.launcher, job, opts, args.out, args.from_dir)
+    print(f"wrote {path}")
+    print(f"submit: {submit}")
+    if not args.execute:
+        return 0
+    tool = shlex.split(submit)[0]
+    if shutil.which(tool) is None:
+        raise UserError(f"{tool}: not found on PATH; run `{submit}` where the cluster's tools are")
+    return subprocess.call(shlex.split(submit))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,11 +158,11 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
     import threading
 
-    from trtllm_dflash.artifacts import Manifest, verify_input
+    from trtllm_dflash.artifacts import verify_input
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.launch import Endpoints, in_container
+    from trtllm_dflash.serve.launch import Endpoints, in_container, served_paths
     from trtllm_dflash.serve.overlay import with_runners
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -99,11 +172,15 @@ def run(args: argparse.Namespace) -> int:
     verify_input(args.from_dir, ("deploy",), recipe)
     repository = (args.from_dir / REPOSITORY).resolve()
     local = recipe.backend.name == "reference" or args.runners in ("reference", "emulated")
+    if args.launcher in CLUSTER:
+        if args.runners in ("reference", "emulated"):
+            raise UserError(f"--runners {args.runners}: serves on this machine; --launcher {args.launcher} launches "
+                            "the deployment's GPU runners on a cluster")
+        return _cluster_launcher(args, recipe, repository, endpoints)
     if not local:
         cmd = _gpu_command(args, recipe, repository, endpoints)
         if args.container:
-            artifact = Manifest.read(args.from_dir).extra.get("artifact")
-            cmd = in_container(cmd, args.container, [args.from_dir] + ([Path(artifact)] if artifact else []))
+            cmd = in_container(cmd, args.container, served_paths(args.from_dir))
         print(shlex.join(cmd))
         if not args.execute:
             return 0

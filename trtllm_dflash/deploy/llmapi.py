@@ -45,12 +45,12 @@ Decisions per version (what the fields are used for):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.placement import placement
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.recipe.rules import DEFAULT_TRTLLM_VERSION, PYTORCH_TRTLLM_LINES, trtllm_line
 
@@ -208,18 +208,18 @@ def trtllm_serve_commands(recipe: Recipe, artifact: Path, options: Path) -> dict
     mpirun       world size tp x pp under mpirun, each rank under trtllm-llmapi-launch (rank 0
                  runs the server, the others run tensorrt_llm.llmapi.mgmn_worker_node:
                  tensorrt_llm/llmapi/trtllm-llmapi-launch)
-    srun         the same under Slurm (--mpi=pmix), across ceil(world / GPUs per node) nodes
+    srun         the same under Slurm (--mpi=pmix), on the nodes recipe/placement.py lays out
+                 (`serve --launcher srun` writes the whole sbatch script around it)
     """
     s = recipe.serve
     serve = ["trtllm-serve", str(Path(artifact).resolve() / "target"), "--host", s.host, "--port", str(s.http_port),
              "--backend", "pytorch", "--extra_llm_api_options", str(options)]
     world = recipe.world_size
-    per_node = min(world, recipe.gpu.max_per_node)
-    nodes = math.ceil(world / per_node)
+    where = placement(recipe)
     return {
         "single_node": serve,
         "mpirun": ["mpirun", "--allow-run-as-root", "-n", str(world), "trtllm-llmapi-launch", *serve],
-        "srun": ["srun", "-N", str(nodes), f"--ntasks-per-node={world // nodes}", "--mpi=pmix",
+        "srun": ["srun", "-N", str(where.nodes), f"--ntasks-per-node={where.tasks_per_node}", "--mpi=pmix",
                  "trtllm-llmapi-launch", *serve],
     }
 

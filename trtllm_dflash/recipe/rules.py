@@ -18,6 +18,7 @@ from trtllm_dflash.recipe.engine_layout import (
     target_attention,
     target_seq_len,
 )
+from trtllm_dflash.recipe.placement import span_problem
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
 from trtllm_dflash.recipe.schema import ModelSource, Recipe
 from trtllm_dflash.recipe.sharding import tp_message
@@ -134,8 +135,9 @@ def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
     backend = recipe.backend.name
 
     # Hardware and formats.
-    if recipe.hardware.count > gpu.max_per_node:
-        err("hardware.count", f"{recipe.hardware.count} > {gpu.max_per_node} {gpu.name} per node")
+    span = span_problem(recipe)
+    if span is not None:
+        err(*span)
     for field, fmt in q.model_dump().items():
         if not gpu.supports(fmt):
             why = " (NVFP4 needs Blackwell: b200 or b300)" if fmt == "nvfp4" else ""

@@ -39,7 +39,8 @@ class _Section(BaseModel):
 
 class Hardware(_Section):
     gpu: str = Field(description="device from the hardware catalog: h100-sxm, h200, b200, b300, cpu")
-    count: int = Field(default=1, ge=1, description="devices used by this deployment (one node)")
+    count: int = Field(default=1, ge=1, description="devices used by this deployment; more than a node's (pytorch "
+                       "backend only) spans whole nodes (`serve --launcher srun` or `k8s`)")
 
 
 class ModelSource(_Section):

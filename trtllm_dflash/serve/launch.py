@@ -11,7 +11,7 @@ it runs on an interpreter overlay whose numpy is a numpy < 2 and whose other pac
 environment's (`stub_interpreter`).
 
 On GPU machines the server comes from NVIDIA's container; `launch_command` renders the
-command (one tritonserver per rank under mpirun for tp*pp > 1).
+command on one node, serve/cluster.py the Slurm and Kubernetes launchers across nodes.
 """
 
 from __future__ import annotations
@@ -282,28 +282,15 @@ class TritonServer:
         self.stop()
 
 
-def launch_command(repository: Path, endpoints: Endpoints, world_size: int, model_name: str, llmapi: bool,
-                   launcher: str = "single_node") -> list[str]:
-    """The GPU launch command of tritonserver inside NVIDIA's Triton + TensorRT-LLM container.
+TRITONSERVER = "/opt/tritonserver/bin/tritonserver"  # where NVIDIA's Triton images install it
 
-    Engine backend (our Triton model over TensorRT-LLM 1.2.x engines): world size 1 is one
-    tritonserver; otherwise one tritonserver per rank under mpirun, ranks other than 0 loading
-    only the model (explicit model control), each with its own Python-backend shared-memory prefix:
-    the leader-mode form of triton_backend/scripts/launch_triton_server.py (get_cmd). Every rank's
-    model opens the target Executor in leader mode (serve/trt_runners.py parallel_config); rank 0
-    serves, the others run the target's shard and never finish loading, so they never bind the
-    ports (docs/engine-tp.md: why leader mode, what runs where).
 
-    pytorch backend (TensorRT-LLM's LLM-API model): on one node a single tritonserver; its model
-    creates LLM(...) with model.yaml's tensor_parallel_size, which spawns the MPI workers itself
-    (the documented multi-GPU setup of triton_backend/all_models/llmapi). launcher "mpirun" /
-    "srun" start an MPI world of tp x pp ranks, every rank under trtllm-llmapi-launch: rank 0 runs
-    tritonserver, the others run tensorrt_llm.llmapi.mgmn_worker_node
-    (tensorrt_llm/llmapi/trtllm-llmapi-launch), and model.py hands COMM_WORLD to the LLM.
-    """
+def server_command(repository: Path, endpoints: Endpoints) -> list[str]:
+    """tritonserver over `repository` bound to `endpoints`, auto-complete off (deploy writes every
+    config field), inside NVIDIA's Triton + TensorRT-LLM container."""
     e = endpoints
-    server = "/opt/tritonserver/bin/tritonserver"
-    common = [
+    return [
+        TRITONSERVER,
         f"--model-repository={repository}",
         f"--http-address={e.host}",
         f"--grpc-address={e.host}",
@@ -312,26 +299,70 @@ def launch_command(repository: Path, endpoints: Endpoints, world_size: int, mode
         f"--metrics-port={e.metrics_port}",
         "--disable-auto-complete-config",
     ]
-    if llmapi:
-        one = [server, *common]
-        if launcher == "single_node":
-            return one
-        if launcher == "mpirun":
-            return ["mpirun", "--allow-run-as-root", "-n", str(world_size), "trtllm-llmapi-launch", *one]
-        return ["srun", "-n", str(world_size), "--mpi=pmix", "trtllm-llmapi-launch", *one]
+
+
+def leader_ranks_command(server: list[str], world_size: int, model_name: str, oversubscribe: bool = False) -> list[str]:
+    """The engine backend's launch: one tritonserver per rank under one mpirun on one node (an MPMD
+    world), each with its own Python-backend shared-memory prefix, ranks above 0 loading only the
+    model: the leader-mode form of triton_backend/scripts/launch_triton_server.py (`get_cmd`, read
+    on the main line, commit 0a2e2c1f). Every rank's model opens the target Executor in leader
+    mode (serve/trt_runners.py parallel_config); rank 0 serves, the others run the target's shard
+    and never finish loading, so they never bind the ports (docs/engine-tp.md: why leader mode,
+    not orchestrator mode). Every rank runs under explicit model control: rank 0 loads every model
+    and can mark its own unavailable when a rank dies (triton_model.mark_unavailable).
+    `oversubscribe`: inside a one-task Slurm step mpirun sees one slot (that script's
+    `--oversubscribe`, "mainly for SLURM MPI")."""
 
     def rank(i: int) -> list[str]:
-        cmd = [server, *common, f"--backend-config=python,shm-region-prefix-name=prefix{i}_"]
-        if i > 0:
-            cmd += ["--model-control-mode=explicit", f"--load-model={model_name}"]
-        return cmd
+        own = "--load-model=*" if i == 0 else f"--load-model={model_name}"
+        return [*server, f"--backend-config=python,shm-region-prefix-name=prefix{i}_", "--model-control-mode=explicit",
+                own]
 
     if world_size == 1:
         return rank(0)
-    cmd = ["mpirun", "--allow-run-as-root"]
+    cmd = ["mpirun", "--allow-run-as-root", *(["--oversubscribe"] if oversubscribe else [])]
     for i in range(world_size):
         cmd += ["-n", "1", *rank(i)] + ([":"] if i < world_size - 1 else [])
     return cmd
+
+
+def launch_command(repository: Path, endpoints: Endpoints, world_size: int, model_name: str, llmapi: bool,
+                   launcher: str = "single_node") -> list[str]:
+    """The launch command of tritonserver on one node inside NVIDIA's Triton + TensorRT-LLM container.
+
+    Engine backend (our Triton model over TensorRT-LLM 1.2.x engines): `leader_ranks_command`,
+    whatever the launcher.
+
+    pytorch backend (TensorRT-LLM's LLM-API model): "single_node" runs a single tritonserver; its
+    model creates LLM(...) with model.yaml's tensor_parallel_size, which spawns the MPI workers
+    itself (the documented multi-GPU setup of triton_backend/all_models/llmapi). "mpirun" starts
+    an MPI world of tp x pp ranks, every rank under trtllm-llmapi-launch: rank 0 runs
+    tritonserver, the others run tensorrt_llm.llmapi.mgmn_worker_node
+    (tensorrt_llm/llmapi/trtllm-llmapi-launch), and model.py hands COMM_WORLD to the LLM.
+    Across nodes, serve/cluster.py writes the Slurm and Kubernetes launchers around the same
+    server command.
+    """
+    server = server_command(repository, endpoints)
+    if not llmapi:
+        return leader_ranks_command(server, world_size, model_name)
+    if launcher == "mpirun":
+        return mpi_world(world_size, ["trtllm-llmapi-launch", *server])
+    return server
+
+
+def mpi_world(world_size: int, rank: list[str]) -> list[str]:
+    """`rank` as every process of a world_size MPI world on this node."""
+    return ["mpirun", "--allow-run-as-root", "-n", str(world_size), *rank]
+
+
+def served_paths(deploy_dir: Path) -> list[Path]:
+    """What a deployment reads, resolved: the deploy output and the artifact it serves (the
+    repository names the artifact by its absolute path, so a container mounts both where they are)."""
+    from trtllm_dflash.artifacts import Manifest
+
+    artifact = Manifest.read(deploy_dir).extra.get("artifact")
+    paths = [Path(deploy_dir).resolve()] + ([Path(artifact).resolve()] if artifact else [])
+    return list(dict.fromkeys(paths))
 
 
 def in_container(cmd: list[str], image: str, paths: list[Path]) -> list[str]:

@@ -1,0 +1,30 @@
+"""NVIDIA's container images each GPU backend runs in: the one place that names them.
+
+Names without a registry: they live on NGC, NVIDIA's registry (not Docker Hub); the cluster
+launchers put the registry the user names in front (serve/cluster.py). Facts from
+reference/trtllm-triton.md §5 and §7.3 and reference/ecosystem-2026-11.md "Triton images":
+- engine backend: Triton 25.12 `trtllm-python-py3` (TensorRT-LLM 1.2.1, TensorRT 10.14; the
+  Triton image line 25.12-26.07 all carry 1.2.1, the last TensorRT-LLM with `trtllm-build`);
+- pytorch backend behind trtllm-serve: TensorRT-LLM's release image of the recipe's version
+  (`nvidia/tensorrt-llm/release:<x.y.z>`, what NVIDIA's deployment guides run);
+- pytorch backend behind Triton (the LLM-API model): a `tritonserver:<yy.mm>-trtllm-python-py3`
+  whose TensorRT-LLM is >= 1.3; no such image was found (every Triton image up to 26.07 carries
+  1.2.1), so none is named and the user must give one.
+"""
+
+from __future__ import annotations
+
+from trtllm_dflash.recipe.rules import DEFAULT_TRTLLM_VERSION
+
+TRITON_TRTLLM_1_2 = "nvidia/tritonserver:25.12-trtllm-python-py3"
+TRTLLM_RELEASE = "nvidia/tensorrt-llm/release"
+
+
+def backend_image(backend: str, api: str, trtllm_version: str | None) -> str | None:
+    """The image that serves `backend` through `api` ("triton" or "openai"), None when no
+    published image is known to carry what it needs."""
+    if backend == "engine":
+        return TRITON_TRTLLM_1_2
+    if backend == "pytorch" and api == "openai":
+        return f"{TRTLLM_RELEASE}:{trtllm_version or DEFAULT_TRTLLM_VERSION['pytorch']}"
+    return None
