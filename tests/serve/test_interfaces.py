@@ -26,23 +26,19 @@ def _protocol_methods(protocol) -> list[str]:
     return [n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_")]
 
 
-@pytest.mark.parametrize("impl", DECODERS, ids=lambda c: c.__name__)
-def test_every_decoder_has_the_protocols_signatures(impl):
-    methods = _protocol_methods(DecoderProtocol)
-    assert sorted(methods) == ["admit", "cancel", "step"]
-    for name in methods:
-        assert _params(getattr(impl, name)) == _params(getattr(DecoderProtocol, name)), f"{impl.__name__}.{name}"
-    # running: a property, or an attribute every instance gets
-    assert isinstance(getattr(impl, "running", None), property) or "self.running" in inspect.getsource(impl.__init__)
+CASES = [(DecoderProtocol, impl, ["admit", "cancel", "step"]) for impl in DECODERS] + \
+        [(ServingModel, impl, ["close", "decoder", "release"]) for impl in MODELS]
 
 
-@pytest.mark.parametrize("impl", MODELS, ids=lambda c: c.__name__)
-def test_every_serving_model_has_the_protocols_signatures(impl):
-    methods = _protocol_methods(ServingModel)
-    assert sorted(methods) == ["close", "decoder", "release"]
+@pytest.mark.parametrize("protocol,impl,methods", CASES, ids=lambda x: getattr(x, "__name__", ""))
+def test_every_implementation_has_its_protocols_signatures(protocol, impl, methods):
+    assert sorted(_protocol_methods(protocol)) == methods
     for name in methods:
-        assert _params(getattr(impl, name)) == _params(getattr(ServingModel, name)), f"{impl.__name__}.{name}"
-    assert hasattr(impl, "failed")  # None, or why the model cannot serve
+        assert _params(getattr(impl, name)) == _params(getattr(protocol, name)), f"{impl.__name__}.{name}"
+    if protocol is DecoderProtocol:  # running: a property, or an attribute every instance gets
+        assert isinstance(getattr(impl, "running", None), property) or "self.running" in inspect.getsource(impl.__init__)
+    else:
+        assert hasattr(impl, "failed")  # None, or why the model cannot serve
 
 
 def test_the_serving_engine_calls_models_as_the_protocol_says():

@@ -16,16 +16,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def memory_table(recipe, p):
-    """Every row of the plan per rank, where it is allocated, and the need against the GPU."""
+def _table(title: str, columns: tuple[tuple[str, str], ...]):
+    """A rich Table with (name, justify) columns."""
     from rich.table import Table
 
-    b = recipe.build
-    t = Table(title=f"{recipe.name}: memory per rank ({p.device}, tp={p.tp}, max_batch_size={p.max_batch_size}, "
-                    f"max_seq_len={b.max_seq_len})")
-    for name, justify in (("component", "left"), ("where", "left"), ("GiB", "right"), ("MiB / seq", "right"),
-                          ("how", "left")):
+    t = Table(title=title)
+    for name, justify in columns:
         t.add_column(name, justify=justify)
+    return t
+
+
+def memory_table(recipe, p):
+    """Every row of the plan per rank, where it is allocated, and the need against the GPU."""
+    b = recipe.build
+    t = _table(f"{recipe.name}: memory per rank ({p.device}, tp={p.tp}, max_batch_size={p.max_batch_size}, "
+               f"max_seq_len={b.max_seq_len})",
+               (("component", "left"), ("where", "left"), ("GiB", "right"), ("MiB / seq", "right"), ("how", "left")))
     for r in p.rows:
         total = r.bytes * (p.max_batch_size if r.per_sequence else 1)
         t.add_row(r.component, r.where, gib(total), f"{r.bytes / 2**20:,.2f}" if r.per_sequence else "", r.formula)
@@ -47,14 +53,11 @@ def memory_table(recipe, p):
 
 def tp_table(recipe, fits):
     """The smallest tp that fits each GPU type (`fits`: planner.TpFit per GPU)."""
-    from rich.table import Table
-
     q = recipe.quantization
-    t = Table(title=f"smallest tp that fits (target {q.target_weights}, KV {q.kv_cache}, drafter {q.drafter}, "
-                    f"max_batch_size {recipe.build.max_batch_size}, max_seq_len {recipe.build.max_seq_len})")
-    for name, justify in (("GPU", "left"), ("GiB", "right"), ("smallest tp", "right"), ("need GiB / rank", "right"),
-                          ("note", "left")):
-        t.add_column(name, justify=justify)
+    t = _table(f"smallest tp that fits (target {q.target_weights}, KV {q.kv_cache}, drafter {q.drafter}, "
+               f"max_batch_size {recipe.build.max_batch_size}, max_seq_len {recipe.build.max_seq_len})",
+               (("GPU", "left"), ("GiB", "right"), ("smallest tp", "right"), ("need GiB / rank", "right"),
+                ("note", "left")))
     for fit in fits:
         note = f"memory only: {', '.join(fit.unsupported)} not supported" if fit.unsupported else ""
         if fit.tp is None and fit.tried:
