@@ -204,3 +204,26 @@ def test_auto_observe_ignores_slots_past_the_block():
     auto = AutoDraftLength(block_size=4, cost=VerifyCost(1e-3, 1e-5, 2e-4))
     auto.observe(1, 32, 15)  # a tree round's numbers: no IndexError, three slots accepted
     assert auto.estimates[1] == pytest.approx([0.6 * 0.8 + 0.2] * 3)
+
+
+def test_stop_answers_every_request_it_leaves(pair):
+    """A request left without a final update hangs its client for good (a Triton response sender
+    never completed): stop() ends the running and the queued ones, and a later submit, with an error."""
+    target, drafter, tokenizer = pair
+    engine = ServingEngine(LocalModel(target, drafter), tokenizer, max_seq_len=512, max_batch_size=1)
+    ends: dict[int, list[str]] = {}
+    started = threading.Event()
+
+    def emit(i):
+        def f(u):
+            started.set()
+            if u.finish_reason:
+                ends.setdefault(i, []).append(u.finish_reason)
+        return f
+
+    for i in range(4):  # one runs (max_batch_size 1), three wait in the inbox
+        engine.submit(Job(PROMPTS[i], 400, emit(i)))
+    assert started.wait(30)
+    engine.stop()
+    engine.submit(Job(PROMPTS[0], 8, emit(4)))
+    assert ends == {i: ["error: the server is shutting down"] for i in range(5)}

@@ -210,9 +210,11 @@ def test_lws_two_nodes_leader_serves_workers_join(capsys, deployed):
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == "models"
     assert volumes["mpi-ssh"]["secret"]["secretName"] == f"{name}-mpi-ssh"
-    assert leader["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # liveness restarts a group whose rank died
+        assert leader[probe]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert leader["startupProbe"]["failureThreshold"] * leader["startupProbe"]["periodSeconds"] >= 1800  # loading
     assert {p["name"]: p["containerPort"] for p in leader["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    assert "readinessProbe" not in worker and "ports" not in worker
+    assert not {"startupProbe", "readinessProbe", "livenessProbe", "ports"} & set(worker)
     assert f"-p {SSH_PORT}" in worker["command"][2] and "sshd" in worker["command"][2]
     assert (service["kind"], service["metadata"]["name"]) == ("Service", f"{name}-api")
     assert service["spec"]["selector"] == {"leaderworkerset.sigs.k8s.io/name": name,

@@ -148,15 +148,34 @@ class ServingEngine:
         self.groups: dict[tuple, tuple] = {}  # key -> (decoder, {request id: Job})
         self._next_id = 0
         self._stop = threading.Event()
+        self._inbox_lock = threading.Lock()  # a submit racing stop() is answered, never left in the inbox
         self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        self.inbox.put(job)
+        with self._inbox_lock:
+            if not self._stop.is_set():
+                self.inbox.put(job)
+                return
+        self._finish(job, self._stop_reason())
+
+    def _stop_reason(self) -> str:
+        return f"error: {self.model.failed or 'the server is shutting down'}"
 
     def stop(self) -> None:
+        """Stop the loop; every request not finished yet, running or still in the inbox, gets its
+        final update (an error): a response sender left without one hangs its client for good."""
         self._stop.set()
         self._thread.join(timeout=30)
+        if self._thread.is_alive():  # a round still running: its requests are the loop's to finish
+            return
+        with self._inbox_lock:
+            left = [job for _, jobs in self.groups.values() for job in jobs.values()]
+            while not self.inbox.empty():
+                left.append(self.inbox.get_nowait())
+        self.groups.clear()
+        for job in left:
+            self._finish(job, self._stop_reason())
 
     @property
     def running(self) -> int:

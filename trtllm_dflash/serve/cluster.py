@@ -333,10 +333,14 @@ def pod_template(job: Job, opts: ClusterOptions, leader: bool) -> dict:
         container["env"] = [{"name": "OMPI_MCA_orte_keep_fqdn_hostnames", "value": "1"}]
     if leader:
         container["ports"] = _ports(job)
-        # Readiness only: loading a large model takes minutes, and a liveness probe failing meanwhile
-        # would restart the whole group (RecreateGroupOnPodRestart).
-        container["readinessProbe"] = {"httpGet": {"path": READY_PATH[job.api], "port": "http"},
-                                       "initialDelaySeconds": 30, "periodSeconds": 10, "failureThreshold": 3}
+        # One health endpoint, three probes. The startup probe gives loading up to 30 minutes
+        # before liveness counts (a failing liveness probe restarts the whole group,
+        # RecreateGroupOnPodRestart). Liveness then restarts a group whose rank died: the server
+        # stays up but unloads its model (triton_model.mark_unavailable), which nothing else mends.
+        probe = {"httpGet": {"path": READY_PATH[job.api], "port": "http"}, "periodSeconds": 10}
+        container["startupProbe"] = {**probe, "failureThreshold": 180}
+        container["readinessProbe"] = {**probe, "failureThreshold": 3}
+        container["livenessProbe"] = {**probe, "failureThreshold": 6}
     labels = {"app.kubernetes.io/name": "trtllm-dflash", "app.kubernetes.io/instance": job.name,
               "role": "leader" if leader else "worker"}
     return {"metadata": {"labels": labels}, "spec": {"containers": [container], "volumes": volumes}}

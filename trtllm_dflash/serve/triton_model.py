@@ -95,32 +95,25 @@ def check_stub_numpy() -> None:
             "triton-inference-server/python_backend PR #384): use Triton >= 24.11 or numpy < 2 in the stub")
 
 
-# A config parameter only `mark_unavailable` sets: the reason this deployment cannot serve.
-FAILED_PARAMETER = "failed"
-
-
-def mark_unavailable(model_name: str, config: dict, reason: str) -> None:
-    """Make Triton report the model, and with strict readiness the server, not ready, `reason`
-    in the repository index (POST /v2/repository/index): unload it, then load it again with
-    FAILED_PARAMETER set, which `initialize` refuses. A Python model has no say in its readiness
-    (before triton-inference-server/python_backend PR #423, Dec 2025, not even a dead stub made it
-    unready), and a failed *re*load keeps the old version serving, hence the unload first. Needs
-    --model-control-mode=explicit (serve/launch.py starts tritonserver so); runs on a thread of its
-    own, as the unload waits for this model's requests and calls finalize."""
+def mark_unavailable(model_name: str, reason: str) -> None:
+    """Make Triton report the model, and with strict readiness the server, not ready: unload it
+    (a Python model has no say in its readiness before triton-inference-server/python_backend
+    PR #423, Dec 2025; not even a dead stub made it unready). The reason goes to the server log;
+    requests that reach the model meanwhile get it as their error, later ones Triton's "no
+    available versions". Only an unload: loading a refusing config while this version was still
+    unloading (to show the reason in the repository index) aborted tritonserver 24.10 now and then
+    under traffic with boost::interprocess::lock_exception in the Python backend's execute, the
+    failure of triton-inference-server/server#8882. Needs --model-control-mode=explicit
+    (serve/launch.py starts tritonserver so); runs on a thread of its own, as the unload waits for
+    this model's requests and calls finalize."""
+    pb_utils.Logger.log_error(f"dflash: {reason}; unloading {model_name}")
 
     def run():
         try:
             pb_utils.unload_model(model_name)
-            for _ in range(600):
-                if not pb_utils.is_model_ready(model_name):
-                    break
-                time.sleep(0.05)
-            failed = {**config, "parameters": {**config.get("parameters", {}), FAILED_PARAMETER: {"string_value": reason}}}
-            pb_utils.load_model(model_name, config=json.dumps(failed))
-        except Exception as e:  # the load fails as meant; anything else: say why health still says ready
-            if reason not in str(e):
-                pb_utils.Logger.log_error(f"dflash: could not mark {model_name} unavailable ({e}); it answers every "
-                                          f"request with: {reason}")
+        except Exception as e:
+            pb_utils.Logger.log_error(f"dflash: could not unload {model_name} ({e}); health still says ready, "
+                                      f"every request is answered with: {reason}")
 
     threading.Thread(target=run, name="dflash-unavailable", daemon=True).start()
 
@@ -132,12 +125,10 @@ class TritonPythonModel:
         check_stub_numpy()
         cfg = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
-        if FAILED_PARAMETER in params:
-            raise RuntimeError(f"not serving: {params[FAILED_PARAMETER]}")
         version_dir = Path(args["model_repository"]) / args["model_version"]
         name = args["model_name"]
         # The same loader and engine as the OpenAI-compatible server (serve/deployed.py).
-        self.deployed = open_deployed(version_dir, params, on_fatal=lambda why: mark_unavailable(name, cfg, why))
+        self.deployed = open_deployed(version_dir, params, on_fatal=lambda why: mark_unavailable(name, why))
         if self.deployed is None:  # a tp rank > 0 (engine backend): it ran the target's shard until the leader left
             pb_utils.Logger.log_info("dflash: tensor-parallel worker rank finished (the leader shut down)")
             return
@@ -162,6 +153,10 @@ class TritonPythonModel:
 
         for request in requests:
             sender = request.get_response_sender()
+            if self.deployed.model.failed:  # a dead rank: answered here, the engine takes nothing more
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"error: {self.deployed.model.failed}")),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             try:
                 inputs = {}
                 for name in INPUTS:
