@@ -121,6 +121,26 @@ def test_llmapi_yaml_maps_draft_bands(tmp_path):
     assert spec["target_layer_ids"] == [1, 9, 17, 25, 33] and spec["attention_backend"] == "TRTLLM"
 
 
+@pytest.mark.parametrize("bands, schedule", [
+    ("[{max_concurrency: 16, draft_len: 9}]", {16: 9, 256: 1}),  # upstream's max_concurrency would mean 0 above 16
+    ("[{max_concurrency: 16, draft_len: 9}, {max_concurrency: 64, draft_len: 0}]", {16: 9, 64: 1, 256: 1}),
+    ("[{max_concurrency: 300, draft_len: 9}]", {300: 9}),
+])
+def test_pytorch_schedules_never_turn_drafting_off(tmp_path, bands, schedule):
+    """NVIDIA/TensorRT-LLM PR #16888: a draft_len_schedule that resolves to 0 (above its last key,
+    a 0 band, or `max_concurrency`, which upstream turns into such a schedule) stops DFlash's
+    drafter state from being refreshed and collapses acceptance once drafting resumes. Deployed
+    schedules floor at 1 and reach max_batch_size (256), and `check` says so."""
+    from trtllm_dflash.recipe.rules import check
+
+    recipe = load_recipe(ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml", [f"speculative.draft_len={bands}"])
+    spec = model_yaml(recipe, tmp_path)["speculative_config"]
+    assert spec["draft_len_schedule"] == schedule and "max_concurrency" not in spec
+    assert spec["max_draft_len"] == 9 and min(spec["draft_len_schedule"].values()) >= 1
+    warned = [i for i in check(recipe) if "PR #16888" in i.message]
+    assert len(warned) == (schedule != {300: 9}) and all(i.level == "warning" for i in warned)
+
+
 # DFlashDecodingConfig fields per TensorRT-LLM line, restated here from upstream on purpose (a
 # second copy that must agree with trtllm_dflash/deploy/llmapi.py). Source of each list: the
 # API reference of tensorrt_llm.llmapi.DFlashDecodingConfig (rendered from

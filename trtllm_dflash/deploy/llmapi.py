@@ -52,7 +52,13 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.placement import placement
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
-from trtllm_dflash.recipe.rules import DEFAULT_TRTLLM_VERSION, PYTORCH_TRTLLM_LINES, trtllm_line
+from trtllm_dflash.recipe.rules import (
+    DEFAULT_TRTLLM_VERSION,
+    MIN_RUNTIME_DRAFT_LEN,
+    PYTORCH_TRTLLM_LINES,
+    pytorch_draft_len_schedule,
+    trtllm_line,
+)
 
 # Prompt tokens recomputed after a prefix-cache hit on 1.4 (the drafter's context then starts
 # there). A few KV blocks: enough recent context for drafting, most of a long shared prefix reused.
@@ -134,7 +140,7 @@ def speculative_config(recipe: Recipe, artifact: Path) -> dict:
     out = {
         "decoding_type": "DFlash",
         # The first band is the longest draft (rule): the schedule's smallest key maps to it.
-        "max_draft_len": bands[0].draft_len if bands else spec.block_size - 1,
+        "max_draft_len": max(bands[0].draft_len, MIN_RUNTIME_DRAFT_LEN) if bands else spec.block_size - 1,
         # A local directory, so upstream could also read dflash_config; the ids are written
         # anyway (with a hub id nothing would capture the target's hidden states).
         "speculative_model": str(Path(artifact).resolve() / "drafter"),
@@ -143,11 +149,10 @@ def speculative_config(recipe: Recipe, artifact: Path) -> dict:
     }
     if d.mask_token_id is not None:
         out["mask_token_id"] = d.mask_token_id
-    if len(bands) > 1:
-        # {largest batch size of a band: draft length}; above the last band speculation is off.
-        out["draft_len_schedule"] = {b.max_concurrency: b.draft_len for b in bands}
-    elif bands:
-        out["max_concurrency"] = bands[0].max_concurrency
+    if bands:
+        # Never `max_concurrency`, never a 0: both turn drafting off, which PR #16888 shows
+        # collapses DFlash acceptance (rules.pytorch_draft_len_schedule).
+        out["draft_len_schedule"] = pytorch_draft_len_schedule(recipe)
     if _prefix_reuse(recipe, table):
         out["context_recompute_tail"] = RECOMPUTE_TAIL
     _check_keys(out, table.fields, f"speculative_config ({table.source})")

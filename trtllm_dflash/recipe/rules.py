@@ -58,6 +58,26 @@ def _version_tuple(v: str) -> tuple[int, ...] | None:
         return None
 
 
+# TensorRT-LLM's draft_len_schedule turns drafting off (0) above its largest key, and
+# `max_concurrency` becomes such a schedule; so does a band of draft length 0. On the one-model
+# path DFlash's drafter state (draft KV, context buffers) is then not refreshed, and once the
+# batch shrinks and drafting resumes, acceptance silently collapses for the rest of every
+# affected request: NVIDIA/TensorRT-LLM PR #16888 (open as of 2026-07), which floors scheduled
+# lengths at min_runtime_draft_len = 1. What we generate already keeps that floor.
+MIN_RUNTIME_DRAFT_LEN = 1
+
+
+def pytorch_draft_len_schedule(recipe: Recipe) -> dict[int, int]:
+    """The recipe's bands as TensorRT-LLM's draft_len_schedule ({largest batch size: draft length},
+    upstream's get_draft_len_for_batch_size), never drafting 0: lengths floored at
+    MIN_RUNTIME_DRAFT_LEN, and a last key at build.max_batch_size so no batch falls past it
+    (PR #16888 above). Empty when the recipe has no bands (a static max_draft_len)."""
+    schedule = {b.max_concurrency: max(b.draft_len, MIN_RUNTIME_DRAFT_LEN) for b in recipe.speculative.bands}
+    if schedule and max(schedule) < recipe.build.max_batch_size:
+        schedule[recipe.build.max_batch_size] = MIN_RUNTIME_DRAFT_LEN
+    return schedule
+
+
 def _split_issues(recipe: Recipe) -> list[Issue]:
     """tp against every dimension it splits in both models (recipe/sharding.py: one rule each)."""
     models, tp = model_dims(recipe), recipe.parallel.tp
@@ -218,6 +238,12 @@ def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
                 err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > the first band's "
                     f"{spec.bands[0].draft_len}: TensorRT-LLM's draft_len_schedule needs the lowest-concurrency "
                     "band to have the longest draft")
+        off = [i for i, band in enumerate(spec.bands) if band.draft_len < MIN_RUNTIME_DRAFT_LEN]
+        if off or (spec.bands and spec.bands[-1].max_concurrency < b.max_batch_size):
+            where = f"speculative.draft_len.{off[0]}.draft_len" if off else "speculative.draft_len"
+            warn(where, f"the pytorch backend never turns drafting off: TensorRT-LLM's DFlash then stops refreshing "
+                 "its drafter state and acceptance collapses once drafting resumes (NVIDIA/TensorRT-LLM PR #16888); "
+                 f"deployed schedule {pytorch_draft_len_schedule(recipe)} drafts at least {MIN_RUNTIME_DRAFT_LEN}")
     if backend == "engine" and gpu.is_cpu:
         # The engine path's plan (build --dry-run), deploy and serving with reference runners run on CPU.
         warn("backend", "engine on cpu: build --dry-run only; served by the emulated engine runners (or --runners reference)")
