@@ -13,6 +13,9 @@ Routes
                                FALLBACK_CHAT_TEMPLATE when the tokenizer has none (the embedded
                                tiny pair's has none): one "role: content" line per message, then
                                "assistant:" (the fallback in use is logged and shown in /v1/models)
+  GET  /metrics                Prometheus text: the speculative-decoding counters and histograms
+                               of serve/metrics.py (drafted, accepted, per position, rounds, draft
+                               length, verify batch, draft / verify time)
   GET  /health                 200 once the engine is loaded, with the engine's running and
                                queued requests and how many requests ended, by finish reason;
                                503 with the reason once the model cannot serve (a dead tp rank)
@@ -310,9 +313,20 @@ def _engine_failure(reason: str) -> OpenAIError:
 
 def create_app(deployed, model_name: str):
     """The FastAPI application serving `deployed` (a serve.deployed.Deployed) as `model_name`."""
+    from fastapi.responses import Response
+
+    from trtllm_dflash.serve.metrics import PrometheusInstruments, SpecMetrics
+
     service = Service(deployed, model_name)
     app = FastAPI(title="trtllm_dflash", docs_url=None, redoc_url=None)
     app.state.service = service
+    instruments = PrometheusInstruments()
+    deployed.engine.metrics = SpecMetrics(instruments, model_name)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = instruments.exposition()
+        return Response(body, media_type=content_type)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request, e: OpenAIError):

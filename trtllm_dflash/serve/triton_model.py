@@ -134,6 +134,11 @@ class TritonPythonModel:
             return
         self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
         self.outbox = _Outbox()
+        # Speculative-decoding counters and histograms on tritonserver's metrics port (serve/metrics.py).
+        from trtllm_dflash.serve.metrics import SpecMetrics, TritonInstruments
+
+        self.instruments = TritonInstruments(pb_utils)
+        self.engine.metrics = SpecMetrics(self.instruments, name)
         d = self.deployed
         import torch
 
@@ -184,6 +189,7 @@ class TritonPythonModel:
         if self.deployed is not None:
             self.deployed.close()
             self.outbox.close()
+            self.instruments.close()
 
 
 class _Emitter:
