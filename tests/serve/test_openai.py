@@ -24,17 +24,14 @@ pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)
 from serve_helpers import start_openai_server, stop_server  # noqa: E402
 
 from trtllm_dflash.cli import main  # noqa: E402
-from trtllm_dflash.pipeline import run  # noqa: E402
-from trtllm_dflash.recipe import load_recipe  # noqa: E402
 from trtllm_dflash.serve.launch import free_port  # noqa: E402
 
 PROMPT = "def parse_args(argv):\n    "
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("openai")
-    run(load_recipe(None), root, until="deploy", progress=False, say=lambda _: None)
+def server(embedded_run):
+    root = embedded_run
     port = free_port()
     proc = start_openai_server([], root / "deploy", port)
     yield f"http://127.0.0.1:{port}", root, proc

@@ -56,12 +56,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtllm_dflash.serve.requests import MODES, RequestError, check_lengths, check_mode
-
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+from trtllm_dflash.serve.requests import (  # noqa: F401  (FALLBACK_CHAT_TEMPLATE: this server's, defined there)
+    FALLBACK_CHAT_TEMPLATE,
+    MODES,
+    RequestError,
+    chat_prompt_ids,
+    check_lengths,
+    check_mode,
 )
+
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -242,9 +245,7 @@ class Service:
                 messages.append({"role": m.role, "content": content or ""})
             if not any(m["content"] for m in messages):
                 raise OpenAIError("messages: every message is empty", "messages")
-            text = tok.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                           add_generation_prompt=True)
-            return tok(text, add_special_tokens=False)["input_ids"], "messages"
+            return chat_prompt_ids(tok, messages, self.chat_template), "messages"
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
             vocab = len(tok)
