@@ -47,16 +47,14 @@ def checkpoint_of(from_dir: Path, recipe) -> Path:
 
 
 def prompt_ids(prompts, tok, limit: int, max_new_tokens: int) -> list[list[int]]:
-    from trtllm_dflash.serve.requests import chat_prompt_ids
+    from trtllm_dflash.prompts.user import prompt_token_ids
 
-    out = []
-    for p in prompts:
-        ids = tok(p.text)["input_ids"] if p.text is not None else chat_prompt_ids(tok, list(p.messages))
-        if not ids or len(ids) + max_new_tokens > limit:
-            raise UserError(f"--prompts {p.where}: {len(ids)} prompt tokens + --max-new-tokens {max_new_tokens} > "
+    ids = prompt_token_ids(prompts, tok)
+    for p, i in zip(prompts, ids):
+        if len(i) + max_new_tokens > limit:
+            raise UserError(f"--prompts {p.where}: {len(i)} prompt tokens + --max-new-tokens {max_new_tokens} > "
                             f"{limit} (build.max_seq_len); shorten the prompt or lower --max-new-tokens")
-        out.append(ids)
-    return out
+    return ids
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,21 @@ DEFAULT_CATEGORY = "default"
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
+# Chat prompts of a tokenizer without a chat template (the embedded tiny pair's): one "role: content"
+# line per message, then "assistant:". The OpenAI server, `profile` and the quantize guardrail render chat alike.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
+
+
+def chat_prompt_ids(tok, messages: list[dict], template: str | None = None) -> list[int]:
+    """Token ids of chat `messages` with the generation prompt: `template`, else the tokenizer's
+    chat template, else FALLBACK_CHAT_TEMPLATE. The template writes the special tokens itself."""
+    template = template or getattr(tok, "chat_template", None) or FALLBACK_CHAT_TEMPLATE
+    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
 
 @dataclass(frozen=True)
 class UserPrompt:
@@ -45,6 +60,18 @@ def load_user_prompts(path: Path) -> list[UserPrompt]:
     if not out:
         raise UserError(f"--prompts {path}: no prompts (expected JSONL lines with 'prompt' or 'messages', or a "
                         "ShareGPT JSON array)")
+    return out
+
+
+def prompt_token_ids(prompts: list[UserPrompt], tok) -> list[list[int]]:
+    """Token ids of each prompt: plain text with the tokenizer's special tokens, chat through
+    `chat_prompt_ids`. An empty encoding is refused naming the prompt's line."""
+    out = []
+    for p in prompts:
+        ids = tok(p.text)["input_ids"] if p.text is not None else chat_prompt_ids(tok, list(p.messages))
+        if not ids:
+            raise UserError(f"--prompts {p.where}: the prompt encodes to zero tokens")
+        out.append(ids)
     return out
 
 

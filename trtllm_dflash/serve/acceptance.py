@@ -64,6 +64,7 @@ def decode_rounds(checkpoint: Path, prompts: Sequence[Sequence[int]], max_new_to
 def checkpoint_tau(checkpoint: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                    block_size: int | None = None) -> float:
     """Greedy DFlash tau of `checkpoint` on `prompts` with no stop token (every request decodes
-    max_new_tokens: the same rounds before and after a change of weights)."""
+    max_new_tokens: the same rounds before and after a change of weights). The quantize stage's
+    guardrail measure (quantize/guard.py Measure)."""
     tau = decode_rounds(checkpoint, prompts, max_new_tokens, block_size=block_size, stop_token_ids=[]).tau
     return tau if tau is not None else 1.0

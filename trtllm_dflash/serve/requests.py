@@ -11,27 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtllm_dflash.prompts.user import FALLBACK_CHAT_TEMPLATE, chat_prompt_ids  # noqa: F401  (the servers' chat rendering)
 from trtllm_dflash.reference.generate import MODES
 
 
 class RequestError(ValueError):
     pass
-
-
-# Chat prompts of a tokenizer without a chat template (the embedded tiny pair's): one "role: content"
-# line per message, then "assistant:". The OpenAI server and `profile` render chat the same way.
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
-)
-
-
-def chat_prompt_ids(tok, messages: list[dict], template: str | None = None) -> list[int]:
-    """Token ids of chat `messages` with the generation prompt: `template`, else the tokenizer's
-    chat template, else FALLBACK_CHAT_TEMPLATE. The template writes the special tokens itself."""
-    template = template or getattr(tok, "chat_template", None) or FALLBACK_CHAT_TEMPLATE
-    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
-    return tok(text, add_special_tokens=False)["input_ids"]
 
 
 @dataclass(frozen=True)
