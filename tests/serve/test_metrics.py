@@ -56,3 +56,31 @@ def test_every_defined_metric_is_exported_under_its_one_name():
         assert metric.kind in (COUNTER, HISTOGRAM)
         assert name in s, name
         assert all(lab["model"] == "m" and lab["mode"] == "dflash" for lab, _ in s[name])
+
+
+def test_the_grafana_dashboard_queries_only_metrics_we_export():
+    """docs/grafana-dflash.json loads, and every metric and label its queries name is one that
+    serve/metrics.py defines (histograms through their _bucket / _sum / _count series); every
+    defined metric has a panel."""
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dflash.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    series = {}
+    for m in METRICS:
+        for suffix in ([""] if m.kind == COUNTER else ["_bucket", "_sum", "_count"]):
+            series[m.name + suffix] = m
+    used = set()
+    for e in exprs:
+        assert e.count("(") == e.count(")"), e
+        for name in re.findall(r"\bdflash_[a-z_]+", e):
+            assert name in series, f"{name} in {e!r} is not an exported series"
+            used.add(series[name].name)
+        labels = {lab for group in re.findall(r"by \(([^)]*)\)", e) for lab in group.replace(" ", "").split(",")}
+        labels |= set(re.findall(r"(\w+)=~", e)) | set(re.findall(r"label_values\(\w+, (\w+)\)", e))
+        allowed = {lab for m in METRICS for lab in m.labels} | {"le"}
+        assert labels <= allowed, f"{e!r} names labels {labels - allowed} that no metric has"
+    assert used == {m.name for m in METRICS}
