@@ -209,7 +209,8 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
                 say(f"serve: tritonserver ready on grpc {endpoints.grpc_url}, http {endpoints.http_url} ({input_dir}, "
                     f"{runners} runners)")
                 result = sweep(recipe, endpoints.grpc_url, out, levels=levels, from_dir=input_dir,
-                               note={"runners": runners})
+                               note={"runners": runners},
+                               metrics_url=f"http://{endpoints.host}:{endpoints.metrics_port}/metrics")
         say("serve: stopped")
         failed = sum(s.failed for s in result.levels)
         if failed:

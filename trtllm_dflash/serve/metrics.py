@@ -4,7 +4,8 @@ The serving engine (serve/batcher.py) reports every verify round to a `SpecMetri
 turns it into counter increments and histogram observations on an `Instruments`: the OpenAI
 server's is a prometheus_client registry served on its /metrics (`PrometheusInstruments`), the
 Triton model's is the Python backend's custom metrics (`TritonInstruments`: they appear on
-tritonserver's metrics port beside Triton's own). `METRICS` is the one list of names, kinds,
+tritonserver's metrics port beside Triton's own). `METRICS` (trtllm_dflash/spec_metrics.py,
+a module of plain data that serving and the sweep both import) is the one list of names, kinds,
 help texts and buckets; the Grafana dashboard (docs/grafana-dflash.json) and the sweep's
 server-side tau (sweep/server_metrics.py) read these names and nothing else.
 
@@ -26,53 +27,29 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Protocol
 
-COUNTER, HISTOGRAM = "counter", "histogram"
-LABELS = ("model", "mode")
-
-
-@dataclass(frozen=True)
-class MetricDef:
-    name: str  # the exported name (counters end in _total, as Prometheus clients expose them)
-    kind: str  # COUNTER | HISTOGRAM
-    help: str
-    labels: tuple[str, ...] = LABELS
-    buckets: tuple[float, ...] = ()  # histograms only; +Inf is implied
-
-
-_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-DRAFT_TOKENS = MetricDef("dflash_spec_decode_draft_tokens_total", COUNTER,
-                         "Draft tokens verified by the target (every request, every round).")
-ACCEPTED_TOKENS = MetricDef("dflash_spec_decode_accepted_tokens_total", COUNTER,
-                            "Draft tokens accepted (committed tokens minus the target's bonus token).")
-ROUNDS = MetricDef("dflash_spec_decode_rounds_total", COUNTER,
-                   "Target verify passes, counted per request (the prefill is not a round).")
-DRAFT_PER_POS = MetricDef("dflash_spec_decode_draft_tokens_per_pos_total", COUNTER,
-                          "Rounds that drafted a token at this 1-based position (chain rounds).",
-                          LABELS + ("position",))
-ACCEPTED_PER_POS = MetricDef("dflash_spec_decode_accepted_tokens_per_pos_total", COUNTER,
-                             "Rounds whose draft at this 1-based position was accepted (chain rounds).",
-                             LABELS + ("position",))
-DRAFT_LEN = MetricDef("dflash_spec_decode_draft_len", HISTOGRAM,
-                      "Draft length chosen for a verify pass (the largest of its requests).",
-                      buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64))
-VERIFY_BATCH = MetricDef("dflash_verify_batch_size", HISTOGRAM, "Requests verified together in one target pass.",
-                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-DRAFT_TIME = MetricDef("dflash_draft_time_seconds", HISTOGRAM, "Drafter pass time of a round that drafted.",
-                       buckets=_TIME_BUCKETS)
-VERIFY_TIME = MetricDef("dflash_verify_time_seconds", HISTOGRAM, "Target verify pass time of a round.",
-                        buckets=_TIME_BUCKETS)
-
-METRICS = (DRAFT_TOKENS, ACCEPTED_TOKENS, ROUNDS, DRAFT_PER_POS, ACCEPTED_PER_POS, DRAFT_LEN, VERIFY_BATCH,
-           DRAFT_TIME, VERIFY_TIME)
-CHAIN_MODES = ("dflash",)  # modes whose drafts have positions
+from trtllm_dflash.spec_metrics import (  # noqa: F401  (the one definition; re-exported for the front ends)
+    ACCEPTED_PER_POS,
+    ACCEPTED_TOKENS,
+    CHAIN_MODES,
+    COUNTER,
+    DRAFT_LEN,
+    DRAFT_PER_POS,
+    DRAFT_TIME,
+    DRAFT_TOKENS,
+    HISTOGRAM,
+    LABELS,
+    METRICS,
+    ROUNDS,
+    VERIFY_BATCH,
+    VERIFY_TIME,
+    MetricDef,
+)
 
 
 class Instruments(Protocol):
-    """Where SpecMetrics writes (every implementation: tests/serve/test_metrics.py)."""
+    """Where SpecMetrics writes (every implementation: tests/serve/test_spec_metrics.py)."""
 
     def add(self, metric: MetricDef, labels: dict[str, str], value: float) -> None:
         """Increase counter `metric` of series `labels` by `value` (> 0)."""

@@ -1,6 +1,6 @@
 """Read the server's own speculative-decoding counters from its Prometheus /metrics.
 
-Both servers export serve/metrics.py's METRICS: Triton on its metrics port
+Both servers export the METRICS of spec_metrics.py (serve/metrics.py): Triton on its metrics port
 (`http://HOST:METRICS_PORT/metrics`), the OpenAI server on `/metrics` beside `/v1`. The sweep
 scrapes before and after a level and reports the server-side tau of that level (the counters'
 growth) beside the client-side tau it computes from the responses: they agree when the server
@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from trtllm_dflash.serve.metrics import ACCEPTED_PER_POS, ACCEPTED_TOKENS, DRAFT_PER_POS, DRAFT_TOKENS, ROUNDS
+from trtllm_dflash.spec_metrics import ACCEPTED_PER_POS, ACCEPTED_TOKENS, DRAFT_PER_POS, DRAFT_TOKENS, ROUNDS
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> [(labels, value)]
 
@@ -36,6 +36,24 @@ def scrape(url: str, timeout: float = 10.0) -> Samples | None:
             return parse(r.read().decode())
     except (urllib.error.URLError, OSError, ValueError):
         return None
+
+
+def settled(url: str, model: str | None = None, tries: int = 20, wait_s: float = 0.05) -> Samples | None:
+    """The samples at `url` once the rounds counter of `model` stops moving (the Triton model hands
+    its updates to the server from a thread of its own, so the last round of a level may land a
+    moment after its last response): two equal reads in a row, at most `tries` reads."""
+    import time
+
+    last = scrape(url)
+    for _ in range(tries):
+        if last is None:
+            return None
+        time.sleep(wait_s)
+        now = scrape(url)
+        if now is None or totals(now, model).rounds == totals(last, model).rounds:
+            return now
+        last = now
+    return last
 
 
 @dataclass
