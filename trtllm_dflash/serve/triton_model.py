@@ -137,8 +137,12 @@ class TritonPythonModel:
         # Speculative-decoding counters and histograms on tritonserver's metrics port (serve/metrics.py).
         from trtllm_dflash.serve.metrics import SpecMetrics, TritonInstruments
 
-        self.instruments = TritonInstruments(pb_utils)
-        self.engine.metrics = SpecMetrics(self.instruments, name)
+        try:
+            self.instruments = TritonInstruments(pb_utils)
+            self.engine.metrics = SpecMetrics(self.instruments, name)
+        except Exception as e:  # a stub without custom metrics (or histograms): serve without them
+            self.instruments = None
+            pb_utils.Logger.log_warn(f"dflash: no speculative-decoding metrics on /metrics: {type(e).__name__}: {e}")
         d = self.deployed
         import torch
 
@@ -189,7 +193,8 @@ class TritonPythonModel:
         if self.deployed is not None:
             self.deployed.close()
             self.outbox.close()
-            self.instruments.close()
+            if self.instruments is not None:
+                self.instruments.close()
 
 
 class _Emitter:
