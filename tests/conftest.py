@@ -32,3 +32,15 @@ def tiny_pair(tmp_path_factory):
     """(target_dir, drafter_dir) for a tiny Qwen3 target, fp32 (tests/helpers/checkpoints.py)."""
     root = tmp_path_factory.mktemp("tiny-qwen3")
     return make_target(root / "target", "qwen3"), make_drafter(root / "drafter")
+
+
+@pytest.fixture(scope="session")
+def embedded_run(tmp_path_factory):
+    """The embedded default recipe taken through the pipeline up to deploy (shared by the OpenAI
+    server's tests and profile's): the pipeline directory."""
+    from trtllm_dflash.pipeline import run
+    from trtllm_dflash.recipe import load_recipe
+
+    root = tmp_path_factory.mktemp("embedded-run")
+    run(load_recipe(None), root, until="deploy", progress=False, say=lambda _: None)
+    return root

@@ -58,6 +58,9 @@ def test_served_text_is_the_quantized_models(fp8_run):
     assert [(s.stage, s.status) for s in stages] == [("convert", "ran"), ("quantize", "ran"), ("deploy", "ran"), ("sweep", "ran")]
     deployed = Manifest.read(out / "deploy")
     assert deployed.extra["artifact"] == str((out / "quantize").resolve())
+    # The acceptance guardrail ran on the shipped FP8 quantization and passed (quantize/guard.py).
+    g = Manifest.read(out / "quantize").extra["acceptance_guard"]
+    assert g["passed"] and g["prompts"] == 4 and g["tau_before"] > 1.5 and g["drop"] <= g["max_drop"] == 0.10
     sw = recipe.sweep
     prompts = load_prompts(sw.dataset, sw.requests_at(1) + sw.warmup_requests, sw.input_len, sw.seed)
     rows = [json.loads(line) for line in (out / "sweep/results.jsonl").read_text().splitlines()]

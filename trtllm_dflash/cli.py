@@ -29,6 +29,7 @@ COMMANDS = [
     "serve",
     "sweep",
     "project",
+    "profile",
     "demo",
     "generate",
     "train-drafter",

@@ -157,6 +157,19 @@ def serving_runners(recipe: Recipe) -> str | None:
     return None
 
 
+def acceptance_measure(recipe: Recipe):
+    """The quantize guardrail's decoder (serve/acceptance.checkpoint_tau: the servers' reference
+    decoder over the checkpoint), where this machine can decode the recipe's checkpoints: a cpu
+    recipe, or any with a CUDA GPU here; None elsewhere (the manifest records that it did not run)."""
+    import torch
+
+    if not (recipe.gpu.is_cpu or torch.cuda.is_available()):
+        return None
+    from trtllm_dflash.serve.acceptance import checkpoint_tau
+
+    return checkpoint_tau
+
+
 def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, progress: bool,
                levels: list[int] | None, say: Callable[[str], None]) -> None:
     if stage == "convert":
@@ -166,7 +179,7 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
     elif stage == "quantize":
         from trtllm_dflash.quantize.stage import quantize
 
-        quantize(recipe, input_dir, out, overwrite=True, resume=True, progress=progress)
+        quantize(recipe, input_dir, out, overwrite=True, resume=True, progress=progress, measure=acceptance_measure(recipe))
     elif stage == "build":
         from trtllm_dflash.build.stage import build, cannot_build_here
 
@@ -196,7 +209,8 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
                 say(f"serve: tritonserver ready on grpc {endpoints.grpc_url}, http {endpoints.http_url} ({input_dir}, "
                     f"{runners} runners)")
                 result = sweep(recipe, endpoints.grpc_url, out, levels=levels, from_dir=input_dir,
-                               note={"runners": runners})
+                               note={"runners": runners},
+                               metrics_url=f"http://{endpoints.host}:{endpoints.metrics_port}/metrics")
         say("serve: stopped")
         failed = sum(s.failed for s in result.levels)
         if failed:

@@ -227,3 +227,30 @@ def test_stop_answers_every_request_it_leaves(pair):
     engine.stop()
     engine.submit(Job(PROMPTS[0], 8, emit(4)))
     assert ends == {i: ["error: the server is shutting down"] for i in range(5)}
+
+
+def test_the_engine_reports_each_verify_round(pair):
+    """ServingEngine._deliver counts verify rounds (never the prefill) with the group's mode."""
+    pytest.importorskip("prometheus_client", reason="needs prometheus_client (the serve extra)")
+    from trtllm_dflash.serve.metrics import PrometheusInstruments, SpecMetrics
+    from trtllm_dflash.sweep.server_metrics import parse, totals
+
+    target, drafter, tok = pair
+    ins = PrometheusInstruments()
+    engine = ServingEngine(LocalModel(target, drafter), tok, block_size=4, metrics=SpecMetrics(ins, "x"))
+    done, last = threading.Event(), []
+
+    def emit(u):
+        if u.finish_reason is not None:
+            last.append(u)
+            done.set()
+
+    try:
+        engine.submit(Job(tok("def f(x):")["input_ids"], 12, emit))
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    t = totals(parse(ins.exposition()[0].decode()), "x", "dflash")
+    u = last[0]
+    assert (t.rounds, t.drafted, t.accepted) == (u.rounds, u.drafted, u.accepted)
+    assert 0 <= t.accepted <= t.drafted and t.rounds >= 1

@@ -24,17 +24,14 @@ pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)
 from serve_helpers import start_openai_server, stop_server  # noqa: E402
 
 from trtllm_dflash.cli import main  # noqa: E402
-from trtllm_dflash.pipeline import run  # noqa: E402
-from trtllm_dflash.recipe import load_recipe  # noqa: E402
 from trtllm_dflash.serve.launch import free_port  # noqa: E402
 
 PROMPT = "def parse_args(argv):\n    "
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("openai")
-    run(load_recipe(None), root, until="deploy", progress=False, say=lambda _: None)
+def server(embedded_run):
+    root = embedded_run
     port = free_port()
     proc = start_openai_server([], root / "deploy", port)
     yield f"http://127.0.0.1:{port}", root, proc
@@ -250,3 +247,23 @@ def test_a_busy_port_is_refused_with_the_field(server):
                         "--http-port", port], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"serve.http_port: 127.0.0.1:{port} is already in use" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_metrics_count_drafted_and_accepted_tokens(server, client):
+    """/metrics (prometheus_client) carries serve/metrics.py's counters, grown by the requests."""
+    from trtllm_dflash.sweep.server_metrics import scrape, totals
+
+    url = server[0] + "/metrics"
+    deadline = time.monotonic() + 30  # requests of earlier tests (a client that left) still in the engine
+    while (h := health(server[0]))["running"] or h["queued"]:
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    before = totals(scrape(url), "dflash")  # every mode: the embedded default decodes ddtree
+    stats = [client.completions.create(model="dflash", prompt=PROMPT, max_tokens=n, temperature=0).model_extra["dflash"]
+             for n in (12, 20)]
+    after = scrape(url)
+    grew = totals(after, "dflash").minus(before)
+    assert totals(after, "dflash", stats[0]["mode"]).rounds >= grew.rounds  # labelled with the decoding mode
+    assert grew.rounds == sum(s["rounds"] for s in stats) and grew.drafted == sum(s["draft_tokens"] for s in stats)
+    assert 0 < grew.accepted == sum(s["accepted_draft_tokens"] for s in stats) <= grew.drafted
+    assert grew.tau == pytest.approx(1 + grew.accepted / grew.rounds) and grew.tau > 1

@@ -270,3 +270,27 @@ def test_server_dies_with_a_killed_launcher(served):
     while time.monotonic() < deadline and subprocess.run(["pgrep", "-f", f"--http-port={port}"], capture_output=True).stdout:
         time.sleep(0.5)
     assert not subprocess.run(["pgrep", "-f", f"--http-port={port}"], capture_output=True).stdout, "server outlived its launcher"
+
+
+def test_metrics_port_counts_drafted_and_accepted_tokens(served):
+    """Triton's metrics port carries serve/metrics.py's counters (Python-backend custom metrics),
+    and they grow with the requests served: accepted <= drafted, rounds as the responses said."""
+    from trtllm_dflash.sweep.server_metrics import scrape, totals
+
+    recipe, server = served
+    url = f"http://127.0.0.1:{server.endpoints.metrics_port}/metrics"
+    before = totals(scrape(url) or {}, "dflash", "dflash")
+    rounds = 0
+    for max_tokens in (12, 16):
+        _, last, error = asyncio.run(stream(server.endpoints.grpc_url, request(max_tokens=max_tokens)))
+        assert error is None
+        rounds += int(last["rounds"])
+    deadline = time.monotonic() + 10  # the model hands updates to Triton from a thread of its own
+    while True:
+        grew = totals(scrape(url) or {}, "dflash", "dflash").minus(before)
+        if grew.rounds >= rounds or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert grew.rounds == rounds and grew.drafted > 0
+    assert 0 <= grew.accepted <= grew.drafted
+    assert all(0.0 <= a <= 1.0 for a in grew.per_position()) and 0 < grew.drafted_per_pos[1] <= rounds

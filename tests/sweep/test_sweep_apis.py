@@ -49,8 +49,9 @@ def rows(out):
 def test_openai_sweep_gives_the_tokens_and_tau_of_the_triton_sweep(both, tmp_path):
     recipe, root, triton, openai_url = both
     # The deployment's own mode (DDTree: the embedded default has a budget) on both APIs.
-    a = sweep(recipe, triton.endpoints.grpc_url, tmp_path / "triton", levels=[1, 2], from_dir=root / "deploy",
-              modes=["ddtree"])
+    e = triton.endpoints
+    a = sweep(recipe, e.grpc_url, tmp_path / "triton", levels=[1, 2], from_dir=root / "deploy",
+              modes=["ddtree"], metrics_url=f"http://{e.host}:{e.metrics_port}/metrics")
     b = sweep(recipe, openai_url, tmp_path / "openai", levels=[1, 2], protocol="openai", from_dir=root / "deploy")
     ra, rb = rows(tmp_path / "triton"), rows(tmp_path / "openai")
     assert len(ra) == len(rb) == sum(max(4, 5 * c) + 1 for c in (1, 2))
@@ -64,6 +65,13 @@ def test_openai_sweep_gives_the_tokens_and_tau_of_the_triton_sweep(both, tmp_pat
         assert la.output_tokens == lb.output_tokens and la.failed == lb.failed == 0 and la.tau >= 1.0
         assert la.tau == lb.tau if la.concurrency == 1 else la.tau == pytest.approx(lb.tau, rel=0.05)
         assert lb.output_tok_s > 0 and lb.tpot_s is not None
+    # Each server's own counters (/metrics) give the tau of the level's requests, warm-up included:
+    # (tokens - 1) / verify passes over those requests, as the responses reported them.
+    for result, recs in ((a, ra), (b, rb)):
+        for level in result.levels:
+            mine = [r for r in recs if r["concurrency"] == level.concurrency]
+            expected = sum(r["output_tokens"] - 1 for r in mine) / sum(r["rounds"] for r in mine)
+            assert level.server_tau == pytest.approx(expected, rel=1e-9), (level.concurrency, level.tau)
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
-"""`trtllm-dflash project RECIPE [--acceptance FILE|TASK] [--json] [--out DIR] [--measured DIR]`:
+"""`trtllm-dflash project RECIPE [--acceptance FILE|TASK [--category NAME]] [--json] [--out DIR] [--measured DIR]`:
 what a recipe will deliver on its hardware before booking it: tokens/s/GPU against tokens/s/user for
 AR, DFlash at each draft length, the recipe's draft-length bands and the best draft length per
 concurrency, from the step-time model (trtllm_dflash/project/stepmodel.py) and an acceptance
-profile (measured: `bench acceptance --json`, or published: recipe/catalog/acceptance.yaml)."""
+profile (measured: `bench acceptance --json` or `profile` on your prompts, or published: recipe/catalog/acceptance.yaml)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.split("\n\n")[0])
     add_recipe_argument(p)
     p.add_argument("--acceptance", default=None, metavar="FILE|TASK",
-                   help="acceptance profile: a JSON file from `bench acceptance --json`, a YAML/JSON with tau and "
+                   help="acceptance profile: a JSON file from `bench acceptance --json` or `profile` (profile.json), a YAML/JSON with tau and "
                         "draft_len, or a published task of the drafter (default: the catalog's default task)")
+    p.add_argument("--category", default=None, metavar="NAME",
+                   help="with --acceptance PROFILE.json from `profile`: use this category's profile (default: overall)")
     p.add_argument("--out", type=Path, default=None,
                    help="directory for projection.json/.csv/.png (default runs/<recipe name>/project)")
     p.add_argument("--measured", type=Path, default=None, metavar="DIR",
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
     assumptions = parse_assumptions(args.assume)
     levels = parse_levels(args.levels, recipe.sweep.concurrency)
-    profile = acceptance.resolve(recipe, args.acceptance)
+    profile = acceptance.resolve(recipe, args.acceptance, args.category)
     dep = Deployment.from_recipe(recipe)
     out = args.out or Path("runs") / recipe.name / "project"
     if out.exists() and not out.is_dir():
@@ -114,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         t.caption = (f"{report.served_curve(recipe)[1]}; tokens/s/user pooled over a level's requests (1 / mean TPOT), "
                      "the sweep's median request beside it")
         console.print(t)
+    console.print(f"acceptance: {profile.source}")
     console.print(f"rates: {proj.rates_source}")
     console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")
     return 0

@@ -30,10 +30,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calib-samples", type=int, default=32, help="calibration sequences (default 32)")
     p.add_argument("--calib-len", type=int, default=256, help="tokens per calibration sequence (default 256)")
     p.add_argument("--device", default=None, help="calibration device (default: cuda if available, else cpu)")
+    p.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                   help="the acceptance guardrail's prompts (JSONL / ShareGPT, as `profile` reads; default: the first "
+                   "calibration sequences); tau may fall by at most quantization.max_acceptance_drop")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from trtllm_dflash.pipeline import acceptance_measure
     from trtllm_dflash.quantize.stage import quantize
     from trtllm_dflash.recipe import load_recipe
 
@@ -41,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     out = quantize(
         recipe, args.from_dir, args.out, calib=args.calib, samples=args.calib_samples, length=args.calib_len, device=args.device,
         overwrite=args.overwrite, resume=args.resume, progress=args.progress,
+        measure=acceptance_measure(recipe), prompts=args.prompts,
     )
     print(f"quantized {recipe.name}: {out}")
     return 0

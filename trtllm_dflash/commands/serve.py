@@ -225,9 +225,10 @@ def _serve_openai(args, recipe, endpoints) -> int:
 
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401  (its /metrics)
         import uvicorn  # noqa: F401
     except ImportError:
-        raise UserError("--api openai needs fastapi and uvicorn: pip install 'trtllm_dflash[serve]'") from None
+        raise UserError("--api openai needs fastapi, uvicorn and prometheus_client: pip install 'trtllm_dflash[serve]'") from None
     host, port = endpoints.host, endpoints.http_port
     if port_in_use(host, port):
         raise UserError(f"serve.http_port: {host}:{port} is already in use")

@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "OpenAI server's (--api openai; http://HOST:PORT[/v1] also accepted)")
     p.add_argument("--api", choices=("triton", "openai"), default="triton",
                    help="triton (default): the dflash model; openai: POST /v1/completions, streamed")
+    p.add_argument("--metrics-url", default=None, metavar="URL",
+                   help="the server's Prometheus /metrics, read for its own tau per level (default: Triton's "
+                   "serve.metrics_port on --url's host; the OpenAI server's /metrics)")
     p.add_argument("--http", action="store_true", help="--api triton: HTTP generate_stream (server-sent events) instead of gRPC")
     p.add_argument("--model", default=None, help="--api openai: model id (default: the recipe's serve.model_name when "
                    "the server lists it, else the server's only model)")
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     result = sweep(recipe, args.url, out, levels=parse_levels(args.levels, recipe.sweep.concurrency),
                    protocol="openai" if args.api == "openai" else "http" if args.http else "grpc",
                    temperature=args.temperature, from_dir=args.from_dir, model=args.model, modes=modes, tune=tune,
-                   repeats=args.repeats)
+                   repeats=args.repeats, metrics_url=args.metrics_url)
     if args.json:
         print(json.dumps(result.summary, indent=2))
     else:

@@ -167,9 +167,10 @@ def published(recipe, task: str | None = None) -> AcceptanceProfile:
     return entry.tasks[task].profile(task)
 
 
-def read_profile(path: Path) -> AcceptanceProfile:
-    """A profile file: the JSON `bench acceptance --json` prints (conditional_acceptance), or a JSON /
-    YAML mapping with `tau` and `draft_len` (published figures) and a `source`."""
+def read_profile(path: Path, category: str | None = None) -> AcceptanceProfile:
+    """A profile file: the JSON `bench acceptance --json` prints (conditional_acceptance), `profile`'s
+    profile.json (its `overall` entry, or the entry of `category`), or a JSON / YAML mapping with
+    `tau` and `draft_len` (published figures) and a `source`."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
@@ -183,6 +184,7 @@ def read_profile(path: Path) -> AcceptanceProfile:
         raise UserError(f"--acceptance {path}: not valid JSON or YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise UserError(f"--acceptance {path}: expected a mapping with conditional_acceptance, or tau and draft_len")
+    data = _profile_entry(data, path, category)
     cond = data.get("conditional_acceptance", data.get("conditional"))
     try:
         if cond is not None:
@@ -200,10 +202,31 @@ def read_profile(path: Path) -> AcceptanceProfile:
         raise UserError(f"--acceptance {path}: {field_ + ': ' if field_ else ''}{msg}") from None
 
 
-def resolve(recipe, spec: str | None) -> AcceptanceProfile:
-    """--acceptance: a file path, a published task name, or None (the drafter's default task)."""
+def _profile_entry(data: dict, path: Path, category: str | None) -> dict:
+    """The entry of `profile`'s JSON that --acceptance means: `overall`, or --category's."""
+    if "categories" not in data or "overall" not in data:
+        if category is not None:
+            raise UserError(f"--category {category}: {path} is not a `profile` output (no categories)")
+        return data
+    if category is None:
+        entry = data["overall"]
+    elif category in data["categories"]:
+        entry = data["categories"][category]
+    else:
+        raise UserError(f"--category {category}: {path} profiled the categories {', '.join(data['categories'])}")
+    if entry.get("conditional_acceptance") is None:
+        raise UserError(f"--acceptance {path}: {category or 'overall'}: no verify round drafted a full block; "
+                        "profile again with a larger --max-new-tokens")
+    return entry
+
+
+def resolve(recipe, spec: str | None, category: str | None = None) -> AcceptanceProfile:
+    """--acceptance: a file path, a published task name, or None (the drafter's default task);
+    `category`: which category of a `profile` output (default its overall)."""
     if spec is not None and (Path(spec).exists() or spec.endswith((".json", ".yaml", ".yml"))):
-        return read_profile(Path(spec))
+        return read_profile(Path(spec), category)
+    if category is not None:
+        raise UserError(f"--category {category}: needs --acceptance PROFILE.json (a `profile` output)")
     return published(recipe, spec)
 
 

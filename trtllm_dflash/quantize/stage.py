@@ -13,22 +13,29 @@ Both carry `calibration.json` (every amax, so every scale can be re-derived).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
 from trtllm_dflash import compat
-from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, check_out_dir, tool_versions, verify_input
+from trtllm_dflash.artifacts import (
+    MANIFEST, Manifest, atomic_stage_dir, check_out_dir, replace_dir, tool_versions, verify_input,
+)
 from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, plan_trtllm, recorded_sources
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.quantize import guard
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.planner import drafter_placement
 
 
 def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = None, samples: int = 32,
              length: int = 256, device: str | None = None, overwrite: bool = False, resume: bool = False,
-             progress: bool = True) -> Path:
+             progress: bool = True, measure: guard.Measure | None = None, prompts: Path | None = None) -> Path:
     """The quantize stage; see the module docstring. Everything that can be checked (recipe,
-    input, sources, tp alignment, output directory) is checked before calibrating."""
+    input, sources, tp alignment, output directory) is checked before calibrating. `measure`:
+    how to decode a checkpoint for the acceptance guardrail (quantize/guard.py; None: not run);
+    `prompts`: the guard's prompts (a JSONL / ShareGPT file) instead of the calibration data's."""
     import torch
 
     from trtllm_dflash.quantize.quantize import (
@@ -73,14 +80,45 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
         with tempfile.TemporaryDirectory() as d:
             calib_file = Path(d) / "calibration.json"
             calib_file.write_text(record)
-            return convert(
-                recipe, out, layout="trtllm", transform=QuantTransform(plan, calibration), stage="quantize",
-                input_dir=from_dir, sources=src, overwrite=overwrite, resume=resume, progress=progress,
-                extra=extra, extra_files={"calibration.json": calib_file},
-            )
+            args = dict(layout="trtllm", transform=QuantTransform(plan, calibration), stage="quantize",
+                        input_dir=from_dir, sources=src, progress=progress, extra=extra,
+                        extra_files={"calibration.json": calib_file})
+            if measure is None:
+                extra["acceptance_guard"] = {"ran": False, "why": "no decoder given (quantize/guard.py)"}
+                return convert(recipe, out, overwrite=overwrite, resume=resume, **args)
+            if prompts is not None:
+                ids, source = guard.user_prompts(prompts, src.target_dir), f"prompts of {prompts}"
+            else:
+                ids, source = guard.calibration_prompts(data.batches), f"calibration sequences ({data.source})"
+            return _guarded(recipe, from_dir, out, overwrite, measure, ids, source, args)
+    extra["acceptance_guard"] = {"ran": False, "why": "the HF export is decoded by TensorRT-LLM (pytorch backend)"}
     manifest = Manifest.for_stage("quantize", recipe, from_dir, sources=m.sources, tools=tool_versions("nvidia-modelopt"),
                                   extra={"layout": "hf", **extra})
     with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
         export_hf(model, tmp, recipe, src.target_dir, src.drafter_dir, plan)
         (tmp / "calibration.json").write_text(record)
     return out
+
+
+def _guarded(recipe: Recipe, from_dir: Path, out: Path, overwrite: bool, measure: guard.Measure,
+             prompts: list[list[int]], source: str, convert_args: dict) -> Path:
+    """Write the quantized checkpoint beside `out`, measure it against the unquantized one, and
+    make it the output only when the acceptance guardrail passes (its numbers in the manifest);
+    otherwise remove it and stop with both numbers. The directory is named as an interrupted
+    write's, so a killed run's leftover is cleaned up by the next one (artifacts.py)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-guard-", dir=out.parent))
+    try:
+        staged = convert(recipe, staging / "checkpoint", overwrite=False, resume=False, **convert_args)
+        result = guard.check(measure, from_dir, staged, prompts, recipe.speculative.block_size,
+                             recipe.quantization.max_acceptance_drop, source)
+        if not result.passed:
+            raise UserError(result.message())
+        manifest = Manifest.read(staged)
+        manifest.extra["acceptance_guard"] = result.to_json()
+        (staged / MANIFEST).write_text(manifest.to_json())
+        check_out_dir(out, manifest, overwrite)
+        replace_dir(staged, out)
+        return out
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -301,7 +301,7 @@ def smallest_tp(recipe: Recipe, gpu: GpuSpec) -> TpFit:
     recipe's formats, max_batch_size and max_seq_len. Formats `gpu` cannot run are reported, not
     substituted: the answer is then about memory only."""
     tried = allowed_tps(model_dims(recipe), recipe.backend.name, gpu.max_per_node)
-    unsupported = sorted({f for f in recipe.quantization.model_dump().values() if not gpu.supports(f)})
+    unsupported = sorted({f for f in recipe.quantization.formats.values() if not gpu.supports(f)})
     need = math.inf
     for tp in tried:
         p = plan(recipe, tp=tp, gpu=gpu)

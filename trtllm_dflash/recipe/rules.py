@@ -158,7 +158,7 @@ def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
     span = span_problem(recipe)
     if span is not None:
         err(*span)
-    for field, fmt in q.model_dump().items():
+    for field, fmt in q.formats.items():
         if not gpu.supports(fmt):
             why = " (NVFP4 needs Blackwell: b200 or b300)" if fmt == "nvfp4" else ""
             err(f"quantization.{field}", f"{fmt} is not supported on {gpu.name}{why}; allowed: {', '.join(gpu.formats)}")

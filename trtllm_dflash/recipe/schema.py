@@ -77,6 +77,15 @@ class Quantization(_Section):
     activations: Format = Field(default="bf16", description="target GEMM inputs")
     kv_cache: Format = Field(default="bf16", description="target KV cache (and the engine drafter's context cache)")
     drafter: Format = Field(default="bf16", description="drafter linear-layer weights")
+    max_acceptance_drop: float = Field(
+        default=0.10, ge=0.0, le=1.0,
+        description="quantize fails when the quantized checkpoint's tau on the guard prompts is lower than the "
+        "unquantized one's by more than this fraction of it (1 = never fails; the numbers are recorded either way)")
+
+    @property
+    def formats(self) -> dict[str, str]:
+        """The format fields (every field but the acceptance guardrail's threshold)."""
+        return {f: getattr(self, f) for f in ("target_weights", "activations", "kv_cache", "drafter")}
 
     @property
     def quantizes(self) -> bool:

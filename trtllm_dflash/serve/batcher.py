@@ -137,10 +137,11 @@ class ServingEngine:
 
     def __init__(self, model, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
                  ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64,
-                 policy: DraftPolicy | None = None, trace=None, on_fatal: Callable[[str], None] | None = None):
+                 policy: DraftPolicy | None = None, trace=None, metrics=None, on_fatal: Callable[[str], None] | None = None):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.on_fatal = on_fatal  # called once, with the reason, when the model can no longer serve
         self.trace = trace  # serve/trace.Trace: per-round timestamps for perf/bench_serve.py, or None
+        self.metrics = metrics  # serve/metrics.SpecMetrics: the server's /metrics (front ends set it), or None
         self.mode, self.ddtree_budget = mode, ddtree_budget  # requests without a mode of their own get `mode`
         self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
         self.max_batch_size = max_batch_size
@@ -198,7 +199,7 @@ class ServingEngine:
                         rec = decoder.step(self._draft_len(key, jobs))
                         t1 = now()
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
-                        self._deliver(decoder, jobs, rec, observe=key[2] == "dflash")
+                        self._deliver(decoder, jobs, rec, mode=key[2])
                         if self.trace:
                             self.trace.add("round", tags, t0, t1, now())
                             if any(rec.finished):
@@ -266,8 +267,12 @@ class ServingEngine:
             if self.trace:
                 self.trace.add("admit", [j.tag for j in new], t0, t1, now())
 
-    def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord, observe: bool = False) -> None:
-        """Hand each request its tokens; `observe`: a chain round whose acceptance the policy learns from."""
+    def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord, mode: str | None = None) -> None:
+        """Hand each request its tokens. `mode`: how a verify round was decoded (None for the prefill);
+        the policy learns from chain (dflash) rounds, the server's metrics count every round."""
+        observe = mode == "dflash"
+        if rec.round > 0 and self.metrics is not None:
+            self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify)
         for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
             job = jobs[rid]
             job.tokens.extend(toks)

@@ -13,6 +13,9 @@ Routes
                                FALLBACK_CHAT_TEMPLATE when the tokenizer has none (the embedded
                                tiny pair's has none): one "role: content" line per message, then
                                "assistant:" (the fallback in use is logged and shown in /v1/models)
+  GET  /metrics                Prometheus text: the speculative-decoding counters and histograms
+                               of serve/metrics.py (drafted, accepted, per position, rounds, draft
+                               length, verify batch, draft / verify time)
   GET  /health                 200 once the engine is loaded, with the engine's running and
                                queued requests and how many requests ended, by finish reason;
                                503 with the reason once the model cannot serve (a dead tp rank)
@@ -53,12 +56,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtllm_dflash.serve.requests import MODES, RequestError, check_lengths, check_mode
-
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+from trtllm_dflash.serve.requests import (  # noqa: F401  (FALLBACK_CHAT_TEMPLATE: this server's, defined there)
+    FALLBACK_CHAT_TEMPLATE,
+    MODES,
+    RequestError,
+    chat_prompt_ids,
+    check_lengths,
+    check_mode,
 )
+
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -239,9 +245,7 @@ class Service:
                 messages.append({"role": m.role, "content": content or ""})
             if not any(m["content"] for m in messages):
                 raise OpenAIError("messages: every message is empty", "messages")
-            text = tok.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                           add_generation_prompt=True)
-            return tok(text, add_special_tokens=False)["input_ids"], "messages"
+            return chat_prompt_ids(tok, messages, self.chat_template), "messages"
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
             vocab = len(tok)
@@ -310,9 +314,20 @@ def _engine_failure(reason: str) -> OpenAIError:
 
 def create_app(deployed, model_name: str):
     """The FastAPI application serving `deployed` (a serve.deployed.Deployed) as `model_name`."""
+    from fastapi.responses import Response
+
+    from trtllm_dflash.serve.metrics import PrometheusInstruments, SpecMetrics
+
     service = Service(deployed, model_name)
     app = FastAPI(title="trtllm_dflash", docs_url=None, redoc_url=None)
     app.state.service = service
+    instruments = PrometheusInstruments()
+    deployed.engine.metrics = SpecMetrics(instruments, model_name)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = instruments.exposition()
+        return Response(body, media_type=content_type)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request, e: OpenAIError):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtllm_dflash.prompts.user import FALLBACK_CHAT_TEMPLATE, chat_prompt_ids  # noqa: F401  (the servers' chat rendering)
 from trtllm_dflash.reference.generate import MODES
 
 

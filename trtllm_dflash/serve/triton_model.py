@@ -134,6 +134,15 @@ class TritonPythonModel:
             return
         self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
         self.outbox = _Outbox()
+        # Speculative-decoding counters and histograms on tritonserver's metrics port (serve/metrics.py).
+        from trtllm_dflash.serve.metrics import SpecMetrics, TritonInstruments
+
+        try:
+            self.instruments = TritonInstruments(pb_utils)
+            self.engine.metrics = SpecMetrics(self.instruments, name)
+        except Exception as e:  # a stub without custom metrics (or histograms): serve without them
+            self.instruments = None
+            pb_utils.Logger.log_warn(f"dflash: no speculative-decoding metrics on /metrics: {type(e).__name__}: {e}")
         d = self.deployed
         import torch
 
@@ -184,6 +193,8 @@ class TritonPythonModel:
         if self.deployed is not None:
             self.deployed.close()
             self.outbox.close()
+            if self.instruments is not None:
+                self.instruments.close()
 
 
 class _Emitter:

@@ -296,10 +296,16 @@ class SweepResult:
 
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int, gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
-              variants: list[Variant] = (Variant("dflash"),), repeats: int = 1) -> SweepResult:
+              variants: list[Variant] = (Variant("dflash"),), repeats: int = 1,
+              metrics_url: str | None = None) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
     inside a repeat the curves (so slow drift of the machine hits every curve alike). A curve's
-    row at a level is its repeat of median throughput."""
+    row at a level is its repeat of median throughput. metrics_url: the server's Prometheus
+    /metrics, read before and after each run for its own tau (`server_tau`)."""
+    from dataclasses import replace
+
+    from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     per: dict[tuple[str, int], list[LevelSummary]] = {}
@@ -312,10 +318,15 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                 for v in variants:
                     label = f"{v.name:<{width}} c={c:<4}" + (f" repeat {r + 1}" if repeats > 1 else "")
                     task = progress.add_task(label, total=n)
+                    before = scrape(metrics_url) if metrics_url else None
                     recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
                                                  on_done=lambda _: progress.advance(task), protocol=protocol,
                                                  variant=v, repeat=r))
-                    per.setdefault((v.name, c), []).append(summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len))
+                    row = summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len)
+                    after = settled(metrics_url, model) if before is not None else None
+                    if after is not None:
+                        row = replace(row, server_tau=totals(after, model).minus(totals(before, model)).tau)
+                    per.setdefault((v.name, c), []).append(row)
                     all_records += recs
     rows = [median_repeat(per[(v.name, c)]) for v in variants for c in levels]
     return SweepResult(Path("."), rows, all_records, per)

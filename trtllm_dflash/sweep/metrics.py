@@ -142,6 +142,9 @@ class LevelSummary:
     mode: str | None = None  # requested decoding; None: the server's default
     draft_len: int | None = None  # requested drafts per round; None: the server's policy
     draft_per_round: float | None = None  # draft tokens verified per verify pass (what the policy chose, on average)
+    # tau from the server's own /metrics counters over the level (sweep/server_metrics.py): its verify
+    # passes of every request of the level, the warm-up ones included; None when they were not read
+    server_tau: float | None = None
 
     @classmethod
     def from_json(cls, d: dict) -> "LevelSummary":
@@ -154,7 +157,7 @@ class LevelSummary:
     def flat(self) -> dict:
         """One CSV row: scalars plus mean/p50/p90/p99 of each distribution."""
         scalars = ("curve", "mode", "draft_len", "concurrency", "requests", "failed", "wall_s", "output_tokens",
-                   "output_tok_s", "output_tok_s_per_gpu", "tau", "draft_per_round")
+                   "output_tok_s", "output_tok_s_per_gpu", "tau", "draft_per_round", "server_tau")
         row = {k: getattr(self, k) for k in scalars}
         for name in DISTRIBUTIONS:
             dist = getattr(self, name)

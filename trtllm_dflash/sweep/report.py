@@ -56,7 +56,7 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
 
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("curve", "conc", "reqs", "tok/s\n/GPU", "tok/s\n/user", "TTFT\np50", "TTFT\np99", "TPOT\np50",
-                "gap\np50", "tau", "drafts\n/round"):
+                "gap\np50", "tau", "tau\nserver", "drafts\n/round"):
         t.add_column(col, justify="left" if col == "curve" else "right", no_wrap=True)
     curves = by_curve(summaries)
     for n, (name, rows) in enumerate(curves.items()):
@@ -69,10 +69,12 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
                 f"{s.output_tok_s_per_gpu:.1f}", f"{s.tok_s_user.p50:.1f}" if s.tok_s_user else "-",
                 ms(s.ttft_s, "p50"), ms(s.ttft_s, "p99"), ms(s.tpot_s, "p50"), ms(s.inter_chunk_s, "p50"),
                 f"{s.tau:.2f}" if s.tau else "unknown",  # the server reported no verify passes
+                f"{s.server_tau:.2f}" if s.server_tau else "-",
                 f"{s.draft_per_round:.1f}" if s.draft_per_round is not None and s.tau else "-",
                 end_section=i == len(rows) - 1 and n < len(curves) - 1,
             )
-    t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass; drafts/round = drafts "
+    t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass (tau server: from the "
+                 "server's /metrics, warm-up requests included); drafts/round = drafts "
                  "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)")
     return t
 

@@ -94,16 +94,29 @@ def _check_inputs(url: str, model: str, protocol: str, variants: list[Variant]) 
                         f"{'/'.join(missing)}): deploy it again (trtllm-dflash run RECIPE --force deploy)")
 
 
+def metrics_url_for(recipe: Recipe, url: str, protocol: str) -> str:
+    """Where the server at `url` exports its speculative-decoding counters (serve/metrics.py): the
+    OpenAI server on its own /metrics, Triton on the recipe's serve.metrics_port of the same host."""
+    from trtllm_dflash.sweep.loadgen import openai_base
+
+    if protocol == "openai":
+        return f"{openai_base(url)}/metrics"
+    host = url.split("://")[-1].rsplit(":", 1)[0]
+    return f"http://{host}:{recipe.serve.metrics_port}/metrics"
+
+
 def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = None, protocol: str = "grpc",
           temperature: float = 0.0, from_dir: Path | None = None, model: str | None = None,
           note: dict | None = None, modes: list[str] | None = None, tune: list[int] | None = None,
-          repeats: int = 1) -> SweepResult:
+          repeats: int = 1, metrics_url: str | None = None) -> SweepResult:
     """Run the load generator against `url` and write OUT (replacing an earlier sweep of this recipe).
     protocol: "grpc" / "http" (Triton, the dflash model) or "openai" (/v1/completions of any
     OpenAI-compatible server; the model id is `model`, else the recipe's serve.model_name when the
     server lists it, else the server's only model). modes / tune: the curves (`sweep_variants`);
     repeats: each level of each curve that many times, interleaved, the median repeat reported.
-    `note`: more facts about the server for the manifest (e.g. which runners served it)."""
+    `note`: more facts about the server for the manifest (e.g. which runners served it).
+    metrics_url: the server's Prometheus /metrics (default `metrics_url_for`), whose counters give
+    each level's server-side tau beside the client's."""
     sw = recipe.sweep
     levels = levels or sw.concurrency
     if repeats < 1:
@@ -115,15 +128,16 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     else:
         _check_inputs(url, name, protocol, variants)
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
+    metrics_url = metrics_url or metrics_url_for(recipe, url, protocol)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
-        "url": url, "protocol": protocol, "levels": levels, "temperature": temperature, "model": name,
+        "url": url, "protocol": protocol, "metrics_url": metrics_url, "levels": levels, "temperature": temperature, "model": name,
         "curves": [v.name for v in variants], "repeats": repeats, **(note or {})})
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
     title = f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu}, {recipe.backend.name})"
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
         result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_len, gpus=gpus,
                            seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
-                           repeats=repeats)
+                           repeats=repeats, metrics_url=metrics_url)
         tuned = None
         if tune is not None:
             from trtllm_dflash.sweep.tune import tune_summary, write_snippet

@@ -1,0 +1,170 @@
+"""Speculative-decoding metrics of a running server: one definition, two exporters.
+
+The serving engine (serve/batcher.py) reports every verify round to a `SpecMetrics`, which
+turns it into counter increments and histogram observations on an `Instruments`: the OpenAI
+server's is a prometheus_client registry served on its /metrics (`PrometheusInstruments`), the
+Triton model's is the Python backend's custom metrics (`TritonInstruments`: they appear on
+tritonserver's metrics port beside Triton's own). `METRICS` (trtllm_dflash/spec_metrics.py,
+a module of plain data that serving and the sweep both import) is the one list of names, kinds,
+help texts and buckets; the Grafana dashboard (docs/grafana-dflash.json) and the sweep's
+server-side tau (sweep/server_metrics.py) read these names and nothing else.
+
+Names follow vLLM's speculative-decoding metrics (`spec_decode_num_draft_tokens`,
+`spec_decode_num_accepted_tokens`, `spec_decode_num_accepted_tokens_per_pos`), prefixed
+`dflash_` (Prometheus names; vLLM's `vllm:` colon form is reserved for recording rules).
+Every series is labelled `model` (the served model name) and `mode` (ar | dflash | ddtree: how
+the round was decoded; requests may choose their own mode). From them:
+
+    tau                    = 1 + accepted / rounds          (tokens committed per verify pass)
+    acceptance at pos k    = accepted_per_pos{k} / drafted_per_pos{k}   (chain rounds: dflash)
+    draft acceptance rate  = accepted / drafted
+
+Per-position series are counted for chain rounds only (mode dflash): a DDTree round's drafted
+tokens are tree nodes, which have no single position.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Protocol
+
+from trtllm_dflash.spec_metrics import (  # noqa: F401  (the one definition; re-exported for the front ends)
+    ACCEPTED_PER_POS,
+    ACCEPTED_TOKENS,
+    CHAIN_MODES,
+    COUNTER,
+    DRAFT_LEN,
+    DRAFT_PER_POS,
+    DRAFT_TIME,
+    DRAFT_TOKENS,
+    HISTOGRAM,
+    LABELS,
+    METRICS,
+    ROUNDS,
+    VERIFY_BATCH,
+    VERIFY_TIME,
+    MetricDef,
+)
+
+
+class Instruments(Protocol):
+    """Where SpecMetrics writes (every implementation: tests/serve/test_spec_metrics.py)."""
+
+    def add(self, metric: MetricDef, labels: dict[str, str], value: float) -> None:
+        """Increase counter `metric` of series `labels` by `value` (> 0)."""
+
+    def observe(self, metric: MetricDef, labels: dict[str, str], value: float) -> None:
+        """Record one observation of histogram `metric`."""
+
+
+class SpecMetrics:
+    """Turns the engine's rounds into metric updates. One per server; called on the engine thread."""
+
+    def __init__(self, instruments: Instruments, model: str):
+        self.instruments, self.model = instruments, model
+
+    def round(self, mode: str, drafted: list[int], committed: list[int], t_draft: float, t_verify: float) -> None:
+        """One verify pass of a group: per request, the drafts verified and the tokens committed
+        (accepted drafts + the bonus token)."""
+        if not drafted:
+            return
+        ins, labels = self.instruments, {"model": self.model, "mode": mode}
+        accepted = [max(0, min(c - 1, d)) for d, c in zip(drafted, committed)]
+        ins.add(ROUNDS, labels, len(drafted))
+        if sum(drafted):
+            ins.add(DRAFT_TOKENS, labels, sum(drafted))
+            ins.observe(DRAFT_TIME, labels, t_draft)
+        if sum(accepted):
+            ins.add(ACCEPTED_TOKENS, labels, sum(accepted))
+        ins.observe(DRAFT_LEN, labels, max(drafted))
+        ins.observe(VERIFY_BATCH, labels, len(drafted))
+        ins.observe(VERIFY_TIME, labels, t_verify)
+        if mode in CHAIN_MODES:
+            self._per_position(labels, drafted, accepted)
+
+    def _per_position(self, labels: dict[str, str], drafted: list[int], accepted: list[int]) -> None:
+        # A chain accepts a prefix of its drafts: position k is accepted iff k <= accepted.
+        for k in range(1, max(drafted) + 1):
+            pos = {**labels, "position": str(k)}
+            self.instruments.add(DRAFT_PER_POS, pos, sum(d >= k for d in drafted))
+            hits = sum(a >= k for a in accepted)
+            if hits:
+                self.instruments.add(ACCEPTED_PER_POS, pos, hits)
+
+
+class PrometheusInstruments:
+    """METRICS on a prometheus_client registry of their own (the OpenAI server's /metrics)."""
+
+    def __init__(self, registry=None):
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.families = {}
+        for m in METRICS:
+            if m.kind == COUNTER:  # prometheus_client adds _total itself
+                self.families[m.name] = Counter(m.name.removesuffix("_total"), m.help, m.labels, registry=self.registry)
+            else:
+                self.families[m.name] = Histogram(m.name, m.help, m.labels, buckets=m.buckets, registry=self.registry)
+
+    def add(self, metric: MetricDef, labels: dict[str, str], value: float) -> None:
+        self.families[metric.name].labels(**labels).inc(value)
+
+    def observe(self, metric: MetricDef, labels: dict[str, str], value: float) -> None:
+        self.families[metric.name].labels(**labels).observe(value)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) of a /metrics response."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class TritonInstruments:
+    """METRICS as Triton Python-backend custom metrics (`pb_utils.MetricFamily`, COUNTER and
+    HISTOGRAM kinds; `family.Metric(labels=, buckets=)`, `metric.increment(v)` /
+    `metric.observe(v)`), served on tritonserver's metrics port. Read in
+    triton-inference-server/python_backend src/pb_stub.cc (the `MetricFamily` / `Metric`
+    bindings: older releases had COUNTER and GAUGE only, HISTOGRAM with `buckets` came later);
+    the stub nvidia-pytriton 0.7.0 bundles (Triton 24.10) has HISTOGRAM and its bucket checks,
+    and the served tests export through it (tests/serve/test_server.py). Each call is a round trip to the server process, so
+    updates go through a thread of their own and the engine thread never waits for them."""
+
+    def __init__(self, pb_utils):
+        self.pb = pb_utils
+        kinds = {COUNTER: pb_utils.MetricFamily.COUNTER, HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM}
+        self.families = {m.name: pb_utils.MetricFamily(name=m.name, description=m.help, kind=kinds[m.kind])
+                         for m in METRICS}
+        self.series: dict[tuple, object] = {}
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="dflash-metrics", daemon=True)
+        self.thread.start()
+
+    def add(self, metric: MetricDef, labels: dict[str, str], value: float) -> None:
+        self.queue.put((metric, labels, "increment", value))
+
+    def observe(self, metric: MetricDef, labels: dict[str, str], value: float) -> None:
+        self.queue.put((metric, labels, "observe", value))
+
+    def _series(self, metric: MetricDef, labels: dict[str, str]):
+        key = (metric.name, tuple(sorted(labels.items())))
+        if key not in self.series:
+            family = self.families[metric.name]
+            extra = {"buckets": list(metric.buckets)} if metric.kind == HISTOGRAM else {}
+            self.series[key] = family.Metric(labels=labels, **extra)
+        return self.series[key]
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            metric, labels, op, value = item
+            try:
+                getattr(self._series(metric, labels), op)(value)
+            except Exception as e:  # metrics must never take serving down
+                self.pb.Logger.log_warn(f"dflash: metric {metric.name} not updated: {type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        """Stop the thread; series go before their families (the stub refuses the other order)."""
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+        self.series.clear()
+        self.families.clear()
