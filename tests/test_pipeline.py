@@ -30,7 +30,8 @@ from trtllm_dflash.recipe import load_recipe  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FP8 = ROOT / "recipes/cpu/tiny-pystd-fp8.yaml"
 # One concurrency level, five requests of 32 tokens: enough prompts to see the quantized model.
-FAST = ["sweep.concurrency=[1]", "sweep.min_requests=4", "sweep.warmup_requests=0", "sweep.output_len=32"]
+FAST = ["sweep.concurrency=[1]", "sweep.min_requests=4", "sweep.warmup_requests=0", "sweep.output_len=32",
+        "quantization.calib_samples=16", "quantization.calib_len=128"]
 
 
 def quiet(_):
@@ -60,7 +61,7 @@ def test_served_text_is_the_quantized_models(fp8_run):
     assert deployed.extra["artifact"] == str((out / "quantize").resolve())
     # The acceptance guardrail ran on the shipped FP8 quantization and passed (quantize/guard.py).
     g = Manifest.read(out / "quantize").extra["acceptance_guard"]
-    assert g["passed"] and g["prompts"] == 4 and g["tau_before"] > 1.5 and g["drop"] <= g["max_drop"] == 0.10
+    assert g["passed"] and g["prompts"] == 16 and g["tau_before"] > 1.5 and g["drop"] <= g["max_drop"] == 0.10
     sw = recipe.sweep
     prompts = load_prompts(sw.dataset, sw.requests_at(1) + sw.warmup_requests, sw.input_len, sw.seed)
     rows = [json.loads(line) for line in (out / "sweep/results.jsonl").read_text().splitlines()]

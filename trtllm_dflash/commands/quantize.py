@@ -27,8 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_stage_output_arguments(p, "quantize")
     p.add_argument("--calib", type=Path, default=None, help="calibration text (.txt) or JSONL with 'text'/'prompt' "
                    "(default: the built-in calibration text, or random ids when the target has no tokenizer)")
-    p.add_argument("--calib-samples", type=int, default=32, help="calibration sequences (default 32)")
-    p.add_argument("--calib-len", type=int, default=256, help="tokens per calibration sequence (default 256)")
+    p.add_argument("--calib-samples", type=int, default=None,
+                   help="calibration sequences (default: the recipe's quantization.calib_samples, 32)")
+    p.add_argument("--calib-len", type=int, default=None,
+                   help="tokens per calibration sequence (default: the recipe's quantization.calib_len, 256)")
     p.add_argument("--device", default=None, help="calibration device (default: cuda if available, else cpu)")
     p.add_argument("--prompts", type=Path, default=None, metavar="FILE",
                    help="the acceptance guardrail's prompts (JSONL / ShareGPT, as `profile` reads; default: the first "
@@ -41,9 +43,12 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.quantize.stage import quantize
     from trtllm_dflash.recipe import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    # The flags are recipe overrides, so the manifest's recipe fields record what calibrated.
+    flags = {"calib_samples": args.calib_samples, "calib_len": args.calib_len}
+    overrides = [f"quantization.{k}={v}" for k, v in flags.items() if v is not None]
+    recipe = load_recipe(args.recipe, [*args.overrides, *overrides])
     out = quantize(
-        recipe, args.from_dir, args.out, calib=args.calib, samples=args.calib_samples, length=args.calib_len, device=args.device,
+        recipe, args.from_dir, args.out, calib=args.calib, device=args.device,
         overwrite=args.overwrite, resume=args.resume, progress=args.progress,
         measure=acceptance_measure(recipe), prompts=args.prompts,
     )

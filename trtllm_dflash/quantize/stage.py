@@ -29,8 +29,8 @@ from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.planner import drafter_placement
 
 
-def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = None, samples: int = 32,
-             length: int = 256, device: str | None = None, overwrite: bool = False, resume: bool = False,
+def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = None, samples: int | None = None,
+             length: int | None = None, device: str | None = None, overwrite: bool = False, resume: bool = False,
              progress: bool = True, measure: guard.Measure | None = None, prompts: Path | None = None) -> Path:
     """The quantize stage; see the module docstring. Everything that can be checked (recipe,
     input, sources, tp alignment, output directory) is checked before calibrating. `measure`:
@@ -65,6 +65,8 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
     if calibrate_target_too:
         compat.require_modelopt()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    q = recipe.quantization
+    samples, length = samples or q.calib_samples, length or q.calib_len  # arguments: tests' smaller calibrations
     data = calibration_data(src.target_dir, src.target_cfg.vocab_size, calib, samples, length, seed=recipe.sweep.seed)
 
     calibration = {"target": Calibration(source=data.source), "drafter": Calibration(source=data.source)}
@@ -74,7 +76,8 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
     if plan.drafter is not Scheme.NONE:
         calibration["drafter"] = calibrate_drafter(src.target_dir, src.drafter_dir, data, progress=progress)
     record = json.dumps({r: c.to_json() for r, c in calibration.items()}, indent=1, sort_keys=True)
-    extra = {"quantization": plan.describe(), "calibration_data": data.source, "tools": tool_versions("nvidia-modelopt")}
+    extra = {"quantization": plan.describe(), "calibration_data": data.source, "calibration": {"samples": samples, "len": length},
+             "tools": tool_versions("nvidia-modelopt")}
 
     if layout == "trtllm":
         with tempfile.TemporaryDirectory() as d:

@@ -81,10 +81,12 @@ class Quantization(_Section):
         default=0.10, ge=0.0, le=1.0,
         description="quantize fails when the quantized checkpoint's tau on the guard prompts is lower than the "
         "unquantized one's by more than this fraction of it (1 = never fails; the numbers are recorded either way)")
+    calib_samples: int = Field(default=32, ge=1, description="calibration sequences quantize runs (`quantize --calib-samples`)")
+    calib_len: int = Field(default=256, ge=8, description="tokens per calibration sequence (`quantize --calib-len`)")
 
     @property
     def formats(self) -> dict[str, str]:
-        """The format fields (every field but the acceptance guardrail's threshold)."""
+        """The format fields (not the calibration settings or the acceptance guardrail's threshold)."""
         return {f: getattr(self, f) for f in ("target_weights", "activations", "kv_cache", "drafter")}
 
     @property
