@@ -44,6 +44,7 @@ class Update:
     drafted: int  # draft tokens verified so far
     accepted: int  # draft tokens accepted so far
     finish_reason: str | None  # None while running, then "stop" | "length" | "cancelled" | "error: ..."
+    ids: list[int] = field(default_factory=list)  # the tokens committed in this update
 
     @property
     def acceptance_length(self) -> float:
@@ -289,7 +290,7 @@ class ServingEngine:
                 text = text[: len(text) - _stop_prefix(text, job.stop_words)]  # may become a stop word
             delta = text[len(job.sent):] if text.startswith(job.sent) else ""
             job.sent += delta
-            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done))
+            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks)))
             if done is not None:
                 self._leave(jobs, rid)
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm_dflash.reference.generate import MODES
 
 
 class RequestError(ValueError):
@@ -36,6 +35,8 @@ class GenerationRequest:
     stream: bool = False
     draft_len: int | None = None  # drafts per round for this request (0 = speculation off); None: the server's policy
     mode: str | None = None  # "ar" | "dflash" | "ddtree" for this request; None: the deployment's mode
+    prompt_ids: list[int] | None = None  # input_ids: the prompt already tokenized (then `prompt` is "")
+    end_id: int | None = None  # the token that ends the request; None: the target's eos ids
 
 
 
@@ -66,9 +67,18 @@ def _text(value, name: str) -> str:
         raise RequestError(f"{name}: not valid UTF-8 (byte {e.start})") from None
 
 
-def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
-    """Values of one request; prompt length is checked after tokenization (`check_lengths`)."""
-    text = inputs.get("text_input")
+def _prompt(inputs: dict[str, np.ndarray]) -> tuple[str, list[int] | None]:
+    """The prompt: text (`text_input`) or token ids (`input_ids`, what the tensorrt_llm model forwards)."""
+    text, ids = inputs.get("text_input"), inputs.get("input_ids")
+    if text is not None and ids is not None:
+        raise RequestError("text_input: give text_input or input_ids, not both")
+    if ids is not None:
+        arr = np.asarray(ids)
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise RequestError(f"input_ids: expected integer token ids, got {arr.dtype}")
+        if arr.size == 0:
+            raise RequestError("input_ids: empty prompt")
+        return "", [int(v) for v in arr.reshape(-1)]
     if text is None:
         raise RequestError("text_input: required")
     flat = np.asarray(text).reshape(-1)
@@ -77,14 +87,20 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     prompt = _text(flat[0], "text_input")
     if not prompt:
         raise RequestError("text_input: empty prompt")
+    return prompt, None
 
+
+def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
+    """Values of one request; prompt length is checked after tokenization (`check_lengths`)."""
+    prompt, prompt_ids = _prompt(inputs)
     max_tokens = _scalar(inputs, "max_tokens", int)
     if max_tokens is None:
         raise RequestError("max_tokens: required")
     if max_tokens <= 0:
         raise RequestError(f"max_tokens: must be > 0, got {max_tokens}")
 
-    req = GenerationRequest(prompt=prompt, max_tokens=max_tokens)
+    req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, prompt_ids=prompt_ids)
+    req.end_id = _scalar(inputs, "end_id", int)
     temperature = _scalar(inputs, "temperature", float)
     if temperature is not None:
         if not np.isfinite(temperature) or temperature < 0:
@@ -110,6 +126,9 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
         req.draft_len = draft_len
     mode = inputs.get("mode")
     if mode is not None:
+        # Imported here: the dialect models (serve/dialect_model.py) use this module without torch.
+        from trtllm_dflash.reference.generate import MODES
+
         flat = np.asarray(mode).reshape(-1)
         if flat.size != 1:
             raise RequestError(f"mode: expected one value, got {flat.size}")
@@ -150,3 +169,11 @@ def check_lengths(prompt_tokens: int, max_tokens: int, limits: Limits, prompt_fi
             f"{max_tokens_field}: {max_tokens} > {room} (build limit max_seq_len {limits.max_seq_len} minus "
             f"{prompt_tokens} prompt tokens)"
         )
+
+
+def check_token_ids(ids: list[int], vocab_size: int, field: str = "input_ids") -> None:
+    """Token ids a client sent are in the vocabulary (one out of range would fail the whole batched
+    round it joins, not just its own request)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")

@@ -52,12 +52,22 @@ class Variant:
         return {k: v for k, v in (("mode", self.mode), ("draft_len", self.draft_len)) if v is not None}
 
 
-def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None):
+def batch_first(model: str) -> bool:
+    """The model takes batch-first [1, 1] requests: the text models of tensorrtllm_backend's dialect
+    (`ensemble`, `tensorrt_llm_bls`, deploy/dialect.py); same input names as dflash otherwise."""
+    from trtllm_dflash.deploy.dialect import DIALECT_MODELS
+
+    return DIALECT_MODELS.get(model, ("",))[0] == "text"
+
+
+def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None,
+            batched: bool = False):
     import tritonclient.grpc.aio as grpcclient
 
     def tensor(name, dtype, value):
-        t = grpcclient.InferInput(name, [1], dtype)
-        t.set_data_from_numpy(np.array([value], dtype=object if dtype == "BYTES" else None))
+        arr = np.array([[value]] if batched else [value], dtype=object if dtype == "BYTES" else None)
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
         return t
 
     return [
@@ -77,7 +87,7 @@ async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, m
 
     request = {
         "model_name": model,
-        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings),
+        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, batch_first(model)),
         "outputs": [grpcclient.InferRequestedOutput(name) for name in OUTPUTS],
         "request_id": str(record.request_id),
     }

@@ -112,6 +112,9 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     name = model or recipe.serve.model_name
     if protocol == "openai":
         name = openai_model(url, name) if model is None else name
+    elif name == "tensorrt_llm":
+        raise UserError("--model tensorrt_llm: that model takes token ids; sweep drives text models (dflash, "
+                        "ensemble, tensorrt_llm_bls)")
     else:
         _check_inputs(url, name, protocol, variants)
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)

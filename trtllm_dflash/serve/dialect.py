@@ -1,0 +1,216 @@
+"""Requests and responses of the TensorRT-LLM-on-Triton dialect, mapped to and from the `dflash`
+model (pure: numpy only, no Triton, no torch; the Triton side is serve/dialect_model.py).
+
+Two kinds (deploy/dialect.py declares the tensors):
+- "text": `ensemble` and `tensorrt_llm_bls` (text in, `text_output` out);
+- "ids": `tensorrt_llm` (`input_ids` in, `output_ids` / `sequence_length` out).
+Requests are batch-first, one prompt each ([1, 1] scalars). What upstream does that we mirror,
+read in TensorRT-LLM `triton_backend/`: the client `inflight_batcher_llm/client/
+inflight_batcher_llm_client.py` (commit 000a01de) collects streamed `output_ids[0][0]` as the new
+tokens of each response and prepends the prompt itself unless it set exclude_input_in_output,
+while a non-streamed response holds prompt and output (the executor's default
+excludeInputFromOutput is false). The text models follow the same rule on text.
+
+Honoured: the prompt, max_tokens / request_output_len, end_id, stop_words, temperature, top_k,
+top_p, seed (or the older `random_seed`), stream / streaming, exclude_input_in_output, and the
+return_perf_metrics / return_num_output_tokens outputs; pad_id and length_penalty are accepted
+and change nothing (one sequence, never padded; length_penalty only scores beams). Refused per
+request, by name: whatever needs beams, several sequences, adapters, prompt tables, images,
+guided decoding, logits or penalties (`refusal`). Zeros, false and empty strings count as absent
+(clients send neutral defaults).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtllm_dflash.serve.requests import RequestError
+
+# name -> why we cannot honour it (any non-neutral value is refused with this reason).
+UNSUPPORTED = {
+    **dict.fromkeys(("lora_task_id", "lora_weights", "lora_config"), "LoRA adapters are not served (the drafter is "
+                    "trained on the base target)"),
+    **dict.fromkeys(("prompt_embedding_table", "prompt_vocab_size", "prompt_table_extra_id", "prompt_table_extra_ids"),
+                    "prompt tables are not served"),
+    **dict.fromkeys(("image_input", "image_bytes_input", "image_url_input", "video_bytes_input",
+                     "encoder_input_features"), "multimodal inputs are not served (text only)"),
+    **dict.fromkeys(("decoder_text_input", "decoder_input_ids"), "encoder-decoder models are not served"),
+    **dict.fromkeys(("embedding_bias", "embedding_bias_words", "embedding_bias_weights"),
+                    "logit biases are not applied by the DFlash verifier"),
+    **dict.fromkeys(("guided_decoding_guide_type", "guided_decoding_guide"), "guided decoding is not served"),
+    **dict.fromkeys(("draft_input_ids", "draft_logits", "draft_acceptance_threshold", "num_draft_tokens",
+                     "use_draft_logits"), "drafts come from the DFlash drafter (use draft_len for the drafts per round)"),
+    **dict.fromkeys(("runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids",
+                     "beam_search_diversity_rate", "early_stopping"), "not supported by the DFlash sampler"),
+    **dict.fromkeys(("bad_words", "bad_words_list"), "bad words are not applied by the DFlash verifier"),
+    "stop_words_list": "token-id stop sequences are not supported (the ensemble takes stop_words as text)",
+    "return_log_probs": "per-token log-probs are not returned by this deployment yet",
+    "return_context_logits": "logits are not returned",
+    "return_generation_logits": "logits are not returned",
+    "stop": "stop requests are not supported: cancel the request instead",
+}
+# name -> (the value that changes nothing, why another one cannot be honoured)
+NEUTRAL = {
+    "beam_width": (1, "DFlash decodes one beam; send beam_width 1"),
+    "num_return_sequences": (1, "one sequence per request"),
+    "repetition_penalty": (1.0, "penalties are not applied by the DFlash verifier"),
+    "presence_penalty": (0.0, "penalties are not applied by the DFlash verifier"),
+    "frequency_penalty": (0.0, "penalties are not applied by the DFlash verifier"),
+    "min_tokens": (1, "min_tokens is not supported (end_id may end a request after its first token)"),
+}
+NEUTRAL_ALSO = {"num_return_sequences": (0,), "min_tokens": (0,)}  # values meaning "unset" upstream too
+
+# The dialect's names of the inputs it maps, per kind: (prompt, max tokens, streaming flag).
+NAMES = {"text": ("text_input", "max_tokens", "stream"), "ids": ("input_ids", "request_output_len", "streaming")}
+RENAMED = {"runtime_top_k": "top_k", "runtime_top_p": "top_p"}  # the tensorrt_llm model's names
+PASSED = ("end_id", "temperature", "top_k", "top_p", "draft_len", "mode")  # same name, same meaning at dflash
+DFLASH_OUTPUTS = ("text_output", "output_token_count", "total_output_tokens", "rounds", "total_draft_tokens",
+                  "total_accepted_draft_tokens", "acceptance_length", "finish_reason")
+STATS = DFLASH_OUTPUTS[1:]  # sent as they are (batch-first)
+
+
+@dataclass
+class Forward:
+    """One dialect request as a dflash request, and how to answer it."""
+
+    kind: str  # "text" | "ids"
+    inputs: dict[str, np.ndarray]  # the dflash model's inputs
+    stream: bool
+    outputs: list[str]  # the dialect outputs each response carries
+    echo: bytes | list[int] | None = None  # the prompt, put before the output of a non-streamed response
+
+    @property
+    def dflash_outputs(self) -> list[str]:
+        return list(DFLASH_OUTPUTS) + (["output_ids"] if self.kind == "ids" else [])
+
+
+def _flat(inputs: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """A batch-first input of one request, batch dimension dropped (a batch of several prompts is refused)."""
+    arr = np.asarray(inputs[name])
+    if arr.ndim == 0 or arr.shape[0] != 1:
+        raise RequestError(f"{name}: shape {list(arr.shape)}: send one prompt per request (batch dimension 1)")
+    return arr[0]
+
+
+def _scalar(inputs: dict[str, np.ndarray], name: str):
+    flat = _flat(inputs, name).reshape(-1)
+    if flat.size != 1:
+        raise RequestError(f"{name}: expected one value, got {flat.size}")
+    return flat[0]
+
+
+def _neutral(arr: np.ndarray) -> bool:
+    return all(not bool(v) for v in np.asarray(arr).reshape(-1))
+
+
+def refusal(name: str, arr: np.ndarray) -> str | None:
+    """Why input `name` with this value cannot be honoured, None when it can."""
+    if name in UNSUPPORTED:
+        return None if _neutral(arr) else f"{name}: {UNSUPPORTED[name]}"
+    if name in NEUTRAL:
+        value = np.asarray(arr).reshape(-1)
+        ok, why = NEUTRAL[name]
+        if value.size and any(v != ok and v not in NEUTRAL_ALSO.get(name, ()) for v in value.tolist()):
+            return f"{name}: {value.tolist()[0]} is not supported ({why})"
+    return None
+
+
+def _flag(inputs: dict[str, np.ndarray], name: str, default: bool) -> bool:
+    return bool(_scalar(inputs, name)) if name in inputs else default
+
+
+def to_dflash(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | None = None) -> Forward:
+    """The dflash request for a dialect request (inputs as received, batch-first); RequestError
+    names the first input that cannot be honoured."""
+    for name, arr in inputs.items():
+        why = refusal(name, arr)
+        if why:
+            raise RequestError(why)
+    if kind == "text" and _flag(inputs, "return_num_input_tokens", False):
+        raise RequestError("return_num_input_tokens: the text models do not count prompt tokens (tensorrt_llm does)")
+    prompt_name, max_name, stream_name = NAMES[kind]
+    for name in (prompt_name, max_name):
+        if name not in inputs:
+            raise RequestError(f"{name}: required")
+    out = {"max_tokens": np.array([_scalar(inputs, max_name)], dtype=np.int32)}
+    prompt = _prompt(kind, inputs)
+    out["text_input" if kind == "text" else "input_ids"] = prompt
+    for name, arr in inputs.items():
+        dflash_name = RENAMED.get(name, name)
+        if dflash_name in PASSED:
+            out[dflash_name] = _flat(inputs, name).reshape(-1)
+    out.update(_seed(inputs))
+    if kind == "text" and "stop_words" in inputs:
+        words = [w for w in _flat(inputs, "stop_words").reshape(-1) if bytes(w)]
+        if words:
+            out["stop_words"] = np.array(words, dtype=object)
+    stream = _flag(inputs, stream_name, False)
+    out["stream"] = np.array([stream])
+    echo = None
+    if not stream and not _flag(inputs, "exclude_input_in_output", False):
+        echo = bytes(prompt[0]) if kind == "text" else prompt.tolist()
+    return Forward(kind, out, stream, _outputs(kind, inputs, requested), echo)
+
+
+def _prompt(kind: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    if kind == "text":
+        return np.array([_scalar(inputs, "text_input")], dtype=object)
+    ids = _flat(inputs, "input_ids").reshape(-1)
+    if "input_lengths" in inputs:  # upstream reads the first input_lengths ids (a padded batch)
+        n = int(_scalar(inputs, "input_lengths"))
+        if not 0 < n <= ids.size:
+            raise RequestError(f"input_lengths: {n} does not fit input_ids of {ids.size} tokens")
+        ids = ids[:n]
+    return ids.astype(np.int32)
+
+
+def _seed(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    given = [n for n in ("seed", "random_seed") if n in inputs]
+    if len(given) == 2:
+        raise RequestError("random_seed: give seed or random_seed, not both")
+    return {"seed": _flat(inputs, given[0]).reshape(-1).astype(np.uint64)} if given else {}
+
+
+def _outputs(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | None) -> list[str]:
+    """The outputs to send: those the client asked for, else the main one, our statistics and the
+    template outputs its return_* flags ask for."""
+    if requested:
+        return list(requested)
+    main = ["text_output"] if kind == "text" else ["output_ids", "sequence_length"]
+    extra = ["total_draft_tokens", "total_accepted_draft_tokens"]
+    if _flag(inputs, "return_perf_metrics", False):
+        extra.append("acceptance_rate")
+    if _flag(inputs, "return_num_output_tokens", False):
+        extra.append("num_output_tokens")
+    if _flag(inputs, "return_num_input_tokens", False):
+        extra.append("num_input_tokens")
+    return main + [n for n in STATS if n not in extra] + extra
+
+
+def is_last(outs: dict[str, np.ndarray]) -> bool:
+    """A dflash response that completes its request (dflash sends its final flag with it)."""
+    reason = outs.get("finish_reason")
+    return reason is not None and bool(np.asarray(reason).reshape(-1)[0])
+
+
+def to_dialect(fwd: Forward, outs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One dflash response (1-D tensors) as the dialect's batch-first outputs of `fwd`."""
+    one = {n: np.asarray(v).reshape(-1) for n, v in outs.items()}
+    total = int(one["total_output_tokens"][0])
+    drafted, accepted = int(one["total_draft_tokens"][0]), int(one["total_accepted_draft_tokens"][0])
+    values = {n: one[n][:1] for n in STATS}
+    values["acceptance_rate"] = np.array([accepted / drafted if drafted else 0.0], dtype=np.float32)
+    values["num_output_tokens"] = np.array([total], dtype=np.int32)
+    if fwd.kind == "text":
+        text = bytes(one["text_output"][0])
+        values["text_output"] = np.array([fwd.echo + text if fwd.echo is not None else text], dtype=object)
+    else:
+        ids = one["output_ids"].astype(np.int32).tolist()
+        if fwd.echo is not None:
+            ids = list(fwd.echo) + ids
+        values["output_ids"] = np.array([ids], dtype=np.int32)  # [beam 1, tokens]
+        values["sequence_length"] = np.array([len(ids)], dtype=np.int32)
+        values["num_input_tokens"] = np.array([fwd.inputs["input_ids"].size], dtype=np.int32)
+    return {n: values[n][None, ...] for n in fwd.outputs if n in values}  # batch dimension first
