@@ -104,6 +104,7 @@ TRTLLM_INPUTS = (
     Tensor("draft_logits", F32, (-1, -1), optional=True),
     Tensor("draft_acceptance_threshold", F32, optional=True),
     Tensor("decoder_input_ids", I32, (-1,), optional=True),
+    Tensor("decoder_input_lengths", I32, optional=True),
     Tensor("encoder_input_features", F16, (-1, -1), optional=True),
     Tensor("runtime_top_p_min", F32, optional=True),
     Tensor("runtime_top_p_decay", F32, optional=True),
@@ -111,6 +112,17 @@ TRTLLM_INPUTS = (
     Tensor("early_stopping", B, optional=True),
     Tensor("beam_search_diversity_rate", F32, optional=True),
     Tensor("prompt_table_extra_ids", U64, (-1,), optional=True),
+    Tensor("encoder_output_lengths", I32, optional=True),
+    Tensor("cross_attention_mask", B, (-1, -1), optional=True),
+    Tensor("mrope_rotary_cos_sin", F32, (-1,), optional=True),
+    Tensor("mrope_position_deltas", mc.TYPE_INT64, optional=True),
+    Tensor("context_phase_params", U8, (-1,), optional=True),
+    Tensor("skip_cross_attn_blocks", B, optional=True),
+    *(Tensor(f"retention_token_range_{n}", I32, (-1,), optional=True) for n in ("starts", "ends", "priorities",
+                                                                               "durations_ms")),
+    Tensor("retention_decode_priority", I32, optional=True),
+    Tensor("retention_decode_duration_ms", I32, optional=True),
+    *(Tensor(f"lookahead_{n}", I32, optional=True) for n in ("window_size", "ngram_size", "verification_set_size")),
     *(Tensor(_TRTLLM_RENAMED.get(t.name, t.name), t.dtype, t.dims, t.optional) for t in _COMMON),
     *_EXTRA_INPUTS,
 )
@@ -118,6 +130,11 @@ TRTLLM_INPUTS = (
 # The speculative statistics and progress of the dflash model, batch-first here.
 _STATS = tuple(t for t in DFLASH_OUTPUTS if t.name not in ("text_output", "output_ids", "total_draft_tokens",
                                                                "total_accepted_draft_tokens"))
+# Upstream's outputs, declared so that a client may name any of them. Sent: the speculative counts,
+# acceptance_rate, num_*_tokens and the request's timestamps as this model sees them
+# (return_perf_metrics); never sent: log-probs and logits (refused when asked), batch and
+# sequence index (one sequence), KV-cache block counts and first_scheduled_time_ns (the dflash
+# engine does not report them).
 _TEMPLATE_OUTPUTS = (
     Tensor("cum_log_probs", F32, (-1,)),
     Tensor("output_log_probs", F32, (-1, -1)),
@@ -125,6 +142,13 @@ _TEMPLATE_OUTPUTS = (
     Tensor("generation_logits", F32, (-1, -1, -1)),
     Tensor("batch_index", I32),
     Tensor("sequence_index", I32),
+    Tensor("kv_cache_alloc_new_blocks", I32),
+    Tensor("kv_cache_reused_blocks", I32),
+    Tensor("kv_cache_alloc_total_blocks", I32),
+    Tensor("arrival_time_ns", mc.TYPE_INT64),
+    Tensor("first_scheduled_time_ns", mc.TYPE_INT64),
+    Tensor("first_token_time_ns", mc.TYPE_INT64),
+    Tensor("last_token_time_ns", mc.TYPE_INT64),
     Tensor("acceptance_rate", F32),
     Tensor("total_accepted_draft_tokens", I32),
     Tensor("total_draft_tokens", I32),
@@ -132,8 +156,8 @@ _TEMPLATE_OUTPUTS = (
     Tensor("num_output_tokens", I32),
 )
 TEXT_OUTPUTS = (Tensor("text_output", S, (-1,)),) + _TEMPLATE_OUTPUTS + _STATS
-TRTLLM_OUTPUTS = (Tensor("output_ids", I32, (-1, -1)), Tensor("sequence_length", I32, (-1,))) + _TEMPLATE_OUTPUTS \
-    + _STATS
+TRTLLM_OUTPUTS = (Tensor("output_ids", I32, (-1, -1)), Tensor("sequence_length", I32, (-1,)),
+                  Tensor("context_phase_params", U8, (-1,))) + _TEMPLATE_OUTPUTS + _STATS
 
 # model name -> (kind, inputs, outputs); the kind is what serve/dialect.py maps.
 DIALECT_MODELS = {

@@ -36,7 +36,15 @@ UNSUPPORTED = {
                     "prompt tables are not served"),
     **dict.fromkeys(("image_input", "image_bytes_input", "image_url_input", "video_bytes_input",
                      "encoder_input_features"), "multimodal inputs are not served (text only)"),
-    **dict.fromkeys(("decoder_text_input", "decoder_input_ids"), "encoder-decoder models are not served"),
+    **dict.fromkeys(("decoder_text_input", "decoder_input_ids", "decoder_input_lengths", "encoder_output_lengths", "cross_attention_mask",
+                     "skip_cross_attn_blocks"), "encoder-decoder models are not served"),
+    **dict.fromkeys(("mrope_rotary_cos_sin", "mrope_position_deltas"), "multimodal inputs are not served (text only)"),
+    "context_phase_params": "disaggregated serving is not supported",
+    **dict.fromkeys(("retention_token_range_starts", "retention_token_range_ends", "retention_token_range_priorities",
+                     "retention_token_range_durations_ms", "retention_decode_priority", "retention_decode_duration_ms"),
+                    "KV-cache retention priorities are not applied"),
+    **dict.fromkeys(("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"),
+                    "lookahead decoding is not served (DFlash is the speculative decoder)"),
     **dict.fromkeys(("embedding_bias", "embedding_bias_words", "embedding_bias_weights"),
                     "logit biases are not applied by the DFlash verifier"),
     **dict.fromkeys(("guided_decoding_guide_type", "guided_decoding_guide"), "guided decoding is not served"),
@@ -61,6 +69,9 @@ NEUTRAL = {
     "min_tokens": (1, "min_tokens is not supported (end_id may end a request after its first token)"),
 }
 NEUTRAL_ALSO = {"num_return_sequences": (0,), "min_tokens": (0,)}  # values meaning "unset" upstream too
+# Accepted, and they change nothing here.
+IGNORED = {"pad_id": "one sequence per request, never padded", "length_penalty": "scores beams only",
+           "len_penalty": "scores beams only"}
 
 # The dialect's names of the inputs it maps, per kind: (prompt, max tokens, streaming flag).
 NAMES = {"text": ("text_input", "max_tokens", "stream"), "ids": ("input_ids", "request_output_len", "streaming")}
@@ -69,6 +80,15 @@ PASSED = ("end_id", "temperature", "top_k", "top_p", "draft_len", "mode")  # sam
 DFLASH_OUTPUTS = ("text_output", "output_token_count", "total_output_tokens", "rounds", "total_draft_tokens",
                   "total_accepted_draft_tokens", "acceptance_length", "finish_reason")
 STATS = DFLASH_OUTPUTS[1:]  # sent as they are (batch-first)
+MAPPED = ("seed", "random_seed", "stop_words", "exclude_input_in_output", "input_lengths", "return_perf_metrics",
+          "return_num_input_tokens", "return_num_output_tokens")  # read by to_dflash itself
+PERF = ("acceptance_rate", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns")  # return_perf_metrics
+
+
+def handled(name: str) -> bool:
+    """Every input a dialect model declares is mapped, accepted as a no-op, or refused by name."""
+    return (name in UNSUPPORTED or name in NEUTRAL or name in IGNORED or name in MAPPED or name in PASSED
+            or name in RENAMED or any(name in names for names in NAMES.values()))
 
 
 @dataclass
@@ -80,6 +100,8 @@ class Forward:
     stream: bool
     outputs: list[str]  # the dialect outputs each response carries
     echo: bytes | list[int] | None = None  # the prompt, put before the output of a non-streamed response
+    arrival_ns: int = 0  # wall clock (ns) when the request arrived, and when its first tokens went out
+    first_ns: int = 0
 
     @property
     def dflash_outputs(self) -> list[str]:
@@ -121,7 +143,8 @@ def _flag(inputs: dict[str, np.ndarray], name: str, default: bool) -> bool:
     return bool(_scalar(inputs, name)) if name in inputs else default
 
 
-def to_dflash(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | None = None) -> Forward:
+def to_dflash(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
+              now_ns: int = 0) -> Forward:
     """The dflash request for a dialect request (inputs as received, batch-first); RequestError
     names the first input that cannot be honoured."""
     for name, arr in inputs.items():
@@ -151,7 +174,7 @@ def to_dflash(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | N
     echo = None
     if not stream and not _flag(inputs, "exclude_input_in_output", False):
         echo = bytes(prompt[0]) if kind == "text" else prompt.tolist()
-    return Forward(kind, out, stream, _outputs(kind, inputs, requested), echo)
+    return Forward(kind, out, stream, _outputs(kind, inputs, requested), echo, arrival_ns=now_ns)
 
 
 def _prompt(kind: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -181,7 +204,7 @@ def _outputs(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | No
     main = ["text_output"] if kind == "text" else ["output_ids", "sequence_length"]
     extra = ["total_draft_tokens", "total_accepted_draft_tokens"]
     if _flag(inputs, "return_perf_metrics", False):
-        extra.append("acceptance_rate")
+        extra += PERF
     if _flag(inputs, "return_num_output_tokens", False):
         extra.append("num_output_tokens")
     if _flag(inputs, "return_num_input_tokens", False):
@@ -195,14 +218,18 @@ def is_last(outs: dict[str, np.ndarray]) -> bool:
     return reason is not None and bool(np.asarray(reason).reshape(-1)[0])
 
 
-def to_dialect(fwd: Forward, outs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One dflash response (1-D tensors) as the dialect's batch-first outputs of `fwd`."""
+def to_dialect(fwd: Forward, outs: dict[str, np.ndarray], now_ns: int = 0) -> dict[str, np.ndarray]:
+    """One dflash response (1-D tensors) as the dialect's batch-first outputs of `fwd`, sent at `now_ns`."""
     one = {n: np.asarray(v).reshape(-1) for n, v in outs.items()}
+    fwd.first_ns = fwd.first_ns or now_ns
     total = int(one["total_output_tokens"][0])
     drafted, accepted = int(one["total_draft_tokens"][0]), int(one["total_accepted_draft_tokens"][0])
     values = {n: one[n][:1] for n in STATS}
     values["acceptance_rate"] = np.array([accepted / drafted if drafted else 0.0], dtype=np.float32)
     values["num_output_tokens"] = np.array([total], dtype=np.int32)
+    for name, ns in (("arrival_time_ns", fwd.arrival_ns), ("first_token_time_ns", fwd.first_ns),
+                     ("last_token_time_ns", now_ns)):
+        values[name] = np.array([ns], dtype=np.int64)
     if fwd.kind == "text":
         text = bytes(one["text_output"][0])
         values["text_output"] = np.array([fwd.echo + text if fwd.echo is not None else text], dtype=object)

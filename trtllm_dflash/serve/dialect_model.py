@@ -52,7 +52,7 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         inputs[name] = tensor.as_numpy()
-                fwd = to_dflash(self.kind, inputs, request.requested_output_names())
+                fwd = to_dflash(self.kind, inputs, request.requested_output_names(), now_ns=time.time_ns())
             except RequestError as e:
                 _error(sender, str(e))
                 continue
@@ -84,7 +84,7 @@ class TritonPythonModel:
             if not outs:  # dflash's empty final response: the request was cancelled
                 break
             last = is_last(outs)
-            out = [pb_utils.Tensor(n, v) for n, v in to_dialect(fwd, outs).items()]
+            out = [pb_utils.Tensor(n, v) for n, v in to_dialect(fwd, outs, time.time_ns()).items()]
             sender.send(pb_utils.InferenceResponse(out), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
             if last:
                 return
