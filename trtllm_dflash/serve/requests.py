@@ -13,6 +13,16 @@ import numpy as np
 
 
 
+def __getattr__(name: str):
+    """`MODES` (reference/generate.py), imported on first use: the dialect models' stubs
+    (serve/dialect_model.py) load this module and need no torch."""
+    if name == "MODES":
+        from trtllm_dflash.reference.generate import MODES
+
+        return MODES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class RequestError(ValueError):
     pass
 
@@ -126,8 +136,7 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
         req.draft_len = draft_len
     mode = inputs.get("mode")
     if mode is not None:
-        # Imported here: the dialect models (serve/dialect_model.py) use this module without torch.
-        from trtllm_dflash.reference.generate import MODES
+        from trtllm_dflash.reference.generate import MODES  # here: see __getattr__
 
         flat = np.asarray(mode).reshape(-1)
         if flat.size != 1:

@@ -52,16 +52,10 @@ class Variant:
         return {k: v for k, v in (("mode", self.mode), ("draft_len", self.draft_len)) if v is not None}
 
 
-def batch_first(model: str) -> bool:
-    """The model takes batch-first [1, 1] requests: the text models of tensorrtllm_backend's dialect
-    (`ensemble`, `tensorrt_llm_bls`, deploy/dialect.py); same input names as dflash otherwise."""
-    from trtllm_dflash.deploy.dialect import DIALECT_MODELS
-
-    return DIALECT_MODELS.get(model, ("",))[0] == "text"
-
-
 def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None,
             batched: bool = False):
+    """The request's inputs; `batched`: batch-first [1, 1] tensors, for a model with max_batch_size > 0
+    (tensorrtllm_backend's `ensemble` and `tensorrt_llm_bls`, ours or upstream's: same input names)."""
     import tritonclient.grpc.aio as grpcclient
 
     def tensor(name, dtype, value):
@@ -81,13 +75,13 @@ def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, setting
 
 
 async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
-                       temperature: float, settings: dict | None = None):
+                       temperature: float, settings: dict | None = None, batched: bool = False):
     """Responses of one gRPC streaming request, as dicts of the dflash model's outputs."""
     import tritonclient.grpc.aio as grpcclient
 
     request = {
         "model_name": model,
-        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, batch_first(model)),
+        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, batched),
         "outputs": [grpcclient.InferRequestedOutput(name) for name in OUTPUTS],
         "request_id": str(record.request_id),
     }
@@ -239,7 +233,7 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
                     max_tokens: int, seed: int, temperature: float, on_done=None, protocol: str = "grpc",
-                    variant: Variant = Variant("dflash"), repeat: int = 0) -> list[RequestRecord]:
+                    variant: Variant = Variant("dflash"), repeat: int = 0, batched: bool = False) -> list[RequestRecord]:
     """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
     time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve."""
     settings = variant.settings()
@@ -260,7 +254,8 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         client = grpcclient.InferenceServerClient(url)
 
         async def send(rec, prompt, s):
-            return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings))
+            return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings,
+                                                    batched))
 
         async def close():
             await client.close()
@@ -306,10 +301,10 @@ class SweepResult:
 
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int, gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
-              variants: list[Variant] = (Variant("dflash"),), repeats: int = 1) -> SweepResult:
+              variants: list[Variant] = (Variant("dflash"),), repeats: int = 1, batched: bool = False) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
     inside a repeat the curves (so slow drift of the machine hits every curve alike). A curve's
-    row at a level is its repeat of median throughput."""
+    row at a level is its repeat of median throughput. `batched`: the model is batch-first (`_inputs`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     per: dict[tuple[str, int], list[LevelSummary]] = {}
@@ -324,7 +319,7 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                     task = progress.add_task(label, total=n)
                     recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
                                                  on_done=lambda _: progress.advance(task), protocol=protocol,
-                                                 variant=v, repeat=r))
+                                                 variant=v, repeat=r, batched=batched))
                     per.setdefault((v.name, c), []).append(summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len))
                     all_records += recs
     rows = [median_repeat(per[(v.name, c)]) for v in variants for c in levels]
