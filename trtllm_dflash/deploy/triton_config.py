@@ -45,6 +45,7 @@ DFLASH_INPUTS = (
     Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
     Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
     Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
+    Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),  # text_output without special tokens (eos); default false
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response

@@ -64,6 +64,7 @@ class Job:
     draft_len: int | None = None  # this request's drafts per round (0 = speculation off); None: the policy's
     mode: str | None = None  # this request's decoding: "ar" | "dflash" | "ddtree"; None: the engine's mode
     tag: str = ""  # the front end's id of the request (timestamps of serve/trace.py name it)
+    skip_special_tokens: bool = False  # the text leaves special tokens (eos) out
     # Progress, kept by the engine.
     tokens: list[int] = field(default_factory=list)
     sent: str = ""
@@ -278,7 +279,7 @@ class ServingEngine:
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
                 if observe and self.policy is not None:
                     self.policy.observe(rid, drafted, len(toks) - 1)
-            text = self.tokenizer.decode(job.tokens)
+            text = self.tokenizer.decode(job.tokens, skip_special_tokens=job.skip_special_tokens)
             hits = [text.find(w) for w in job.stop_words if w in text]
             if hits and done is None:
                 text, done = text[: min(hits)], "stop"

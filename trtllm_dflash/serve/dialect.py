@@ -85,10 +85,49 @@ MAPPED = ("seed", "random_seed", "stop_words", "exclude_input_in_output", "input
 PERF = ("acceptance_rate", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns")  # return_perf_metrics
 
 
+# What the mapped inputs become (docs/migrate-from-tensorrtllm-backend.md's table is `describe`'s).
+MAPPED_AS = {
+    "text_input": "the prompt (dflash `text_input`)",
+    "input_ids": "the prompt as token ids (dflash `input_ids`), cut at `input_lengths`",
+    "input_lengths": "cuts `input_ids` (upstream's padded batches)",
+    "max_tokens": "dflash `max_tokens`",
+    "request_output_len": "dflash `max_tokens`",
+    "stream": "dflash `stream`: one response per verify round, carrying only the new text / tokens",
+    "streaming": "dflash `stream`: one response per verify round, carrying only the new text / tokens",
+    "end_id": "ends the request at that token, included (default: the target's eos ids)",
+    "temperature": "dflash `temperature` (0: greedy)",
+    "top_k": "dflash `top_k`", "runtime_top_k": "dflash `top_k`",
+    "top_p": "dflash `top_p`", "runtime_top_p": "dflash `top_p`",
+    "seed": "dflash `seed`", "random_seed": "dflash `seed` (the input's name before TensorRT-LLM 0.10)",
+    "stop_words": "dflash `stop_words`: the output ends before the first stop word",
+    "exclude_input_in_output": "unset or false: a non-streamed answer starts with the prompt (text or ids); "
+                               "streamed answers never do",
+    "return_perf_metrics": "adds acceptance_rate, arrival_time_ns, first_token_time_ns, last_token_time_ns",
+    "return_num_output_tokens": "adds num_output_tokens",
+    "return_num_input_tokens": "tensorrt_llm: adds num_input_tokens; text models: refused",
+    "draft_len": "ours: drafts per verify round for this request (0: speculation off)",
+    "mode": "ours: `ar`, `dflash` or `ddtree` for this request",
+}
+
+
+def describe(name: str) -> str:
+    """What a dialect model does with input `name`, in a phrase."""
+    if name in MAPPED_AS:
+        return MAPPED_AS[name]
+    if name in IGNORED:
+        return f"accepted, no effect ({IGNORED[name]})"
+    if name in NEUTRAL:
+        ok, why = NEUTRAL[name]
+        return f"{ok} only; other values refused ({why})"
+    if name in UNSUPPORTED:
+        return f"refused when set ({UNSUPPORTED[name]})"
+    raise KeyError(name)
+
+
 def handled(name: str) -> bool:
     """Every input a dialect model declares is mapped, accepted as a no-op, or refused by name."""
-    return (name in UNSUPPORTED or name in NEUTRAL or name in IGNORED or name in MAPPED or name in PASSED
-            or name in RENAMED or any(name in names for names in NAMES.values()))
+    mapped = name in MAPPED or name in PASSED or name in RENAMED or any(name in n for n in NAMES.values())
+    return (mapped and name in MAPPED_AS) or name in UNSUPPORTED or name in NEUTRAL or name in IGNORED
 
 
 @dataclass
@@ -171,6 +210,8 @@ def to_dflash(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | N
             out["stop_words"] = np.array(words, dtype=object)
     stream = _flag(inputs, stream_name, False)
     out["stream"] = np.array([stream])
+    if kind == "text":  # upstream's postprocessing decodes with skip_special_tokens, True unless configured
+        out["skip_special_tokens"] = np.array([True])
     echo = None
     if not stream and not _flag(inputs, "exclude_input_in_output", False):
         echo = bytes(prompt[0]) if kind == "text" else prompt.tolist()
@@ -235,6 +276,11 @@ def to_dialect(fwd: Forward, outs: dict[str, np.ndarray], now_ns: int = 0) -> di
         values["text_output"] = np.array([fwd.echo + text if fwd.echo is not None else text], dtype=object)
     else:
         ids = one["output_ids"].astype(np.int32).tolist()
+        if ids and is_last(outs) and bytes(one["finish_reason"][0]) == b"stop":
+            # The end token: no stop words reach this model, so "stop" is the end id (or eos). The
+            # executor stops at it without returning it (NVIDIA/TensorRT-LLM#2190); dflash includes it.
+            ids = ids[:-1]
+            values["num_output_tokens"] = np.array([total - 1], dtype=np.int32)
         if fwd.echo is not None:
             ids = list(fwd.echo) + ids
         values["output_ids"] = np.array([ids], dtype=np.int32)  # [beam 1, tokens]

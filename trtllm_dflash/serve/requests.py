@@ -47,6 +47,7 @@ class GenerationRequest:
     mode: str | None = None  # "ar" | "dflash" | "ddtree" for this request; None: the deployment's mode
     prompt_ids: list[int] | None = None  # input_ids: the prompt already tokenized (then `prompt` is "")
     end_id: int | None = None  # the token that ends the request; None: the target's eos ids
+    skip_special_tokens: bool = False  # text_output leaves special tokens (eos) out
 
 
 
@@ -147,6 +148,9 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     stream = inputs.get("stream")
     if stream is not None:
         req.stream = bool(np.asarray(stream).reshape(-1)[0])
+    skip = inputs.get("skip_special_tokens")
+    if skip is not None:
+        req.skip_special_tokens = bool(np.asarray(skip).reshape(-1)[0])
     exclude = inputs.get("exclude_input_in_output")
     if exclude is not None and not bool(np.asarray(exclude).reshape(-1)[0]):
         raise RequestError("exclude_input_in_output: only true is supported (the prompt is never echoed)")

@@ -181,7 +181,8 @@ class TritonPythonModel:
             emitter = _Emitter(sender, req.stream, request.request_id(), self.engine.trace, names, self.outbox)
             self.engine.submit(Job(ids, req.max_tokens, emitter, sampling,
                                    stop_token_ids=None if req.end_id is None else [req.end_id], stop_words=req.stop_words, cancelled=emitter.is_cancelled, draft_len=req.draft_len,
-                                   mode=req.mode, tag=request.request_id()))
+                                   mode=req.mode, tag=request.request_id(),
+                                   skip_special_tokens=req.skip_special_tokens))
         return None
 
     def finalize(self):
