@@ -55,11 +55,26 @@ def test_a_text_request_becomes_a_dflash_request_the_dflash_parser_accepts():
     fwd = to_dflash("text", text(random_seed=one(7, np.uint64), stop_words=np.array([[b"\n", b""]], dtype=object),
                                  end_id=one(3, np.int32), pad_id=one(0, np.int32), beam_width=one(1, np.int32),
                                  repetition_penalty=one(1.0, np.float32), prompt_vocab_size=one(0, np.int32),
-                                 temperature=one(0.5, np.float32), stream=one(True, bool)))
+                                 temperature=one(0.5, np.float32), top_p=one(0.9, np.float32),
+                                 stream=one(True, bool)))
     req = parse_request(fwd.inputs)  # what the dflash model will make of it
-    assert (req.prompt, req.max_tokens, req.seed, req.stop_words, req.end_id, req.temperature, req.stream) == \
-        ("hi", 8, 7, ["\n"], 3, 0.5, True)
+    assert (req.prompt, req.max_tokens, req.seed, req.stop_words, req.end_id, req.temperature, req.top_p,
+            req.top_k, req.stream) == ("hi", 8, 7, ["\n"], 3, 0.5, np.float32(0.9), 0, True)
     assert fwd.echo is None  # streamed: never the prompt
+
+
+@pytest.mark.parametrize("sampling,want", [
+    ({}, (0.0, 0, 1.0)),  # upstream's defaults: top_k 0 and top_p 0 decode greedily
+    ({"temperature": 1.0}, (0.0, 0, 1.0)),  # whatever the temperature
+    ({"temperature": 0.7, "top_k": 1}, (0.0, 0, 1.0)),  # top_k 1 is greedy too
+    ({"top_k": 5}, (1.0, 5, 1.0)),  # sampling, upstream's temperature default 1.0
+    ({"temperature": 0.5, "top_k": 5, "top_p": 0.0}, (0.5, 5, 1.0)),  # top_p 0 with a top_k: no top-p
+    ({"top_p": 0.5}, (1.0, 0, 0.5)),
+])
+def test_sampling_follows_upstream_defaults(sampling, want):
+    dtypes = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32}
+    req = parse_request(to_dflash("text", text(**{k: one(v, dtypes[k]) for k, v in sampling.items()})).inputs)
+    assert (req.temperature, req.top_k, req.top_p) == pytest.approx(want)
 
 
 def test_token_ids_are_cut_at_input_lengths_and_echoed_when_not_streamed():

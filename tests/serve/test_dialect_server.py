@@ -136,7 +136,8 @@ def ids_request(ids, max_tokens=16, streaming=True, beam_width=1, **extra):
     inputs = [batch_first("input_ids", [np.int32(i) for i in ids], "INT32"),
               batch_first("input_lengths", np.int32(len(ids)), "INT32"),
               batch_first("request_output_len", np.int32(max_tokens), "INT32"),
-              batch_first("streaming", streaming, "BOOL"), batch_first("beam_width", np.int32(beam_width), "INT32")]
+              batch_first("streaming", streaming, "BOOL"), batch_first("beam_width", np.int32(beam_width), "INT32"),
+              batch_first("temperature", np.float32(1.0), "FP32")]  # the client's default: greedy all the same
     return inputs + [batch_first(name, value, dtype) for name, (value, dtype) in extra.items()]
 
 

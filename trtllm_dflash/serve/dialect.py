@@ -76,7 +76,8 @@ IGNORED = {"pad_id": "one sequence per request, never padded", "length_penalty":
 # The dialect's names of the inputs it maps, per kind: (prompt, max tokens, streaming flag).
 NAMES = {"text": ("text_input", "max_tokens", "stream"), "ids": ("input_ids", "request_output_len", "streaming")}
 RENAMED = {"runtime_top_k": "top_k", "runtime_top_p": "top_p"}  # the tensorrt_llm model's names
-PASSED = ("end_id", "temperature", "top_k", "top_p", "draft_len", "mode")  # same name, same meaning at dflash
+PASSED = ("end_id", "draft_len", "mode")  # same name, same meaning at dflash
+SAMPLING = ("temperature", "top_k", "top_p")  # read by `_sampling` (the tensorrt_llm model's names RENAMED)
 DFLASH_OUTPUTS = ("text_output", "output_token_count", "total_output_tokens", "rounds", "total_draft_tokens",
                   "total_accepted_draft_tokens", "acceptance_length", "finish_reason")
 STATS = DFLASH_OUTPUTS[1:]  # sent as they are (batch-first)
@@ -95,9 +96,10 @@ MAPPED_AS = {
     "stream": "dflash `stream`: one response per verify round, carrying only the new text / tokens",
     "streaming": "dflash `stream`: one response per verify round, carrying only the new text / tokens",
     "end_id": "ends the request at that token, included (default: the target's eos ids)",
-    "temperature": "dflash `temperature` (0: greedy)",
-    "top_k": "dflash `top_k`", "runtime_top_k": "dflash `top_k`",
-    "top_p": "dflash `top_p`", "runtime_top_p": "dflash `top_p`",
+    "temperature": "dflash `temperature`; default 1.0 when sampling (upstream's)",
+    **dict.fromkeys(("top_k", "runtime_top_k"), "dflash `top_k`; top_k and top_p both 0 or unset (or top_k 1): "
+                    "greedy, whatever the temperature, as upstream"),
+    **dict.fromkeys(("top_p", "runtime_top_p"), "dflash `top_p`; 0 or unset: no top-p"),
     "seed": "dflash `seed`", "random_seed": "dflash `seed` (the input's name before TensorRT-LLM 0.10)",
     "stop_words": "dflash `stop_words`: the output ends before the first stop word",
     "exclude_input_in_output": "unset or false: a non-streamed answer starts with the prompt (text or ids); "
@@ -126,7 +128,8 @@ def describe(name: str) -> str:
 
 def handled(name: str) -> bool:
     """Every input a dialect model declares is mapped, accepted as a no-op, or refused by name."""
-    mapped = name in MAPPED or name in PASSED or name in RENAMED or any(name in n for n in NAMES.values())
+    mapped = (name in MAPPED or name in PASSED or name in SAMPLING or name in RENAMED
+              or any(name in n for n in NAMES.values()))
     return (mapped and name in MAPPED_AS) or name in UNSUPPORTED or name in NEUTRAL or name in IGNORED
 
 
@@ -199,11 +202,11 @@ def to_dflash(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | N
     out = {"max_tokens": np.array([_scalar(inputs, max_name)], dtype=np.int32)}
     prompt = _prompt(kind, inputs)
     out["text_input" if kind == "text" else "input_ids"] = prompt
-    for name, arr in inputs.items():
-        dflash_name = RENAMED.get(name, name)
-        if dflash_name in PASSED:
-            out[dflash_name] = _flat(inputs, name).reshape(-1)
+    for name in PASSED:
+        if name in inputs:
+            out[name] = _flat(inputs, name).reshape(-1)
     out.update(_seed(inputs))
+    out.update(_sampling(inputs))
     if kind == "text" and "stop_words" in inputs:
         words = [w for w in _flat(inputs, "stop_words").reshape(-1) if bytes(w)]
         if words:
@@ -228,6 +231,23 @@ def _prompt(kind: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
             raise RequestError(f"input_lengths: {n} does not fit input_ids of {ids.size} tokens")
         ids = ids[:n]
     return ids.astype(np.int32)
+
+
+def _sampling(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Upstream's sampling rule in dflash's terms. TensorRT-LLM's sampling layers turn top_k 0 with
+    top_p 0 (the defaults when unset) into top_k 1, i.e. greedy whatever the temperature
+    (cpp/tensorrt_llm/layers/topPSamplingLayer.cpp, setTopPRuntimeArgs), and its temperature
+    defaults to 1.0; dflash reads temperature 0 as greedy and unset top_k / top_p as off."""
+    values = {RENAMED.get(n, n): _scalar(inputs, n) for n in (*SAMPLING, *RENAMED) if n in inputs}
+    top_k, top_p = int(values.get("top_k", 0)), float(values.get("top_p", 0.0))
+    if top_k <= 1 and top_p == 0.0:
+        return {"temperature": np.array([0.0], np.float32)}
+    out = {"temperature": np.array([values.get("temperature", 1.0)], np.float32)}
+    if top_k > 0:
+        out["top_k"] = np.array([top_k], np.int32)
+    if top_p > 0.0:
+        out["top_p"] = np.array([top_p], np.float32)
+    return out
 
 
 def _seed(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ itself would hold a second copy of the weights and its own KV pool and scheduler
 one decoder, one in-flight batch and one KV pool for every interface, and costs a local
 round trip per response. Upstream's `tensorrt_llm_bls` does the same towards its `tensorrt_llm`
 model (TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/
-triton_decoder.py`, commit b959d9bd: `exec(decoupled=True)` and one response per response).
+triton_decoder.py`, commit 07f3e442: `_exec_triton_request` runs `exec(decoupled=True)`).
 
 Each request is forwarded on a thread of its own, so `execute` returns at once and one model
 instance carries any number of concurrent streams. The dflash model sends its final flag with
