@@ -12,6 +12,7 @@ import functools
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -204,3 +205,29 @@ def test_sweep_drives_the_ensemble_model(served, tmp_path):
     assert all((lv["tau"] == 1.0 and lv["draft_per_round"] == 0) == (lv["curve"] == "ar") for lv in summary["levels"])
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert rows and all(row["text"] for row in rows if not row["warmup"])
+
+
+def test_a_cancelled_stream_stops_its_dflash_request(served):
+    """The bundled Triton's BLS cannot cancel what it forwarded (no ResponseIterator.cancel before
+    python_backend PR #398): the model stops it with a `stop` request to dflash instead."""
+    recipe, server = served
+
+    async def cancel_after_first():
+        client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
+
+        async def requests():
+            yield {"model_name": "ensemble", "inputs": text_request(max_tokens=120)}
+
+        it = client.stream_infer(inputs_iterator=requests())
+        async for _ in it:
+            it.cancel()
+            break
+        await client.close()
+
+    asyncio.run(cancel_after_first())
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "dflash request stopped" not in server.log_path.read_text():
+        time.sleep(0.2)
+    assert "dflash request stopped" in server.log_path.read_text()
+    got, error = stream(server.endpoints.grpc_url, "ensemble", text_request(max_tokens=6))
+    assert error is None and got

@@ -46,6 +46,9 @@ DFLASH_INPUTS = (
     Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
     Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
     Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),  # text_output without special tokens (eos); default false
+    # true: cancel the running request that has this request's id (how the dialect models cancel
+    # what they forwarded where Triton's BLS cannot; upstream's tensorrt_llm model takes `stop` so)
+    Tensor("stop", mc.TYPE_BOOL, optional=True),
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response

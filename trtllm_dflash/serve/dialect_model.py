@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -56,7 +57,9 @@ class TritonPythonModel:
             except RequestError as e:
                 _error(sender, str(e))
                 continue
-            threading.Thread(target=self._forward, args=(fwd, sender, request.request_id()),
+            # Our own id for the forwarded request: a `stop` request names it (client ids need not be unique).
+            forward_id = f"{self.name}-{uuid.uuid4().hex}"
+            threading.Thread(target=self._forward, args=(fwd, sender, forward_id),
                              name=f"{self.name}-forward", daemon=True).start()
         return None
 
@@ -91,10 +94,22 @@ class TritonPythonModel:
             if time.monotonic() - checked >= CANCEL_CHECK_S:
                 checked = time.monotonic()
                 if sender.is_cancelled():
-                    if hasattr(responses, "cancel"):
-                        responses.cancel()
+                    self._cancel(responses, request_id)
                     break
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _cancel(self, responses, request_id: str) -> None:
+        """The client left: cancel the forwarded request. Triton's BLS response iterator has no
+        cancel() before triton-inference-server/python_backend PR #398 (the bundled 24.10 stub has
+        none), so dflash is told with a `stop` request naming the forwarded request's id, as
+        upstream's BLS stops its tensorrt_llm requests (triton_decoder.py send_cancellation_request)."""
+        stop = pb_utils.InferenceRequest(
+            model_name=self.target, request_id=request_id, requested_output_names=["finish_reason"],
+            inputs=[pb_utils.Tensor("stop", np.array([True])), pb_utils.Tensor("max_tokens", np.array([1], np.int32))])
+        answer = list(stop.exec(decoupled=True))
+        error = next((r.error().message() for r in answer if r.has_error()), None)
+        pb_utils.Logger.log_info(f"{self.name}: client cancelled {request_id}: "
+                                 + (f"dflash did not stop it ({error})" if error else "dflash request stopped"))
 
     def finalize(self):
         pass

@@ -24,6 +24,7 @@ import json
 import queue
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,11 @@ def _response(update, names) -> "pb_utils.InferenceResponse":
     """The outputs `names` of one update (a client that asks for some outputs gets only those)."""
     return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.array(OUTPUTS[n][0](update), dtype=OUTPUTS[n][1]).reshape(-1))
                                        for n in names])
+
+
+def _flag(request, name: str) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
 
 
 class _Outbox:
@@ -136,6 +142,7 @@ class TritonPythonModel:
             return
         self.tokenizer, self.limits, self.engine = self.deployed.tokenizer, self.deployed.limits, self.deployed.engine
         self.outbox = _Outbox()
+        self.running: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # request id -> its _Emitter
         d = self.deployed
         import torch
 
@@ -159,6 +166,9 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"error: {self.deployed.model.failed}")),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
+            if _flag(request, "stop"):
+                self._stop(request.request_id(), sender)
+                continue
             try:
                 inputs = {}
                 for name in INPUTS:
@@ -179,11 +189,25 @@ class TritonPythonModel:
                                       seed=req.seed if req.seed is not None else 0)
             names = [n for n in request.requested_output_names() if n in OUTPUTS] or DEFAULT_OUTPUTS
             emitter = _Emitter(sender, req.stream, request.request_id(), self.engine.trace, names, self.outbox)
+            if request.request_id():
+                self.running[request.request_id()] = emitter
             self.engine.submit(Job(ids, req.max_tokens, emitter, sampling,
                                    stop_token_ids=None if req.end_id is None else [req.end_id], stop_words=req.stop_words, cancelled=emitter.is_cancelled, draft_len=req.draft_len,
                                    mode=req.mode, tag=request.request_id(),
                                    skip_special_tokens=req.skip_special_tokens))
         return None
+
+    def _stop(self, request_id: str, sender) -> None:
+        """A `stop` request: the running request with this id is cancelled at the engine's next round
+        (it then gets its empty final response); the stop request is answered at once."""
+        emitter = self.running.get(request_id) if request_id else None
+        if emitter is None:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"stop: no running request has id {request_id!r}")), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        emitter.cancelled = True
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("finish_reason", np.array([b"cancelled"], dtype=object))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
         if self.deployed is not None:
