@@ -231,3 +231,25 @@ def test_a_cancelled_stream_stops_its_dflash_request(served):
     assert "dflash request stopped" in server.log_path.read_text()
     got, error = stream(server.endpoints.grpc_url, "ensemble", text_request(max_tokens=6))
     assert error is None and got
+
+
+def test_concurrent_requests_on_every_model_share_the_engine_and_stay_exact(served):
+    recipe, server = served
+    prompts = [f"def f{i}(x):\n    return x + {i}" for i in range(6)]
+    tok = tokenizer(recipe)
+    models = ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"] * 2
+
+    def inputs(model, prompt):
+        if model == "tensorrt_llm":
+            return ids_request(tok(prompt)["input_ids"], 12)
+        return text_request(prompt, 12)
+
+    async def many():
+        return await asyncio.gather(*(_stream(server.endpoints.grpc_url, m, inputs(m, p)) for m, p in zip(models, prompts)))
+
+    for model, prompt, (got, error) in zip(models, prompts, asyncio.run(many())):
+        assert error is None
+        if model == "tensorrt_llm":
+            assert [t for r in got for t in r["output_ids"][0][0].tolist()] == reference_ids(recipe, tok(prompt)["input_ids"], 12)
+        else:
+            assert "".join(r["text_output"][0, 0].decode() for r in got) == reference_text(recipe, prompt, 12)
