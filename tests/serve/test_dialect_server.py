@@ -76,8 +76,8 @@ def batch_first(name, value, dtype):
 
 
 def text_request(prompt=PROMPT, max_tokens=16, stream=True, **extra):
-    inputs = [batch_first("text_input", prompt.encode(), "BYTES"), batch_first("max_tokens", np.int32(max_tokens), "INT32"),
-              batch_first("stream", stream, "BOOL")]
+    inputs = [batch_first("text_input", prompt.encode(), "BYTES"),
+              batch_first("max_tokens", np.int32(max_tokens), "INT32"), batch_first("stream", stream, "BOOL")]
     return inputs + [batch_first(name, value, dtype) for name, (value, dtype) in extra.items()]
 
 
@@ -245,11 +245,13 @@ def test_concurrent_requests_on_every_model_share_the_engine_and_stay_exact(serv
         return text_request(prompt, 12)
 
     async def many():
-        return await asyncio.gather(*(_stream(server.endpoints.grpc_url, m, inputs(m, p)) for m, p in zip(models, prompts)))
+        url = server.endpoints.grpc_url
+        return await asyncio.gather(*(_stream(url, m, inputs(m, p)) for m, p in zip(models, prompts)))
 
     for model, prompt, (got, error) in zip(models, prompts, asyncio.run(many())):
         assert error is None
         if model == "tensorrt_llm":
-            assert [t for r in got for t in r["output_ids"][0][0].tolist()] == reference_ids(recipe, tok(prompt)["input_ids"], 12)
+            want = reference_ids(recipe, tok(prompt)["input_ids"], 12)
+            assert [t for r in got for t in r["output_ids"][0][0].tolist()] == want
         else:
             assert "".join(r["text_output"][0, 0].decode() for r in got) == reference_text(recipe, prompt, 12)

@@ -88,7 +88,8 @@ class TritonPythonModel:
                 break
             last = is_last(outs)
             out = [pb_utils.Tensor(n, v) for n, v in to_dialect(fwd, outs, time.time_ns()).items()]
-            sender.send(pb_utils.InferenceResponse(out), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0)
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0
+            sender.send(pb_utils.InferenceResponse(out), flags=flags)
             if last:
                 return
             if time.monotonic() - checked >= CANCEL_CHECK_S:

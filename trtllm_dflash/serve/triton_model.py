@@ -53,8 +53,8 @@ DEFAULT_OUTPUTS = [n for n in OUTPUTS if n != "output_ids"]
 
 def _response(update, names) -> "pb_utils.InferenceResponse":
     """The outputs `names` of one update (a client that asks for some outputs gets only those)."""
-    return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.array(OUTPUTS[n][0](update), dtype=OUTPUTS[n][1]).reshape(-1))
-                                       for n in names])
+    return pb_utils.InferenceResponse([
+        pb_utils.Tensor(n, np.array(OUTPUTS[n][0](update), dtype=OUTPUTS[n][1]).reshape(-1)) for n in names])
 
 
 def _flag(request, name: str) -> bool:
@@ -192,7 +192,8 @@ class TritonPythonModel:
             if request.request_id():
                 self.running[request.request_id()] = emitter
             self.engine.submit(Job(ids, req.max_tokens, emitter, sampling,
-                                   stop_token_ids=None if req.end_id is None else [req.end_id], stop_words=req.stop_words, cancelled=emitter.is_cancelled, draft_len=req.draft_len,
+                                   stop_token_ids=None if req.end_id is None else [req.end_id],
+                                   stop_words=req.stop_words, cancelled=emitter.is_cancelled, draft_len=req.draft_len,
                                    mode=req.mode, tag=request.request_id(),
                                    skip_special_tokens=req.skip_special_tokens))
         return None
@@ -201,13 +202,14 @@ class TritonPythonModel:
         """A `stop` request: the running request with this id is cancelled at the engine's next round
         (it then gets its empty final response); the stop request is answered at once."""
         emitter = self.running.get(request_id) if request_id else None
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if emitter is None:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f"stop: no running request has id {request_id!r}")), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            error = pb_utils.TritonError(f"stop: no running request has id {request_id!r}")
+            sender.send(pb_utils.InferenceResponse(error=error), flags=final)
             return
         emitter.cancelled = True
-        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("finish_reason", np.array([b"cancelled"], dtype=object))]),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        reason = pb_utils.Tensor("finish_reason", np.array([b"cancelled"], dtype=object))
+        sender.send(pb_utils.InferenceResponse([reason]), flags=final)
 
     def finalize(self):
         if self.deployed is not None:
