@@ -279,7 +279,9 @@ class ServingEngine:
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
                 if observe and self.policy is not None:
                     self.policy.observe(rid, drafted, len(toks) - 1)
-            text = self.tokenizer.decode(job.tokens, skip_special_tokens=job.skip_special_tokens)
+            # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
+            text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens
+                    else self.tokenizer.decode(job.tokens))
             hits = [text.find(w) for w in job.stop_words if w in text]
             if hits and done is None:
                 text, done = text[: min(hits)], "stop"
