@@ -8,16 +8,17 @@ Requests are batch-first, one prompt each ([1, 1] scalars). What upstream does t
 read in TensorRT-LLM `triton_backend/`: the client `inflight_batcher_llm/client/
 inflight_batcher_llm_client.py` (commit 000a01de) collects streamed `output_ids[0][0]` as the new
 tokens of each response and prepends the prompt itself unless it set exclude_input_in_output,
-while a non-streamed response holds prompt and output (the executor's default
-excludeInputFromOutput is false). The text models follow the same rule on text.
+and expects a non-streamed response to hold prompt and output unless it set it. The text models
+follow the same rule on text.
 
 Honoured: the prompt, max_tokens / request_output_len, end_id, stop_words, temperature, top_k,
-top_p, seed (or the older `random_seed`), stream / streaming, exclude_input_in_output, and the
+top_p (with upstream's greedy default, `_sampling`), seed (or the older `random_seed`), stream /
+streaming, exclude_input_in_output, and the
 return_perf_metrics / return_num_output_tokens outputs; pad_id and length_penalty are accepted
 and change nothing (one sequence, never padded; length_penalty only scores beams). Refused per
 request, by name: whatever needs beams, several sequences, adapters, prompt tables, images,
 guided decoding, logits or penalties (`refusal`). Zeros, false and empty strings count as absent
-(clients send neutral defaults).
+(clients send neutral defaults). `handled` checks that every declared input is one of these.
 """
 
 from __future__ import annotations
