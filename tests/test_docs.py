@@ -69,8 +69,41 @@ def test_engine_tp_placement_table_is_the_rule_s():
         "docs/engine-tp.md's placement table is stale: paste `python tests/test_docs.py placement-table`")
 
 
+def dialect_table() -> str:
+    """docs/migrate-from-tensorrtllm-backend.md's input table: every input the three dialect models
+    declare (deploy/dialect.py) and what they do with it (serve/dialect.py describe)."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from trtllm_dflash.deploy.dialect import DIALECT_MODELS
+    from trtllm_dflash.serve.dialect import describe
+
+    models = list(DIALECT_MODELS)
+    names: dict[str, object] = {}
+    for m in models:
+        for t in DIALECT_MODELS[m][1]:
+            names.setdefault(t.name, t)
+    rows = ["| input | " + " | ".join(f"`{m}`" for m in models) + " | type, dims | here |",
+            "|---|" + "---|" * len(models) + "---|---|"]
+    for name, t in names.items():
+        has = ["yes" if any(i.name == name for i in DIALECT_MODELS[m][1]) else "" for m in models]
+        kind = mc.DataType.Name(t.dtype).removeprefix("TYPE_")
+        rows.append(f"| `{name}` | " + " | ".join(has) + f" | {kind} {list(t.dims)} | {describe(name)} |")
+    return "\n".join(rows)
+
+
+def test_migration_doc_input_table_is_the_code_s():
+    doc = (ROOT / "docs" / "migrate-from-tensorrtllm-backend.md").read_text()
+    block = re.search(r"<!-- dialect-table:start -->\n(.*)\n<!-- dialect-table:end -->", doc, re.S)
+    assert block, "docs/migrate-from-tensorrtllm-backend.md lost its dialect-table markers"
+    assert block.group(1) == dialect_table(), (
+        "the migration doc's input table is stale: paste `python tests/test_docs.py dialect-table`")
+    assert "docs/migrate-from-tensorrtllm-backend.md" in (ROOT / "README.md").read_text()
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["placement-table"]:
         print(placement_table())
+    if sys.argv[1:] == ["dialect-table"]:
+        print(dialect_table())

@@ -32,6 +32,9 @@ CASES = {
     "reference.config.pbtxt": ("recipes/cpu/tiny-pystd.yaml", (), "model_repository/dflash/config.pbtxt"),
     "reference.recipe.yaml": ("recipes/cpu/tiny-pystd.yaml", (), "model_repository/dflash/1/recipe.yaml"),
     "engine.config.pbtxt": ("recipes/hopper/h100-qwen3-8b-fp8.yaml", (), "model_repository/dflash/config.pbtxt"),
+    # tensorrtllm_backend's interface beside dflash (deploy/dialect.py), the same on both backends.
+    **{f"dialect.{m}.config.pbtxt": ("recipes/cpu/tiny-pystd.yaml", (), f"model_repository/{m}/config.pbtxt")
+       for m in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")},
     # Every pytorch recipe, at the TensorRT-LLM version it names (1.3.0) and at 1.4.
     **{f"pytorch-{key}.{name}": (path, (), inner) for key, path in PYTORCH_RECIPES.items()
        for name, inner in PYTORCH_FILES.items()},
@@ -73,6 +76,8 @@ def test_repository_layout_and_manifest(tmp_path):
         "model_repository/dflash/config.pbtxt",
         "model_repository/dflash/1/model.py",
         "model_repository/dflash/1/recipe.yaml",
+        *(f"model_repository/{m}/{f}" for m in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")
+          for f in ("config.pbtxt", "1/model.py")),
     }
     assert m.input == {"stage": "convert", "path": str(src.resolve()), "manifest_sha256": manifest_sha256(src)}
     assert m.extra["artifact"] == str(src.resolve())

@@ -208,9 +208,11 @@ def _serve_triton(repository: Path, endpoints, model_name: str, stop) -> None:
     from trtllm_dflash.serve.launch import TritonServer
 
     with TritonServer(repository, endpoints) as server:
+        beside = sorted(p.name for p in Path(repository).iterdir() if p.is_dir() and p.name != model_name)
         print(
             f"ready: model {model_name!r} on http://{endpoints.http_url} grpc {endpoints.grpc_url} "
-            f"metrics http://{endpoints.host}:{endpoints.metrics_port}/metrics",
+            f"metrics http://{endpoints.host}:{endpoints.metrics_port}/metrics"
+            + (f" (also {', '.join(beside)}: docs/migrate-from-tensorrtllm-backend.md)" if beside else ""),
             flush=True,
         )
         while not stop.wait(0.5):

@@ -32,8 +32,10 @@ class Tensor:
 
 # Requests of the dflash model (one prompt per request; Triton batching off, the engine batches in flight).
 DFLASH_INPUTS = (
-    Tensor("text_input", mc.TYPE_STRING),
+    Tensor("text_input", mc.TYPE_STRING, optional=True),  # required unless input_ids is given
     Tensor("max_tokens", mc.TYPE_INT32),
+    Tensor("input_ids", mc.TYPE_INT32, (-1,), optional=True),  # a tokenized prompt instead of text_input
+    Tensor("end_id", mc.TYPE_INT32, optional=True),  # the token that ends this request (default: the target's eos)
     Tensor("temperature", mc.TYPE_FP32, optional=True),
     Tensor("top_p", mc.TYPE_FP32, optional=True),
     Tensor("top_k", mc.TYPE_INT32, optional=True),
@@ -43,6 +45,10 @@ DFLASH_INPUTS = (
     Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
     Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
     Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
+    Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),  # text_output without special tokens (eos); default false
+    # true: cancel the running request that has this request's id (how the dialect models cancel
+    # what they forwarded where Triton's BLS cannot; upstream's tensorrt_llm model takes `stop` so)
+    Tensor("stop", mc.TYPE_BOOL, optional=True),
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response
@@ -53,6 +59,7 @@ DFLASH_OUTPUTS = (
     Tensor("total_accepted_draft_tokens", mc.TYPE_INT32),
     Tensor("acceptance_length", mc.TYPE_FP32),  # tau so far: committed tokens per verify pass
     Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
+    Tensor("output_ids", mc.TYPE_INT32, (-1,)),  # the tokens committed in this response; only when asked for
 )
 
 # The LLM-API model of TensorRT-LLM >= 1.3, as upstream declares it
@@ -110,8 +117,9 @@ def _model_config(
     instances: int,
     decoupled: bool,
     parameters: dict[str, str],
+    max_batch_size: int = 0,
 ) -> mc.ModelConfig:
-    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=0)
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
     for t in inputs:
         cfg.input.add(name=t.name, data_type=t.dtype, dims=list(t.dims), optional=t.optional)
     for t in outputs:

@@ -44,6 +44,7 @@ class Update:
     drafted: int  # draft tokens verified so far
     accepted: int  # draft tokens accepted so far
     finish_reason: str | None  # None while running, then "stop" | "length" | "cancelled" | "error: ..."
+    ids: list[int] = field(default_factory=list)  # the tokens committed in this update
 
     @property
     def acceptance_length(self) -> float:
@@ -63,6 +64,7 @@ class Job:
     draft_len: int | None = None  # this request's drafts per round (0 = speculation off); None: the policy's
     mode: str | None = None  # this request's decoding: "ar" | "dflash" | "ddtree"; None: the engine's mode
     tag: str = ""  # the front end's id of the request (timestamps of serve/trace.py name it)
+    skip_special_tokens: bool = False  # the text leaves special tokens (eos) out
     # Progress, kept by the engine.
     tokens: list[int] = field(default_factory=list)
     sent: str = ""
@@ -282,7 +284,9 @@ class ServingEngine:
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
                 if observe and self.policy is not None:
                     self.policy.observe(rid, drafted, len(toks) - 1)
-            text = self.tokenizer.decode(job.tokens)
+            # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
+            text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens
+                    else self.tokenizer.decode(job.tokens))
             hits = [text.find(w) for w in job.stop_words if w in text]
             if hits and done is None:
                 text, done = text[: min(hits)], "stop"
@@ -294,7 +298,7 @@ class ServingEngine:
                 text = text[: len(text) - _stop_prefix(text, job.stop_words)]  # may become a stop word
             delta = text[len(job.sent):] if text.startswith(job.sent) else ""
             job.sent += delta
-            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done))
+            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks)))
             if done is not None:
                 self._leave(jobs, rid)
 

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm_dflash.prompts.user import FALLBACK_CHAT_TEMPLATE, chat_prompt_ids  # noqa: F401  (the servers' chat rendering)
-from trtllm_dflash.reference.generate import MODES
+
+
+def __getattr__(name: str):
+    """`MODES` (reference/generate.py), imported on first use: the dialect models' stubs
+    (serve/dialect_model.py) load this module and need no torch."""
+    if name == "MODES":
+        from trtllm_dflash.reference.generate import MODES
+
+        return MODES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RequestError(ValueError):
@@ -37,6 +46,9 @@ class GenerationRequest:
     stream: bool = False
     draft_len: int | None = None  # drafts per round for this request (0 = speculation off); None: the server's policy
     mode: str | None = None  # "ar" | "dflash" | "ddtree" for this request; None: the deployment's mode
+    prompt_ids: list[int] | None = None  # input_ids: the prompt already tokenized (then `prompt` is "")
+    end_id: int | None = None  # the token that ends the request; None: the target's eos ids
+    skip_special_tokens: bool = False  # text_output leaves special tokens (eos) out
 
 
 
@@ -67,9 +79,18 @@ def _text(value, name: str) -> str:
         raise RequestError(f"{name}: not valid UTF-8 (byte {e.start})") from None
 
 
-def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
-    """Values of one request; prompt length is checked after tokenization (`check_lengths`)."""
-    text = inputs.get("text_input")
+def _prompt(inputs: dict[str, np.ndarray]) -> tuple[str, list[int] | None]:
+    """The prompt: text (`text_input`) or token ids (`input_ids`, what the tensorrt_llm model forwards)."""
+    text, ids = inputs.get("text_input"), inputs.get("input_ids")
+    if text is not None and ids is not None:
+        raise RequestError("text_input: give text_input or input_ids, not both")
+    if ids is not None:
+        arr = np.asarray(ids)
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise RequestError(f"input_ids: expected integer token ids, got {arr.dtype}")
+        if arr.size == 0:
+            raise RequestError("input_ids: empty prompt")
+        return "", [int(v) for v in arr.reshape(-1)]
     if text is None:
         raise RequestError("text_input: required")
     flat = np.asarray(text).reshape(-1)
@@ -78,14 +99,20 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     prompt = _text(flat[0], "text_input")
     if not prompt:
         raise RequestError("text_input: empty prompt")
+    return prompt, None
 
+
+def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
+    """Values of one request; prompt length is checked after tokenization (`check_lengths`)."""
+    prompt, prompt_ids = _prompt(inputs)
     max_tokens = _scalar(inputs, "max_tokens", int)
     if max_tokens is None:
         raise RequestError("max_tokens: required")
     if max_tokens <= 0:
         raise RequestError(f"max_tokens: must be > 0, got {max_tokens}")
 
-    req = GenerationRequest(prompt=prompt, max_tokens=max_tokens)
+    req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, prompt_ids=prompt_ids)
+    req.end_id = _scalar(inputs, "end_id", int)
     temperature = _scalar(inputs, "temperature", float)
     if temperature is not None:
         if not np.isfinite(temperature) or temperature < 0:
@@ -111,6 +138,8 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
         req.draft_len = draft_len
     mode = inputs.get("mode")
     if mode is not None:
+        from trtllm_dflash.reference.generate import MODES  # here: see __getattr__
+
         flat = np.asarray(mode).reshape(-1)
         if flat.size != 1:
             raise RequestError(f"mode: expected one value, got {flat.size}")
@@ -120,6 +149,9 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     stream = inputs.get("stream")
     if stream is not None:
         req.stream = bool(np.asarray(stream).reshape(-1)[0])
+    skip = inputs.get("skip_special_tokens")
+    if skip is not None:
+        req.skip_special_tokens = bool(np.asarray(skip).reshape(-1)[0])
     exclude = inputs.get("exclude_input_in_output")
     if exclude is not None and not bool(np.asarray(exclude).reshape(-1)[0]):
         raise RequestError("exclude_input_in_output: only true is supported (the prompt is never echoed)")
@@ -151,3 +183,11 @@ def check_lengths(prompt_tokens: int, max_tokens: int, limits: Limits, prompt_fi
             f"{max_tokens_field}: {max_tokens} > {room} (build limit max_seq_len {limits.max_seq_len} minus "
             f"{prompt_tokens} prompt tokens)"
         )
+
+
+def check_token_ids(ids: list[int], vocab_size: int, field: str = "input_ids") -> None:
+    """Token ids a client sent are in the vocabulary (one out of range would fail the whole batched
+    round it joins, not just its own request)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"{field}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")

@@ -24,13 +24,14 @@ import json
 import queue
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS
-from trtllm_dflash.serve.requests import RequestError, check_lengths, check_mode, parse_request
+from trtllm_dflash.serve.requests import RequestError, check_lengths, check_mode, check_token_ids, parse_request
 from trtllm_dflash.serve.trace import now
 
 INPUTS = tuple(t.name for t in DFLASH_INPUTS)  # what deploy declared in config.pbtxt
@@ -45,13 +46,20 @@ OUTPUTS = {  # name -> (value of an Update, dtype)
     "total_accepted_draft_tokens": (lambda u: u.accepted, np.int32),
     "acceptance_length": (lambda u: u.acceptance_length, np.float32),
     "finish_reason": (lambda u: (u.finish_reason or "").encode(), object),
+    "output_ids": (lambda u: u.ids, np.int32),  # sent only to a client that asks for it (the tensorrt_llm model)
 }
+DEFAULT_OUTPUTS = [n for n in OUTPUTS if n != "output_ids"]
 
 
 def _response(update, names) -> "pb_utils.InferenceResponse":
     """The outputs `names` of one update (a client that asks for some outputs gets only those)."""
-    return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.array([OUTPUTS[n][0](update)], dtype=OUTPUTS[n][1]))
-                                       for n in names])
+    return pb_utils.InferenceResponse([
+        pb_utils.Tensor(n, np.array(OUTPUTS[n][0](update), dtype=OUTPUTS[n][1]).reshape(-1)) for n in names])
+
+
+def _flag(request, name: str) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
 
 
 class _Outbox:
@@ -143,6 +151,7 @@ class TritonPythonModel:
         except Exception as e:  # a stub without custom metrics (or histograms): serve without them
             self.instruments = None
             pb_utils.Logger.log_warn(f"dflash: no speculative-decoding metrics on /metrics: {type(e).__name__}: {e}")
+        self.running: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # request id -> its _Emitter
         d = self.deployed
         import torch
 
@@ -166,6 +175,9 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"error: {self.deployed.model.failed}")),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
+            if _flag(request, "stop"):
+                self._stop(request.request_id(), sender)
+                continue
             try:
                 inputs = {}
                 for name in INPUTS:
@@ -174,20 +186,39 @@ class TritonPythonModel:
                         inputs[name] = tensor.as_numpy()
                 req = parse_request(inputs)
                 check_mode(req.mode, self.engine.ddtree_budget)
-                ids = self.tokenizer(req.prompt)["input_ids"]
-                check_lengths(len(ids), req.max_tokens, self.limits)
+                ids = req.prompt_ids if req.prompt_ids is not None else self.tokenizer(req.prompt)["input_ids"]
+                check_token_ids(ids, len(self.tokenizer))
+                check_lengths(len(ids), req.max_tokens, self.limits,
+                              prompt_field="text_input" if req.prompt_ids is None else "input_ids")
             except RequestError as e:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                                       seed=req.seed if req.seed is not None else 0)
-            names = [n for n in request.requested_output_names() if n in OUTPUTS] or list(OUTPUTS)
+            names = [n for n in request.requested_output_names() if n in OUTPUTS] or DEFAULT_OUTPUTS
             emitter = _Emitter(sender, req.stream, request.request_id(), self.engine.trace, names, self.outbox)
+            if request.request_id():
+                self.running[request.request_id()] = emitter
             self.engine.submit(Job(ids, req.max_tokens, emitter, sampling,
+                                   stop_token_ids=None if req.end_id is None else [req.end_id],
                                    stop_words=req.stop_words, cancelled=emitter.is_cancelled, draft_len=req.draft_len,
-                                   mode=req.mode, tag=request.request_id()))
+                                   mode=req.mode, tag=request.request_id(),
+                                   skip_special_tokens=req.skip_special_tokens))
         return None
+
+    def _stop(self, request_id: str, sender) -> None:
+        """A `stop` request: the running request with this id is cancelled at the engine's next round
+        (it then gets its empty final response); the stop request is answered at once."""
+        emitter = self.running.get(request_id) if request_id else None
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if emitter is None:
+            error = pb_utils.TritonError(f"stop: no running request has id {request_id!r}")
+            sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+            return
+        emitter.cancelled = True
+        reason = pb_utils.Tensor("finish_reason", np.array([b"cancelled"], dtype=object))
+        sender.send(pb_utils.InferenceResponse([reason]), flags=final)
 
     def finalize(self):
         if self.deployed is not None:
@@ -210,6 +241,7 @@ class _Emitter:
         self.sender, self.stream, self.tag, self.trace, self.names = sender, stream, tag, trace, names
         self.outbox = outbox
         self.text: list[str] = []
+        self.ids: list[int] = []
         self.tokens = 0
         self.cancelled, self.checked = False, time.monotonic()
 
@@ -248,9 +280,10 @@ class _Emitter:
                 return
         else:
             self.text.append(update.text)
+            self.ids.extend(update.ids)
             self.tokens += update.tokens
             if done:
-                update.text, update.tokens = "".join(self.text), self.tokens
+                update.text, update.tokens, update.ids = "".join(self.text), self.tokens, self.ids
                 self.sender.send(_response(update, self.names), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
         if done:

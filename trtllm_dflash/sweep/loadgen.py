@@ -52,12 +52,16 @@ class Variant:
         return {k: v for k, v in (("mode", self.mode), ("draft_len", self.draft_len)) if v is not None}
 
 
-def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None):
+def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None,
+            batched: bool = False):
+    """The request's inputs; `batched`: batch-first [1, 1] tensors, for a model with max_batch_size > 0
+    (tensorrtllm_backend's `ensemble` and `tensorrt_llm_bls`, ours or upstream's: same input names)."""
     import tritonclient.grpc.aio as grpcclient
 
     def tensor(name, dtype, value):
-        t = grpcclient.InferInput(name, [1], dtype)
-        t.set_data_from_numpy(np.array([value], dtype=object if dtype == "BYTES" else None))
+        arr = np.array([[value]] if batched else [value], dtype=object if dtype == "BYTES" else None)
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
         return t
 
     return [
@@ -71,13 +75,13 @@ def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, setting
 
 
 async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
-                       temperature: float, settings: dict | None = None):
+                       temperature: float, settings: dict | None = None, batched: bool = False):
     """Responses of one gRPC streaming request, as dicts of the dflash model's outputs."""
     import tritonclient.grpc.aio as grpcclient
 
     request = {
         "model_name": model,
-        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings),
+        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, batched),
         "outputs": [grpcclient.InferRequestedOutput(name) for name in OUTPUTS],
         "request_id": str(record.request_id),
     }
@@ -229,7 +233,7 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
                     max_tokens: int, seed: int, temperature: float, on_done=None, protocol: str = "grpc",
-                    variant: Variant = Variant("dflash"), repeat: int = 0) -> list[RequestRecord]:
+                    variant: Variant = Variant("dflash"), repeat: int = 0, batched: bool = False) -> list[RequestRecord]:
     """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
     time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve."""
     settings = variant.settings()
@@ -250,7 +254,8 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         client = grpcclient.InferenceServerClient(url)
 
         async def send(rec, prompt, s):
-            return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings))
+            return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings,
+                                                    batched))
 
         async def close():
             await client.close()
@@ -297,11 +302,12 @@ class SweepResult:
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int, gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
               variants: list[Variant] = (Variant("dflash"),), repeats: int = 1,
-              metrics_url: str | None = None) -> SweepResult:
+              metrics_url: str | None = None, batched: bool = False) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
     inside a repeat the curves (so slow drift of the machine hits every curve alike). A curve's
     row at a level is its repeat of median throughput. metrics_url: the server's Prometheus
-    /metrics, read before and after each run for its own tau (`server_tau`)."""
+    /metrics, read before and after each run for its own tau (`server_tau`). `batched`: the model
+    is batch-first (`_inputs`)."""
     from dataclasses import replace
 
     from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
@@ -321,7 +327,7 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                     before = scrape(metrics_url) if metrics_url else None
                     recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
                                                  on_done=lambda _: progress.advance(task), protocol=protocol,
-                                                 variant=v, repeat=r))
+                                                 variant=v, repeat=r, batched=batched))
                     row = summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len)
                     after = settled(metrics_url, model) if before is not None else None
                     if after is not None:

@@ -1,0 +1,119 @@
+"""tensorrtllm_backend's dialect without a server: the declared tensors (deploy/dialect.py) and the
+request / response mapping to the dflash model (serve/dialect.py). The served behaviour is
+tests/serve/test_dialect_server.py."""
+
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
+from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS
+from trtllm_dflash.recipe import load_recipe
+from trtllm_dflash.serve.dialect import handled, to_dflash, to_dialect
+from trtllm_dflash.serve.requests import RequestError, parse_request
+
+
+def one(value, dtype=None):
+    """A batch-first [1, 1] input."""
+    return np.array([[value]], dtype=dtype)
+
+
+def text(prompt=b"hi", max_tokens=8, **extra):
+    return {"text_input": one(prompt, object), "max_tokens": one(max_tokens, np.int32), **extra}
+
+
+@pytest.mark.parametrize("model", sorted(DIALECT_MODELS))
+def test_every_declared_input_is_mapped_ignored_or_refused(model):
+    _, inputs, _ = DIALECT_MODELS[model]
+    assert [t.name for t in inputs if not handled(t.name)] == []
+    assert len({t.name for t in inputs}) == len(inputs)
+
+
+@pytest.mark.parametrize("model,name,dtype,dims", [
+    # Upstream's 1.2.x templates (deploy/dialect.py names the files and commits).
+    ("ensemble", "text_input", mc.TYPE_STRING, [1]),
+    ("ensemble", "max_tokens", mc.TYPE_INT32, [1]),
+    ("ensemble", "stop_words", mc.TYPE_STRING, [-1]),
+    ("ensemble", "seed", mc.TYPE_UINT64, [1]),
+    ("tensorrt_llm_bls", "num_draft_tokens", mc.TYPE_INT32, [1]),
+    ("tensorrt_llm", "input_ids", mc.TYPE_INT32, [-1]),
+    ("tensorrt_llm", "stop_words_list", mc.TYPE_INT32, [2, -1]),
+    ("tensorrt_llm", "runtime_top_k", mc.TYPE_INT32, [1]),
+])
+def test_inputs_have_the_template_types_and_the_configs_are_batch_first(model, name, dtype, dims):
+    cfg = dialect_model_config(load_recipe(None), model)
+    assert cfg.max_batch_size > 0 and cfg.model_transaction_policy.decoupled
+    (t,) = [t for t in cfg.input if t.name == name]
+    assert (t.data_type, list(t.dims)) == (dtype, dims)
+    outputs = {t.name: (t.data_type, list(t.dims)) for t in cfg.output}
+    main = {"text_output": (mc.TYPE_STRING, [-1])} if model != "tensorrt_llm" else \
+        {"output_ids": (mc.TYPE_INT32, [-1, -1]), "sequence_length": (mc.TYPE_INT32, [-1])}
+    assert main.items() <= outputs.items() and "rounds" in outputs and "total_draft_tokens" in outputs
+
+
+def test_a_text_request_becomes_a_dflash_request_the_dflash_parser_accepts():
+    fwd = to_dflash("text", text(random_seed=one(7, np.uint64), stop_words=np.array([[b"\n", b""]], dtype=object),
+                                 end_id=one(3, np.int32), pad_id=one(0, np.int32), beam_width=one(1, np.int32),
+                                 repetition_penalty=one(1.0, np.float32), prompt_vocab_size=one(0, np.int32),
+                                 temperature=one(0.5, np.float32), top_p=one(0.9, np.float32),
+                                 stream=one(True, bool)))
+    req = parse_request(fwd.inputs)  # what the dflash model will make of it
+    assert (req.prompt, req.max_tokens, req.seed, req.stop_words, req.end_id, req.temperature, req.top_p,
+            req.top_k, req.stream) == ("hi", 8, 7, ["\n"], 3, 0.5, np.float32(0.9), 0, True)
+    assert fwd.echo is None  # streamed: never the prompt
+
+
+@pytest.mark.parametrize("sampling,want", [
+    ({}, (0.0, 0, 1.0)),  # upstream's defaults: top_k 0 and top_p 0 decode greedily
+    ({"temperature": 1.0}, (0.0, 0, 1.0)),  # whatever the temperature
+    ({"temperature": 0.7, "top_k": 1}, (0.0, 0, 1.0)),  # top_k 1 is greedy too
+    ({"top_k": 5}, (1.0, 5, 1.0)),  # sampling, upstream's temperature default 1.0
+    ({"temperature": 0.5, "top_k": 5, "top_p": 0.0}, (0.5, 5, 1.0)),  # top_p 0 with a top_k: no top-p
+    ({"top_p": 0.5}, (1.0, 0, 0.5)),
+])
+def test_sampling_follows_upstream_defaults(sampling, want):
+    dtypes = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32}
+    req = parse_request(to_dflash("text", text(**{k: one(v, dtypes[k]) for k, v in sampling.items()})).inputs)
+    assert (req.temperature, req.top_k, req.top_p) == pytest.approx(want)
+
+
+def test_token_ids_are_cut_at_input_lengths_and_echoed_when_not_streamed():
+    fwd = to_dflash("ids", {"input_ids": np.array([[5, 6, 7, 0]], np.int32), "input_lengths": one(3, np.int32),
+                            "request_output_len": one(4, np.int32), "runtime_top_k": one(2, np.int32)})
+    req = parse_request(fwd.inputs)
+    assert (req.prompt_ids, req.max_tokens, req.top_k, req.stream) == ([5, 6, 7], 4, 2, False)
+    out = to_dialect(fwd, {"output_ids": np.array([9, 10], np.int32), "total_output_tokens": np.array([2], np.int32),
+                           "total_draft_tokens": np.array([4], np.int32), "finish_reason": np.array([b"length"], object),
+                           "total_accepted_draft_tokens": np.array([1], np.int32), "rounds": np.array([1], np.int32),
+                           "output_token_count": np.array([2], np.int32),
+                           "acceptance_length": np.array([1.0], np.float32)})
+    assert out["output_ids"].tolist() == [[[5, 6, 7, 9, 10]]] and out["sequence_length"].tolist() == [[5]]
+    assert out["rounds"].shape == (1, 1) and out["finish_reason"][0, 0] == b"length"
+
+
+@pytest.mark.parametrize("inputs,message", [
+    (text(beam_width=one(2, np.int32)), "beam_width: 2 is not supported"),
+    (text(num_return_sequences=one(3, np.int32)), "num_return_sequences: 3"),
+    (text(presence_penalty=one(0.5, np.float32)), "presence_penalty: 0.5 is not supported"),
+    (text(lora_weights=np.ones((1, 2, 3), np.float16)), "lora_weights: LoRA"),
+    (text(return_log_probs=one(True, bool)), "return_log_probs"),
+    (text(bad_words=np.array([[b"x"]], dtype=object)), "bad_words"),
+    (text(return_num_input_tokens=one(True, bool)), "return_num_input_tokens"),
+    (text(seed=one(1, np.uint64), random_seed=one(2, np.uint64)), "random_seed: give seed or random_seed"),
+    ({"text_input": np.array([[b"a"], [b"b"]], object), "max_tokens": np.array([[1], [1]], np.int32)},
+     "shape [2, 1]: send one prompt per request"),
+    ({"text_input": one(b"a", object)}, "max_tokens: required"),
+])
+def test_what_cannot_be_honoured_is_named(inputs, message):
+    with pytest.raises(RequestError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        to_dflash("text", inputs)
+
+
+def test_the_dflash_model_still_needs_a_prompt():
+    names = {t.name for t in DFLASH_INPUTS}
+    assert {"input_ids", "end_id"} <= names
+    with pytest.raises(RequestError, match="text_input: required"):
+        parse_request({"max_tokens": np.array([3], np.int32)})
+    with pytest.raises(RequestError, match="give text_input or input_ids, not both"):
+        parse_request({"text_input": np.array([b"a"], object), "input_ids": np.array([1], np.int32),
+                       "max_tokens": np.array([3], np.int32)})

@@ -1,0 +1,116 @@
+"""The `ensemble`, `tensorrt_llm_bls` and `tensorrt_llm` models: thin Triton Python models that
+speak tensorrtllm_backend's dialect (deploy/dialect.py) and forward every request to the
+deployment's `dflash` model over decoupled BLS.
+
+Why BLS: each Python model runs in a stub process of its own, so a model that loaded the pair
+itself would hold a second copy of the weights and its own KV pool and scheduler. Forwarding keeps
+one decoder, one in-flight batch and one KV pool for every interface, and costs a local
+round trip per response. Upstream's `tensorrt_llm_bls` does the same towards its `tensorrt_llm`
+model (TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/tensorrt_llm_bls/1/lib/
+triton_decoder.py`, commit 07f3e442: `_exec_triton_request` runs `exec(decoupled=True)`).
+
+Each request is forwarded on a thread of its own, so `execute` returns at once and one model
+instance carries any number of concurrent streams. The dflash model sends its final flag with
+its last data response (`finish_reason` set); that response goes out here with the final flag
+too. A client that leaves cancels the forwarded request where this Python backend can
+(ResponseIterator.cancel, Triton >= 24.07), else dflash finishes it and the answer is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtllm_dflash.serve.dialect import Forward, is_last, to_dflash, to_dialect
+from trtllm_dflash.serve.requests import RequestError
+
+CANCEL_CHECK_S = 0.05  # is_cancelled() is a round trip to the server: asked at most this often
+
+
+def _error(sender, message: str) -> None:
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        self.name, self.kind, self.target = args["model_name"], params["dialect"], params["dflash_model"]
+        self.inputs = [t["name"] for t in cfg["input"]]
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                inputs = {}
+                for name in self.inputs:
+                    tensor = pb_utils.get_input_tensor_by_name(request, name)
+                    if tensor is not None:
+                        inputs[name] = tensor.as_numpy()
+                fwd = to_dflash(self.kind, inputs, request.requested_output_names(), now_ns=time.time_ns())
+            except RequestError as e:
+                _error(sender, str(e))
+                continue
+            # Our own id for the forwarded request: a `stop` request names it (client ids need not be unique).
+            forward_id = f"{self.name}-{uuid.uuid4().hex}"
+            threading.Thread(target=self._forward, args=(fwd, sender, forward_id),
+                             name=f"{self.name}-forward", daemon=True).start()
+        return None
+
+    def _forward(self, fwd: Forward, sender, request_id: str) -> None:
+        try:
+            self._relay(fwd, sender, request_id)
+        except Exception as e:  # the client left, or dflash went away: the model keeps serving
+            pb_utils.Logger.log_warn(f"{self.name}: request {request_id!r} ended early: {type(e).__name__}: {e}")
+            try:
+                _error(sender, f"{self.name}: {type(e).__name__}: {e}")
+            except Exception:
+                pass
+
+    def _relay(self, fwd: Forward, sender, request_id: str) -> None:
+        bls = pb_utils.InferenceRequest(
+            model_name=self.target, request_id=request_id, requested_output_names=fwd.dflash_outputs,
+            inputs=[pb_utils.Tensor(n, v) for n, v in fwd.inputs.items()])
+        responses = bls.exec(decoupled=True)
+        checked = time.monotonic()
+        for response in responses:
+            if response.has_error():
+                _error(sender, response.error().message())
+                return
+            outs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+            if not outs:  # dflash's empty final response: the request was cancelled
+                break
+            last = is_last(outs)
+            out = [pb_utils.Tensor(n, v) for n, v in to_dialect(fwd, outs, time.time_ns()).items()]
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0
+            sender.send(pb_utils.InferenceResponse(out), flags=flags)
+            if last:
+                return
+            if time.monotonic() - checked >= CANCEL_CHECK_S:
+                checked = time.monotonic()
+                if sender.is_cancelled():
+                    self._cancel(responses, request_id)
+                    break
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _cancel(self, responses, request_id: str) -> None:
+        """The client left: cancel the forwarded request. Triton's BLS response iterator has no
+        cancel() before triton-inference-server/python_backend PR #398 (the bundled 24.10 stub has
+        none), so dflash is told with a `stop` request naming the forwarded request's id, as
+        upstream's BLS stops its tensorrt_llm requests (triton_decoder.py send_cancellation_request)."""
+        stop = pb_utils.InferenceRequest(
+            model_name=self.target, request_id=request_id, requested_output_names=["finish_reason"],
+            inputs=[pb_utils.Tensor("stop", np.array([True])), pb_utils.Tensor("max_tokens", np.array([1], np.int32))])
+        answer = list(stop.exec(decoupled=True))
+        error = next((r.error().message() for r in answer if r.has_error()), None)
+        pb_utils.Logger.log_info(f"{self.name}: client cancelled {request_id}: "
+                                 + (f"dflash did not stop it ({error})" if error else "dflash request stopped"))
+
+    def finalize(self):
+        pass
