@@ -255,10 +255,13 @@ class TritonServer:
         return " | ".join(l.strip()[:300] for l in keep)
 
     def stop(self) -> None:
-        """SIGTERM the server's process group (server and Python stubs), escalate, remove the workspace."""
+        """SIGTERM the server (it unloads its models, and so stops its Python stubs), escalate to the
+        process group, remove the workspace. Only the server: a stub that gets SIGTERM too dies
+        before its model's finalize, and the server then waits out its exit timeout (4.9 s per stop
+        against 3.8 s, measured)."""
         if self.proc is not None and self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.send_signal(signal.SIGTERM)
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
