@@ -30,14 +30,13 @@ PROMPT = "def area(r):\n    return"
 
 
 # KNOWN BUG (issue 25, open): in the TensorRT-LLM 1.2.1 container's Python stack (.ci/stacks,
-# Python 3.12, torch 2.9.1, numpy 1.26) streams through the dialect models' decoupled BLS hang
-# now and then under concurrency (a 2-level sweep against `ensemble`: 1 of 3 runs hung, the
-# lane's run failed 3 tests with "Stub process 'ensemble_0_0' is not healthy"); 3 of 3 passed on
-# the main stack and the 1.3 lane passed. Until it is understood, that lane skips this module
-# (loudly) rather than hanging for minutes.
+# Python 3.12, torch 2.9.1, numpy 1.26) the `ensemble` model's stub process dies under concurrent
+# streams forwarded over decoupled BLS (3 of 4 two-level sweeps against `ensemble`; nothing in the
+# server log; later requests get "Stub process 'ensemble_0_0' is not healthy", or hang). The main
+# stack (0 of 3) and the 1.3 lane pass. Until it is fixed, that lane skips this module, loudly.
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRTLLM_DFLASH_LANE") == "trtllm-1.2.1",
-    reason="KNOWN BUG, issue 25: dialect BLS streams hang intermittently in the TensorRT-LLM 1.2.1 stack")
+    reason="KNOWN BUG, issue 25: the ensemble stub dies under concurrent BLS streams in the TensorRT-LLM 1.2.1 stack")
 
 
 @pytest.fixture(scope="module")
