@@ -8,11 +8,15 @@ from trtllm_dflash.recipe import recipe_reference_markdown
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def generated_block(path: Path, marker: str) -> str:
+    """The text between `<!-- marker:start -->` and `<!-- marker:end -->` in `path`."""
+    block = re.search(rf"<!-- {marker}:start -->\n(.*)\n<!-- {marker}:end -->", path.read_text(), re.S)
+    assert block, f"{path.relative_to(ROOT)} lost its {marker} markers"
+    return block.group(1)
+
+
 def test_readme_recipe_reference_is_generated_from_the_schema():
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- recipe-reference:start -->\n(.*)\n<!-- recipe-reference:end -->", readme, re.S)
-    assert block, "README lost its recipe-reference markers"
-    assert block.group(1) == recipe_reference_markdown(), (
+    assert generated_block(ROOT / "README.md", "recipe-reference") == recipe_reference_markdown(), (
         "README recipe reference is stale: regenerate it from trtllm_dflash.recipe.recipe_reference_markdown()"
     )
 
@@ -62,10 +66,7 @@ def placement_table() -> str:
 
 
 def test_engine_tp_placement_table_is_the_rule_s():
-    doc = (ROOT / "docs" / "engine-tp.md").read_text()
-    block = re.search(r"<!-- placement-table:start -->\n(.*)\n<!-- placement-table:end -->", doc, re.S)
-    assert block, "docs/engine-tp.md lost its placement-table markers"
-    assert block.group(1) == placement_table(), (
+    assert generated_block(ROOT / "docs" / "engine-tp.md", "placement-table") == placement_table(), (
         "docs/engine-tp.md's placement table is stale: paste `python tests/test_docs.py placement-table`")
 
 
@@ -92,10 +93,8 @@ def dialect_table() -> str:
 
 
 def test_migration_doc_input_table_is_the_code_s():
-    doc = (ROOT / "docs" / "migrate-from-tensorrtllm-backend.md").read_text()
-    block = re.search(r"<!-- dialect-table:start -->\n(.*)\n<!-- dialect-table:end -->", doc, re.S)
-    assert block, "docs/migrate-from-tensorrtllm-backend.md lost its dialect-table markers"
-    assert block.group(1) == dialect_table(), (
+    doc = ROOT / "docs" / "migrate-from-tensorrtllm-backend.md"
+    assert generated_block(doc, "dialect-table") == dialect_table(), (
         "the migration doc's input table is stale: paste `python tests/test_docs.py dialect-table`")
     assert "docs/migrate-from-tensorrtllm-backend.md" in (ROOT / "README.md").read_text()
 

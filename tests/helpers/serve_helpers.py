@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import contextlib
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +95,34 @@ def deployed(recipe, root: Path) -> Path:
 
     run(recipe, root, until="deploy", progress=False, say=lambda _: None)
     return root / "deploy"
+
+
+@contextlib.contextmanager
+def served_pair(root: Path, overrides: list[str] = ()):
+    """The tiny pair converted, deployed and behind a real tritonserver on free ports:
+    yields (recipe, server) and stops the server after."""
+    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+
+    make_pair(root)
+    ports = (free_port(), free_port(), free_port())
+    recipe = load_recipe(write_recipe(root, ports), list(overrides))
+    server = TritonServer(deployed(recipe, root / "pipeline") / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
+    try:
+        yield recipe, server
+    finally:
+        server.stop()
+
+
+@functools.lru_cache(maxsize=4)
+def loaded_pair(target_dir, drafter_dir):
+    """(tokenizer, target, drafter) of a checkpoint pair, loaded once per test session."""
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.reference import load_pair
+
+    return AutoTokenizer.from_pretrained(target_dir), *load_pair(target_dir, drafter_dir)
 
 
 def start_openai_server(recipe_arg: list[str], deploy: Path, port: int) -> subprocess.Popen:

@@ -8,7 +8,6 @@ gRPC streaming), and answers are compared with the reference's greedy output, wh
 """
 
 import asyncio
-import functools
 import json
 import os
 import subprocess
@@ -17,14 +16,11 @@ import time
 
 import numpy as np
 import pytest
-from serve_helpers import deployed, make_pair, write_recipe
+from serve_helpers import loaded_pair, served_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 
-from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
-from trtllm_dflash.recipe import load_recipe  # noqa: E402
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
 
 PROMPT = "def area(r):\n    return"
 
@@ -41,36 +37,21 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dialect")
-    make_pair(root)
-    ports = (free_port(), free_port(), free_port())
-    recipe = load_recipe(write_recipe(root, ports))
-    out = deployed(recipe, root / "pipeline")
-    server = TritonServer(out / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
-    yield recipe, server
-    server.stop()
-
-
-@functools.lru_cache(maxsize=2)
-def _loaded(target_dir, drafter_dir):
-    from transformers import AutoTokenizer
-
-    from trtllm_dflash.reference import load_pair
-
-    return AutoTokenizer.from_pretrained(target_dir), *load_pair(target_dir, drafter_dir)
+    with served_pair(tmp_path_factory.mktemp("dialect")) as pair:
+        yield pair
 
 
 def reference_ids(recipe, prompt_ids: list[int], max_tokens: int, stop=None) -> list[int]:
     from trtllm_dflash.reference import generate
 
-    _, target, drafter = _loaded(recipe.target.path, recipe.drafter.path)
+    _, target, drafter = loaded_pair(recipe.target.path, recipe.drafter.path)
     out = generate(target, drafter, [prompt_ids], max_tokens, block_size=recipe.speculative.block_size,
                    **({"stop_token_ids": [stop]} if stop is not None else {}))
     return out[0].tokens
 
 
 def tokenizer(recipe):
-    return _loaded(recipe.target.path, recipe.drafter.path)[0]
+    return loaded_pair(recipe.target.path, recipe.drafter.path)[0]
 
 
 def reference_text(recipe, prompt: str, max_tokens: int) -> str:

@@ -5,7 +5,6 @@ tokenizer. Responses are compared with the reference's single-request output.
 """
 
 import asyncio
-import functools
 import json
 import os
 import signal
@@ -16,12 +15,11 @@ import urllib.request
 
 import numpy as np
 import pytest
-from serve_helpers import deployed, make_pair, write_recipe
+from serve_helpers import deployed, loaded_pair, make_pair, served_pair, write_recipe
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 
-from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
 from trtllm_dflash.errors import UserError  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
 from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
@@ -29,29 +27,14 @@ from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noq
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served")
-    make_pair(root)
-    ports = (free_port(), free_port(), free_port())
-    recipe = load_recipe(write_recipe(root, ports))
-    out = deployed(recipe, root / "pipeline")
-    server = TritonServer(out / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
-    yield recipe, server
-    server.stop()
-
-
-@functools.lru_cache(maxsize=4)
-def _loaded(target_dir, drafter_dir):
-    from transformers import AutoTokenizer
-
-    from trtllm_dflash.reference import load_pair
-
-    return AutoTokenizer.from_pretrained(target_dir), *load_pair(target_dir, drafter_dir)
+    with served_pair(tmp_path_factory.mktemp("served")) as pair:
+        yield pair
 
 
 def reference_text(recipe, prompt: str, max_tokens: int) -> str:
     from trtllm_dflash.reference import generate
 
-    tok, target, drafter = _loaded(recipe.target.path, recipe.drafter.path)
+    tok, target, drafter = loaded_pair(recipe.target.path, recipe.drafter.path)
     ids = tok(prompt)["input_ids"]
     return tok.decode(generate(target, drafter, [ids], max_tokens, block_size=recipe.speculative.block_size)[0].tokens)
 

@@ -13,29 +13,20 @@ import urllib.error
 import urllib.request
 
 import pytest
-from serve_helpers import deployed, make_pair, write_recipe
+from serve_helpers import served_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 
 from test_server import reference_text, request, stream  # noqa: E402
 
-from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
-from trtllm_dflash.recipe import load_recipe  # noqa: E402
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
 
 PROMPTS = [f"def f{i}(x):\n    return x * {i} + {'xyz'[i % 3]}" for i in range(12)]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served-tp2")
-    make_pair(root)
-    ports = (free_port(), free_port(), free_port())
-    recipe = load_recipe(write_recipe(root, ports), ["parallel.tp=2"])
-    out = deployed(recipe, root / "pipeline")
-    server = TritonServer(out / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
-    yield recipe, server
-    server.stop()
+    with served_pair(tmp_path_factory.mktemp("served-tp2"), ["parallel.tp=2"]) as pair:
+        yield pair
 
 
 def _status(server, path: str) -> int:
