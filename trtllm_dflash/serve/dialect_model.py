@@ -27,7 +27,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_dflash.serve.dialect import Forward, is_last, to_dflash, to_dialect
-from trtllm_dflash.serve.requests import RequestError
+from trtllm_dflash.serve.requests import RequestError, read_inputs
 
 CANCEL_CHECK_S = 0.05  # is_cancelled() is a round trip to the server: asked at most this often
 
@@ -48,11 +48,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                inputs = {}
-                for name in self.inputs:
-                    tensor = pb_utils.get_input_tensor_by_name(request, name)
-                    if tensor is not None:
-                        inputs[name] = tensor.as_numpy()
+                inputs = read_inputs(pb_utils.get_input_tensor_by_name, request, self.inputs)
                 fwd = to_dflash(self.kind, inputs, request.requested_output_names(), now_ns=time.time_ns())
             except RequestError as e:
                 _error(sender, str(e))

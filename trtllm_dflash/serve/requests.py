@@ -28,6 +28,13 @@ class RequestError(ValueError):
     pass
 
 
+def read_inputs(get_tensor, request, names) -> dict[str, np.ndarray]:
+    """The inputs `names` a Triton request carries, as numpy arrays (absent optional ones left
+    out); `get_tensor` is triton_python_backend_utils.get_input_tensor_by_name."""
+    tensors = {name: get_tensor(request, name) for name in names}
+    return {name: t.as_numpy() for name, t in tensors.items() if t is not None}
+
+
 @dataclass(frozen=True)
 class Limits:
     max_input_len: int  # prompt tokens

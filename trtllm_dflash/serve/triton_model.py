@@ -31,7 +31,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS
-from trtllm_dflash.serve.requests import RequestError, check_lengths, check_mode, check_token_ids, parse_request
+from trtllm_dflash.serve.requests import (
+    RequestError,
+    check_lengths,
+    check_mode,
+    check_token_ids,
+    parse_request,
+    read_inputs,
+)
 from trtllm_dflash.serve.trace import now
 
 INPUTS = tuple(t.name for t in DFLASH_INPUTS)  # what deploy declared in config.pbtxt
@@ -179,12 +186,7 @@ class TritonPythonModel:
                 self._stop(request.request_id(), sender)
                 continue
             try:
-                inputs = {}
-                for name in INPUTS:
-                    tensor = pb_utils.get_input_tensor_by_name(request, name)
-                    if tensor is not None:
-                        inputs[name] = tensor.as_numpy()
-                req = parse_request(inputs)
+                req = parse_request(read_inputs(pb_utils.get_input_tensor_by_name, request, INPUTS))
                 check_mode(req.mode, self.engine.ddtree_budget)
                 ids = req.prompt_ids if req.prompt_ids is not None else self.tokenizer(req.prompt)["input_ids"]
                 check_token_ids(ids, len(self.tokenizer))
