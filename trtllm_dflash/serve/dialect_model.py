@@ -30,11 +30,51 @@ from trtllm_dflash.serve.dialect import Forward, is_last, to_dflash, to_dialect
 from trtllm_dflash.serve.requests import RequestError, read_inputs
 
 CANCEL_CHECK_S = 0.05  # is_cancelled() is a round trip to the server: asked at most this often
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class _Graveyard:
+    """Finished BLS response iterators, held until the stub no longer holds them.
+
+    The Python stub of the tritonserver nvidia-pytriton 0.7.0 bundles (python_backend r24.10)
+    keeps each decoupled BLS iterator in a map too, and erases it on its stub-to-parent thread
+    once the iterator has returned its final response (src/pb_stub.cc Stub::SendCleanupId). If that
+    erase drops the last reference, ~ResponseIterator frees the responses' numpy arrays on that
+    thread without the GIL (~PbTensor): under Python 3.12 a segfault in _PyObject_Free that kills
+    the stub ("Stub process 'ensemble_0_0' is not healthy"), under 3.11 a silent data race.
+    Fixed upstream by triton-inference-server/python_backend PR #390 (r25.01: ~PbTensor takes the
+    GIL); the NGC containers we ship into carry the fix, the CPU server we test on does not.
+
+    That thread serves its queue in order, and is_cancelled() queues a query on it and waits for
+    the answer. So once a query queued after an iterator's cleanup has been answered, the stub has
+    let the iterator go and ours is the last reference: dropped here, with the GIL held. The query
+    must come before the request's final response, which lets the server free what it asks about.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._parked = []
+
+    def park(self, responses) -> None:
+        """Hold a finished iterator until a later bury()."""
+        with self._lock:
+            self._parked.append(responses)
+
+    def bury(self, sender, responses) -> None:
+        """`responses` has returned its final response and `sender` has not sent its own: drop
+        every iterator parked so far once a cancellation query on `sender` has made the round trip."""
+        with self._lock:
+            batch, self._parked = self._parked + [responses], []
+        if sender.is_cancelled():  # maybe answered from its cache, without a round trip: keep them
+            with self._lock:
+                self._parked.extend(batch)
+
+
+GRAVEYARD = _Graveyard()
 
 
 def _error(sender, message: str) -> None:
-    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
 
 
 class TritonPythonModel:
@@ -76,26 +116,33 @@ class TritonPythonModel:
         responses = bls.exec(decoupled=True)
         checked = time.monotonic()
         for response in responses:
-            if response.has_error():
+            if response.has_error():  # dflash's errors are final responses
+                GRAVEYARD.bury(sender, responses)
                 _error(sender, response.error().message())
                 return
             outs = {t.name(): t.as_numpy() for t in response.output_tensors()}
-            if not outs:  # dflash's empty final response: the request was cancelled
+            if not outs:  # dflash's empty final response: the request was stopped
                 break
             last = is_last(outs)
             out = [pb_utils.Tensor(n, v) for n, v in to_dialect(fwd, outs, time.time_ns()).items()]
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0
-            sender.send(pb_utils.InferenceResponse(out), flags=flags)
+            if last:
+                GRAVEYARD.bury(sender, responses)
+            sender.send(pb_utils.InferenceResponse(out), flags=FINAL if last else 0)
             if last:
                 return
             if time.monotonic() - checked >= CANCEL_CHECK_S:
                 checked = time.monotonic()
                 if sender.is_cancelled():
-                    self._cancel(responses, request_id)
-                    break
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    self._cancel(request_id)
+                    for _ in responses:  # on to dflash's final response, after which the stub lets it go
+                        pass
+                    GRAVEYARD.park(responses)  # this sender's query answers from its cache now
+                    sender.send(flags=FINAL)
+                    return
+        GRAVEYARD.bury(sender, responses)
+        sender.send(flags=FINAL)
 
-    def _cancel(self, responses, request_id: str) -> None:
+    def _cancel(self, request_id: str) -> None:
         """The client left: cancel the forwarded request. Triton's BLS response iterator has no
         cancel() before triton-inference-server/python_backend PR #398 (the bundled 24.10 stub has
         none), so dflash is told with a `stop` request naming the forwarded request's id, as
@@ -103,7 +150,9 @@ class TritonPythonModel:
         stop = pb_utils.InferenceRequest(
             model_name=self.target, request_id=request_id, requested_output_names=["finish_reason"],
             inputs=[pb_utils.Tensor("stop", np.array([True])), pb_utils.Tensor("max_tokens", np.array([1], np.int32))])
-        answer = list(stop.exec(decoupled=True))
+        responses = stop.exec(decoupled=True)
+        answer = list(responses)
+        GRAVEYARD.park(responses)
         error = next((r.error().message() for r in answer if r.has_error()), None)
         pb_utils.Logger.log_info(f"{self.name}: client cancelled {request_id}: "
                                  + (f"dflash did not stop it ({error})" if error else "dflash request stopped"))
