@@ -42,6 +42,43 @@ def test_any_draft_length_schedule_gives_the_greedy_tokens(qwen3_pair, seed):
     assert 0 in drafted and max(drafted) == drafter.block_size - 1  # both kinds of rounds ran
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_draft_length_per_request_gives_the_greedy_tokens(qwen3_pair, seed):
+    """Each request drafts its own length each round (0 included: plain decoding for it), in one
+    packed verify: still the target's greedy tokens, and the record says what each drafted."""
+    target, drafter = load_pair(*qwen3_pair)
+    rng = random.Random(10 + seed)
+    prompts = [[rng.randrange(255) for _ in range(rng.randint(3, 12))] for _ in range(4)]
+    ar = [g.tokens for g in generate(target, None, prompts, 30, mode="ar", stop_token_ids=[])]
+    decoder, longest = Decoder(target, drafter, max_len=64), drafter.block_size - 1
+    choices = [0, 1, longest // 2, longest]
+    got, drafted = decode(decoder, prompts, 30, lambda: [rng.choice(choices) for _ in range(decoder.running)])
+    assert got == ar
+    assert 0 in drafted and longest in drafted
+
+
+def test_a_packed_verify_gives_each_rows_logits_of_a_padded_one(qwen3_pair):
+    """The reference target's packed verify (rows of different lengths, only their own tokens run)
+    equals the padded verify on every valid token (fp32: 1e-5)."""
+    import torch
+
+    from trtllm_dflash.reference.runners import ReferenceTarget
+
+    target, drafter = load_pair(*qwen3_pair)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 255, (n,), generator=g).tolist() for n in (5, 9, 3)]
+    tokens = torch.randint(0, 255, (3, 6), generator=g)
+    lengths = torch.tensor([0, 5, 2])
+    out = []
+    for packed in (False, True):
+        runner = ReferenceTarget(target, drafter.target_layer_ids, 64)
+        runner.prefill(prompts)
+        out.append(runner.verify(tokens, torch.tensor([5, 9, 3]), lengths if packed else None))
+    for b, n in enumerate(lengths.tolist()):
+        for padded, packed in zip(out[0], out[1]):
+            torch.testing.assert_close(packed[b, : n + 1], padded[b, : n + 1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def tiny8(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny8-dl")
@@ -57,6 +94,19 @@ def test_random_draft_lengths_keep_the_sampling_distribution(tiny8):
     got, _ = decode(Decoder(target, drafter, sampling=s, max_len=16), [PROMPT] * n, 4, lambda: rng.choice([0, 1, 2, 3]))
     p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))
     assert p > 1e-3, f"chi-square rejects the target distribution under random draft lengths: p = {p:.2e}"
+
+
+def test_random_draft_lengths_per_request_keep_the_sampling_distribution(tiny8):
+    """Rejection sampling over each request's own first L drafts (verify.py `lengths`) is exact:
+    chi-square as above, every request drawing its own length every round."""
+    target, drafter = load_pair(*tiny8)
+    s = SamplingParams(temperature=1.0, seed=22)
+    gen = random.Random(4)
+    decoder = Decoder(target, drafter, sampling=s, max_len=16)
+    got, drafted = decode(decoder, [PROMPT] * 12000, 4, lambda: [gen.choice([0, 1, 2, 3]) for _ in range(decoder.running)])
+    assert {0, 1, 2} <= set(drafted)
+    p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))
+    assert p > 1e-3, f"chi-square rejects the target distribution under per-request draft lengths: p = {p:.2e}"
 
 
 def test_auto_draft_length_follows_acceptance_and_cost():

@@ -62,8 +62,8 @@ def test_wrong_sampler_is_detected(tiny, monkeypatch):
     """Resampling from p (instead of norm(max(p - q, 0))) after a rejection over-weights
     the drafter's proposals; the same test must reject it."""
 
-    def wrong(draft, q, p, gen):  # correct acceptance, wrong distribution after a rejection
-        accepted, _ = correct(draft, q, p, gen)
+    def wrong(draft, q, p, gen, lengths=None):  # correct acceptance, wrong distribution after a rejection
+        accepted, _ = correct(draft, q, p, gen, lengths)
         return accepted, loop.sample(p.gather(1, accepted[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0], gen)
 
     correct = loop.rejection_verify

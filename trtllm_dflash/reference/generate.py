@@ -242,8 +242,9 @@ class DecoderProtocol(Protocol):
               stops: Sequence[Sequence[int]]) -> StepRecord:
         """Prefill new requests and add them to the batch."""
 
-    def step(self, draft_len: int | None = None) -> StepRecord:
-        """One round for every running request (draft_len: drafts this round; None: block_size - 1)."""
+    def step(self, draft_len: int | Sequence[int] | None = None) -> StepRecord:
+        """One round for every running request (draft_len: drafts this round, one for all or one
+        per running request in batch order; None: block_size - 1)."""
 
     def cancel(self, ids: Sequence[int]) -> None:
         """Remove requests from the batch."""
@@ -352,29 +353,38 @@ class Decoder:
         return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1)
 
     @torch.inference_mode()
-    def step(self, draft_len: int | None = None) -> StepRecord:
+    def step(self, draft_len: int | Sequence[int] | None = None) -> StepRecord:
         """One round for every running request. draft_len: drafts to verify this round (0 = a
-        plain target step, speculation off); None = block_size - 1. Every length is lossless."""
+        plain target step, speculation off), one for all or one per running request (rows in
+        `running` order, as StepRecord.seq_ids lists them); None = block_size - 1. A request's
+        drafts never go past the tokens it has left. Every length is lossless. In a round of
+        different lengths the batch drafts the longest; each request verifies its own (a packed
+        target runner runs only those tokens, another pads)."""
         st = self.st
         assert st is not None, "nothing is running: admit requests first"
         self.rounds += 1
         t0 = _now()
-        left = max(self.limits[r] - len(self.generated[r]) for r in st.rows)
-        block = self.block_size if draft_len is None else max(1, min(self.block_size, draft_len + 1))
-        T = 1 if self.mode == "ar" else min(block, left)
-        if self.mode == "ddtree" and T > 1:
+        B, longest = len(st.rows), self.block_size - 1
+        want = [longest] * B if draft_len is None else _per_request(draft_len, B, "draft_len", nested=False)
+        left = [self.limits[r] - len(self.generated[r]) for r in st.rows]
+        lengths = [0 if self.mode == "ar" else max(0, min(n, longest, rest - 1)) for n, rest in zip(want, left)]
+        T = max(lengths) + 1
+        if self.mode == "ddtree" and T > 1:  # one tree depth for the batch
             new, drafted, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, self.budget, self.sampling, self.gen)
         else:
-            new, t1, t2 = _block_round(self.target, self.drafter, st, T, self.sampling, self.gen)
-            drafted = [T - 1] * len(st.rows)
+            own = None if min(lengths) == T - 1 else torch.tensor(lengths, device=st.anchor.device)
+            new, t1, t2 = _block_round(self.target, self.drafter, st, T, self.sampling, self.gen, own)
+            drafted = lengths
         rows = list(st.rows)
         toks, done = self._commit(rows, new)
         self._drop({r for r, d in zip(rows, done) if d})
         return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2)
 
 
-def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, T, sampling, gen):
-    """dflash (T > 1) or a plain AR step (T == 1)."""
+def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, T, sampling, gen,
+                 lengths: torch.Tensor | None = None):
+    """dflash (T > 1) or a plain AR step (T == 1). lengths [B]: drafts row b verifies (<= T - 1;
+    None: all T - 1)."""
     B = len(st.rows)
     q = None
     if T > 1:
@@ -383,12 +393,12 @@ def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch
         draft = st.anchor.new_zeros(B, 0)
     t1 = _now()
     ids = torch.cat([st.anchor[:, None], draft], dim=1)  # [B, T]
-    logits, feats = target.verify(ids, st.start)
+    logits, feats = target.verify(ids, st.start, lengths)
     t2 = _now()
     if sampling.greedy:
-        accepted, bonus = greedy_verify(draft, logits)
+        accepted, bonus = greedy_verify(draft, logits, lengths)
     else:
-        accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen)
+        accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen, lengths)
     acc = accepted.tolist()
     new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
     if feats is not None and drafter is not None:  # accepted positions [start, start + a] become drafter context

@@ -40,10 +40,13 @@ class TargetRunner(Protocol):
         each prompt's last position [B_new, V] and the context rows of every prompt position
         [B_new, P, F] (P = the longest prompt; None when the drafter needs none)."""
 
-    def verify(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def verify(self, tokens: torch.Tensor, start: torch.Tensor,
+               lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens [B, T] ([anchor, drafts]) at positions start + [0, T) for every running row:
         logits [B, T, V] and context rows [B, T, F]. Positions after the accepted ones are
-        simply overwritten by the next call (nothing to trim)."""
+        simply overwritten by the next call (nothing to trim). lengths [B]: row b's drafts are
+        only its first lengths[b] (the rest is padding, its logits and rows unspecified); a
+        runner whose `packed` is True runs only the lengths[b] + 1 tokens of each row."""
 
     def keep(self, idx: list[int]) -> None:
         """Only rows idx stay, in that order (finished and cancelled rows free their state)."""
@@ -124,11 +127,16 @@ class ReferenceTarget:
             self.cache.extend(cache)
         return logits[:, 0], feats
 
-    def verify(self, tokens, start):
+    packed = True  # verify runs only each row's own tokens (Target.forward's packed batch)
+
+    def verify(self, tokens, start, lengths=None):
         T = tokens.shape[1]
         pos = start[:, None] + torch.arange(T, device=tokens.device)
         kv_len = int(start.max()) + T
-        return self.model(tokens, pos, self.cache, kv_len, causal_mask(start, T, kv_len), self.capture)
+        valid = None
+        if lengths is not None and bool((lengths < T - 1).any()):
+            valid = torch.arange(T, device=tokens.device)[None, :] <= lengths[:, None]  # [B, T]
+        return self.model(tokens, pos, self.cache, kv_len, causal_mask(start, T, kv_len), self.capture, valid=valid)
 
     def verify_tree(self, tokens, depth, vis, start):
         """DDTree: node i of row b (token tokens[b, i], ancestors vis[b, i]) at position

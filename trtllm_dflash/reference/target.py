@@ -131,21 +131,36 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim))
         return apply_rope(k, cos, sin), self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
 
-    def attend(self, q, k, v, cache: KVCache, layer: int, slots, kv_len: int, mask):
+    def heads(self, q, k, v, cache: KVCache, layer: int, slots, kv_len: int, mask):
         """Write k, v [B, T, Hkv, D] into cache `slots` [B, T], then q [B, T, Hq, D] attends
-        over cache slots [0, kv_len) under `mask` -> [B, T, H] (after o_proj)."""
+        over cache slots [0, kv_len) under `mask` -> [B, T, Hq * D] (before o_proj)."""
         B, T = q.shape[:2]
         cache.write(layer, slots, k, v)
         keys, values = cache.view(layer, kv_len)  # [B, Hkv, S, D]
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv
-        )  # [B, H, T, D]
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        )  # [B, Hq, T, D]
+        return o.transpose(1, 2).reshape(B, T, -1)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, slots, kv_len: int, mask):
-        q = self.query(x, cos, sin)  # [B, T, H, D]
-        k, v = self.kv(x, cos, sin)  # [B, T, Hkv, D]
-        return self.attend(q, k, v, cache, layer, slots, kv_len, mask)
+    def attend(self, q, k, v, cache: KVCache, layer: int, slots, kv_len: int, mask):
+        """`heads`, then o_proj -> [B, T, H]."""
+        return self.o_proj(self.heads(q, k, v, cache, layer, slots, kv_len, mask))
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, slots, kv_len: int, mask, valid=None):
+        """x [B, T, H]; or, with valid [B, T] (bool), x [N, H] holds only the N valid tokens of
+        [B, T] (a packed batch: rows of different lengths): the projections run on those N
+        tokens, attention on the padded [B, T] (padding rows are written to the cache past
+        every valid position, where nothing reads them)."""
+        if valid is None:
+            q = self.query(x, cos, sin)  # [B, T, H, D]
+            k, v = self.kv(x, cos, sin)  # [B, T, Hkv, D]
+            return self.attend(q, k, v, cache, layer, slots, kv_len, mask)
+        B, T = valid.shape
+        pad = lambda t, n: t.new_zeros(B, T, n, self.head_dim).masked_scatter(valid[..., None, None], t)  # noqa: E731
+        q = apply_rope(self.q_norm(pad(self.q_proj(x), self.n_heads)), cos, sin)  # [B, T, Hq, D]
+        k = apply_rope(self.k_norm(pad(self.k_proj(x), self.n_kv)), cos, sin)  # [B, T, Hkv, D]
+        v = pad(self.v_proj(x), self.n_kv)  # [B, T, Hkv, D]
+        return self.o_proj(self.heads(q, k, v, cache, layer, slots, kv_len, mask)[valid])  # [N, H]
 
 
 class DecoderLayer(nn.Module):
@@ -157,8 +172,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, layer, slots, kv_len, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, kv_len, mask)
+    def forward(self, x, cos, sin, cache, layer, slots, kv_len, mask, valid=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, kv_len, mask, valid)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -196,19 +211,24 @@ class Target(nn.Module):
         capture: Sequence[int] = (),
         logits_at: torch.Tensor | None = None,  # [B, K] indices into T; None = all T
         slots: torch.Tensor | None = None,  # [B, T] cache slots to write; default = pos
+        valid: torch.Tensor | None = None,  # [B, T] bool: only these tokens run (see Attention.forward)
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits [B, K, V], features [B, T, n*H]
-        x = self.embed_tokens(ids)  # [B, T, H]
+        x = self.embed_tokens(ids if valid is None else ids[valid])  # [B, T, H], or [N, H] packed
         cos, sin = self.rope(pos, x.dtype)
         feats = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, pos if slots is None else slots, kv_len, mask)
+            x = layer(x, cos, sin, cache, i, pos if slots is None else slots, kv_len, mask, valid)
             if i in capture and i != last:
                 feats[i] = x
         x = self.norm(x)
         if last in capture:
             feats[last] = x  # HF reports the final-normed output as hidden_states[L]
-        features = torch.cat([feats[i] for i in capture], dim=-1) if capture else None  # [B, T, n*H]
+        features = torch.cat([feats[i] for i in capture], dim=-1) if capture else None  # [B, T, n*H] or [N, n*H]
+        if valid is not None:  # packed: only the valid tokens' logits and features, scattered back to [B, T]
+            unpack = lambda t: t.new_zeros(*valid.shape, t.shape[-1]).masked_scatter(valid[..., None], t)  # noqa: E731
+            assert logits_at is None, "a packed batch returns every valid token's logits"
+            return unpack(self.lm_head(x)), None if features is None else unpack(features)
         if logits_at is not None:
             x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
         return self.lm_head(x), features

@@ -62,10 +62,14 @@ def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     return torch.multinomial(flat, 1, generator=gen).view(p.shape[:-1])
 
 
-def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Longest prefix of drafts equal to the target's argmax, plus the target's next argmax."""
+def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor,
+                  lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Longest prefix of drafts equal to the target's argmax, plus the target's next argmax.
+    lengths [B]: row b verifies only its first lengths[b] drafts (the rest are padding)."""
     best = target_logits.argmax(-1)  # [B, D+1]
     accepted = (draft == best[:, :-1]).int().cumprod(-1).sum(-1)  # [B]
+    if lengths is not None:
+        accepted = torch.minimum(accepted, lengths)
     return accepted, best.gather(1, accepted[:, None])[:, 0]
 
 
@@ -74,13 +78,16 @@ def rejection_verify(
     q: torch.Tensor,  # [B, D, V] drafter distributions the drafts were sampled from
     p: torch.Tensor,  # [B, D+1, V] target distributions
     gen: torch.Generator | None,
+    lengths: torch.Tensor | None = None,  # [B]: row b verifies only its first lengths[b] drafts
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative (rejection) sampling: keep d_j while u_j * q_j(d_j) < p_j(d_j); at the
     first rejection emit a sample of norm(max(p_j - q_j, 0)); if all D are kept, emit a
     sample of p_{D}. The emitted sequence is distributed exactly as sampling from p.
     q_j may depend on the drafts before slot j (DFlash2's selector conditions each slot on
     the previous choice): slot j is only looked at when d_1..d_{j-1} were accepted, so p_j and
-    q_j are both conditioned on that same prefix, and the standard proof applies slot by slot."""
+    q_j are both conditioned on that same prefix, and the standard proof applies slot by slot.
+    A row with lengths[b] = L < D is the same rule on its first L drafts: its slots past L
+    are never looked at, and keeping all L emits a sample of p_L."""
     B, D = draft.shape
     if D == 0:
         return torch.zeros(B, dtype=torch.long, device=p.device), sample(p[:, 0], gen)
@@ -88,11 +95,14 @@ def rejection_verify(
     px = p[:, :D].gather(-1, draft[..., None])[..., 0]  # [B, D]
     qx = q.gather(-1, draft[..., None])[..., 0]  # [B, D]
     accepted = (u * qx < px).int().cumprod(-1).sum(-1)  # [B]
+    full = torch.full_like(accepted, D) if lengths is None else lengths  # [B] drafts each row verifies
+    accepted = torch.minimum(accepted, full)
     at = accepted.clamp_max(D - 1)[:, None, None].expand(-1, 1, p.shape[-1])
     p_at = p.gather(1, at)[:, 0]  # [B, V] target at the first rejected slot
     residual = (p_at - q.gather(1, at)[:, 0]).clamp_min(0)
     # An all-zero residual means p == q there, so that slot cannot have been rejected;
     # fall back to p only to keep multinomial well-defined for such rows.
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
-    final = torch.where((accepted == D)[:, None], p[:, D], residual)
+    p_end = p.gather(1, full[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0]  # [B, V] target after all L
+    final = torch.where((accepted == full)[:, None], p_end, residual)
     return accepted, sample(final, gen)

@@ -120,7 +120,9 @@ class EngineTarget:
         self.last += [[] for _ in prompts]
         return torch.stack([self._scores(out, 1)[0] for out in outs]), feats
 
-    def verify(self, tokens, start):
+    packed = False  # every row runs all T tokens (lengths only say which drafts count: padding)
+
+    def verify(self, tokens, start, lengths=None):
         T = tokens.shape[1]
         if T > self.tail:
             raise RuntimeError(f"verify block of {T} tokens is longer than the engine's tail of {self.tail} rows")
