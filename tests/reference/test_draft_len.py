@@ -126,6 +126,28 @@ def test_auto_draft_length_follows_acceptance_and_cost():
     assert 1 not in auto.estimates
 
 
+def test_on_a_packed_runner_each_request_gets_its_own_length_zero_included():
+    """Packed verify (each request pays only for its own tokens): a request that accepts
+    everything drafts the most, one that accepts nothing drafts none, in the same round; and
+    the joint choice beats every single length for the batch (the modelled rate)."""
+    cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=2e-4, per_slot=1e-6, packed=True)
+    auto = AutoDraftLength(block_size=16, cost=cost, prior=0.6, probe_every=0)
+    for _ in range(30):
+        auto.observe(1, 15, 15)
+        auto.observe(2, 15, 0)
+        auto.observe(3, 15, 3)
+    got = auto.choose([1, 2, 3], concurrency=3)
+    assert got[1] == 15 and got[2] == 0 and 3 <= got[3] < 15
+    rate = lambda lengths: sum(auto.expected_tokens(r, L) for r, L in zip([1, 2, 3], lengths)) / cost.lengths_s(lengths)  # noqa: E731
+    joint = rate([got[1], got[2], got[3]])
+    assert all(joint > rate([L] * 3) for L in range(16))
+    # when a verified token costs as much as a whole step, nobody drafts
+    dear = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 1e-2, 1e-3, 0.0, True), prior=0.6, probe_every=0)
+    assert set(dear.choose(list(range(8)), 8).values()) == {0}
+    # not packed: one length for the batch, as before
+    assert isinstance(AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4)).choose([1, 2], 2), int)
+
+
 def test_bands_follow_concurrency():
     bands = Bands([(1, 15), (8, 4), (64, 0)], block_size=16)
     assert [bands.choose([], c) for c in (1, 2, 8, 9, 64, 100)] == [15, 4, 4, 0, 0, 0]
@@ -168,7 +190,7 @@ def decode_with_policy(decoder: Decoder, policy, prompts, limit, decoys: int = 0
 
     def step():
         L = policy.choose(sorted(alive), decoder.running)
-        chosen.append(L)
+        chosen.append(L if isinstance(L, int) else tuple(sorted(L.values())))
         take(decoder.step(L))
 
     take(decoder.admit(list(range(half)), prompts[:half], [limit] * half, [[]] * half))
@@ -199,14 +221,30 @@ def test_auto_draft_length_in_the_loop_gives_the_greedy_tokens(qwen3_pair):
     assert len(set(chosen)) > 1, f"the policy never changed its draft length: {chosen}"
 
 
-def test_auto_draft_length_in_the_loop_keeps_the_sampling_distribution(tiny8):
+def test_per_request_auto_draft_lengths_in_the_loop_give_the_greedy_tokens(qwen3_pair):
+    """As above with a packed cost model: every round hands the decoder {request: length}."""
+    target, drafter = load_pair(*qwen3_pair)
+    rng = random.Random(8)
+    prompts = [[rng.randrange(255) for _ in range(rng.randint(3, 12))] for _ in range(4)]
+    ar = [g.tokens for g in generate(target, None, prompts, 30, mode="ar", stop_token_ids=[])]
+    cost = VerifyCost(fixed=1e-3, per_token=1e-5, draft=1e-5, per_slot=1e-6, packed=True)  # drafting pays a little
+    policy = AutoDraftLength(block_size=drafter.block_size, cost=cost, prior=0.5, probe_every=3)
+    for _ in range(20):  # request 0 starts out believed to accept everything: the rounds mix lengths
+        policy.observe(0, drafter.block_size - 1, drafter.block_size - 1)
+    got, chosen = decode_with_policy(Decoder(target, drafter, max_len=64), policy, prompts, 30, decoys=2)
+    assert got == ar
+    assert any(len(set(c)) > 1 for c in chosen), f"every round gave every request one length: {chosen}"
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one-length", "per-request"])
+def test_auto_draft_length_in_the_loop_keeps_the_sampling_distribution(tiny8, packed):
     """Rejection sampling stays exact when the draft length is chosen from past acceptance
     (chi-square as test_sampling.py, alpha 1e-3), with half the rows joining a round later and
     cancelled decoys."""
     target, drafter = load_pair(*tiny8)
     s = SamplingParams(temperature=1.0, seed=23)
-    policy = AutoDraftLength(block_size=drafter.block_size, cost=VerifyCost(fixed=1e-3, per_token=2e-8, draft=2e-4),
-                             prior=0.9, probe_every=0)  # no probes: every length is the policy's own choice
+    policy = AutoDraftLength(block_size=drafter.block_size, prior=0.9, probe_every=0,  # every length is the policy's
+                             cost=VerifyCost(fixed=1e-3, per_token=2e-8, draft=2e-4, packed=packed))
     got, chosen = decode_with_policy(Decoder(target, drafter, sampling=s, max_len=16), policy, [PROMPT] * 12000, 4, decoys=8)
     assert len(set(chosen)) > 1, f"the policy never changed its draft length: {chosen}"
     p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))

@@ -10,10 +10,12 @@ target's own token), so a policy only trades acceptance against the verify cost:
                < j accepted), from what each round accepted, starting from the same estimate
                over every request so far (the pair's profile); the expected tokens a round of
                length L commits for a request, E(L) = 1 + sum_{k=1..L} prod_{j<=k} a_j; and the
-               round cost measured when the server starts, t(L) = fixed + per_token x B x (L + 1)
-               + (drafter pass if L > 0). It picks the L that maximises sum_b E_b(L) / t(L): the
-               tokens per second of the whole batch; every 16th round probes 2L + 1 drafts, so
-               that slots past L keep being observed.
+               round cost measured when the server starts (VerifyCost). It picks the draft
+               lengths that maximise sum_b E_b(L_b) / t: the tokens per second of the whole
+               batch. On a packed target runner (only each request's own tokens are verified)
+               every request gets its own L_b, 0 (plain decoding for it) included; otherwise
+               one L for the batch, since shorter rows would cost the same. Every 16th round
+               probes 2L + 1 drafts, so that slots past L keep being observed.
 The serving batcher asks the policy once per round for every decoder (sampling group) whose
 mode the policy sets (`modes`) and reports back what each chain (dflash) round accepted: a DDTree
 round's accepted depth is a path through a tree, not a chain's prefix, so it teaches nothing about
@@ -32,9 +34,9 @@ import torch
 class DraftPolicy(Protocol):
     modes: tuple[str, ...]  # the decoding modes whose draft length (DDTree: depth) it sets
 
-    def choose(self, requests: Sequence[int], concurrency: int) -> int:
+    def choose(self, requests: Sequence[int], concurrency: int) -> int | dict[int, int]:
         """Drafts to verify this round for `requests` (one decoder's batch) when `concurrency`
-        requests are running in all."""
+        requests are running in all: one for all, or one per request ({request: drafts})."""
 
     def observe(self, request: int, drafted: int, accepted: int) -> None:
         """A round of `request` verified `drafted` drafts and accepted the first `accepted`."""
@@ -66,15 +68,27 @@ class Bands:
 
 @dataclass
 class VerifyCost:
-    """Seconds of one round of B requests verifying L drafts each: fixed + per_token * B * (L + 1)
-    + draft (when L > 0). Measured by `measure_cost` when the server starts."""
+    """Seconds of one round whose requests verify L_b drafts each:
+    fixed + per_token * sum_b (L_b + 1) + per_slot * B * (max L + 1) + draft (when any L_b > 0).
+    per_token is what each verified token costs (projections, MLP); per_slot what the padded
+    [B, max L + 1] part costs (attention). On a runner that is not `packed` every row runs
+    max L + 1 tokens, so the two are one term (per_slot = 0) and rows of one round share one L.
+    Measured by `measure_cost` when the server starts."""
 
     fixed: float
     per_token: float
     draft: float
+    per_slot: float = 0.0
+    packed: bool = False
 
     def round_s(self, batch: int, draft_len: int) -> float:
-        return self.fixed + self.per_token * batch * (draft_len + 1) + (self.draft if draft_len > 0 else 0.0)
+        """Every one of `batch` requests verifies `draft_len` drafts."""
+        return self.lengths_s([draft_len] * batch)
+
+    def lengths_s(self, lengths: Sequence[int]) -> float:
+        T = max(lengths) + 1
+        tokens = sum(L + 1 for L in lengths) if self.packed else len(lengths) * T
+        return self.fixed + self.per_token * tokens + self.per_slot * len(lengths) * T + (self.draft if T > 1 else 0.0)
 
 
 @dataclass
@@ -107,7 +121,7 @@ class AutoDraftLength:
         return total
 
     def best(self, requests) -> int:
-        """The draft length of highest expected tokens per second for this batch."""
+        """The one draft length of highest expected tokens per second for this batch."""
         best, best_rate = 0, -1.0
         for L in range(self.block_size):
             rate = sum(self.expected_tokens(r, L) for r in requests) / self.cost.round_s(len(requests), L)
@@ -115,15 +129,56 @@ class AutoDraftLength:
                 best, best_rate = L, rate
         return best
 
+    def best_per_request(self, requests) -> list[int]:
+        """Each request's draft length, jointly of highest expected tokens per second (packed runners).
+
+        For a longest length T - 1, the rate sum_b E_b(L_b) / t is a ratio with a cost linear in
+        sum_b L_b, so it is maximised by Dinkelbach's iteration: at the current rate r, each
+        request drafts the slots whose expected extra token, prod_{j<=k} a_j (non-increasing in
+        k), beats r * per_token, what a verified token costs in tokens of rate; then r is the
+        rate of that choice. Over every T, the best."""
+        if not requests:
+            return []
+        inc = torch.tensor([self._increments(r) for r in requests], dtype=torch.float64)  # [B, K]
+        gain = 1 + torch.cat([torch.zeros(len(requests), 1, dtype=torch.float64), inc.cumsum(1)], 1)  # [B, K+1]: E_b(L)
+        rows = torch.arange(len(requests))
+
+        def rate(L: torch.Tensor) -> float:
+            return float(gain[rows, L].sum()) / self.cost.lengths_s(L.tolist())
+
+        best = torch.zeros(len(requests), dtype=torch.long)
+        best_rate = rate(best)
+        for longest in range(1, self.block_size):
+            r = best_rate
+            for _ in range(4):  # Dinkelbach converges in a few steps
+                L = (inc[:, :longest] > r * self.cost.per_token).sum(1)  # [B] prefix lengths
+                r_new = rate(L)
+                if r_new > best_rate:
+                    best, best_rate = L, r_new
+                if abs(r_new - r) < 1e-9 * r_new:
+                    break
+                r = r_new
+        return best.tolist()
+
+    def _increments(self, request: int) -> list[float]:
+        """prod_{j<=k} a_j for k = 1..K: the expected extra token of drafting slot k."""
+        out, run = [], 1.0
+        for a in self._est(request):
+            run *= a
+            out.append(run)
+        return out
+
     def choose(self, requests, concurrency):
-        """`best`, except every probe_every-th call, which drafts 2 x best + 1: slots past the best
-        length are only observed when drafted, and a pessimistic estimate of them would never be
-        corrected otherwise (the probe round is lossless like every other)."""
-        L = self.best(requests)
+        """`best` (one length) or, on a packed runner, `best_per_request` ({request: length}),
+        except every probe_every-th call, which drafts 2L + 1: slots past the best length are only
+        observed when drafted, and a pessimistic estimate of them would never be corrected
+        otherwise (the probe round is lossless like every other)."""
         self._choices += 1
-        if self.probe_every and self._choices % self.probe_every == 0:
-            return min(self.block_size - 1, 2 * L + 1)
-        return L
+        probe = bool(self.probe_every) and self._choices % self.probe_every == 0
+        stretch = (lambda L: min(self.block_size - 1, 2 * L + 1)) if probe else (lambda L: L)
+        if not self.cost.packed:
+            return stretch(self.best(requests))
+        return {r: stretch(L) for r, L in zip(requests, self.best_per_request(requests))}
 
     def observe(self, request, drafted, accepted):
         est, pop = self._est(request), self.population
@@ -143,23 +198,29 @@ def measure_cost(decoder_factory, block_size: int, vocab_size: int, batches: Seq
     """Time rounds of a fresh decoder at a few batch sizes and draft lengths and fit VerifyCost
     by least squares. Each shape's time is the fastest of `repeats` rounds after a warm-up (on a
     shared machine other work only adds time). decoder_factory(max_len) -> a greedy Decoder-like
-    object."""
+    object; one whose `packed` is True is also timed with half its rows at 0 drafts, which
+    separates per_token from per_slot."""
     rows, times = [], []
     g = torch.Generator().manual_seed(0)
     lengths = sorted({0, 1, block_size // 4, block_size // 2, block_size - 1})
-    for B in batches:
-        for L in lengths:
-            decoder = decoder_factory(prompt_len + 4 * block_size * (repeats + 1))
-            prompts = torch.randint(0, vocab_size, (B, prompt_len), generator=g).tolist()
-            decoder.admit(list(range(B)), prompts, [4 * block_size * (repeats + 1)] * B, [[]] * B)
-            decoder.step(L)  # warm-up
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                decoder.step(L)
-                best = min(best, time.perf_counter() - t0)
-            times.append(best)
-            rows.append([1.0, B * (L + 1), 1.0 if L > 0 else 0.0])
+    packed = bool(getattr(decoder_factory(prompt_len + 1), "packed", False))
+    shapes = [[L] * B for B in batches for L in lengths]
+    if packed:
+        shapes += [[L, 0] * (max(batches) // 2) for L in lengths if L > 0]
+    for shape in shapes:
+        B, n = len(shape), 4 * block_size * (repeats + 1)
+        decoder = decoder_factory(prompt_len + n)
+        prompts = torch.randint(0, vocab_size, (B, prompt_len), generator=g).tolist()
+        decoder.admit(list(range(B)), prompts, [n] * B, [[]] * B)
+        decoder.step(shape)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            decoder.step(shape)
+            best = min(best, time.perf_counter() - t0)
+        times.append(best)
+        T = max(shape) + 1
+        rows.append([1.0, sum(L + 1 for L in shape) if packed else B * T, 1.0 if T > 1 else 0.0] + ([B * T] if packed else []))
     sol = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None]).solution
-    fixed, per_token, draft = (max(0.0, float(x)) for x in sol[:, 0])
-    return VerifyCost(fixed, per_token, draft)
+    fixed, per_token, draft, *per_slot = (max(0.0, float(x)) for x in sol[:, 0])
+    return VerifyCost(fixed, per_token, draft, per_slot[0] if packed else 0.0, packed)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Iterator, Mapping, Protocol, Sequence
 
 import torch
 
@@ -242,9 +242,9 @@ class DecoderProtocol(Protocol):
               stops: Sequence[Sequence[int]]) -> StepRecord:
         """Prefill new requests and add them to the batch."""
 
-    def step(self, draft_len: int | Sequence[int] | None = None) -> StepRecord:
-        """One round for every running request (draft_len: drafts this round, one for all or one
-        per running request in batch order; None: block_size - 1)."""
+    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None) -> StepRecord:
+        """One round for every running request (draft_len: drafts this round, one for all, one per
+        running request in batch order, or {request id: drafts}; None: block_size - 1)."""
 
     def cancel(self, ids: Sequence[int]) -> None:
         """Remove requests from the batch."""
@@ -288,6 +288,11 @@ class Decoder:
     @property
     def running(self) -> int:
         return 0 if self.st is None else len(self.st.rows)
+
+    @property
+    def packed(self) -> bool:
+        """A round verifies only each request's own drafts (rows of different lengths cost less)."""
+        return bool(getattr(self.target, "packed", False))
 
     def _commit(self, rows: list[int], new: list[list[int]]) -> tuple[list[list[int]], list[str | None]]:
         out, done = [], []
@@ -353,10 +358,11 @@ class Decoder:
         return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1)
 
     @torch.inference_mode()
-    def step(self, draft_len: int | Sequence[int] | None = None) -> StepRecord:
+    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None) -> StepRecord:
         """One round for every running request. draft_len: drafts to verify this round (0 = a
-        plain target step, speculation off), one for all or one per running request (rows in
-        `running` order, as StepRecord.seq_ids lists them); None = block_size - 1. A request's
+        plain target step, speculation off), one for all, one per running request (rows in
+        the order StepRecord.seq_ids lists them), or {request id: drafts} (a request it does not
+        name drafts block_size - 1); None = block_size - 1. A request's
         drafts never go past the tokens it has left. Every length is lossless. In a round of
         different lengths the batch drafts the longest; each request verifies its own (a packed
         target runner runs only those tokens, another pads)."""
@@ -365,7 +371,10 @@ class Decoder:
         self.rounds += 1
         t0 = _now()
         B, longest = len(st.rows), self.block_size - 1
-        want = [longest] * B if draft_len is None else _per_request(draft_len, B, "draft_len", nested=False)
+        if isinstance(draft_len, Mapping):
+            want = [draft_len.get(r, longest) for r in st.rows]
+        else:
+            want = [longest] * B if draft_len is None else _per_request(draft_len, B, "draft_len", nested=False)
         left = [self.limits[r] - len(self.generated[r]) for r in st.rows]
         lengths = [0 if self.mode == "ar" else max(0, min(n, longest, rest - 1)) for n, rest in zip(want, left)]
         T = max(lengths) + 1

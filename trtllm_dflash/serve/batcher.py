@@ -223,7 +223,7 @@ class ServingEngine:
             on_fatal, self.on_fatal = self.on_fatal, None
             on_fatal(self.model.failed)
 
-    def _draft_len(self, key: tuple, jobs: dict[int, Job]) -> int | None:
+    def _draft_len(self, key: tuple, jobs: dict[int, Job]) -> int | dict[int, int] | None:
         if key[1] is not None:  # the requests asked for a draft length
             return key[1]
         if self.policy is None or key[2] not in self.policy.modes:

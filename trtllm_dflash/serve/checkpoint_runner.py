@@ -33,7 +33,7 @@ import socket
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -492,8 +492,9 @@ class _RemoteDecoder:
               stops: Sequence[Sequence[int]]):
         return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops])
 
-    def step(self, draft_len: int | Sequence[int] | None = None):
-        return self._call("step", draft_len if draft_len is None or isinstance(draft_len, int) else list(draft_len))
+    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None):
+        plain = draft_len is None or isinstance(draft_len, int)
+        return self._call("step", draft_len if plain else dict(draft_len) if isinstance(draft_len, Mapping) else list(draft_len))
 
     def cancel(self, ids: Sequence[int]) -> None:
         self._call("cancel", list(ids))
