@@ -60,7 +60,7 @@ def decode(target, drafter, prompts, n, policy) -> tuple[list[list[int]], float,
         for k, (r, toks, fin) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished)):
             tokens[r] += toks
             lengths[rec.drafted[k]] += 1
-            if isinstance(policy, AutoDraftLength):
+            if isinstance(policy, AutoDraftLength) and not fin:  # as serve/batcher.py: a last round is cut short
                 policy.observe(r, rec.drafted[k], len(toks) - 1)
             if fin:
                 done[r] = now

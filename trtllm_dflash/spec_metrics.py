@@ -35,6 +35,10 @@ DRAFT_PER_POS = MetricDef("dflash_spec_decode_draft_tokens_per_pos_total", COUNT
 ACCEPTED_PER_POS = MetricDef("dflash_spec_decode_accepted_tokens_per_pos_total", COUNTER,
                              "Rounds whose draft at this 1-based position was accepted (chain rounds).",
                              LABELS + ("position",))
+REQUEST_DRAFT_LEN = MetricDef("dflash_spec_decode_request_rounds_total", COUNTER,
+                              "Verify passes of one request, by the draft length that request ran (0: plain "
+                              "decoding for it in that pass; `draft_len: auto` chooses one per request).",
+                              LABELS + ("draft_len",))
 DRAFT_LEN = MetricDef("dflash_spec_decode_draft_len", HISTOGRAM,
                       "Draft length chosen for a verify pass (the largest of its requests).",
                       buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64))
@@ -45,6 +49,6 @@ DRAFT_TIME = MetricDef("dflash_draft_time_seconds", HISTOGRAM, "Drafter pass tim
 VERIFY_TIME = MetricDef("dflash_verify_time_seconds", HISTOGRAM, "Target verify pass time of a round.",
                         buckets=_TIME_BUCKETS)
 
-METRICS = (DRAFT_TOKENS, ACCEPTED_TOKENS, ROUNDS, DRAFT_PER_POS, ACCEPTED_PER_POS, DRAFT_LEN, VERIFY_BATCH,
-           DRAFT_TIME, VERIFY_TIME)
+METRICS = (DRAFT_TOKENS, ACCEPTED_TOKENS, ROUNDS, DRAFT_PER_POS, ACCEPTED_PER_POS, REQUEST_DRAFT_LEN, DRAFT_LEN,
+           VERIFY_BATCH, DRAFT_TIME, VERIFY_TIME)
 CHAIN_MODES = ("dflash",)  # modes whose drafts have positions

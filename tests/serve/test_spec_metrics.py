@@ -36,8 +36,10 @@ def test_rounds_become_counters_and_per_position_acceptance():
     assert t.drafted_per_pos == {1: 4, 2: 4, 3: 3}
     assert t.accepted_per_pos == {1: 3, 2: 2, 3: 1}
     assert t.tau == pytest.approx(1 + 6 / 4)
+    assert t.rounds_by_draft_len == {3: 3, 2: 1}  # per request and round: the length that request ran
     ar = totals(s, "dflash", "ar")
     assert (ar.drafted, ar.accepted, ar.rounds, ar.tau) == (0, 0, 2, 1.0)
+    assert ar.rounds_by_draft_len == {0: 2}
     assert totals(s, "other").rounds == 0
     # Histograms: one observation per verify pass, the batch size and the largest draft.
     batch = {lab["le"]: v for lab, v in s["dflash_verify_batch_size_bucket"] if lab["mode"] == "dflash"}

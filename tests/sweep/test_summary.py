@@ -82,6 +82,20 @@ def test_tables_fit_a_100_column_terminal():
     assert "128 *" in text or "128  " in text
 
 
+def test_the_servers_own_counts_get_their_columns_and_csv_fields():
+    """With the server's /metrics read: its tau, and the share of request rounds without drafts
+    (what `draft_len: auto` chose per request), in the table and the CSV row."""
+    from dataclasses import replace
+
+    row = replace(level(4, 9), server_tau=2.5, server_draft_lens={"0": 3.0, "7": 6.0, "15": 3.0})
+    assert row.zero_draft_share == 0.25 and row.flat()["zero_draft_share"] == 0.25
+    console = Console(record=True, width=120)
+    console.print(summary_table([row], "a sweep"))
+    text = console.export_text()
+    assert "no" in text and "draft" in text and "25%" in text and "2.50" in text
+    assert replace(level(4, 9)).zero_draft_share is None
+
+
 def test_the_curves_a_sweep_measures():
     budget, plain = load_recipe(None), load_recipe(None, ["speculative.ddtree_budget=null"])
     assert [v.name for v in sweep_variants(budget)] == ["ar", "dflash", "ddtree"]

@@ -72,6 +72,9 @@ def test_openai_sweep_gives_the_tokens_and_tau_of_the_triton_sweep(both, tmp_pat
             mine = [r for r in recs if r["concurrency"] == level.concurrency]
             expected = sum(r["output_tokens"] - 1 for r in mine) / sum(r["rounds"] for r in mine)
             assert level.server_tau == pytest.approx(expected, rel=1e-9), (level.concurrency, level.tau)
+            # ... and the draft length each request ran in each of those passes
+            assert sum(level.server_draft_lens.values()) == sum(r["rounds"] for r in mine)
+            assert sum(int(k) * n for k, n in level.server_draft_lens.items()) == sum(r["drafted"] for r in mine)
 
 
 @pytest.mark.slow

@@ -282,7 +282,8 @@ class ServingEngine:
                 job.rounds += 1
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
-                if observe and self.policy is not None:
+                if observe and self.policy is not None and done is None:
+                    # (a request's last round commits only what it has left: not what was accepted)
                     self.policy.observe(rid, drafted, len(toks) - 1)
             # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
             text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens

@@ -39,6 +39,7 @@ from trtllm_dflash.spec_metrics import (  # noqa: F401  (the one definition; re-
     DRAFT_TIME,
     DRAFT_TOKENS,
     HISTOGRAM,
+    REQUEST_DRAFT_LEN,
     LABELS,
     METRICS,
     ROUNDS,
@@ -77,6 +78,8 @@ class SpecMetrics:
             ins.observe(DRAFT_TIME, labels, t_draft)
         if sum(accepted):
             ins.add(ACCEPTED_TOKENS, labels, sum(accepted))
+        for n in sorted(set(drafted)):
+            ins.add(REQUEST_DRAFT_LEN, {**labels, "draft_len": str(n)}, drafted.count(n))
         ins.observe(DRAFT_LEN, labels, max(drafted))
         ins.observe(VERIFY_BATCH, labels, len(drafted))
         ins.observe(VERIFY_TIME, labels, t_verify)

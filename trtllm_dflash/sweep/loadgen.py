@@ -331,7 +331,9 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                     row = summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len)
                     after = settled(metrics_url, model) if before is not None else None
                     if after is not None:
-                        row = replace(row, server_tau=totals(after, model).minus(totals(before, model)).tau)
+                        grew = totals(after, model).minus(totals(before, model))
+                        row = replace(row, server_tau=grew.tau, server_draft_lens={
+                            str(k): v for k, v in sorted(grew.rounds_by_draft_len.items()) if v})
                     per.setdefault((v.name, c), []).append(row)
                     all_records += recs
     rows = [median_repeat(per[(v.name, c)]) for v in variants for c in levels]

@@ -145,6 +145,15 @@ class LevelSummary:
     # tau from the server's own /metrics counters over the level (sweep/server_metrics.py): its verify
     # passes of every request of the level, the warm-up ones included; None when they were not read
     server_tau: float | None = None
+    # the server's request rounds of the level by the draft length each request ran (from the same
+    # counters, keys as strings for JSON); None when they were not read
+    server_draft_lens: dict[str, float] | None = None
+
+    @property
+    def zero_draft_share(self) -> float | None:
+        """Of the level's request rounds on the server, the share that drafted nothing."""
+        total = sum(self.server_draft_lens.values()) if self.server_draft_lens else 0
+        return self.server_draft_lens.get("0", 0.0) / total if total else None
 
     @classmethod
     def from_json(cls, d: dict) -> "LevelSummary":
@@ -157,7 +166,7 @@ class LevelSummary:
     def flat(self) -> dict:
         """One CSV row: scalars plus mean/p50/p90/p99 of each distribution."""
         scalars = ("curve", "mode", "draft_len", "concurrency", "requests", "failed", "wall_s", "output_tokens",
-                   "output_tok_s", "output_tok_s_per_gpu", "tau", "draft_per_round", "server_tau")
+                   "output_tok_s", "output_tok_s_per_gpu", "tau", "draft_per_round", "server_tau", "zero_draft_share")
         row = {k: getattr(self, k) for k in scalars}
         for name in DISTRIBUTIONS:
             dist = getattr(self, name)

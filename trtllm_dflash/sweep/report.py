@@ -55,27 +55,30 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
     from rich.table import Table
 
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    server = any(s.server_tau is not None for s in summaries)  # the server's /metrics were read
     for col in ("curve", "conc", "reqs", "tok/s\n/GPU", "tok/s\n/user", "TTFT\np50", "TTFT\np99", "TPOT\np50",
-                "gap\np50", "tau", "tau\nserver", "drafts\n/round"):
+                "gap\np50", "tau", *(["tau\nserver"] if server else []), "drafts\n/round", *(["no\ndraft"] if server else [])):
         t.add_column(col, justify="left" if col == "curve" else "right", no_wrap=True)
     curves = by_curve(summaries)
     for n, (name, rows) in enumerate(curves.items()):
         front = set(pareto_front(points(rows)))
         for i, s in enumerate(rows):
             ms = lambda d, stat: f"{getattr(d, stat) * 1e3:.1f}" if d else "-"  # noqa: E731
-            t.add_row(
+            cells = [
                 label(name) if i == 0 else "", str(s.concurrency) + (" *" if i in front else "  "),
                 str(s.requests) + (f" ({s.failed} failed)" if s.failed else ""),
                 f"{s.output_tok_s_per_gpu:.1f}", f"{s.tok_s_user.p50:.1f}" if s.tok_s_user else "-",
                 ms(s.ttft_s, "p50"), ms(s.ttft_s, "p99"), ms(s.tpot_s, "p50"), ms(s.inter_chunk_s, "p50"),
                 f"{s.tau:.2f}" if s.tau else "unknown",  # the server reported no verify passes
-                f"{s.server_tau:.2f}" if s.server_tau else "-",
+                *([f"{s.server_tau:.2f}" if s.server_tau else "-"] if server else []),
                 f"{s.draft_per_round:.1f}" if s.draft_per_round is not None and s.tau else "-",
-                end_section=i == len(rows) - 1 and n < len(curves) - 1,
-            )
-    t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass (tau server: from the "
-                 "server's /metrics, warm-up requests included); drafts/round = drafts "
-                 "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)")
+                *([f"{s.zero_draft_share:.0%}" if s.zero_draft_share is not None else "-"] if server else []),
+            ]
+            t.add_row(*cells, end_section=i == len(rows) - 1 and n < len(curves) - 1)
+    t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass; drafts/round = drafts "
+                 "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)" + (
+                     "; from the server's /metrics (warm-up requests included): tau server, and no draft = its "
+                     "request rounds without drafts (plain decoding for that request)" if server else ""))
     return t
 
 

@@ -13,7 +13,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from trtllm_dflash.spec_metrics import ACCEPTED_PER_POS, ACCEPTED_TOKENS, DRAFT_PER_POS, DRAFT_TOKENS, ROUNDS
+from trtllm_dflash.spec_metrics import (
+    ACCEPTED_PER_POS,
+    ACCEPTED_TOKENS,
+    DRAFT_PER_POS,
+    DRAFT_TOKENS,
+    REQUEST_DRAFT_LEN,
+    ROUNDS,
+)
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> [(labels, value)]
 
@@ -63,6 +70,7 @@ class SpecTotals:
     rounds: float = 0.0
     drafted_per_pos: dict[int, float] = field(default_factory=dict)
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
+    rounds_by_draft_len: dict[int, float] = field(default_factory=dict)  # a request's rounds, by its drafts
 
     @property
     def tau(self) -> float | None:
@@ -75,7 +83,8 @@ class SpecTotals:
 
         return SpecTotals(self.drafted - before.drafted, self.accepted - before.accepted, self.rounds - before.rounds,
                           sub(self.drafted_per_pos, before.drafted_per_pos),
-                          sub(self.accepted_per_pos, before.accepted_per_pos))
+                          sub(self.accepted_per_pos, before.accepted_per_pos),
+                          sub(self.rounds_by_draft_len, before.rounds_by_draft_len))
 
     def per_position(self) -> list[float]:
         """Acceptance at positions 1, 2, ... (accepted / drafted there)."""
@@ -89,11 +98,12 @@ def totals(samples: Samples, model: str | None = None, mode: str | None = None) 
         return [(lab, v) for lab, v in samples.get(metric.name, [])
                 if (model is None or lab.get("model") == model) and (mode is None or lab.get("mode") == mode)]
 
-    def per_pos(metric) -> dict[int, float]:
+    def by(metric, label: str) -> dict[int, float]:
         out: dict[int, float] = {}
         for lab, v in pick(metric):
-            out[int(lab["position"])] = out.get(int(lab["position"]), 0.0) + v
+            out[int(lab[label])] = out.get(int(lab[label]), 0.0) + v
         return out
 
     return SpecTotals(sum(v for _, v in pick(DRAFT_TOKENS)), sum(v for _, v in pick(ACCEPTED_TOKENS)),
-                      sum(v for _, v in pick(ROUNDS)), per_pos(DRAFT_PER_POS), per_pos(ACCEPTED_PER_POS))
+                      sum(v for _, v in pick(ROUNDS)), by(DRAFT_PER_POS, "position"), by(ACCEPTED_PER_POS, "position"),
+                      by(REQUEST_DRAFT_LEN, "draft_len"))
