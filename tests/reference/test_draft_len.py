@@ -148,6 +148,23 @@ def test_on_a_packed_runner_each_request_gets_its_own_length_zero_included():
     assert isinstance(AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4)).choose([1, 2], 2), int)
 
 
+def test_a_request_that_stopped_drafting_drifts_back_to_every_requests_estimate():
+    """A request at 0 drafts observes nothing: without the drift its low estimate would keep it
+    at 0 for good while the others show that drafting pays."""
+    cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=2e-4, per_slot=1e-6, packed=True)
+    auto = AutoDraftLength(block_size=8, cost=cost, prior=0.9, probe_every=0)
+    for _ in range(20):
+        auto.observe(1, 7, 0)  # request 1 rejects everything
+        auto.observe(2, 7, 7)  # request 2 accepts everything
+    assert auto.choose([1, 2], 2)[1] == 0
+    rounds = 0
+    while auto.choose([1, 2], 2)[1] == 0 and rounds < 50:
+        auto.observe(1, 0, 0)
+        auto.observe(2, 7, 7)
+        rounds += 1
+    assert 0 < rounds < 50 and auto.choose([1, 2], 2)[1] > 0
+
+
 def test_bands_follow_concurrency():
     bands = Bands([(1, 15), (8, 4), (64, 0)], block_size=16)
     assert [bands.choose([], c) for c in (1, 2, 8, 9, 64, 100)] == [15, 4, 4, 0, 0, 0]

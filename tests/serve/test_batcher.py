@@ -201,7 +201,7 @@ def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair):
 def test_auto_observe_ignores_slots_past_the_block():
     from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
 
-    auto = AutoDraftLength(block_size=4, cost=VerifyCost(1e-3, 1e-5, 2e-4))
+    auto = AutoDraftLength(block_size=4, cost=VerifyCost(1e-3, 1e-5, 2e-4), prior=0.6)
     auto.observe(1, 32, 15)  # a tree round's numbers: no IndexError, three slots accepted
     assert auto.estimates[1] == pytest.approx([0.6 * 0.8 + 0.2] * 3)
 

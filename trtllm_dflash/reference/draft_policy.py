@@ -186,6 +186,13 @@ class AutoDraftLength:
 
     def observe(self, request, drafted, accepted):
         est, pop = self._est(request), self.population
+        if drafted == 0:
+            # Nothing observed. A request that drafts nothing would keep its low estimate for good
+            # (per-request lengths: the others go on drafting); it drifts back to every request's
+            # estimate instead, and drafts again when that says drafting pays.
+            for j in range(len(est)):
+                est[j] = self.decay * est[j] + (1 - self.decay) * pop[j]
+            return
         # slots 1..accepted were accepted given their predecessors; slot accepted+1 was rejected
         # (a chain round: drafted <= block_size - 1 = len(est))
         for j in range(min(drafted, accepted + 1, len(est))):

@@ -168,8 +168,10 @@ class TritonPythonModel:
             pb_utils.Logger.log_info(f"dflash: tensor-parallel rank processes (rank order): {d.model.pids}")
         cost = getattr(self.engine.policy, "cost", None)
         if cost is not None:  # draft_len: auto
-            pb_utils.Logger.log_info(f"dflash: draft length auto; round cost fitted at start-up: {cost.fixed * 1e3:.2f} ms "
-                                     f"+ {cost.per_token * 1e3:.3f} ms per verified token + {cost.draft * 1e3:.2f} ms "
+            pb_utils.Logger.log_info(f"dflash: draft length auto ({'one per request' if cost.packed else 'one per round'}); "
+                                     f"round cost fitted at start-up: {cost.fixed * 1e3:.2f} ms "
+                                     f"+ {cost.per_token * 1e3:.3f} ms per verified token "
+                                     f"+ {cost.per_slot * 1e3:.3f} ms per padded slot + {cost.draft * 1e3:.2f} ms "
                                      "with a drafter pass")
 
     def execute(self, requests):
