@@ -50,8 +50,9 @@ def scenario(seed: int, vocab: int):
     return events
 
 
-def play(decoder: Decoder, events, stops) -> list:
-    """Run the script; returns every StepRecord as comparable tuples."""
+def play(decoder: Decoder, events, stops, per_request: bool = False) -> list:
+    """Run the script; returns every StepRecord as comparable tuples. per_request: every round
+    gives each request a draft length of its own (0 included), from its id and the round."""
     log, rnd = [], 0
     while True:
         for at, kind, ids, prompts, limits in events:
@@ -63,7 +64,7 @@ def play(decoder: Decoder, events, stops) -> list:
             else:
                 decoder.cancel(ids)
         if decoder.running:
-            rec = decoder.step()
+            rec = decoder.step({r: (3 * r + rnd) % 8 for r in range(64)} if per_request else None)
             log.append(("step", rec.seq_ids, rec.tokens, rec.finished, rec.drafted))
         elif rnd > max(e[0] for e in events):
             return log
@@ -91,22 +92,27 @@ def oracle_drafts(monkeypatch, futures: dict[int, list[int]], corrupt_every: int
     monkeypatch.setattr(loop, "_draft_logits", oracle)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_greedy_engine_runners_equal_reference_runners(pair, seed, monkeypatch):
+@pytest.mark.parametrize("seed,per_request", [(0, False), (1, False), (2, False), (3, False), (4, True), (5, True)])
+def test_greedy_engine_runners_equal_reference_runners(pair, seed, per_request, monkeypatch):
+    """Step for step, the engine backend's runners commit what the reference runners commit, with
+    one draft length for all or (per_request) each request's own, where each engine request runs
+    only its own tokens."""
     target, drafter = pair
     events = scenario(seed, target.cfg.vocab_size)
     stops = [7]  # a stop token that does occur: requests end on it too
     ref = LocalModel(target, drafter)
-    first = play(ref.decoder(sampling=SamplingParams(), max_len=64), events, stops)
+    first = play(ref.decoder(sampling=SamplingParams(), max_len=64), events, stops, per_request)
     futures = {e_id: list(p) for e in events if e[1] == "admit" for e_id, p in zip(e[2], e[3])}
     for rec in first:
         for r, toks in zip(rec[1], rec[2]):
             futures[r] += toks
     oracle_drafts(monkeypatch, futures)
     engine = engine_model_from_pair(target, drafter, max_seq_len=64)
-    got = play(engine.decoder(sampling=SamplingParams(), max_len=64), events, stops)
-    assert got == play(ref.decoder(sampling=SamplingParams(), max_len=64), events, stops)
+    got = play(engine.decoder(sampling=SamplingParams(), max_len=64), events, stops, per_request)
+    assert got == play(ref.decoder(sampling=SamplingParams(), max_len=64), events, stops, per_request)
     assert any(len(set(map(len, rec[2]))) > 1 for rec in got if rec[0] == "step")  # ragged acceptance happened
+    if per_request:
+        assert any(0 in rec[4] and max(rec[4]) > 0 for rec in got if rec[0] == "step")  # 0 beside drafts, one round
     assert engine.executor.reused_tokens > 0  # verify rounds reused their committed prefix
 
 

@@ -120,22 +120,24 @@ class EngineTarget:
         self.last += [[] for _ in prompts]
         return torch.stack([self._scores(out, 1)[0] for out in outs]), feats
 
-    packed = False  # every row runs all T tokens (lengths only say which drafts count: padding)
+    packed = True  # each row is a request of its own: it runs only its own anchor + drafts
 
     def verify(self, tokens, start, lengths=None):
         T = tokens.shape[1]
         if T > self.tail:
             raise RuntimeError(f"verify block of {T} tokens is longer than the engine's tail of {self.tail} rows")
+        own = [T] * len(start) if lengths is None else [n + 1 for n in lengths.tolist()]  # tokens each row runs
         inputs = []
         for b, s in enumerate(start.tolist()):
             have = self.committed[b]
             have += self.last[b][: s - len(have)]  # the anchor and accepted drafts of the last round
             assert len(have) == s, f"row {b}: {len(have)} committed tokens for position {s}"
-            self.last[b] = tokens[b].tolist()
+            self.last[b] = tokens[b, : own[b]].tolist()
             inputs.append(have + self.last[b])
         outs = self._requests(inputs, self.salt, self._tail())
-        logits = torch.stack([self._scores(out, T) for out in outs])  # [B, T, V]
-        feats = torch.stack([out["dflash_tail"][-T:] for out in outs])  # [B, T, H]
+        pad = lambda x, n: torch.nn.functional.pad(x, (0, 0, 0, T - n))  # noqa: E731  rows past a row's own: zeros
+        logits = torch.stack([pad(self._scores(out, n), n) for out, n in zip(outs, own)])  # [B, T, V]
+        feats = torch.stack([pad(out["dflash_tail"][-n:], n) for out, n in zip(outs, own)])  # [B, T, H]
         return logits, feats
 
     def keep(self, idx):
