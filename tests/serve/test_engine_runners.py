@@ -107,8 +107,19 @@ def test_greedy_engine_runners_equal_reference_runners(pair, seed, per_request, 
         for r, toks in zip(rec[1], rec[2]):
             futures[r] += toks
     oracle_drafts(monkeypatch, futures)
+    sent = []  # per verify: the tokens each row sent past its committed ones, and its own drafts + 1
+    verify = EngineTarget.verify
+
+    def spy(self, tokens, start, lengths=None):
+        out = verify(self, tokens, start, lengths)
+        sent.append(([len(x) for x in self.last], [tokens.shape[1]] * len(self.last) if lengths is None
+                     else (lengths + 1).tolist()))
+        return out
+
+    monkeypatch.setattr(EngineTarget, "verify", spy)
     engine = engine_model_from_pair(target, drafter, max_seq_len=64)
     got = play(engine.decoder(sampling=SamplingParams(), max_len=64), events, stops, per_request)
+    assert all(ran == own for ran, own in sent)  # every row ran only its own anchor + drafts
     assert got == play(ref.decoder(sampling=SamplingParams(), max_len=64), events, stops, per_request)
     assert any(len(set(map(len, rec[2]))) > 1 for rec in got if rec[0] == "step")  # ragged acceptance happened
     if per_request:
