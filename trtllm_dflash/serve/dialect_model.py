@@ -65,7 +65,11 @@ class _Graveyard:
         every iterator parked so far once a cancellation query on `sender` has made the round trip."""
         with self._lock:
             batch, self._parked = self._parked + [responses], []
-        if sender.is_cancelled():  # maybe answered from its cache, without a round trip: keep them
+        try:
+            answered = not sender.is_cancelled()  # True may come from its cache, without a round trip
+        except Exception:  # the stub is shutting down: no round trip either
+            answered = False
+        if not answered:
             with self._lock:
                 self._parked.extend(batch)
 
