@@ -70,16 +70,12 @@ def decode(target, drafter, prompts, n, policy) -> tuple[list[list[int]], float,
     return [tokens[r] for r in ids], rate, lengths
 
 
-class _Uniform:
-    """A decoder factory whose decoders do not say they are packed: measure_cost fits the
-    uniform-round model that one-length-per-batch `auto` used."""
+class _Unpacked:
+    """A decoder that does not say it is packed: measure_cost fits it the uniform-round model that
+    one-length-per-batch `auto` used."""
 
-    def __init__(self, factory):
-        self.factory = factory
-
-    def __call__(self, max_len):
-        d = self.factory(max_len)
-        return type("UniformDecoder", (), {"admit": d.admit, "step": d.step})()
+    def __init__(self, decoder):
+        self.admit, self.step = decoder.admit, decoder.step
 
 
 def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, threads=2) -> dict:
@@ -93,7 +89,7 @@ def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, 
     block, vocab = drafter.block_size, target.cfg.vocab_size
     factory = lambda max_len: Decoder(target, drafter, max_len=max_len)  # noqa: E731
     with torch.inference_mode():
-        packed, uniform = measure_cost(factory, block, vocab), measure_cost(_Uniform(factory), block, vocab)
+        packed, uniform = measure_cost(factory, block, vocab), measure_cost(lambda n: _Unpacked(factory(n)), block, vocab)
     policies = ["ar", *FIXED, "auto-batch", "auto"]
     # One instance of each auto policy for the whole run, as a server keeps one: a new request
     # starts from the acceptance of every request before it (the warm-up pass teaches them first).
