@@ -55,8 +55,11 @@ def decode(target, drafter, prompts, n, policy) -> tuple[list[list[int]], float,
         alive = [r for r in ids if r not in done]
         L = policy.choose(alive, decoder.running) if isinstance(policy, AutoDraftLength) else \
             None if policy == "ar" else policy
+        t_step = time.perf_counter()
         rec = decoder.step(L)
         now = time.perf_counter()
+        if isinstance(policy, AutoDraftLength):  # as serve/batcher.py: what its rounds cost
+            policy.observe_round(rec.drafted, now - t_step)
         for k, (r, toks, fin) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished)):
             tokens[r] += toks
             lengths[rec.drafted[k]] += 1

@@ -165,6 +165,26 @@ def test_a_request_that_stopped_drafting_drifts_back_to_every_requests_estimate(
     assert 0 < rounds < 50 and auto.choose([1, 2], 2)[1] > 0
 
 
+def test_rounds_that_cost_more_than_modelled_correct_the_choice():
+    """The start-up fit is corrected by what rounds of each shape took: when drafting rounds
+    turn out three times dearer than modelled, a batch whose drafts pay only a little under the
+    model stops drafting; rounds as cheap as modelled leave the choice alone."""
+    cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=5e-4, per_slot=2e-5, packed=True)
+    auto = AutoDraftLength(block_size=8, cost=cost, prior=0.9, probe_every=0)
+    for r in range(8):
+        for _ in range(20):
+            auto.observe(r, 7, 1)  # one draft accepted in two: drafting pays a little
+    first = auto.choose(list(range(8)), 8)
+    assert max(first.values()) > 0
+    for _ in range(30):
+        auto.observe_round(list(first.values()), 1.0 * cost.lengths_s(list(first.values())))
+    assert auto.choose(list(range(8)), 8) == first
+    for _ in range(30):
+        for L in range(1, 8):  # every drafting shape of 8 requests: three times its model
+            auto.observe_round([L] * 8, 3.0 * cost.lengths_s([L] * 8))
+    assert set(auto.choose(list(range(8)), 8).values()) == {0}
+
+
 def test_bands_follow_concurrency():
     bands = Bands([(1, 15), (8, 4), (64, 0)], block_size=16)
     assert [bands.choose([], c) for c in (1, 2, 8, 9, 64, 100)] == [15, 4, 4, 0, 0, 0]

@@ -41,6 +41,9 @@ class DraftPolicy(Protocol):
     def observe(self, request: int, drafted: int, accepted: int) -> None:
         """A round of `request` verified `drafted` drafts and accepted the first `accepted`."""
 
+    def observe_round(self, lengths: Sequence[int], seconds: float) -> None:
+        """A round whose requests drafted `lengths` (in batch order) took `seconds`."""
+
     def forget(self, request: int) -> None:
         """The request left."""
 
@@ -60,6 +63,9 @@ class Bands:
         return self.bands[-1][1] if self.bands else self.block_size - 1
 
     def observe(self, request, drafted, accepted):
+        pass
+
+    def observe_round(self, lengths, seconds):
         pass
 
     def forget(self, request):
@@ -104,6 +110,11 @@ class AutoDraftLength:
     probe_every: int = 16  # every n-th choice drafts longer than the best (0: never), see `choose`
     estimates: dict[int, list[float]] = field(default_factory=dict)
     population: list[float] = field(default_factory=list)
+    # measured / modelled round time, by (requests, longest drafts + 1), from the rounds that ran
+    # (`observe_round`): the start-up fit misses shapes it did not time (larger batches) and costs
+    # it does not model (the drafter catching up on context after rounds without drafts)
+    correction: dict[tuple[int, int], float] = field(default_factory=dict)
+    correction_decay: float = 0.9
     _choices: int = 0
     modes = ("dflash",)  # a class attribute (no annotation): not a dataclass field
 
@@ -127,7 +138,7 @@ class AutoDraftLength:
         """The one draft length of highest expected tokens per second for this batch."""
         best, best_rate = 0, -1.0
         for L in range(self.block_size):
-            rate = sum(self.expected_tokens(r, L) for r in requests) / self.cost.round_s(len(requests), L)
+            rate = sum(self.expected_tokens(r, L) for r in requests) / self.round_s([L] * len(requests))
             if rate > best_rate:
                 best, best_rate = L, rate
         return best
@@ -147,14 +158,15 @@ class AutoDraftLength:
         rows = torch.arange(len(requests))
 
         def rate(L: torch.Tensor) -> float:
-            return float(gain[rows, L].sum()) / self.cost.lengths_s(L.tolist())
+            return float(gain[rows, L].sum()) / self.round_s(L.tolist())
 
         best = torch.zeros(len(requests), dtype=torch.long)
         best_rate = rate(best)
         for longest in range(1, self.block_size):
             r = best_rate
             for _ in range(4):  # Dinkelbach converges in a few steps
-                L = (inc[:, :longest] > r * self.cost.per_token).sum(1)  # [B] prefix lengths
+                per_token = self.cost.per_token * self.correction.get((len(requests), longest + 1), 1.0)
+                L = (inc[:, :longest] > r * per_token).sum(1)  # [B] prefix lengths
                 r_new = rate(L)
                 if r_new > best_rate:
                     best, best_rate = L, r_new
@@ -162,6 +174,19 @@ class AutoDraftLength:
                     break
                 r = r_new
         return best.tolist()
+
+    def round_s(self, lengths: Sequence[int]) -> float:
+        """The modelled seconds of a round of these draft lengths, corrected by what rounds of its
+        shape took (no correction for a shape that has not run yet)."""
+        return self.cost.lengths_s(lengths) * self.correction.get((len(lengths), max(lengths) + 1), 1.0)
+
+    def observe_round(self, lengths: Sequence[int], seconds: float) -> None:
+        """A round whose requests drafted `lengths` took `seconds` (decode only)."""
+        if not lengths or seconds <= 0:
+            return
+        key, ratio = (len(lengths), max(lengths) + 1), seconds / self.cost.lengths_s(lengths)
+        old = self.correction.get(key)
+        self.correction[key] = ratio if old is None else self.correction_decay * old + (1 - self.correction_decay) * ratio
 
     def _increments(self, request: int) -> list[float]:
         """prod_{j<=k} a_j for k = 1..K: the expected extra token of drafting slot k."""

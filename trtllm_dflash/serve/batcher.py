@@ -200,6 +200,8 @@ class ServingEngine:
                         t0 = now()
                         rec = decoder.step(self._draft_len(key, jobs))
                         t1 = now()
+                        if key[1] is None and self.policy is not None and key[2] in self.policy.modes:
+                            self.policy.observe_round(rec.drafted, t1 - t0)  # what the policy's rounds cost
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
                         self._deliver(decoder, jobs, rec, mode=key[2])
                         if self.trace:
