@@ -10,7 +10,8 @@ target's own token), so a policy only trades acceptance against the verify cost:
                < j accepted), from what each round accepted, starting from the same estimate
                over every request so far (the pair's profile); the expected tokens a round of
                length L commits for a request, E(L) = 1 + sum_{k=1..L} prod_{j<=k} a_j; and the
-               round cost measured when the server starts (VerifyCost). It picks the draft
+               round cost measured when the server starts (VerifyCost), corrected by what the
+               rounds of each shape (requests, longest drafts) took since. It picks the draft
                lengths that maximise sum_b E_b(L_b) / t: the tokens per second of the whole
                batch. On a packed target runner (only each request's own tokens are verified)
                every request gets its own L_b, 0 (plain decoding for it) included; otherwise
