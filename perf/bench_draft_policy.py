@@ -26,6 +26,7 @@ histogram of its lengths. With --json the last stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -34,20 +35,17 @@ from collections import Counter
 import torch
 
 from trtllm_dflash.reference import load_pair
-from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost, measure_cost
+from trtllm_dflash.reference.draft_policy import AutoDraftLength, measure_cost
 from trtllm_dflash.reference.generate import Decoder
 
 FIXED = (1, 3, 7, 15)
 
 
-def decode(target, drafter, prompts, n, policy) -> tuple[list[list[int]], float, Counter]:
-    """(tokens per request, mean tokens/s/user, histogram of the draft lengths requests ran)."""
+def decode(target, drafter, prompts, n, policy, ids) -> tuple[list[list[int]], float, Counter]:
+    """(tokens per request, mean tokens/s/user, histogram of the draft lengths requests ran).
+    ids: the requests' ids, new to `policy` (as a server's are)."""
     mode = "ar" if policy == "ar" else "dflash"
     decoder = Decoder(target, drafter if mode != "ar" else None, mode=mode, max_len=len(prompts[0]) + n + 1)
-    base = getattr(policy, "_next_id", 0)  # request ids unique over a policy's life, as a server's
-    ids = list(range(base, base + len(prompts)))
-    if isinstance(policy, AutoDraftLength):
-        policy._next_id = base + len(prompts)
     rec = decoder.admit(ids, prompts, [n] * len(prompts), [[]] * len(prompts))
     tokens, lengths = dict(zip(ids, (list(t) for t in rec.tokens))), Counter()
     t0, done = time.perf_counter(), {}
@@ -58,13 +56,11 @@ def decode(target, drafter, prompts, n, policy) -> tuple[list[list[int]], float,
         t_step = time.perf_counter()
         rec = decoder.step(L)
         now = time.perf_counter()
-        if isinstance(policy, AutoDraftLength):  # as serve/batcher.py: what its rounds cost
-            policy.observe_round(rec.drafted, now - t_step)
-        for k, (r, toks, fin) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished)):
+        if isinstance(policy, AutoDraftLength):  # as serve/batcher.py
+            policy.learn(rec, now - t_step)
+        for r, toks, fin, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
             tokens[r] += toks
-            lengths[rec.drafted[k]] += 1
-            if isinstance(policy, AutoDraftLength) and not fin:  # as serve/batcher.py: a last round is cut short
-                policy.observe(r, rec.drafted[k], len(toks) - 1)
+            lengths[drafted] += 1
             if fin:
                 done[r] = now
                 if isinstance(policy, AutoDraftLength):
@@ -97,6 +93,7 @@ def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, 
     # One instance of each auto policy for the whole run, as a server keeps one: a new request
     # starts from the acceptance of every request before it (the warm-up pass teaches them first).
     autos = {"auto-batch": AutoDraftLength(block, uniform), "auto": AutoDraftLength(block, packed)}
+    request_ids = itertools.count()
     rows = []
     for c in levels:
         prompts = all_prompts[:c]
@@ -107,7 +104,8 @@ def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, 
             for p in policies:
                 policy = autos.get(p, p)
                 with torch.inference_mode():
-                    tokens, rate, lengths = decode(target, drafter, prompts, max_new_tokens, policy)
+                    ids = [next(request_ids) for _ in prompts]
+                    tokens, rate, lengths = decode(target, drafter, prompts, max_new_tokens, policy, ids)
                 if p == "ar":
                     ar_tokens = tokens
                 elif tokens != ar_tokens:

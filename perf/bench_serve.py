@@ -165,7 +165,6 @@ def _inprocess(deployed, ids: list[int], max_tokens: int) -> dict:
 
     engine, model = deployed.engine, deployed.model
     policy = engine.policy if engine.policy is not None and engine.mode in engine.policy.modes else None
-    learns = policy is not None and engine.mode == "dflash"  # the engine's rules (serve/batcher.py)
     decode = []
     cpu0 = time.process_time()
     decoder = model.decoder(sampling=SamplingParams(), **engine.decoder_args)
@@ -178,8 +177,8 @@ def _inprocess(deployed, ids: list[int], max_tokens: int) -> dict:
             rec = decoder.step(L)
             arrivals.append(now())
             decode.append(arrivals[-1] - t0)
-            if learns:
-                policy.observe(0, rec.drafted[0], len(rec.tokens[0]) - 1)
+            if policy is not None:  # as serve/batcher.py
+                policy.learn(rec, decode[-1])
             n += len(rec.tokens[0])
         if policy is not None:
             policy.forget(0)

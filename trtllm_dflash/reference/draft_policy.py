@@ -18,9 +18,9 @@ target's own token), so a policy only trades acceptance against the verify cost:
                one L for the batch, since shorter rows would cost the same. Every 16th round
                probes 2L + 1 drafts, so that slots past L keep being observed.
 The serving batcher asks the policy once per round for every decoder (sampling group) whose
-mode the policy sets (`modes`) and reports back what each chain (dflash) round accepted: a DDTree
-round's accepted depth is a path through a tree, not a chain's prefix, so it teaches nothing about
-a_j. Bands set DDTree's depth too; `auto`'s cost model is a chain's, so DDTree keeps its full depth.
+mode the policy sets (`modes`) and hands it back each such round (`learn`). `auto` sets and
+learns from chain (dflash) rounds only: a DDTree round's accepted depth is a path through a
+tree, not a chain's prefix, so it teaches nothing about a_j. Bands set DDTree's depth too; `auto`'s cost model is a chain's, so DDTree keeps its full depth.
 """
 
 from __future__ import annotations
@@ -39,11 +39,9 @@ class DraftPolicy(Protocol):
         """Drafts to verify this round for `requests` (one decoder's batch) when `concurrency`
         requests are running in all: one for all, or one per request ({request: drafts})."""
 
-    def observe(self, request: int, drafted: int, accepted: int) -> None:
-        """A round of `request` verified `drafted` drafts and accepted the first `accepted`."""
-
-    def observe_round(self, lengths: Sequence[int], seconds: float) -> None:
-        """A round whose requests drafted `lengths` (in batch order) took `seconds`."""
+    def learn(self, rec, seconds: float | None = None) -> None:
+        """What a round (a generate.StepRecord of one of `modes`) teaches: each request's
+        acceptance, and, with `seconds` (a round of the policy's own lengths), the round's cost."""
 
     def forget(self, request: int) -> None:
         """The request left."""
@@ -63,10 +61,7 @@ class Bands:
                 return n
         return self.bands[-1][1] if self.bands else self.block_size - 1
 
-    def observe(self, request, drafted, accepted):
-        pass
-
-    def observe_round(self, lengths, seconds):
+    def learn(self, rec, seconds=None):
         pass
 
     def forget(self, request):
@@ -209,6 +204,15 @@ class AutoDraftLength:
             return stretch(self.best(requests))
         lengths = [self.best(requests)] if len(requests) == 1 else self.best_per_request(requests)  # (same answer)
         return {r: stretch(L) for r, L in zip(requests, lengths)}
+
+    def learn(self, rec, seconds=None):
+        """observe_round (with `seconds`), then observe every request that goes on: a request's
+        last round commits only what it had left, not what was accepted."""
+        if seconds is not None:
+            self.observe_round(rec.drafted, seconds)
+        for request, tokens, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
+            if done is None:
+                self.observe(request, drafted, len(tokens) - 1)
 
     def observe(self, request, drafted, accepted):
         est, pop = self._est(request), self.population

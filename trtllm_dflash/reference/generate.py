@@ -292,7 +292,7 @@ class Decoder:
     @property
     def packed(self) -> bool:
         """A round verifies only each request's own drafts (rows of different lengths cost less)."""
-        return bool(getattr(self.target, "packed", False))
+        return self.target.packed
 
     def _commit(self, rows: list[int], new: list[list[int]]) -> tuple[list[list[int]], list[str | None]]:
         out, done = [], []

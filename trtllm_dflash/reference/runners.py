@@ -34,6 +34,7 @@ class TargetRunner(Protocol):
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     device: torch.device
+    packed: bool  # verify runs only each row's own lengths[b] + 1 tokens (see `verify`)
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """New rows join the batch (appended after the running ones). Returns the logits at
@@ -104,6 +105,8 @@ class ReferenceTarget:
     """Our torch Target over a static KV cache (slot == position); rows live in the cache's batch axis.
     Also verifies DDTree trees (verify_tree / compact), which only the reference backend runs."""
 
+    packed = True  # verify runs only each row's own tokens (Target.forward's packed batch)
+
     def __init__(self, target: Target, capture: Sequence[int], cache_len: int):
         self.model, self.capture, self.cache_len = target, tuple(capture), cache_len
         self.vocab_size, self.eos_token_ids, self.device = target.cfg.vocab_size, target.cfg.eos_token_ids, target.device
@@ -126,8 +129,6 @@ class ReferenceTarget:
         else:
             self.cache.extend(cache)
         return logits[:, 0], feats
-
-    packed = True  # verify runs only each row's own tokens (Target.forward's packed batch)
 
     def verify(self, tokens, start, lengths=None):
         T = tokens.shape[1]

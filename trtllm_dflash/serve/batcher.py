@@ -200,8 +200,8 @@ class ServingEngine:
                         t0 = now()
                         rec = decoder.step(self._draft_len(key, jobs))
                         t1 = now()
-                        if key[1] is None and self.policy is not None and key[2] in self.policy.modes:
-                            self.policy.observe_round(rec.drafted, t1 - t0)  # what the policy's rounds cost
+                        if self.policy is not None and key[2] in self.policy.modes:  # its cost: rounds it chose
+                            self.policy.learn(rec, t1 - t0 if key[1] is None else None)
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
                         self._deliver(decoder, jobs, rec, mode=key[2])
                         if self.trace:
@@ -273,8 +273,7 @@ class ServingEngine:
 
     def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord, mode: str | None = None) -> None:
         """Hand each request its tokens. `mode`: how a verify round was decoded (None for the prefill);
-        the policy learns from chain (dflash) rounds, the server's metrics count every round."""
-        observe = mode == "dflash"
+        the server's metrics count every round."""
         if rec.round > 0 and self.metrics is not None:
             self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify)
         for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
@@ -284,9 +283,6 @@ class ServingEngine:
                 job.rounds += 1
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
-                if observe and self.policy is not None and done is None:
-                    # (a request's last round commits only what it has left: not what was accepted)
-                    self.policy.observe(rid, drafted, len(toks) - 1)
             # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
             text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens
                     else self.tokenizer.decode(job.tokens))

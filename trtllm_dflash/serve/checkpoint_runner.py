@@ -493,8 +493,7 @@ class _RemoteDecoder:
         return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops])
 
     def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None):
-        plain = draft_len is None or isinstance(draft_len, int)
-        return self._call("step", draft_len if plain else dict(draft_len) if isinstance(draft_len, Mapping) else list(draft_len))
+        return self._call("step", draft_len)
 
     def cancel(self, ids: Sequence[int]) -> None:
         self._call("cancel", list(ids))

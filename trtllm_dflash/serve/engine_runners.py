@@ -75,6 +75,7 @@ class EngineTarget:
     """TargetRunner over a 1.2.1 Executor (or FakeExecutor) serving the DFlash target engine."""
 
     _salts = itertools.count(1)
+    packed = True  # each row is a request of its own: verify runs only its own anchor + drafts
 
     def __init__(self, executor, *, vocab_size: int, eos_token_ids: tuple[int, ...], tail: int,
                  greedy: bool, device: torch.device | str = "cpu"):
@@ -119,8 +120,6 @@ class EngineTarget:
         self.committed += [list(p) for p in prompts]
         self.last += [[] for _ in prompts]
         return torch.stack([self._scores(out, 1)[0] for out in outs]), feats
-
-    packed = True  # each row is a request of its own: it runs only its own anchor + drafts
 
     def verify(self, tokens, start, lengths=None):
         T = tokens.shape[1]
