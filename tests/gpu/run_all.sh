@@ -35,7 +35,7 @@ print('triton appends', p.triton_extra_params(), 'kernel parameters: the AOT plu
         || echo "tensorrt_llm: not installed (engine-path.md §10 items 1-4 skip)"
 } 2>&1 | tee "$OUT/env.txt"
 
-python3 -P -m pytest -q -p no:cacheprovider -m gpu -rA tests/gpu --junitxml="$OUT/gpu_tests.xml" 2>&1 \
+python3 -P -m pytest -q -p no:cacheprovider -m gpu -rA -o junit_family=xunit1 tests/gpu --junitxml="$OUT/gpu_tests.xml" 2>&1 \
     | tee "$OUT/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 
