@@ -68,7 +68,13 @@ def test_cancel_frees_the_slot_and_others_continue(pair):
         for r, toks in zip(rec.seq_ids, rec.tokens):
             out[r].extend(toks)
     dec.cancel([0])
-    assert dec.running == 1 and dec.target.cache.k.shape[1] == 1
+    assert dec.running == 1 and dec.target.cache.batch == 1 and dec.drafter.cache.batch == 1
+    rec = dec.step()
+    assert rec.seq_ids == [1]
+    out[1].extend(rec.tokens[0])
+    dec.admit([2], PROMPTS[2:3], [5], [[0]])  # takes the entry request 0 left: the pool does not grow
+    assert dec.target.cache.k.shape[1] == 2 and dec.drafter.cache.k.shape[1] == 2
+    dec.cancel([2])
     while dec.running:
         rec = dec.step()
         assert rec.seq_ids == [1]
