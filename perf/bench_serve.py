@@ -178,7 +178,7 @@ def _inprocess(deployed, ids: list[int], max_tokens: int) -> dict:
             arrivals.append(now())
             decode.append(arrivals[-1] - t0)
             if policy is not None:  # as serve/batcher.py
-                policy.learn(rec, decode[-1])
+                policy.learn(rec, decode[-1] * 1e-9)  # now(): ns
             n += len(rec.tokens[0])
         if policy is not None:
             policy.forget(0)

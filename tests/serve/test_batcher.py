@@ -1,6 +1,7 @@
 """In-flight batching: requests that join and leave a running batch get exactly their solo output."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -260,3 +261,34 @@ def test_the_engine_reports_each_verify_round(pair):
     u = last[0]
     assert (t.rounds, t.drafted, t.accepted) == (u.rounds, u.drafted, u.accepted)
     assert 0 <= t.accepted <= t.drafted and t.rounds >= 1
+
+
+def test_the_policy_learns_round_times_in_seconds(pair):
+    """The engine times rounds with serve/trace.now (nanoseconds); the policy's cost model is in
+    seconds. Passing nanoseconds made every observed round shape look 1e9 times dearer than the
+    ones not run yet, so `auto` chased unobserved shapes on every served deployment."""
+    target, drafter, tok = pair
+    seen = []
+
+    class Recorder:
+        modes = ("dflash",)
+
+        def choose(self, requests, concurrency):
+            return 2
+
+        def learn(self, rec, seconds=None):
+            seen.append(seconds)
+
+        def forget(self, request):
+            pass
+
+    engine = ServingEngine(LocalModel(target, drafter), tok, block_size=4, policy=Recorder())
+    done = threading.Event()
+    t0 = time.perf_counter()
+    try:
+        engine.submit(Job(tok("def f(x):")["input_ids"], 12, lambda u: u.finish_reason and done.set()))
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    wall = time.perf_counter() - t0
+    assert seen and all(s is not None and 0 < s <= wall for s in seen), (seen, wall)

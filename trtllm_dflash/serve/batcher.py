@@ -201,7 +201,7 @@ class ServingEngine:
                         rec = decoder.step(self._draft_len(key, jobs))
                         t1 = now()
                         if self.policy is not None and key[2] in self.policy.modes:  # its cost: rounds it chose
-                            self.policy.learn(rec, t1 - t0 if key[1] is None else None)
+                            self.policy.learn(rec, (t1 - t0) * 1e-9 if key[1] is None else None)  # now(): ns
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
                         self._deliver(decoder, jobs, rec, mode=key[2])
                         if self.trace:
