@@ -260,8 +260,9 @@ def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
         err("build.max_num_tokens", f"{b.max_num_tokens} < max_batch_size x block_size = {tokens_per_step}: a full batch of verify blocks would not fit one step")
     if max(recipe.sweep.concurrency) > b.max_batch_size:
         err("sweep.concurrency", f"level {max(recipe.sweep.concurrency)} > build.max_batch_size {b.max_batch_size}")
-    if recipe.sweep.input_len + recipe.sweep.output_len > b.max_seq_len:
-        err("sweep.output_len", f"input_len + output_len = {recipe.sweep.input_len + recipe.sweep.output_len} > build.max_seq_len {b.max_seq_len}")
+    if recipe.sweep.input_len + recipe.sweep.max_output_len > b.max_seq_len:
+        err("sweep.output_len", f"input_len + the longest output ({recipe.sweep.max_output_len}: output_len, "
+            f"output_len_range) = {recipe.sweep.input_len + recipe.sweep.max_output_len} > build.max_seq_len {b.max_seq_len}")
 
     issues += _engine_layout(recipe)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import random
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -180,7 +181,14 @@ class Sweep(_Section):
         default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1, description="concurrency levels, increasing"
     )
     input_len: int = Field(default=1024, ge=1, description="prompt tokens (random dataset)")
-    output_len: int = Field(default=1024, ge=1, description="output tokens per request")
+    output_len: int = Field(default=1024, ge=1, description="output tokens per request (the mean, with output_len_range)")
+    output_len_range: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="request i asks for output_len x (1 + u_i x range) tokens, u_i uniform in [-1, 1] (seeded, the same "
+                    "for every curve); 0: every request output_len. With one length, requests that decode in lockstep "
+                    "(AR) admit their successors between their own tokens, while speculation desyncs them and pays "
+                    "every prefill inside its requests (README, 'Draft length per request')",
+    )
     dataset: str = Field(default="random", description="'random', 'builtin:NAME' or a JSONL of prompts")
     requests_factor: int = Field(default=5, ge=5, description="requests per level = factor x concurrency")
     min_requests: int = Field(default=8, ge=1, description="at least this many requests per level")
@@ -196,6 +204,17 @@ class Sweep(_Section):
 
     def requests_at(self, concurrency: int) -> int:
         return max(self.min_requests, self.requests_factor * concurrency)
+
+    @property
+    def max_output_len(self) -> int:
+        """The longest output a request asks for."""
+        return self.output_len + int(self.output_len * self.output_len_range)
+
+    def output_lens(self, n: int) -> list[int]:
+        """max_tokens of requests 0..n-1 (`output_len_range`), at least 1 each."""
+        g = random.Random(f"output_len:{self.seed}")
+        spread = int(self.output_len * self.output_len_range)
+        return [max(1, self.output_len + (g.randint(-spread, spread) if spread else 0)) for _ in range(n)]
 
 
 class Recipe(_Section):

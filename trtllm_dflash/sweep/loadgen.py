@@ -32,6 +32,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -232,18 +233,20 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
 
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
-                    max_tokens: int, seed: int, temperature: float, on_done=None, protocol: str = "grpc",
+                    max_tokens: int | Sequence[int], seed: int, temperature: float, on_done=None, protocol: str = "grpc",
                     variant: Variant = Variant("dflash"), repeat: int = 0, batched: bool = False) -> list[RequestRecord]:
     """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
-    time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve."""
+    time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve, and asks for
+    max_tokens tokens (an int), or max_tokens[i] (mod its length: recipe Sweep.output_lens)."""
     settings = variant.settings()
+    lens = [max_tokens] if isinstance(max_tokens, int) else list(max_tokens)
     if protocol in ("http", "openai"):
         import aiohttp
 
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         events = _http_events if protocol == "http" else _openai_events
 
-        async def send(rec, prompt, s):
+        async def send(rec, prompt, s, max_tokens):
             return await _consume(rec, events(session, url, model, prompt, max_tokens, s, temperature, settings))
 
         async def close():
@@ -253,7 +256,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
 
         client = grpcclient.InferenceServerClient(url)
 
-        async def send(rec, prompt, s):
+        async def send(rec, prompt, s, max_tokens):
             return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings,
                                                     batched))
 
@@ -270,7 +273,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
                     rec = RequestRecord(request_id=i, concurrency=concurrency, start_ns=0, warmup=is_warmup,
                                         curve=variant.name, mode=variant.mode, draft_len=variant.draft_len,
                                         repeat=repeat)
-                    await send(rec, prompts[i % len(prompts)], seed + i)
+                    await send(rec, prompts[i % len(prompts)], seed + i, lens[i % len(lens)])
                     done.append(rec)
                     if on_done is not None and not is_warmup:
                         on_done(rec)
@@ -300,7 +303,7 @@ class SweepResult:
 
 
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
-              max_tokens: int, gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
+              max_tokens: int | Sequence[int], gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
               variants: list[Variant] = (Variant("dflash"),), repeats: int = 1,
               metrics_url: str | None = None, batched: bool = False) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,

@@ -141,7 +141,7 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
     title = f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu}, {recipe.backend.name})"
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
-        result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_len, gpus=gpus,
+        result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_lens(len(prompts)), gpus=gpus,
                            seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
                            repeats=repeats, metrics_url=metrics_url, batched=batched)
         tuned = None
