@@ -206,6 +206,18 @@ def test_auto_starts_new_requests_from_every_requests_acceptance_and_probes_long
     assert choices == [1, 1, 1, 3, 1, 1, 1, 3]  # every 4th choice probes 2L + 1
 
 
+def test_a_slot_observed_a_few_times_is_estimated_from_them_not_the_prior():
+    """Slots past the usual length are observed only in probe rounds: ten observations must
+    outweigh an optimistic prior (a running mean started at it kept 0.98^10 = 82% of it)."""
+    auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0)
+    for r in range(10):  # ten requests each got to slot 8 once (probes) and were rejected there
+        auto.observe(r, 15, 7)
+    trials = sum(0.98 ** k for k in range(10))  # decayed count of the ten observations
+    assert auto.population[7] == pytest.approx(0.9 * 2 / (trials + 2))  # (0 hits + prior x 2) / (trials + 2)
+    assert auto.population[7] < 0.2
+    assert auto.population[6] > 0.9 and auto.population[8] == 0.9  # accepted slots; one never observed
+
+
 def decode_with_policy(decoder: Decoder, policy, prompts, limit, decoys: int = 0):
     """The serving engine's use of a policy (serve/batcher.py): choose per round over the running
     requests, observe what each round accepted, forget finished requests. Half the prompts start,

@@ -163,21 +163,25 @@ def test_engine_stop_words_end_the_request(pair):
     assert text == full[: full.find(word)]
 
 
-def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair):
-    """`auto` learns only from chain rounds (a DDTree round reports its tree's nodes as drafted
-    and a depth as accepted, past the chain's slots) and leaves DDTree at full depth; every
-    request still gets its solo output."""
+@pytest.mark.parametrize("trees", [(), (32, 16, 8)], ids=["no-tree-budgets", "tree-budgets"])
+def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair, trees):
+    """DDTree and DFlash groups under one `auto`: without tree budgets DDTree keeps the deployment's
+    trees at full depth; with them every DDTree round is a tree of one of those budgets, a chain or
+    plain decoding (here verified tokens cost so much that trees lose to chains). Every request
+    still gets its solo output."""
     from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
 
     target, drafter, tokenizer = pair
-    policy = AutoDraftLength(block_size=drafter.block_size, cost=VerifyCost(fixed=1e-3, per_token=1e-5, draft=2e-4))
-    calls = []  # (mode, draft_len) of every round
+    cost = VerifyCost(fixed=1e-3, per_token=1e-5 if not trees else 1e-2, draft=2e-4)
+    policy = AutoDraftLength(block_size=drafter.block_size, cost=cost, tree_budgets=trees)
+    calls = []  # (mode, draft_len, tree_budget) of every round
 
     class Recording(LocalModel):
         def decoder(self, **kwargs):
             d = super().decoder(**kwargs)
             step = d.step
-            d.step = lambda draft_len=None: calls.append((kwargs["mode"], draft_len)) or step(draft_len)
+            d.step = lambda draft_len=None, tree_budget=None: \
+                calls.append((kwargs["mode"], draft_len, tree_budget)) or step(draft_len, tree_budget)
             return d
 
     engine = ServingEngine(Recording(target, drafter), tokenizer, max_seq_len=64, ddtree_budget=32, policy=policy)
@@ -200,8 +204,12 @@ def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair):
     for i in range(4):
         assert ends[i][-1].finish_reason in ("length", "stop"), ends[i][-1].finish_reason
         assert sum(u.tokens for u in ends[i]) == len(solo(target, drafter, PROMPTS[i], LIMITS[i], modes[i]))
-    assert {L for m, L in calls if m == "ddtree"} == {None}  # full depth: auto sets chains only
-    assert all(L is not None for m, L in calls if m == "dflash")
+    if not trees:
+        assert {(L, n) for m, L, n in calls if m == "ddtree"} == {(None, None)}  # the deployment's trees
+    else:
+        assert {n for m, L, n in calls if m == "ddtree"} <= {0, *trees}
+        assert any(n == 0 for m, L, n in calls if m == "ddtree")  # trees cost too much here: chains
+    assert all(L is not None and n is None for m, L, n in calls if m == "dflash")
     assert len(policy.population) == drafter.block_size - 1
 
 

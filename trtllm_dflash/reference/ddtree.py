@@ -81,3 +81,23 @@ def walk(tree: Tree, target_tokens: list[int]) -> tuple[list[int], int]:
         path.append(node)
         nxt = target_tokens[node]
     return path, nxt
+
+
+def chain_outcome(tree: Tree, path: list[int], chain: list[int]) -> tuple[int, int]:
+    """(depth, accepted) of the argmax chain `chain` [D] (the drafter's top token per depth) in
+    this round: how deep the chain's own nodes reach in the tree, and how many of them lead the
+    accepted `path`. Under greedy decoding that is exactly what a chain round from the same
+    drafter pass (a block of the same length) would have accepted of its first `depth` slots:
+    the target's token after a prefix does not depend on what else the tree holds."""
+    node, depth = 0, 0
+    for token in chain:
+        node = tree.children[node].get(token, -1)
+        if node < 0:
+            break
+        depth += 1
+    accepted = 0
+    for i, node in enumerate(path[1:]):
+        if i >= depth or tree.tokens[node] != chain[i]:
+            break
+        accepted += 1
+    return depth, accepted

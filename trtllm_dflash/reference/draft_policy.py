@@ -17,10 +17,19 @@ target's own token), so a policy only trades acceptance against the verify cost:
                every request gets its own L_b, 0 (plain decoding for it) included; otherwise
                one L for the batch, since shorter rows would cost the same. Every 16th round
                probes 2L + 1 drafts, so that slots past L keep being observed.
+               DDTree decoders (`choose_tree`): each round is a tree of one of a few node budgets
+               (the deployment's ddtree_budget, its half and quarter), a chain round of
+               per-request lengths, or plain decoding, whichever promises the most tokens per
+               second: a tree's value is the mean tokens its rounds of that budget committed per
+               request (a population estimate, optimistic until observed), its cost every row
+               verifying budget + 1 tokens; the chain's is as above. So under load a DDTree
+               deployment degrades to chains, then to 0. Tree rounds teach the chain estimates too:
+               under greedy decoding a tree holds the drafter's argmax chain, and how much of it
+               the target accepted is exactly what a chain round would have accepted
+               (StepRecord.chain).
 The serving batcher asks the policy once per round for every decoder (sampling group) whose
-mode the policy sets (`modes`) and hands it back each such round (`learn`). `auto` sets and
-learns from chain (dflash) rounds only: a DDTree round's accepted depth is a path through a
-tree, not a chain's prefix, so it teaches nothing about a_j. Bands set DDTree's depth too; `auto`'s cost model is a chain's, so DDTree keeps its full depth.
+mode the policy sets (`modes`): `choose` for chain decoders, `choose_tree` for DDTree ones, and
+hands it back each such round (`learn`). Bands set DDTree's depth as a chain's length.
 """
 
 from __future__ import annotations
@@ -38,6 +47,11 @@ class DraftPolicy(Protocol):
     def choose(self, requests: Sequence[int], concurrency: int) -> int | dict[int, int]:
         """Drafts to verify this round for `requests` (one decoder's batch) when `concurrency`
         requests are running in all: one for all, or one per request ({request: drafts})."""
+
+    def choose_tree(self, requests: Sequence[int], concurrency: int) -> tuple[int | dict[int, int], int | None]:
+        """A DDTree decoder's round: (draft lengths as `choose` gives them: the tree's depth, or
+        the chain's lengths; tree budget: Decoder.step's tree_budget, 0 = a chain round, None =
+        the deployment's budget)."""
 
     def learn(self, rec, seconds: float | None = None) -> None:
         """What a round (a generate.StepRecord of one of `modes`) teaches: each request's
@@ -60,6 +74,9 @@ class Bands:
             if concurrency <= limit:
                 return n
         return self.bands[-1][1] if self.bands else self.block_size - 1
+
+    def choose_tree(self, requests, concurrency):
+        return self.choose(requests, concurrency), None
 
     def learn(self, rec, seconds=None):
         pass
@@ -102,20 +119,38 @@ class AutoDraftLength:
     # when drafted (a pessimistic estimate would never be tested; the bench's shipped pair, 0.6: c = 1
     # at 0.81x the best fixed length, 0.9: 0.93x)
     prior: float = 0.9
-    population_decay: float = 0.98  # the same over every request: where a new request's estimate starts
+    # the same over every request, where a new request's estimate starts: per slot, decayed counts of
+    # hits and trials, and a_j = (hits + prior * prior_weight) / (trials + prior_weight). (A running
+    # mean started at the prior kept 0.98^n of it after n observations: slots past the usual length,
+    # observed only in probe rounds, stayed near the optimistic prior and drew `auto` to long drafts.)
+    population_decay: float = 0.98
+    prior_weight: float = 2.0
     probe_every: int = 16  # every n-th choice drafts longer than the best (0: never), see `choose`
     estimates: dict[int, list[float]] = field(default_factory=dict)
     population: list[float] = field(default_factory=list)
+    population_hits: list[float] = field(default_factory=list)
+    population_trials: list[float] = field(default_factory=list)
     # measured / modelled round time, by (requests, longest drafts + 1), from the rounds that ran
     # (`observe_round`): the start-up fit misses shapes it did not time (larger batches) and costs
     # it does not model (the drafter catching up on context after rounds without drafts)
     correction: dict[tuple[int, int], float] = field(default_factory=dict)
     correction_decay: float = 0.9
+    # DDTree decoders: the node budgets a round may use (empty: DDTree keeps the deployment's
+    # budget and full depth), and per budget the mean tokens its rounds committed per request
+    # (absent: not observed yet, see `tree_tokens_of`) and measured / modelled time by (requests,
+    # budget)
+    tree_budgets: tuple[int, ...] = ()
+    tree_tokens: dict[int, float] = field(default_factory=dict)
+    tree_correction: dict[tuple[int, int], float] = field(default_factory=dict)
+    tree_decay: float = 0.9
     _choices: int = 0
-    modes = ("dflash",)  # a class attribute (no annotation): not a dataclass field
+    modes = ("dflash", "ddtree")  # a class attribute (no annotation): not a dataclass field
 
     def __post_init__(self):
-        self.population = self.population or [self.prior] * (self.block_size - 1)
+        K = self.block_size - 1
+        self.population = self.population or [self.prior] * K
+        self.population_hits = self.population_hits or [0.0] * K
+        self.population_trials = self.population_trials or [0.0] * K
 
     def _est(self, request: int) -> list[float]:
         # A request starts from what every request so far accepted (requests live a few dozen
@@ -205,14 +240,59 @@ class AutoDraftLength:
         lengths = [self.best(requests)] if len(requests) == 1 else self.best_per_request(requests)  # (same answer)
         return {r: stretch(L) for r, L in zip(requests, lengths)}
 
+    def choose_tree(self, requests, concurrency):
+        """A DDTree decoder's round: the tree budget of highest expected tokens per second, or a
+        chain round (`choose`'s lengths, budget 0) when no tree beats it. Without tree_budgets,
+        the deployment's trees at full depth."""
+        if not self.tree_budgets or not requests:
+            return None, None
+        chain = self.choose(requests, concurrency)
+        lengths = [chain.get(r, 0) for r in requests] if isinstance(chain, dict) else [chain] * len(requests)
+        chain_rate = sum(self.expected_tokens(r, L) for r, L in zip(requests, lengths)) / self.round_s(lengths)
+        B = len(requests)
+        rates = {n: B * self.tree_tokens_of(n) / self.tree_round_s(B, n) for n in self.tree_budgets}
+        best = max(rates, key=rates.get)
+        if rates[best] > chain_rate:
+            return self.block_size - 1, best
+        return chain, 0
+
+    def tree_tokens_of(self, budget: int) -> float:
+        """Tokens a tree round of `budget` nodes commits per request: the observed mean, or, before
+        any, a chain of the whole block plus one (optimistic, so that it gets tried)."""
+        if budget in self.tree_tokens:
+            return self.tree_tokens[budget]
+        run, total = 1.0, 1.0
+        for a in self.population:
+            run *= a
+            total += run
+        return total + 1.0
+
+    def tree_round_s(self, batch: int, budget: int) -> float:
+        """Modelled seconds of a tree round: every row verifies budget + 1 tokens (trees are padded
+        to the largest), corrected by what tree rounds of this shape took."""
+        return self.cost.round_s(batch, budget) * self.tree_correction.get((batch, budget), 1.0)
+
     def learn(self, rec, seconds=None):
         """observe_round (with `seconds`), then observe every request that goes on: a request's
-        last round commits only what it had left, not what was accepted."""
+        last round commits only what it had left, not what was accepted. A tree round teaches its
+        budget's tokens per request and, through StepRecord.chain, the chain estimates."""
+        going = [i for i, done in enumerate(rec.finished) if done is None]
+        if rec.tree_budget:
+            n, key = rec.tree_budget, (len(rec.seq_ids), rec.tree_budget)
+            if seconds is not None and seconds > 0:
+                ratio, old = seconds / self.cost.round_s(*key), self.tree_correction.get(key)
+                self.tree_correction[key] = ratio if old is None else self.correction_decay * old + (1 - self.correction_decay) * ratio
+            if going:
+                mean = sum(len(rec.tokens[i]) for i in going) / len(going)
+                old = self.tree_tokens.get(n)
+                self.tree_tokens[n] = mean if old is None else self.tree_decay * old + (1 - self.tree_decay) * mean
+            for i in going if rec.chain is not None else ():
+                self.observe(rec.seq_ids[i], *rec.chain[i])
+            return
         if seconds is not None:
             self.observe_round(rec.drafted, seconds)
-        for request, tokens, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
-            if done is None:
-                self.observe(request, drafted, len(tokens) - 1)
+        for i in going:
+            self.observe(rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1)
 
     def observe(self, request, drafted, accepted):
         est, pop = self._est(request), self.population
@@ -225,13 +305,22 @@ class AutoDraftLength:
             return
         # slots 1..accepted were accepted given their predecessors; slot accepted+1 was rejected
         # (a chain round: drafted <= block_size - 1 = len(est))
+        hits, trials, d = self.population_hits, self.population_trials, self.population_decay
         for j in range(min(drafted, accepted + 1, len(est))):
             hit = 1.0 if j < accepted else 0.0
             est[j] = self.decay * est[j] + (1 - self.decay) * hit
-            pop[j] = self.population_decay * pop[j] + (1 - self.population_decay) * hit
+            hits[j], trials[j] = d * hits[j] + hit, d * trials[j] + 1.0
+            pop[j] = (hits[j] + self.prior * self.prior_weight) / (trials[j] + self.prior_weight)
 
     def forget(self, request):
         self.estimates.pop(request, None)
+
+
+def tree_budget_menu(budget: int | None) -> tuple[int, ...]:
+    """The node budgets `auto` chooses DDTree rounds from: the deployment's, its half and its quarter."""
+    if not budget:
+        return ()
+    return tuple(sorted({n for n in (budget, budget // 2, budget // 4) if n >= 1}, reverse=True))
 
 
 def measure_cost(decoder_factory, block_size: int, vocab_size: int, batches: Sequence[int] = (1, 4),

@@ -31,7 +31,7 @@ from typing import Iterator, Mapping, Protocol, Sequence
 import torch
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.reference.ddtree import build_tree, walk
+from trtllm_dflash.reference.ddtree import build_tree, chain_outcome, walk
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target
 from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceDrafter, ReferenceTarget, TargetRunner
@@ -53,6 +53,11 @@ class StepRecord:
     t_draft: float = 0.0  # seconds, drafter pass + proposal (tree build), shared by the batch
     t_verify: float = 0.0  # seconds, target pass
     t_overhead: float = 0.0  # seconds, acceptance and bookkeeping
+    # A DDTree round: its node budget, and per row (depth of the drafter's argmax chain in the
+    # tree, how many of its slots the target accepted): what a chain round of that length would
+    # have accepted (greedy), so tree rounds teach a draft policy the chain's acceptance too.
+    tree_budget: int = 0  # 0: a chain round (or the prefill)
+    chain: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -242,9 +247,12 @@ class DecoderProtocol(Protocol):
               stops: Sequence[Sequence[int]]) -> StepRecord:
         """Prefill new requests and add them to the batch."""
 
-    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None) -> StepRecord:
+    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
+             tree_budget: int | None = None) -> StepRecord:
         """One round for every running request (draft_len: drafts this round, one for all, one per
-        running request in batch order, or {request id: drafts}; None: block_size - 1)."""
+        running request in batch order, or {request id: drafts}; None: block_size - 1).
+        tree_budget (DDTree decoders): this round's tree nodes, at most the decoder's budget;
+        0: a chain round; None: the decoder's budget."""
 
     def cancel(self, ids: Sequence[int]) -> None:
         """Remove requests from the batch."""
@@ -358,14 +366,23 @@ class Decoder:
         return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1)
 
     @torch.inference_mode()
-    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None) -> StepRecord:
+    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
+             tree_budget: int | None = None) -> StepRecord:
         """One round for every running request. draft_len: drafts to verify this round (0 = a
         plain target step, speculation off), one for all, one per running request (rows in
         the order StepRecord.seq_ids lists them), or {request id: drafts} (a request it does not
         name drafts block_size - 1); None = block_size - 1. A request's
         drafts never go past the tokens it has left. Every length is lossless. In a round of
         different lengths the batch drafts the longest; each request verifies its own (a packed
-        target runner runs only those tokens, another pads)."""
+        target runner runs only those tokens, another pads).
+        tree_budget, DDTree decoders only: the nodes of this round's trees (1..the decoder's
+        budget; their depth is the longest draft length), 0 for a chain round (per-request
+        lengths, as a DFlash decoder), None for the decoder's budget."""
+        budget = self.budget if tree_budget is None else tree_budget
+        if self.mode != "ddtree" and tree_budget:
+            raise UserError(f"tree_budget {tree_budget}: only a ddtree decoder builds trees (this one decodes {self.mode})")
+        if self.mode == "ddtree" and not 0 <= budget <= self.budget:
+            raise UserError(f"tree_budget {tree_budget}: expected 0..{self.budget} (the decoder's ddtree budget)")
         st = self.st
         assert st is not None, "nothing is running: admit requests first"
         self.rounds += 1
@@ -378,8 +395,11 @@ class Decoder:
         left = [self.limits[r] - len(self.generated[r]) for r in st.rows]
         lengths = [0 if self.mode == "ar" else max(0, min(n, longest, rest - 1)) for n, rest in zip(want, left)]
         T = max(lengths) + 1
-        if self.mode == "ddtree" and T > 1:  # one tree depth for the batch
-            new, drafted, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, self.budget, self.sampling, self.gen)
+        tree = self.mode == "ddtree" and T > 1 and budget > 0
+        chain = None
+        if tree:  # one tree depth for the batch
+            new, drafted, chain, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
+                                                        self.gen)
         else:
             own = None if min(lengths) == T - 1 else torch.tensor(lengths, device=st.anchor.device)
             new, t1, t2 = _block_round(self.target, self.drafter, st, T, self.sampling, self.gen, own)
@@ -387,7 +407,8 @@ class Decoder:
         rows = list(st.rows)
         toks, done = self._commit(rows, new)
         self._drop({r for r, d in zip(rows, done) if d})
-        return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2)
+        return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2,
+                          budget if tree else 0, chain)
 
 
 def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, T, sampling, gen,
@@ -453,11 +474,13 @@ def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T
     logits, feats = target.verify_tree(tok, depth, vis, st.start)
     t2 = _now()
     follow = logits.argmax(-1) if sampling.greedy else sample(probs(logits, sampling), gen)  # [B, n]
-    new, paths = [], []
+    top = logq.argmax(-1).tolist()  # [B, D]: the drafter's argmax chain
+    new, paths, chain = [], [], []
     for b, (tree, nxt) in enumerate(zip(trees, follow.tolist())):
         path, bonus = walk(tree, nxt)
         new.append([tree.tokens[i] for i in path[1:]] + [bonus])
         paths.append(path)
+        chain.append(chain_outcome(tree, path, top[b]))  # (exact under greedy decoding only)
         if path != list(range(len(path))):  # compact accepted nodes' K/V into contiguous slots
             src = torch.tensor(path, device=dev)
             target.compact(b, st.start[b] + src, st.start[b] + torch.arange(len(path), device=dev))
@@ -467,7 +490,7 @@ def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T
     _pend(st, feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1])), length)  # the accepted path's rows
     st.anchor = torch.tensor([x[-1] for x in new], device=dev)
     st.start = st.start + length
-    return new, [len(t) - 1 for t in trees], t1, t2
+    return new, [len(t) - 1 for t in trees], chain if sampling.greedy else None, t1, t2
 
 
 def generate(

@@ -198,7 +198,7 @@ class ServingEngine:
                             self._finish(self._leave(jobs, i), "cancelled")
                     if decoder.running:
                         t0 = now()
-                        rec = decoder.step(self._draft_len(key, jobs))
+                        rec = decoder.step(*self._round(key, jobs))
                         t1 = now()
                         if self.policy is not None and key[2] in self.policy.modes:  # its cost: rounds it chose
                             self.policy.learn(rec, (t1 - t0) * 1e-9 if key[1] is None else None)  # now(): ns
@@ -225,12 +225,15 @@ class ServingEngine:
             on_fatal, self.on_fatal = self.on_fatal, None
             on_fatal(self.model.failed)
 
-    def _draft_len(self, key: tuple, jobs: dict[int, Job]) -> int | dict[int, int] | None:
+    def _round(self, key: tuple, jobs: dict[int, Job]) -> tuple[int | dict[int, int] | None, int | None]:
+        """Decoder.step's (draft_len, tree_budget) for this group's next round."""
         if key[1] is not None:  # the requests asked for a draft length
-            return key[1]
+            return key[1], None
         if self.policy is None or key[2] not in self.policy.modes:
-            return None
-        return self.policy.choose(list(jobs), self.running)
+            return None, None
+        if key[2] == "ddtree":
+            return self.policy.choose_tree(list(jobs), self.running)
+        return self.policy.choose(list(jobs), self.running), None
 
     def _admit(self) -> None:
         arrivals: list[Job] = []

@@ -492,8 +492,8 @@ class _RemoteDecoder:
               stops: Sequence[Sequence[int]]):
         return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops])
 
-    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None):
-        return self._call("step", draft_len)
+    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None, tree_budget: int | None = None):
+        return self._call("step", draft_len, tree_budget)
 
     def cancel(self, ids: Sequence[int]) -> None:
         self._call("cancel", list(ids))

@@ -118,9 +118,9 @@ def default_torch_threads(recipe) -> int:
 
 def draft_policy(recipe, model):
     """Each round's draft length: the recipe's bands, `auto` (live acceptance x the verify cost
-    of chain rounds, the only ones it sets, measured here at start-up), or None (block_size - 1
-    always)."""
-    from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, measure_cost
+    of chain rounds, measured here at start-up; DDTree rounds choose among tree budgets, chains
+    and plain decoding on it), or None (block_size - 1 always)."""
+    from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, measure_cost, tree_budget_menu
     from trtllm_dflash.reference.verify import SamplingParams
 
     spec = recipe.speculative
@@ -143,7 +143,7 @@ def draft_policy(recipe, model):
     finally:
         for d in made:
             model.release(d)
-    return AutoDraftLength(spec.block_size, cost)
+    return AutoDraftLength(spec.block_size, cost, tree_budgets=tree_budget_menu(spec.ddtree_budget))
 
 
 def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, dict[str, str]]:
