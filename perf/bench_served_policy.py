@@ -1,6 +1,6 @@
 """Draft-length policies on the served path: the goal of the draft-length issue, measured.
 
-    python -m trtllm_dflash.perf.bench_served_policy [RECIPE] [--levels 1,2,4,8,16] [--repeats 3]
+    trtllm-dflash bench policy [RECIPE] [--levels 1,2,4,8,16] [--repeats 3] [--fixed 1,3,7,15]
         [--set KEY=VALUE ...] [--work DIR] [--json]
 
 Deploys RECIPE (default: the embedded CPU recipe) as `run --until deploy` does, serves it with
@@ -22,11 +22,7 @@ is one JSON object.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-import tempfile
 from pathlib import Path
 
 FIXED = (1, 3, 7, 15)
@@ -121,29 +117,3 @@ def table(result: dict) -> None:
     Console(width=140).print(t)
     missed = goals(result)
     print("goals: all met" if not missed else "goals missed:\n  " + "\n  ".join(missed))
-
-
-def main(argv=None) -> None:
-    from trtllm_dflash.recipe import load_recipe
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("recipe", nargs="?", default=None, help="recipe YAML (default: the embedded CPU recipe)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override (repeatable)")
-    ap.add_argument("--levels", default="1,2,4,8,16")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--fixed", default=",".join(map(str, FIXED)), help="fixed draft lengths to compare")
-    ap.add_argument("--work", type=Path, default=None, help="pipeline directory (default: a temporary one)")
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
-    recipe = load_recipe(a.recipe, a.set)
-    levels = tuple(int(x) for x in a.levels.split(","))
-    fixed = tuple(int(x) for x in a.fixed.split(","))
-    with tempfile.TemporaryDirectory(prefix="bench-served-policy-") as tmp:
-        result = bench(recipe, a.work or Path(tmp), levels, a.repeats, fixed, say=lambda m: print(m, file=sys.stderr))
-    table(result)
-    if a.json:
-        print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()

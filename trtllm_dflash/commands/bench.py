@@ -1,6 +1,7 @@
 """`trtllm-dflash bench decode [RECIPE] [--json]`: decode speed of a recipe's pair on CPU or any
 torch device, with the reference backend. (`bench serve`: the served model against in-process
-decoding, perf/bench_serve.py; `bench acceptance`: per-slot acceptance.)
+decoding, perf/bench_serve.py; `bench policy`: the draft-length policy served, perf/bench_served_policy.py;
+`bench acceptance`: per-slot acceptance.)
 
 AR, DFlash and DDTree side by side in one run (interleaved, median of --repeats), greedy, on
 prompts from the corpus's held-out files; tau in the decode loop; speed-ups against AR; and,
@@ -61,6 +62,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--work", type=Path, default=None, help="pipeline directory (default runs/<recipe name>)")
     s.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     s.set_defaults(run=run_serve)
+
+    q = kinds.add_parser("policy", help="the draft-length policy on the served path: AR, fixed draft lengths, the "
+                         "deployment's policy and DDTree swept on one server, with the draft-length goals",
+                         description="Deploys RECIPE (into --work, default a temporary directory), serves it behind "
+                         "tritonserver and sweeps one server with the curves ar, dflash L=n for each --fixed n, dflash "
+                         "(the deployment's policy) and ddtree (with a ddtree_budget), interleaved level by level "
+                         "(perf/bench_served_policy.py). Prints tokens/s/user p50 per level and curve (median of "
+                         "--repeats), the ratios and the goals missed.")
+    add_recipe_argument(q)
+    q.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels (default 1,2,4,8,16)")
+    q.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported (default 3)")
+    q.add_argument("--fixed", default="1,3,7,15", help="fixed draft lengths to compare (default 1,3,7,15)")
+    q.add_argument("--work", type=Path, default=None, help="pipeline directory (default: a temporary one)")
+    q.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    q.set_defaults(run=run_policy)
 
     a = kinds.add_parser("acceptance", help="tau and the conditional acceptance of every draft slot, measured by "
                          "the reference backend on held-out prompts (for `project --acceptance`)",
@@ -132,6 +148,40 @@ def run_acceptance(args) -> int:
         t.add_row(str(j), str(prof.reached[j - 1]), str(prof.accepted[j - 1]), f"{a:.3f}", f"{prof.tau(j):.2f}")
     t.caption = prof.source
     make_console(stderr=args.json).print(t)
+    if args.json:
+        print(json.dumps(res))
+    return 0
+
+
+def _int_list(flag: str, text: str, lo: int, hi: int) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated integers") from None
+    bad = [v for v in values if not lo <= v <= hi]
+    if bad:
+        raise UserError(f"{flag}: {bad[0]} is outside {lo}..{hi}")
+    return values
+
+
+def run_policy(args) -> int:
+    import tempfile
+
+    from trtllm_dflash.perf.bench_served_policy import bench as bench_policy, table
+    from trtllm_dflash.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    if recipe.backend.name != "reference":
+        raise UserError(f"{args.recipe or 'the default recipe'}: backend.name is {recipe.backend.name}: bench policy "
+                        "measures the reference backend's server on this machine")
+    if args.repeats < 1:
+        raise UserError(f"--repeats is {args.repeats}, expected >= 1")
+    levels = _int_list("--levels", args.levels, 1, recipe.build.max_batch_size)
+    fixed = _int_list("--fixed", args.fixed, 0, recipe.speculative.block_size - 1)
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="bench-policy-") as tmp:
+        res = bench_policy(recipe, args.work or Path(tmp), levels, args.repeats, fixed, say=say)
+    table(res)
     if args.json:
         print(json.dumps(res))
     return 0
