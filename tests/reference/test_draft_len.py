@@ -218,24 +218,6 @@ def test_a_slot_observed_a_few_times_is_estimated_from_them_not_the_prior():
     assert auto.population[6] > 0.9 and auto.population[8] == 0.9  # accepted slots; one never observed
 
 
-def test_a_slots_acceptance_is_taken_in_the_block_length_it_will_be_drafted_in():
-    """Slot 1 accepted 0.8 of the time in blocks of 4 and 0.5 in blocks of 16 (the shipped pair:
-    0.77 and 0.66): a 3-draft round is valued at what blocks of 4 accepted, a 15-draft round at
-    what blocks of 16 did; a block length never run is valued at the pooled estimate."""
-    auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0)
-    rng = random.Random(5)
-    for i in range(4000):
-        block = 4 if i % 2 else 16
-        hit = rng.random() < (0.8 if block == 4 else 0.5)
-        auto.observe(1000 + i, block - 1, 1 if hit else 0, block)  # slot 1 only: slot 2 always rejected
-        auto.forget(1000 + i)
-    assert auto.population[0] == pytest.approx(0.65, abs=0.1)  # pooled over both
-    assert auto.expected_tokens(7, 1, block=4) == pytest.approx(1.8, abs=0.1)
-    assert auto.expected_tokens(7, 1, block=16) == pytest.approx(1.5, abs=0.1)
-    assert auto.expected_tokens(7, 1, block=8) == pytest.approx(1 + auto.population[0])
-    assert auto.expected_tokens(7, 3) == pytest.approx(1.8, abs=0.1)  # by default a 3-draft round's block: 4
-
-
 def decode_with_policy(decoder: Decoder, policy, prompts, limit, decoys: int = 0):
     """The serving engine's use of a policy (serve/batcher.py): choose per round over the running
     requests, observe what each round accepted, forget finished requests. Half the prompts start,

@@ -130,12 +130,6 @@ class AutoDraftLength:
     population: list[float] = field(default_factory=list)
     population_hits: list[float] = field(default_factory=list)
     population_trials: list[float] = field(default_factory=list)
-    # The same counts per block length T of the round (longest drafts + 1): a slot's acceptance
-    # depends on the block it was drafted in (the mask slots attend to each other; on the shipped
-    # pair slot 1 is accepted 0.77 of the time in blocks of 4 and 0.66 in blocks of 16). A
-    # request's estimate of slot j in a block of T is a_j x pop_T[j] / pop[j], pop_T shrunk
-    # towards pop with the prior's weight.
-    population_by_block: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
     # measured / modelled round time, by (requests, longest drafts + 1), from the rounds that ran
     # (`observe_round`): the start-up fit misses shapes it did not time (larger batches) and costs
     # it does not model (the drafter catching up on context after rounds without drafts)
@@ -163,10 +157,13 @@ class AutoDraftLength:
         # rounds: a flat prior would be what most of them decide on).
         return self.estimates.setdefault(request, list(self.population))
 
-    def expected_tokens(self, request: int, draft_len: int, block: int | None = None) -> float:
-        """E(L) = 1 + sum_{k<=L} prod_{j<=k} a_j: tokens one round commits (the bonus counts), in a
-        round whose block is `block` long (default: draft_len + 1)."""
-        return 1.0 + sum(self._increments(request, block or draft_len + 1)[:draft_len])
+    def expected_tokens(self, request: int, draft_len: int) -> float:
+        """E(L) = 1 + sum_{k<=L} prod_{j<=k} a_j: tokens one round commits (the bonus counts)."""
+        total, run = 1.0, 1.0
+        for a in self._est(request)[:draft_len]:
+            run *= a
+            total += run
+        return total
 
     def best(self, requests) -> int:
         """The one draft length of highest expected tokens per second for this batch."""
@@ -176,14 +173,6 @@ class AutoDraftLength:
             if rate > best_rate:
                 best, best_rate = L, rate
         return best
-
-    def block_factors(self, block: int) -> list[float]:
-        """pop_T[j] / pop[j] per slot for blocks of `block` (1 where nothing was drafted in such a block)."""
-        counts = self.population_by_block.get(block)
-        if counts is None:
-            return [1.0] * len(self.population)
-        w = self.prior_weight
-        return [(h + p * w) / (n + w) / p if p > 0 else 1.0 for p, h, n in zip(self.population, *counts)]
 
     def best_per_request(self, requests) -> list[int]:
         """Each request's draft length, jointly of highest expected tokens per second (packed runners).
@@ -195,17 +184,16 @@ class AutoDraftLength:
         rate of that choice. Over every T, the best."""
         if not requests:
             return []
+        inc = torch.tensor([self._increments(r) for r in requests], dtype=torch.float64)  # [B, K]
+        gain = 1 + torch.cat([torch.zeros(len(requests), 1, dtype=torch.float64), inc.cumsum(1)], 1)  # [B, K+1]: E_b(L)
         rows = torch.arange(len(requests))
+
+        def rate(L: torch.Tensor) -> float:
+            return float(gain[rows, L].sum()) / self.round_s(L.tolist())
+
         best = torch.zeros(len(requests), dtype=torch.long)
-        best_rate = len(requests) / self.round_s([0] * len(requests))
+        best_rate = rate(best)
         for longest in range(1, self.block_size):
-            # the slots' acceptance in a block of longest + 1
-            inc = torch.tensor([self._increments(r, longest + 1) for r in requests], dtype=torch.float64)  # [B, K]
-            gain = 1 + torch.cat([torch.zeros(len(requests), 1, dtype=torch.float64), inc.cumsum(1)], 1)  # [B, K+1]: E_b(L)
-
-            def rate(L: torch.Tensor) -> float:
-                return float(gain[rows, L].sum()) / self.round_s(L.tolist())
-
             r = best_rate
             for _ in range(4):  # Dinkelbach converges in a few steps
                 per_token = self.cost.per_token * self.correction.get((len(requests), longest + 1), 1.0)
@@ -231,11 +219,11 @@ class AutoDraftLength:
         old = self.correction.get(key)
         self.correction[key] = ratio if old is None else self.correction_decay * old + (1 - self.correction_decay) * ratio
 
-    def _increments(self, request: int, block: int) -> list[float]:
-        """prod_{j<=k} a_j for k = 1..K in a block of `block`: the expected extra token of drafting slot k."""
+    def _increments(self, request: int) -> list[float]:
+        """prod_{j<=k} a_j for k = 1..K: the expected extra token of drafting slot k."""
         out, run = [], 1.0
-        for a, f in zip(self._est(request), self.block_factors(block)):
-            run *= min(1.0, a * f)
+        for a in self._est(request):
+            run *= a
             out.append(run)
         return out
 
@@ -260,8 +248,7 @@ class AutoDraftLength:
             return None, None
         chain = self.choose(requests, concurrency)
         lengths = [chain.get(r, 0) for r in requests] if isinstance(chain, dict) else [chain] * len(requests)
-        block = max(lengths) + 1
-        chain_rate = sum(self.expected_tokens(r, L, block) for r, L in zip(requests, lengths)) / self.round_s(lengths)
+        chain_rate = sum(self.expected_tokens(r, L) for r, L in zip(requests, lengths)) / self.round_s(lengths)
         B = len(requests)
         rates = {n: B * self.tree_tokens_of(n) / self.tree_round_s(B, n) for n in self.tree_budgets}
         best = max(rates, key=rates.get)
@@ -304,13 +291,10 @@ class AutoDraftLength:
             return
         if seconds is not None:
             self.observe_round(rec.drafted, seconds)
-        block = max(rec.drafted, default=0) + 1
         for i in going:
-            self.observe(rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1, block)
+            self.observe(rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1)
 
-    def observe(self, request, drafted, accepted, block: int | None = None):
-        """What a round taught about `request`: it drafted `drafted` slots and `accepted` of them
-        were accepted, in a block of `block` (None: not known, e.g. a tree's chain)."""
+    def observe(self, request, drafted, accepted):
         est, pop = self._est(request), self.population
         if drafted == 0:
             # Nothing observed. A request that drafts nothing would keep its low estimate for good
@@ -322,15 +306,11 @@ class AutoDraftLength:
         # slots 1..accepted were accepted given their predecessors; slot accepted+1 was rejected
         # (a chain round: drafted <= block_size - 1 = len(est))
         hits, trials, d = self.population_hits, self.population_trials, self.population_decay
-        K = len(est)
-        by_block = self.population_by_block.setdefault(block, ([0.0] * K, [0.0] * K)) if block else None
-        for j in range(min(drafted, accepted + 1, K)):
+        for j in range(min(drafted, accepted + 1, len(est))):
             hit = 1.0 if j < accepted else 0.0
             est[j] = self.decay * est[j] + (1 - self.decay) * hit
             hits[j], trials[j] = d * hits[j] + hit, d * trials[j] + 1.0
             pop[j] = (hits[j] + self.prior * self.prior_weight) / (trials[j] + self.prior_weight)
-            if by_block is not None:
-                by_block[0][j], by_block[1][j] = d * by_block[0][j] + hit, d * by_block[1][j] + 1.0
 
     def forget(self, request):
         self.estimates.pop(request, None)
