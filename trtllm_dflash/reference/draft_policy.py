@@ -143,23 +143,11 @@ class AutoDraftLength:
     tree_tokens: dict[int, float] = field(default_factory=dict)
     tree_correction: dict[tuple[int, int], float] = field(default_factory=dict)
     tree_decay: float = 0.9
-    # Measured rates: per (batch size class, longest draft length of `caps`) the decayed mean of
-    # the tokens per second that rounds chosen for it committed, and how many rounds it has seen. The model's slot
-    # estimates pool requests and block lengths (a slot's acceptance depends on the block it was
-    # drafted in), and so overstate long drafts (at 8 requests: 3.1 tokens modelled for 7
-    # drafts, 2.8 committed); what rounds commit per second needs no model. Caps () = the default
-    # menu, `cap_menu`.
-    caps: tuple[int, ...] = ()
-    measured: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
-    measured_after: int = 3
-    measured_decay: float = 0.9
     _choices: int = 0
-    _pending: tuple | None = None  # (requests, class, cap, value) of the last `choose`, for `learn`
     modes = ("dflash", "ddtree")  # a class attribute (no annotation): not a dataclass field
 
     def __post_init__(self):
         K = self.block_size - 1
-        self.caps = tuple(sorted(set(self.caps))) if self.caps else cap_menu(self.block_size)
         self.population = self.population or [self.prior] * K
         self.population_hits = self.population_hits or [0.0] * K
         self.population_trials = self.population_trials or [0.0] * K
@@ -178,27 +166,24 @@ class AutoDraftLength:
         return total
 
     def best(self, requests) -> int:
-        """The one draft length of highest modelled tokens per second for this batch."""
-        return max(self._uniform_options(requests))[1]
+        """The one draft length of highest expected tokens per second for this batch."""
+        best, best_rate = 0, -1.0
+        for L in range(self.block_size):
+            rate = sum(self.expected_tokens(r, L) for r in requests) / self.round_s([L] * len(requests))
+            if rate > best_rate:
+                best, best_rate = L, rate
+        return best
 
     def best_per_request(self, requests) -> list[int]:
-        """Each request's draft length, jointly of highest modelled tokens per second (packed runners)."""
-        return max(self._packed_options(requests), key=lambda o: o[0])[1] if requests else []
-
-    def _uniform_options(self, requests) -> list[tuple[float, int]]:
-        """For each longest length L = 0..K: (modelled rate, L for every request)."""
-        return [(sum(self.expected_tokens(r, L) for r in requests) / self.round_s([L] * len(requests)), L)
-                for L in range(self.block_size)]
-
-    def _packed_options(self, requests) -> list[tuple[float, list[int]]]:
-        """For each longest length L = 0..K: (modelled rate, per-request lengths <= L of highest
-        rate for a round drafting L).
+        """Each request's draft length, jointly of highest expected tokens per second (packed runners).
 
         For a longest length T - 1, the rate sum_b E_b(L_b) / t is a ratio with a cost linear in
         sum_b L_b, so it is maximised by Dinkelbach's iteration: at the current rate r, each
         request drafts the slots whose expected extra token, prod_{j<=k} a_j (non-increasing in
         k), beats r * per_token, what a verified token costs in tokens of rate; then r is the
-        rate of that choice."""
+        rate of that choice. Over every T, the best."""
+        if not requests:
+            return []
         inc = torch.tensor([self._increments(r) for r in requests], dtype=torch.float64)  # [B, K]
         gain = 1 + torch.cat([torch.zeros(len(requests), 1, dtype=torch.float64), inc.cumsum(1)], 1)  # [B, K+1]: E_b(L)
         rows = torch.arange(len(requests))
@@ -206,11 +191,10 @@ class AutoDraftLength:
         def rate(L: torch.Tensor) -> float:
             return float(gain[rows, L].sum()) / self.round_s(L.tolist())
 
-        zero = torch.zeros(len(requests), dtype=torch.long)
-        out = [(rate(zero), zero.tolist())]
+        best = torch.zeros(len(requests), dtype=torch.long)
+        best_rate = rate(best)
         for longest in range(1, self.block_size):
-            r = max(o[0] for o in out)
-            best, best_rate = torch.full_like(zero, longest), -1.0
+            r = best_rate
             for _ in range(4):  # Dinkelbach converges in a few steps
                 per_token = self.cost.per_token * self.correction.get((len(requests), longest + 1), 1.0)
                 L = (inc[:, :longest] > r * per_token).sum(1)  # [B] prefix lengths
@@ -220,8 +204,7 @@ class AutoDraftLength:
                 if abs(r_new - r) < 1e-9 * r_new:
                     break
                 r = r_new
-            out.append((best_rate, best.tolist()))
-        return out
+        return best.tolist()
 
     def round_s(self, lengths: Sequence[int]) -> float:
         """The modelled seconds of a round of these draft lengths, corrected by what rounds of its
@@ -245,28 +228,17 @@ class AutoDraftLength:
         return out
 
     def choose(self, requests, concurrency):
-        """The longest draft length (of `caps`) of highest rate, measured where `measured_after`
-        rounds of it ran at this batch size class, modelled elsewhere; for it the model's lengths,
-        one for the batch or, on a packed runner, one per request ({request: length}, 0 included).
-        Every probe_every-th call tries a neighbour of the best instead, alternately the next
-        longer and the next shorter, so that the measurements follow the load and the slots past
-        the best length keep being observed (a probe round is lossless like every other)."""
+        """`best` (one length) or, on a packed runner, `best_per_request` ({request: length}),
+        except every probe_every-th call, which drafts 2L + 1: slots past the best length are only
+        observed when drafted, and a pessimistic estimate of them would never be corrected
+        otherwise (the probe round is lossless like every other)."""
         self._choices += 1
-        if not requests:
-            return 0
-        options = self._packed_options(requests) if self.cost.packed else self._uniform_options(requests)
-        cls = len(requests).bit_length()  # batch size class: 1, 2-3, 4-7, 8-15, ...
-        values = {}
-        for cap in self.caps:
-            rate, n = self.measured.get((cls, cap), (0.0, 0.0))
-            values[cap] = rate if n >= self.measured_after else options[cap][0]
-        cap = max(self.caps, key=lambda c: (values[c], -c))
-        if self.probe_every and self._choices % self.probe_every == 0:
-            i = self.caps.index(cap) + (1 if (self._choices // self.probe_every) % 2 else -1)
-            cap = self.caps[min(max(i, 0), len(self.caps) - 1)]
-        self._pending = (frozenset(requests), cls, cap, values[cap])
-        lengths = options[cap][1]
-        return dict(zip(requests, lengths)) if self.cost.packed else lengths
+        probe = bool(self.probe_every) and self._choices % self.probe_every == 0
+        stretch = (lambda L: min(self.block_size - 1, 2 * L + 1)) if probe else (lambda L: L)
+        if not self.cost.packed:
+            return stretch(self.best(requests))
+        lengths = [self.best(requests)] if len(requests) == 1 else self.best_per_request(requests)  # (same answer)
+        return {r: stretch(L) for r, L in zip(requests, lengths)}
 
     def choose_tree(self, requests, concurrency):
         """A DDTree decoder's round: the tree budget of highest expected tokens per second, or a
@@ -275,7 +247,8 @@ class AutoDraftLength:
         if not self.tree_budgets or not requests:
             return None, None
         chain = self.choose(requests, concurrency)
-        chain_rate = self._pending[3]  # the chosen cap's rate, measured or modelled
+        lengths = [chain.get(r, 0) for r in requests] if isinstance(chain, dict) else [chain] * len(requests)
+        chain_rate = sum(self.expected_tokens(r, L) for r, L in zip(requests, lengths)) / self.round_s(lengths)
         B = len(requests)
         rates = {n: B * self.tree_tokens_of(n) / self.tree_round_s(B, n) for n in self.tree_budgets}
         best = max(rates, key=rates.get)
@@ -318,20 +291,8 @@ class AutoDraftLength:
             return
         if seconds is not None:
             self.observe_round(rec.drafted, seconds)
-            self.observe_rate(rec, seconds)
         for i in going:
             self.observe(rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1)
-
-    def observe_rate(self, rec, seconds: float) -> None:
-        """The round `choose` last chose (the same requests) committed these tokens in `seconds`."""
-        pending, self._pending = self._pending, None
-        if pending is None or seconds <= 0 or pending[0] != frozenset(rec.seq_ids):
-            return
-        _, cls, cap, _ = pending
-        rate = sum(len(t) for t in rec.tokens) / seconds
-        old, n = self.measured.get((cls, cap), (rate, 0.0))
-        d = self.measured_decay
-        self.measured[(cls, cap)] = (d * old + (1 - d) * rate if n else rate, n + 1)
 
     def observe(self, request, drafted, accepted):
         est, pop = self._est(request), self.population
@@ -353,12 +314,6 @@ class AutoDraftLength:
 
     def forget(self, request):
         self.estimates.pop(request, None)
-
-
-def cap_menu(block_size: int) -> tuple[int, ...]:
-    """The caps `auto` measures: 0, 1, 2, 3, 5, 7, 11 and block_size - 1, those below the block."""
-    K = block_size - 1
-    return tuple(sorted({c for c in (0, 1, 2, 3, 5, 7, 11) if c < K} | {K}))
 
 
 def tree_budget_menu(budget: int | None) -> tuple[int, ...]:
