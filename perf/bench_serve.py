@@ -216,11 +216,11 @@ def bench(recipe, work: Path, *, prompts: int = 8, max_tokens: int | None = None
         if torch_threads is not None:
             repository = with_parameters(repository, name, {"torch_threads": str(torch_threads)}, Path(tmp),
                                          "`bench serve --torch-threads`")
-        version_dir, params = repository_model(repository.parent, name)  # both are <dir>/model_repository
+        version_dir, settings = repository_model(repository.parent, name)  # both are <dir>/model_repository
         trace_path, local_trace = Path(tmp) / "server.jsonl", Path(tmp) / "engine.jsonl"
         endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
         with TritonServer(repository, endpoints, env={TRACE_ENV: str(trace_path)}) as server:
-            local = open_deployed(version_dir, params)  # this process: the same loader, engine, policy, threads
+            local = open_deployed(version_dir, settings)  # this process: the same loader, engine, policy, threads
             local.engine.trace = Trace(str(local_trace))
             try:
                 ids = [local.tokenizer(t)["input_ids"] for t in texts]

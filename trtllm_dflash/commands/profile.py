@@ -42,8 +42,8 @@ def checkpoint_of(from_dir: Path, recipe) -> Path:
     m = verify_input(from_dir, ("deploy", "convert", "quantize"), recipe)
     if m.stage != "deploy":
         return from_dir
-    _, params = repository_model(from_dir, recipe.serve.model_name)
-    return Path(params["checkpoint"])
+    _, settings = repository_model(from_dir, recipe.serve.model_name)
+    return Path(settings.checkpoint)
 
 
 def prompt_ids(prompts, tok, limit: int, max_new_tokens: int) -> list[list[int]]:

@@ -19,6 +19,7 @@ engine / pytorch backends (GPU): print the launch command for NVIDIA's container
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from trtllm_dflash.commands.common import add_recipe_argument
@@ -237,10 +238,10 @@ def _serve_openai(args, recipe, endpoints) -> int:
     from trtllm_dflash.serve.openai import run_server
 
     name = recipe.serve.model_name
-    version_dir, params = repository_model(args.from_dir, name)
+    version_dir, settings = repository_model(args.from_dir, name)
     if args.runners:
-        params["runners"] = args.runners
-    deployed = open_deployed(version_dir, params)
+        settings = replace(settings, runners=args.runners)
+    deployed = open_deployed(version_dir, settings)
     try:
         run_server(deployed, name, host, port, on_ready=lambda: print(
             f"ready: openai model {name!r} on http://{host}:{port}/v1", flush=True))

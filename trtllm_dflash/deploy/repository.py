@@ -37,10 +37,10 @@ import yaml
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, verify_input
 from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtllm_serve_commands
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
+from trtllm_dflash.deploy.settings import ModelSettings
 from trtllm_dflash.deploy.triton_config import dflash_model_config, llmapi_model_config, render
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.recipe.stages import input_stage, source_ref
 
 REPOSITORY = "model_repository"
@@ -132,22 +132,14 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             commands = trtllm_serve_commands(recipe, artifact, Path(out_dir).resolve() / TRTLLM_SERVE / OPTIONS)
             (serve_dir / LAUNCH).write_text(json.dumps(commands, indent=2) + "\n")
         else:
-            params = {"recipe": "recipe.yaml", "runners": DEFAULT_RUNNERS[backend]}
             if backend == "reference":
-                params.update(checkpoint=str(artifact), checkpoint_manifest_sha256=manifest_sha256(artifact))
-            else:
-                spec = recipe.speculative
-                if m.input is not None:  # the checkpoint the engines were built from (CPU runners serve it)
-                    params.update(checkpoint=m.input["path"], checkpoint_manifest_sha256=m.input["manifest_sha256"])
-                params.update(
-                    engine_dir=str(artifact),
-                    tensor_parallel=str(recipe.parallel.tp),
-                    block_size=str(spec.block_size),
-                    draft_len_schedule=json.dumps({b.max_concurrency: b.draft_len for b in spec.bands}),
-                    max_batch_size=str(recipe.build.max_batch_size),
-                    kv_cache_free_gpu_mem_fraction=str(KV_CACHE_FREE_GPU_MEM_FRACTION),
-                )
-            (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, params), header))
+                settings = ModelSettings(runners=DEFAULT_RUNNERS[backend], checkpoint=str(artifact),
+                                         checkpoint_manifest_sha256=manifest_sha256(artifact))
+            else:  # the engines, and the checkpoint they were built from when known (CPU runners serve it)
+                settings = ModelSettings(runners=DEFAULT_RUNNERS[backend], engine_dir=str(artifact),
+                                         checkpoint=m.input["path"] if m.input is not None else None,
+                                         checkpoint_manifest_sha256=m.input["manifest_sha256"] if m.input is not None else None)
+            (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, settings.to_params()), header))
             (version / "model.py").write_text(MODEL_PY)
             (version / "recipe.yaml").write_text(yaml.safe_dump(deployed_recipe(recipe), sort_keys=False))
             _write_dialect_models(tmp / REPOSITORY, recipe, header)

@@ -6,10 +6,9 @@ against its manifest checksum and file checksums), opened by checkpoint_runner.o
 (tp worker processes when the checkpoint is sharded), the target's tokenizer, and one
 in-flight batching ServingEngine (serve/batcher.py) set up from the deployed recipe.
 
-Inputs are the model's config.pbtxt parameters (`recipe`, `checkpoint`,
-`checkpoint_manifest_sha256`, optional `runners` and `torch_threads`: default
-`default_torch_threads`, on CPU every core but one) and its version directory,
-exactly as Triton hands them to `initialize`; `repository_model` reads them from a deploy output.
+Inputs are the model's settings (deploy/settings.py ModelSettings: its config.pbtxt parameters,
+as Triton hands them to `initialize`) and its version directory; `repository_model` reads both
+from a deploy output.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
-from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
+from trtllm_dflash.deploy.settings import ModelSettings
 from trtllm_dflash.serve.requests import Limits
 
 
@@ -48,7 +47,7 @@ def _device_ids(text: str) -> list[int]:
         raise UserError(f"gpu_device_ids: {text!r}: expected comma-separated GPU ids, e.g. 0,1") from None
 
 
-def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> Deployed | None:
+def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> Deployed | None:
     """The deployment, ready to serve; None on a tensor-parallel rank > 0 of the engine backend's
     TensorRT runners, once the leader has stopped (that rank only ran the target's shard).
     on_fatal(reason): called once when the model can no longer serve (ServingEngine)."""
@@ -61,21 +60,25 @@ def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> D
     from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
     from trtllm_dflash.serve.trace import from_env
 
-    recipe = load_recipe(Path(version_dir) / params["recipe"], check_rules=False)
-    threads = int(params.get("torch_threads", "0")) or default_torch_threads(recipe)
+    s = settings
+    recipe = load_recipe(Path(version_dir) / s.recipe, check_rules=False)
+    threads = s.torch_threads or default_torch_threads(recipe)
     if threads:
         torch.set_num_threads(threads)
     # Serve exactly the artifact deploy recorded: same manifest, files unchanged (the engines for
     # the tensorrt runners; the checkpoint, which also holds the tokenizer, for the others).
-    runners = params.get("runners", "reference")
-    checkpoint = Path(params["checkpoint"])
-    if manifest_sha256(checkpoint) != params["checkpoint_manifest_sha256"]:
+    runners = s.runners
+    if s.checkpoint is None:
+        raise UserError(f"{version_dir}: the deployment records no checkpoint (deploy from a build output made with "
+                        "--from): its tokenizer and the CPU runners' weights are there")
+    checkpoint = Path(s.checkpoint)
+    if manifest_sha256(checkpoint) != s.checkpoint_manifest_sha256:
         raise UserError(f"{checkpoint}: manifest.json changed since deploy; deploy again")
     info = read_checkpoint(checkpoint)
     if runners == "tensorrt":
         from trtllm_dflash.artifacts import Manifest
 
-        engines = Path(params["engine_dir"])
+        engines = Path(s.engine_dir)
         check_files(engines, Manifest.read(engines))
     else:
         check_files(checkpoint, info.manifest)
@@ -85,10 +88,8 @@ def open_deployed(version_dir: Path, params: dict[str, str], on_fatal=None) -> D
     if runners == "tensorrt":  # the engines the build stage made (GPU, TensorRT-LLM 1.2.x)
         from trtllm_dflash.serve.trt_runners import WorkerRank, open_trt_engine
 
-        ids = params.get("gpu_device_ids")  # tensorrtllm_backend's parameter name and form ("0,1")
-        fraction = float(params.get("kv_cache_free_gpu_mem_fraction", KV_CACHE_FREE_GPU_MEM_FRACTION))
-        model = open_trt_engine(Path(params["engine_dir"]), free_gpu_memory_fraction=fraction,
-                                device_ids=_device_ids(ids) if ids else None)
+        model = open_trt_engine(Path(s.engine_dir), free_gpu_memory_fraction=s.kv_cache_free_gpu_mem_fraction,
+                                device_ids=_device_ids(s.gpu_device_ids) if s.gpu_device_ids else None)
         if isinstance(model, WorkerRank):  # a tp rank > 0: it serves the leader's steps until the leader stops
             model.serve()
             return None
@@ -146,8 +147,8 @@ def draft_policy(recipe, model):
     return AutoDraftLength(spec.block_size, cost, tree_budgets=tree_budget_menu(spec.ddtree_budget))
 
 
-def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, dict[str, str]]:
-    """(version directory, config.pbtxt parameters) of the reference model in a deploy output."""
+def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSettings]:
+    """(version directory, settings) of the dflash model in a deploy output."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
@@ -158,7 +159,8 @@ def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, dict[str,
         cfg = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
     except (OSError, text_format.ParseError) as e:
         raise UserError(f"{model_dir / 'config.pbtxt'}: cannot read the deployed model: {e}") from None
-    params = {k: v.string_value for k, v in cfg.parameters.items()}
-    if "checkpoint" not in params:
+    settings = ModelSettings.from_params({k: v.string_value for k, v in cfg.parameters.items()},
+                                         str(model_dir / "config.pbtxt"))
+    if settings.checkpoint is None:
         raise UserError(f"{model_dir / 'config.pbtxt'}: no checkpoint parameter: not a reference-backend deployment")
-    return model_dir / "1", params
+    return model_dir / "1", settings

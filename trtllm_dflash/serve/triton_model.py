@@ -135,15 +135,17 @@ def mark_unavailable(model_name: str, reason: str) -> None:
 
 class TritonPythonModel:
     def initialize(self, args):
+        from trtllm_dflash.deploy.settings import ModelSettings
         from trtllm_dflash.serve.deployed import open_deployed
 
         check_stub_numpy()
         cfg = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
-        version_dir = Path(args["model_repository"]) / args["model_version"]
         name = args["model_name"]
+        settings = ModelSettings.from_params({k: v["string_value"] for k, v in cfg.get("parameters", {}).items()},
+                                             f"model {name!r} config.pbtxt")
+        version_dir = Path(args["model_repository"]) / args["model_version"]
         # The same loader and engine as the OpenAI-compatible server (serve/deployed.py).
-        self.deployed = open_deployed(version_dir, params, on_fatal=lambda why: mark_unavailable(name, why))
+        self.deployed = open_deployed(version_dir, settings, on_fatal=lambda why: mark_unavailable(name, why))
         if self.deployed is None:  # a tp rank > 0 (engine backend): it ran the target's shard until the leader left
             pb_utils.Logger.log_info("dflash: tensor-parallel worker rank finished (the leader shut down)")
             return
