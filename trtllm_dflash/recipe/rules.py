@@ -139,144 +139,175 @@ def _engine_layout(recipe: Recipe) -> list[Issue]:
     return issues
 
 
+class _Issues(list):
+    """The issues of one group of rules, added by `err` and `warn`."""
+
+    def err(self, field: str, msg: str) -> None:
+        self.append(Issue("error", field, msg))
+
+    def warn(self, field: str, msg: str) -> None:
+        self.append(Issue("warning", field, msg))
+
+
 def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
     """All rule violations (errors) and notes (warnings) of a loaded recipe; `memory=False` leaves
     out whether the memory plan fits (`plan` shows a plan that does not)."""
     issues: list[Issue] = []
-
-    def err(field: str, msg: str) -> None:
-        issues.append(Issue("error", field, msg))
-
-    def warn(field: str, msg: str) -> None:
-        issues.append(Issue("warning", field, msg))
-
-    gpu, t, d = recipe.gpu, recipe.target_facts, recipe.drafter_facts
-    q, par, b, spec = recipe.quantization, recipe.parallel, recipe.build, recipe.speculative
-    backend = recipe.backend.name
-
-    # Hardware and formats.
-    span = span_problem(recipe)
-    if span is not None:
-        err(*span)
-    for field, fmt in q.formats.items():
-        if not gpu.supports(fmt):
-            why = " (NVFP4 needs Blackwell: b200 or b300)" if fmt == "nvfp4" else ""
-            err(f"quantization.{field}", f"{fmt} is not supported on {gpu.name}{why}; allowed: {', '.join(gpu.formats)}")
-    if q.activations == "nvfp4" and q.target_weights != "nvfp4":
-        err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
-    if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
-        err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
-    if q.target_weights == "mxfp4" and t.family != "gpt_oss":
-        err("quantization.target_weights", "mxfp4 is only the native format of gpt-oss checkpoints")
-
-    # Parallelism.
-    if not gpu.is_cpu and recipe.world_size > recipe.hardware.count:
-        err("parallel.tp", f"tp*pp = {recipe.world_size} > hardware.count {recipe.hardware.count}")
-    if par.pp != 1:
-        err("parallel.pp", "pipeline parallelism is not supported with speculative decoding (use tp); allowed: 1")
-    issues += _split_issues(recipe)
-
-    # Drafter against target.
-    if d.hidden_size != t.hidden_size:
-        err("drafter", f"hidden_size {d.hidden_size} != target hidden_size {t.hidden_size}")
-    if d.vocab_size != t.vocab_size:
-        err("drafter", f"vocab_size {d.vocab_size} != target vocab_size {t.vocab_size}")
-    bad_ids = [i for i in d.target_layer_ids or [] if not 0 <= i < t.num_layers]
-    if bad_ids:
-        err("drafter", f"target_layer_ids {bad_ids} outside the target's layers 0..{t.num_layers - 1}")
-    if d.mask_token_id is not None and d.mask_token_id >= t.vocab_size:
-        err("drafter", f"mask_token_id {d.mask_token_id} outside the target vocabulary (size {t.vocab_size})")
-    if d.mask_token_id is None:
-        warn("drafter", "mask_token_id unknown in the catalog: read from the checkpoint's dflash_config at convert time")
-
-    # Speculative settings.
-    if d.block_size is not None and spec.block_size > d.block_size:
-        err("speculative.block_size", f"{spec.block_size} > {d.block_size}, the block size the drafter was trained with; allowed: 2..{d.block_size}")
-    prev = 0
-    for i, band in enumerate(spec.bands):
-        if band.max_concurrency <= prev:
-            err(f"speculative.draft_len.{i}.max_concurrency", f"{band.max_concurrency} must be greater than the previous band's {prev}")
-        if band.draft_len > spec.block_size - 1:
-            err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > block_size-1 = {spec.block_size - 1}")
-        prev = band.max_concurrency
-    if spec.ddtree_budget is not None and backend != "reference":
-        err("speculative.ddtree_budget", f"DDTree runs only on the reference backend, not {backend}")
-
-    # Backend support and versions.
-    if t.family not in BACKEND_FAMILIES[backend]:
-        ok = [k for k, fams in BACKEND_FAMILIES.items() if t.family in fams]
-        err("backend", f"{backend} does not support {t.family} targets; use one of: {', '.join(ok)}")
-    version = recipe.backend.trtllm_version
-    if backend == "reference":
-        if version is not None:
-            err("backend.trtllm_version", "the reference backend does not use TensorRT-LLM; remove it")
-        if q.activations not in ("bf16", "fp16", "fp32"):
-            warn("quantization.activations", "the reference backend emulates quantized weights; activations stay in high precision")
-    elif version is not None:
-        vt = _version_tuple(version)
-        if vt is None:
-            err("backend.trtllm_version", f"{version!r} is not a version like 1.2.1")
-        elif backend == "engine" and vt[:2] != (1, 2):
-            err("backend.trtllm_version", f"{version}: the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last release with trtllm-build")
-        elif backend == "pytorch" and vt < (1, 3):
-            err("backend.trtllm_version", f"{version}: the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)")
-        elif backend == "pytorch" and trtllm_line(version) not in PYTORCH_TRTLLM_LINES:
-            known = ", ".join(f"{line}.x" for line in PYTORCH_TRTLLM_LINES)
-            err("backend.trtllm_version", f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM "
-                f"{trtllm_line(version)}; known: {known}")
-    if backend == "pytorch" and q.drafter != "bf16":
-        err("quantization.drafter", f"{q.drafter}: TensorRT-LLM's native DFlash loads only BF16 drafters (its fc is a plain "
-            "nn.Linear and precompute_context_kv applies the raw qkv_proj weight: modeling_dflash.py); allowed: bf16")
-    if backend == "pytorch" and spec.auto:
-        err("speculative.draft_len", "auto: TensorRT-LLM's native DFlash takes a static draft_len_schedule; 'auto' runs on "
-            "the reference and engine backends (our round loop); give bands instead")
-    if backend == "pytorch":
-        # DecodingBaseConfig.validate_draft_len_schedule_and_sort: the smallest batch size maps to
-        # max_draft_len and no length exceeds it, i.e. the first band has the longest draft.
-        for i, band in enumerate(spec.bands[1:], start=1):
-            if band.draft_len > spec.bands[0].draft_len:
-                err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > the first band's "
-                    f"{spec.bands[0].draft_len}: TensorRT-LLM's draft_len_schedule needs the lowest-concurrency "
-                    "band to have the longest draft")
-        off = [i for i, band in enumerate(spec.bands) if band.draft_len < MIN_RUNTIME_DRAFT_LEN]
-        if off or (spec.bands and spec.bands[-1].max_concurrency < b.max_batch_size):
-            where = f"speculative.draft_len.{off[0]}.draft_len" if off else "speculative.draft_len"
-            warn(where, f"the pytorch backend never turns drafting off: TensorRT-LLM's DFlash then stops refreshing "
-                 "its drafter state and acceptance collapses once drafting resumes (NVIDIA/TensorRT-LLM PR #16888); "
-                 f"deployed schedule {pytorch_draft_len_schedule(recipe)} drafts at least {MIN_RUNTIME_DRAFT_LEN}")
-    if backend == "engine" and gpu.is_cpu:
-        # The engine path's plan (build --dry-run), deploy and serving with reference runners run on CPU.
-        warn("backend", "engine on cpu: build --dry-run only; served by the emulated engine runners (or --runners reference)")
-    elif backend != "reference" and gpu.is_cpu:
-        err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
-
-    # Build limits.
-    if b.max_input_len >= b.max_seq_len:
-        err("build.max_input_len", f"{b.max_input_len} must be < max_seq_len {b.max_seq_len}")
-    if t.max_position_embeddings and b.max_seq_len > t.max_position_embeddings:
-        err("build.max_seq_len", f"{b.max_seq_len} > target max_position_embeddings {t.max_position_embeddings}")
-    tokens_per_step = b.max_batch_size * spec.block_size
-    if b.max_num_tokens < tokens_per_step:
-        err("build.max_num_tokens", f"{b.max_num_tokens} < max_batch_size x block_size = {tokens_per_step}: a full batch of verify blocks would not fit one step")
-    if max(recipe.sweep.concurrency) > b.max_batch_size:
-        err("sweep.concurrency", f"level {max(recipe.sweep.concurrency)} > build.max_batch_size {b.max_batch_size}")
-    if recipe.sweep.input_len + recipe.sweep.max_output_len > b.max_seq_len:
-        err("sweep.output_len", f"input_len + the longest output ({recipe.sweep.max_output_len}: output_len, "
-            f"output_len_range) = {recipe.sweep.input_len + recipe.sweep.max_output_len} > build.max_seq_len {b.max_seq_len}")
-
-    issues += _engine_layout(recipe)
-
-    # Serving.
-    ports = [recipe.serve.http_port, recipe.serve.grpc_port, recipe.serve.metrics_port]
-    if len(set(ports)) != 3:
-        err("serve", f"http_port, grpc_port and metrics_port must differ, got {ports}")
-
-    # Local sources.
-    for who in ("target", "drafter"):
-        src: ModelSource = getattr(recipe, who)
-        if src.path is not None and not src.path.exists():
-            warn(f"{who}.source", f"{src.source} does not exist yet; stages that load weights will need it")
-
+    for rules in (_format_issues, _parallel_issues, _drafter_issues, _speculative_issues, _backend_issues,
+                  _pytorch_issues, _limit_issues, _engine_layout, _serving_issues):
+        issues += rules(recipe)
     if memory and not any(i.level == "error" for i in issues):
         issues += memory_issues(recipe)
     return issues
+
+
+def _format_issues(recipe: Recipe) -> list[Issue]:
+    """Hardware and number formats."""
+    out, gpu, q, t = _Issues(), recipe.gpu, recipe.quantization, recipe.target_facts
+    span = span_problem(recipe)
+    if span is not None:
+        out.err(*span)
+    for field, fmt in q.formats.items():
+        if not gpu.supports(fmt):
+            why = " (NVFP4 needs Blackwell: b200 or b300)" if fmt == "nvfp4" else ""
+            out.err(f"quantization.{field}", f"{fmt} is not supported on {gpu.name}{why}; allowed: {', '.join(gpu.formats)}")
+    if q.activations == "nvfp4" and q.target_weights != "nvfp4":
+        out.err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
+    if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
+        out.err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
+    if q.target_weights == "mxfp4" and t.family != "gpt_oss":
+        out.err("quantization.target_weights", "mxfp4 is only the native format of gpt-oss checkpoints")
+    return out
+
+
+def _parallel_issues(recipe: Recipe) -> list[Issue]:
+    out, par = _Issues(), recipe.parallel
+    if not recipe.gpu.is_cpu and recipe.world_size > recipe.hardware.count:
+        out.err("parallel.tp", f"tp*pp = {recipe.world_size} > hardware.count {recipe.hardware.count}")
+    if par.pp != 1:
+        out.err("parallel.pp", "pipeline parallelism is not supported with speculative decoding (use tp); allowed: 1")
+    return out + _split_issues(recipe)
+
+
+def _drafter_issues(recipe: Recipe) -> list[Issue]:
+    """The drafter against its target."""
+    out, t, d = _Issues(), recipe.target_facts, recipe.drafter_facts
+    if d.hidden_size != t.hidden_size:
+        out.err("drafter", f"hidden_size {d.hidden_size} != target hidden_size {t.hidden_size}")
+    if d.vocab_size != t.vocab_size:
+        out.err("drafter", f"vocab_size {d.vocab_size} != target vocab_size {t.vocab_size}")
+    bad_ids = [i for i in d.target_layer_ids or [] if not 0 <= i < t.num_layers]
+    if bad_ids:
+        out.err("drafter", f"target_layer_ids {bad_ids} outside the target's layers 0..{t.num_layers - 1}")
+    if d.mask_token_id is not None and d.mask_token_id >= t.vocab_size:
+        out.err("drafter", f"mask_token_id {d.mask_token_id} outside the target vocabulary (size {t.vocab_size})")
+    if d.mask_token_id is None:
+        out.warn("drafter", "mask_token_id unknown in the catalog: read from the checkpoint's dflash_config at convert time")
+    return out
+
+
+def _speculative_issues(recipe: Recipe) -> list[Issue]:
+    out, spec, d = _Issues(), recipe.speculative, recipe.drafter_facts
+    if d.block_size is not None and spec.block_size > d.block_size:
+        out.err("speculative.block_size", f"{spec.block_size} > {d.block_size}, the block size the drafter was trained with; allowed: 2..{d.block_size}")
+    prev = 0
+    for i, band in enumerate(spec.bands):
+        if band.max_concurrency <= prev:
+            out.err(f"speculative.draft_len.{i}.max_concurrency", f"{band.max_concurrency} must be greater than the previous band's {prev}")
+        if band.draft_len > spec.block_size - 1:
+            out.err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > block_size-1 = {spec.block_size - 1}")
+        prev = band.max_concurrency
+    if spec.ddtree_budget is not None and recipe.backend.name != "reference":
+        out.err("speculative.ddtree_budget", f"DDTree runs only on the reference backend, not {recipe.backend.name}")
+    return out
+
+
+def _backend_issues(recipe: Recipe) -> list[Issue]:
+    """Backend support, TensorRT-LLM versions, and what runs on CPU."""
+    out, t, backend, gpu = _Issues(), recipe.target_facts, recipe.backend.name, recipe.gpu
+    if t.family not in BACKEND_FAMILIES[backend]:
+        ok = [k for k, fams in BACKEND_FAMILIES.items() if t.family in fams]
+        out.err("backend", f"{backend} does not support {t.family} targets; use one of: {', '.join(ok)}")
+    version = recipe.backend.trtllm_version
+    if backend == "reference":
+        if version is not None:
+            out.err("backend.trtllm_version", "the reference backend does not use TensorRT-LLM; remove it")
+        if recipe.quantization.activations not in ("bf16", "fp16", "fp32"):
+            out.warn("quantization.activations", "the reference backend emulates quantized weights; activations stay in high precision")
+    elif version is not None:
+        vt = _version_tuple(version)
+        if vt is None:
+            out.err("backend.trtllm_version", f"{version!r} is not a version like 1.2.1")
+        elif backend == "engine" and vt[:2] != (1, 2):
+            out.err("backend.trtllm_version", f"{version}: the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last release with trtllm-build")
+        elif backend == "pytorch" and vt < (1, 3):
+            out.err("backend.trtllm_version", f"{version}: the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)")
+        elif backend == "pytorch" and trtllm_line(version) not in PYTORCH_TRTLLM_LINES:
+            known = ", ".join(f"{line}.x" for line in PYTORCH_TRTLLM_LINES)
+            out.err("backend.trtllm_version", f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM "
+                    f"{trtllm_line(version)}; known: {known}")
+    if backend == "engine" and gpu.is_cpu:
+        # The engine path's plan (build --dry-run), deploy and serving with reference runners run on CPU.
+        out.warn("backend", "engine on cpu: build --dry-run only; served by the emulated engine runners (or --runners reference)")
+    elif backend != "reference" and gpu.is_cpu:
+        out.err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
+    return out
+
+
+def _pytorch_issues(recipe: Recipe) -> list[Issue]:
+    """What TensorRT-LLM's native DFlash (the pytorch backend) can be given."""
+    out, spec = _Issues(), recipe.speculative
+    if recipe.backend.name != "pytorch":
+        return out
+    if recipe.quantization.drafter != "bf16":
+        out.err("quantization.drafter", f"{recipe.quantization.drafter}: TensorRT-LLM's native DFlash loads only BF16 "
+                "drafters (its fc is a plain nn.Linear and precompute_context_kv applies the raw qkv_proj weight: "
+                "modeling_dflash.py); allowed: bf16")
+    if spec.auto:
+        out.err("speculative.draft_len", "auto: TensorRT-LLM's native DFlash takes a static draft_len_schedule; 'auto' "
+                "runs on the reference and engine backends (our round loop); give bands instead")
+    # DecodingBaseConfig.validate_draft_len_schedule_and_sort: the smallest batch size maps to
+    # max_draft_len and no length exceeds it, i.e. the first band has the longest draft.
+    for i, band in enumerate(spec.bands[1:], start=1):
+        if band.draft_len > spec.bands[0].draft_len:
+            out.err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > the first band's "
+                    f"{spec.bands[0].draft_len}: TensorRT-LLM's draft_len_schedule needs the lowest-concurrency "
+                    "band to have the longest draft")
+    off = [i for i, band in enumerate(spec.bands) if band.draft_len < MIN_RUNTIME_DRAFT_LEN]
+    if off or (spec.bands and spec.bands[-1].max_concurrency < recipe.build.max_batch_size):
+        where = f"speculative.draft_len.{off[0]}.draft_len" if off else "speculative.draft_len"
+        out.warn(where, f"the pytorch backend never turns drafting off: TensorRT-LLM's DFlash then stops refreshing "
+                 "its drafter state and acceptance collapses once drafting resumes (NVIDIA/TensorRT-LLM PR #16888); "
+                 f"deployed schedule {pytorch_draft_len_schedule(recipe)} drafts at least {MIN_RUNTIME_DRAFT_LEN}")
+    return out
+
+
+def _limit_issues(recipe: Recipe) -> list[Issue]:
+    """Build limits against the model and the sweep."""
+    out, b, t, sw = _Issues(), recipe.build, recipe.target_facts, recipe.sweep
+    if b.max_input_len >= b.max_seq_len:
+        out.err("build.max_input_len", f"{b.max_input_len} must be < max_seq_len {b.max_seq_len}")
+    if t.max_position_embeddings and b.max_seq_len > t.max_position_embeddings:
+        out.err("build.max_seq_len", f"{b.max_seq_len} > target max_position_embeddings {t.max_position_embeddings}")
+    tokens_per_step = b.max_batch_size * recipe.speculative.block_size
+    if b.max_num_tokens < tokens_per_step:
+        out.err("build.max_num_tokens", f"{b.max_num_tokens} < max_batch_size x block_size = {tokens_per_step}: a full batch of verify blocks would not fit one step")
+    if max(sw.concurrency) > b.max_batch_size:
+        out.err("sweep.concurrency", f"level {max(sw.concurrency)} > build.max_batch_size {b.max_batch_size}")
+    if sw.input_len + sw.max_output_len > b.max_seq_len:
+        out.err("sweep.output_len", f"input_len + the longest output ({sw.max_output_len}: output_len, "
+                f"output_len_range) = {sw.input_len + sw.max_output_len} > build.max_seq_len {b.max_seq_len}")
+    return out
+
+
+def _serving_issues(recipe: Recipe) -> list[Issue]:
+    """Ports, and local sources that do not exist yet."""
+    out = _Issues()
+    ports = [recipe.serve.http_port, recipe.serve.grpc_port, recipe.serve.metrics_port]
+    if len(set(ports)) != 3:
+        out.err("serve", f"http_port, grpc_port and metrics_port must differ, got {ports}")
+    for who in ("target", "drafter"):
+        src: ModelSource = getattr(recipe, who)
+        if src.path is not None and not src.path.exists():
+            out.warn(f"{who}.source", f"{src.source} does not exist yet; stages that load weights will need it")
+    return out
