@@ -27,6 +27,11 @@ from trtllm_dflash.errors import UserError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks of the reference backend (bench decode RECIPE --json)")
     kinds = p.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
+    for add in (_add_decode, _add_serve, _add_policy, _add_acceptance):
+        add(kinds)
+
+
+def _add_decode(kinds) -> None:
     d = kinds.add_parser("decode", help="AR vs DFlash vs DDTree tokens/s and tau, plus HF baselines",
                          description=__doc__.split("\n\n")[0])
     add_recipe_argument(d)
@@ -47,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     d.set_defaults(run=run)
 
+
+def _add_serve(kinds) -> None:
     s = kinds.add_parser("serve", help="tokens/s/user of the served model at concurrency 1 against in-process "
                          "decoding of the same deployment, and where the time of a round goes",
                          description="Deploys RECIPE (into --work, current stages skipped), serves it behind "
@@ -63,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     s.set_defaults(run=run_serve)
 
+
+def _add_policy(kinds) -> None:
     q = kinds.add_parser("policy", help="the draft-length policy on the served path: AR, fixed draft lengths, the "
                          "deployment's policy and DDTree swept on one server, with the draft-length goals",
                          description="Deploys RECIPE (into --work, default a temporary directory), serves it behind "
@@ -78,6 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     q.set_defaults(run=run_policy)
 
+
+def _add_acceptance(kinds) -> None:
     a = kinds.add_parser("acceptance", help="tau and the conditional acceptance of every draft slot, measured by "
                          "the reference backend on held-out prompts (for `project --acceptance`)",
                          description="Greedy DFlash decoding of held-out prompts with the reference backend; every "
