@@ -107,9 +107,7 @@ def _prompt_ids(args, tok) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from trtllm_dflash.reference import SamplingParams, generate_steps, load_pair, load_target
+    from trtllm_dflash.reference import SamplingParams
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {args.max_new_tokens}: expected at least 1")
@@ -123,27 +121,48 @@ def run(args: argparse.Namespace) -> int:
     if len(prompt) + args.max_new_tokens > limit:
         raise UserError(f"--max-new-tokens {args.max_new_tokens} with a prompt of {len(prompt)} tokens exceeds {what}, "
                         f"{limit}: at most {max(0, limit - len(prompt))} new tokens")
+    steps = _steps(args, target_dir, drafter_dir, prompt, block, budget, sampling)  # loads the models
+    t0 = time.perf_counter()
+    records, tokens, shown = _stream(args, tok, steps)
+    stats = _stats(records, tokens, time.perf_counter() - t0)
+    if args.json:
+        text = tok.decode(tokens, skip_special_tokens=True) if tok is not None else None
+        print(json.dumps({"mode": args.mode, "prompt_ids": prompt, "tokens": tokens, "text": text, **stats}))
+        return 0
+    if tok is not None and shown != tok.decode(tokens, skip_special_tokens=True):
+        sys.stdout.write(tok.decode(tokens, skip_special_tokens=True)[len(shown):])
+    print()
+    speed = stats["decode_tokens_per_s"]
+    print(f"[{args.mode}] {len(tokens)} tokens, {stats['rounds']} rounds, tau {stats['tau']:.2f}, "
+          f"{'-' if speed is None else f'{speed:.1f}'} tok/s after prefill", file=sys.stderr)
+    return 0
+
+
+def _steps(args, target_dir: Path, drafter_dir: Path | None, prompt: list[int], block, budget, sampling):
+    """The decode loop's rounds for `prompt`: over a checkpoint (tp processes) or a loaded pair."""
+    import torch
+
+    from trtllm_dflash.reference import generate_steps, load_pair, load_target
+
     dtype = getattr(torch, args.dtype)
-    if args.checkpoint is not None:
-        target = drafter = None  # each tensor-parallel process loads its own shard
-    elif args.mode == "ar" and drafter_dir is None:
+    if args.checkpoint is not None:  # each tensor-parallel process loads its own shard
+        from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
+
+        return checkpoint_steps(args.checkpoint, [prompt], args.max_new_tokens, tp=args.tp, dtype=dtype,
+                                device=args.device, mode=args.mode, block_size=block, ddtree_budget=budget,
+                                sampling=sampling)
+    if args.mode == "ar" and drafter_dir is None:
         target, drafter = load_target(target_dir, dtype, args.device), None
     else:
         target, drafter = load_pair(target_dir, drafter_dir, dtype, args.device)
+    return generate_steps(target, drafter, [prompt], args.max_new_tokens, mode=args.mode, block_size=block,
+                          ddtree_budget=budget, sampling=sampling)
 
-    tokens: list[int] = []
-    shown = ""
-    t0 = time.perf_counter()
-    if args.checkpoint is not None:
-        from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
 
-        steps = checkpoint_steps(args.checkpoint, [prompt], args.max_new_tokens, tp=args.tp, dtype=dtype,
-                                 device=args.device, mode=args.mode, block_size=block, ddtree_budget=budget,
-                                 sampling=sampling)
-    else:
-        steps = generate_steps(target, drafter, [prompt], args.max_new_tokens, mode=args.mode, block_size=block,
-                               ddtree_budget=budget, sampling=sampling)
-    records = []
+def _stream(args, tok, steps) -> tuple[list, list[int], str]:
+    """Run the rounds, printing the text as it grows (not with --json). Returns (records, tokens,
+    the text shown)."""
+    records, tokens, shown = [], [], ""
     for rec in steps:
         records.append(rec)
         tokens += rec.tokens[0]
@@ -158,11 +177,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text[len(shown):] if text.startswith(shown) else "\n" + text)
         sys.stdout.flush()
         shown = text
-    wall = time.perf_counter() - t0
+    return records, tokens, shown
 
+
+def _stats(records: list, tokens: list[int], wall: float) -> dict:
     rounds = [len(r.tokens[0]) for r in records[1:]]
     decode_time = wall - records[0].t_verify - records[0].t_overhead
-    stats = {
+    return {
         "tau": sum(rounds) / len(rounds) if rounds else 0.0,
         "rounds": len(rounds),
         "accepted_per_round": rounds,
@@ -173,14 +194,3 @@ def run(args: argparse.Namespace) -> int:
         "t_overhead": sum(r.t_overhead for r in records),
         "decode_tokens_per_s": (len(tokens) - 1) / decode_time if decode_time > 0 and len(tokens) > 1 else None,
     }
-    if args.json:
-        text = tok.decode(tokens, skip_special_tokens=True) if tok is not None else None
-        print(json.dumps({"mode": args.mode, "prompt_ids": prompt, "tokens": tokens, "text": text, **stats}))
-        return 0
-    if tok is not None and shown != tok.decode(tokens, skip_special_tokens=True):
-        sys.stdout.write(tok.decode(tokens, skip_special_tokens=True)[len(shown):])
-    print()
-    speed = stats["decode_tokens_per_s"]
-    print(f"[{args.mode}] {len(tokens)} tokens, {stats['rounds']} rounds, tau {stats['tau']:.2f}, "
-          f"{'-' if speed is None else f'{speed:.1f}'} tok/s after prefill", file=sys.stderr)
-    return 0
