@@ -181,6 +181,18 @@ def facts_from_config(config_path: Path) -> ArchFacts:
             raise UserError(f"{config_path}: missing key {key!r}")
         return cfg[key]
 
+    facts = _common_facts(cfg, need)
+    facts.update(_drafter_facts(cfg, need, config_path) if is_drafter else _target_facts(cfg, need, model_type))
+    try:
+        return ArchFacts(**facts)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        raise UserError(f"{config_path}: {loc}: {err['msg']}") from None
+
+
+def _common_facts(cfg: dict, need) -> dict:
+    """What every config.json says: the transformer's shape."""
     hidden = need("hidden_size")
     heads = need("num_attention_heads")
     facts: dict = dict(
@@ -194,40 +206,34 @@ def facts_from_config(config_path: Path) -> ArchFacts:
         attention_bias=bool(cfg.get("attention_bias", False)),
         max_position_embeddings=cfg.get("max_position_embeddings"),
     )
-    layer_types = cfg.get("layer_types") or []
-    n_sliding = sum(t == "sliding_attention" for t in layer_types)
+    n_sliding = sum(t == "sliding_attention" for t in cfg.get("layer_types") or [])
     if n_sliding:
         facts.update(sliding_window=need("sliding_window"), sliding_layers=n_sliding)
+    return facts
 
-    if is_drafter:
-        dcfg = cfg.get("dflash_config") or {}
-        facts.update(
-            family="dflash",
-            intermediate_size=need("intermediate_size"),
-            block_size=dcfg.get("block_size", cfg.get("block_size")),
-            target_layer_ids=dcfg.get("target_layer_ids"),
-            mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
-        )
-        if facts["target_layer_ids"] is None:
-            raise UserError(f"{config_path}: missing dflash_config.target_layer_ids")
-        if facts["block_size"] is None:
-            raise UserError(f"{config_path}: missing block_size (top level or dflash_config)")
-    else:
-        family = HF_MODEL_TYPES[model_type]
-        facts["family"] = family
-        n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-        if n_experts:
-            facts.update(
-                intermediate_size=0,
-                num_experts=n_experts,
+
+def _drafter_facts(cfg: dict, need, config_path: Path) -> dict:
+    """A z-lab drafter's: its block and how it reads the target (dflash_config, or the top level)."""
+    dcfg = cfg.get("dflash_config") or {}
+    facts = dict(
+        family="dflash",
+        intermediate_size=need("intermediate_size"),
+        block_size=dcfg.get("block_size", cfg.get("block_size")),
+        target_layer_ids=dcfg.get("target_layer_ids"),
+        mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
+    )
+    if facts["target_layer_ids"] is None:
+        raise UserError(f"{config_path}: missing dflash_config.target_layer_ids")
+    if facts["block_size"] is None:
+        raise UserError(f"{config_path}: missing block_size (top level or dflash_config)")
+    return facts
+
+
+def _target_facts(cfg: dict, need, model_type: str) -> dict:
+    """An HF target's: its family and MLP (dense or mixture of experts)."""
+    n_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if not n_experts:
+        return dict(family=HF_MODEL_TYPES[model_type], intermediate_size=need("intermediate_size"))
+    return dict(family=HF_MODEL_TYPES[model_type], intermediate_size=0, num_experts=n_experts,
                 experts_per_token=need("num_experts_per_tok"),
-                moe_intermediate_size=cfg.get("moe_intermediate_size") or need("intermediate_size"),
-            )
-        else:
-            facts["intermediate_size"] = need("intermediate_size")
-    try:
-        return ArchFacts(**facts)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "config"
-        raise UserError(f"{config_path}: {loc}: {err['msg']}") from None
+                moe_intermediate_size=cfg.get("moe_intermediate_size") or need("intermediate_size"))
