@@ -154,8 +154,12 @@ def test_reference_backend_weight_only_target_and_drafter(tmp_path, tiny_pair, f
     assert sorted(calib["kv"]) == ["0", "1"]
 
 
-def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys):
+def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys, monkeypatch):
+    import trtllm_dflash.quantize.quantize as qmod
     from trtllm_dflash.cli import main
+
+    def calibrating(*a, **k):
+        raise AssertionError("calibrated before the problem was found")
 
     target, drafter = tiny_pair
     assert main(["quantize", str(write_recipe(tmp_path / "a.yaml", target, drafter)), "--from", str(tmp_path / "c"),
@@ -167,8 +171,12 @@ def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys):
         quantize(load_recipe(engine), tmp_path / "c", tmp_path / "q", **CALIB)
     wide = make_target(tmp_path / "t96", intermediate_size=96)
     r = write_recipe(tmp_path / "c.yaml", wide, drafter, tp=4, fmt="nvfp4")
+    c4 = converted(load_recipe(r), tmp_path / "c4")
+    # the misaligned tensor comes after aligned ones in its plan: every tensor is checked, not the first
+    monkeypatch.setattr(qmod, "calibrate_target", calibrating)
     with pytest.raises(UserError, match=r"transformer.layers.0.mlp.proj.weight: 24 input features per rank \(tp 4\) is not a multiple of 16"):
-        quantize(load_recipe(r), converted(load_recipe(r), tmp_path / "c4"), tmp_path / "q", **CALIB)
+        quantize(load_recipe(r), c4, tmp_path / "q", **CALIB)
+    monkeypatch.undo()
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "notes.txt").write_text("someone else's")
     with pytest.raises(UserError, match="exists and is not a trtllm-dflash output"):

@@ -36,45 +36,16 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
     input, sources, tp alignment, output directory) is checked before calibrating. `measure`:
     how to decode a checkpoint for the acceptance guardrail (quantize/guard.py; None: not run);
     `prompts`: the guard's prompts (a JSONL / ShareGPT file) instead of the calibration data's."""
-    import torch
-
-    from trtllm_dflash.quantize.quantize import (
-        Calibration, QuantTransform, Scheme, calibrate_drafter, calibrate_target, calibration_data, export_hf,
-        resolve,
-    )
+    from trtllm_dflash.quantize.quantize import QuantTransform, export_hf, resolve
 
     out, from_dir = Path(out), Path(from_dir)
     plan = resolve(recipe)
     layout = BACKEND_LAYOUT[recipe.backend.name]
-    m = verify_input(from_dir, ("convert",), recipe)
-    if m.extra.get("layout") != layout:
-        raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {recipe.backend.name} "
-                        f"backend quantizes the {layout} layout (convert without --layout)")
-    src = recorded_sources(from_dir, m)  # configs, pairing, every tensor header
-    if layout == "trtllm":
-        transform = QuantTransform(plan, {"target": Calibration(), "drafter": Calibration()})
-        # tp / alignment problems before calibrating (the drafter split as convert splits it)
-        for p in plan_trtllm(src, recipe.parallel.tp, drafter_placement(recipe).tp).values():
-            try:
-                transform.validate(p)
-            except Exception as e:
-                if "no calibration" not in str(e):
-                    raise
+    m, src = _checked_input(recipe, from_dir, layout, plan)
     check_out_dir(out, Manifest.for_stage("quantize", recipe, from_dir), overwrite)
-    calibrate_target_too = plan.target is not Scheme.NONE or plan.kv_fp8
-    if calibrate_target_too:
-        compat.require_modelopt()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     q = recipe.quantization
     samples, length = samples or q.calib_samples, length or q.calib_len  # arguments: tests' smaller calibrations
-    data = calibration_data(src.target_dir, src.target_cfg.vocab_size, calib, samples, length, seed=recipe.sweep.seed)
-
-    calibration = {"target": Calibration(source=data.source), "drafter": Calibration(source=data.source)}
-    model = None
-    if calibrate_target_too:
-        model, calibration["target"] = calibrate_target(src.target_dir, plan, data, device, progress)
-    if plan.drafter is not Scheme.NONE:
-        calibration["drafter"] = calibrate_drafter(src.target_dir, src.drafter_dir, data, progress=progress)
+    model, calibration, data = _calibrate(recipe, plan, src, calib, samples, length, device, progress)
     record = json.dumps({r: c.to_json() for r, c in calibration.items()}, indent=1, sort_keys=True)
     extra = {"quantization": plan.describe(), "calibration_data": data.source, "calibration": {"samples": samples, "len": length},
              "tools": tool_versions("nvidia-modelopt")}
@@ -101,6 +72,45 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
         export_hf(model, tmp, recipe, src.target_dir, src.drafter_dir, plan)
         (tmp / "calibration.json").write_text(record)
     return out
+
+
+def _checked_input(recipe: Recipe, from_dir: Path, layout: str, plan):
+    """(manifest, recorded sources) of the convert output, its layout and, for the TensorRT-LLM
+    layout, every tensor's tp split and alignment checked before anything is calibrated."""
+    from trtllm_dflash.quantize.quantize import Calibration, QuantTransform
+
+    m = verify_input(from_dir, ("convert",), recipe)
+    if m.extra.get("layout") != layout:
+        raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {recipe.backend.name} "
+                        f"backend quantizes the {layout} layout (convert without --layout)")
+    src = recorded_sources(from_dir, m)  # configs, pairing, every tensor header
+    if layout == "trtllm":
+        transform = QuantTransform(plan, {"target": Calibration(), "drafter": Calibration()})
+        # tp / alignment problems before calibrating (the drafter split as convert splits it)
+        for p in plan_trtllm(src, recipe.parallel.tp, drafter_placement(recipe).tp).values():
+            transform.validate(p, calibrated=False)
+    return m, src
+
+
+def _calibrate(recipe: Recipe, plan, src, calib: Path | None, samples: int, length: int, device: str | None,
+               progress: bool):
+    """(the calibrated HF target or None, {role: Calibration}, the calibration data)."""
+    import torch
+
+    from trtllm_dflash.quantize.quantize import Calibration, Scheme, calibrate_drafter, calibrate_target, calibration_data
+
+    calibrate_target_too = plan.target is not Scheme.NONE or plan.kv_fp8
+    if calibrate_target_too:
+        compat.require_modelopt()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    data = calibration_data(src.target_dir, src.target_cfg.vocab_size, calib, samples, length, seed=recipe.sweep.seed)
+    calibration = {"target": Calibration(source=data.source), "drafter": Calibration(source=data.source)}
+    model = None
+    if calibrate_target_too:
+        model, calibration["target"] = calibrate_target(src.target_dir, plan, data, device, progress)
+    if plan.drafter is not Scheme.NONE:
+        calibration["drafter"] = calibrate_drafter(src.target_dir, src.drafter_dir, data, progress=progress)
+    return model, calibration, data
 
 
 def _guarded(recipe: Recipe, from_dir: Path, out: Path, overwrite: bool, measure: guard.Measure,
