@@ -166,7 +166,30 @@ def check_attention(
     _check_rank(op, "k_block", k_block, 4, "[B, T, Hkv, D]")
     _check_rank(op, "k_cache", k_cache, 4, "[B, S_max, Hkv, D]")
     _check_rank(op, "cache_lens", cache_lens, 1, "[B]")
+    _check_attention_dtypes(op, q, k_block, v_block, k_cache, v_cache, cache_lens)
+    _check_attention_shapes(op, q, k_block, v_block, k_cache, v_cache, cache_lens)
+    B, T, Hq, D = q.shape
+    Hkv, S_max = k_block.shape[2], k_cache.shape[1]
+    per_head = _check_kv_scales(op, k_cache.dtype, Hkv, k_scale, v_scale)
 
+    if scale is None:
+        scale = None if D is None else 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        _fail(op, f"scale = {scale!r}; must be a finite float > 0 (default 1/sqrt(D))")
+    if not isinstance(causal_block, bool):
+        _fail(op, f"causal_block = {causal_block!r}; must be a bool")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        _fail(op, f"window = {window!r}; must be None (no window) or an int >= 1 "
+                  "(a query at position p sees keys at positions > p - window)")
+
+    return AttentionProblem(
+        batch=B, block_len=T, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, max_cache_len=S_max,
+        dtype=q.dtype, cache_dtype=k_cache.dtype, kv_scale_per_head=per_head,
+        scale=None if scale is None else float(scale), causal_block=causal_block, window=window,
+    )
+
+
+def _check_attention_dtypes(op: str, q, k_block, v_block, k_cache, v_cache, cache_lens) -> None:
     if q.dtype not in ACTIVATION_DTYPES:
         _fail(op, f"q has dtype {q.dtype}; allowed: {', '.join(ACTIVATION_DTYPES)}")
     for name, m in (("k_block", k_block), ("v_block", v_block)):
@@ -180,6 +203,9 @@ def check_attention(
     if cache_lens.dtype != INDEX_DTYPE:
         _fail(op, f"cache_lens must be {INDEX_DTYPE}, got {cache_lens.dtype}")
 
+
+def _check_attention_shapes(op: str, q, k_block, v_block, k_cache, v_cache, cache_lens) -> None:
+    """Every shape against q's [B, T, Hq, D], k_block's Hkv and k_cache's S_max (None: dynamic)."""
     B, T, Hq, D = q.shape
     Hkv = k_block.shape[2]
     S_max = k_cache.shape[1]
@@ -198,24 +224,6 @@ def check_attention(
                  f"(B, D from q {_fmt(q.shape)}, Hkv from k_block {_fmt(k_block.shape)})")
     _check_shape(op, "v_cache", v_cache, (B, S_max, Hkv, D), "[B, S_max, Hkv, D]", "(like k_cache)")
     _check_shape(op, "cache_lens", cache_lens, (B,), "[B]", f"(B from q {_fmt(q.shape)})")
-
-    per_head = _check_kv_scales(op, k_cache.dtype, Hkv, k_scale, v_scale)
-
-    if scale is None:
-        scale = None if D is None else 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        _fail(op, f"scale = {scale!r}; must be a finite float > 0 (default 1/sqrt(D))")
-    if not isinstance(causal_block, bool):
-        _fail(op, f"causal_block = {causal_block!r}; must be a bool")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        _fail(op, f"window = {window!r}; must be None (no window) or an int >= 1 "
-                  "(a query at position p sees keys at positions > p - window)")
-
-    return AttentionProblem(
-        batch=B, block_len=T, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, max_cache_len=S_max,
-        dtype=q.dtype, cache_dtype=k_cache.dtype, kv_scale_per_head=per_head,
-        scale=None if scale is None else float(scale), causal_block=causal_block, window=window,
-    )
 
 
 def attention_output(problem: AttentionProblem) -> TensorMeta:
