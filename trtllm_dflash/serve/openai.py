@@ -335,18 +335,7 @@ def create_app(deployed, model_name: str):
 
     @app.get("/health")
     async def health():
-        if deployed.model.failed:  # a dead tensor-parallel rank: this server cannot serve
-            return JSONResponse({"status": "failed", "reason": deployed.model.failed}, status_code=503)
-        engine = deployed.engine
-        for _ in range(10):  # the engine thread may resize its groups while we count them
-            try:
-                running = engine.running
-                break
-            except RuntimeError:
-                await asyncio.sleep(0.01)
-        else:
-            running = None
-        return {"status": "ok", "running": running, "queued": engine.inbox.qsize(), "ended": dict(service.ended)}
+        return await _health(deployed, service)
 
     @app.get("/v1/models")
     async def models():
@@ -355,30 +344,47 @@ def create_app(deployed, model_name: str):
             "chat_template": "fallback" if service.fallback_template else "tokenizer",
         }]}
 
-    async def generate(request: Request, kind: type[_Body]):
-        body = service.parse(await request.body(), kind)
-        ids, prompt_field = service.prompt_ids(body)
-        max_tokens = service.max_tokens(body, len(ids), prompt_field)
-        chat = kind is ChatBody
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        obj = "chat.completion" if chat else "text_completion"
-        stream = _Stream(asyncio.get_running_loop(), service.ended)
-        service.submit(body, ids, max_tokens, stream)
-        if body.stream:
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_sse(service, stream, rid, obj + ".chunk" if chat else obj, chat, len(ids),
-                                          include_usage), media_type="text/event-stream")
-        return JSONResponse(await _whole(service, request, stream, rid, obj, chat, len(ids)))
-
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await generate(request, CompletionBody)
+        return await _generate(service, request, CompletionBody)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await generate(request, ChatBody)
+        return await _generate(service, request, ChatBody)
 
     return app
+
+
+async def _health(deployed, service: "Service"):
+    if deployed.model.failed:  # a dead tensor-parallel rank: this server cannot serve
+        return JSONResponse({"status": "failed", "reason": deployed.model.failed}, status_code=503)
+    engine = deployed.engine
+    for _ in range(10):  # the engine thread may resize its groups while we count them
+        try:
+            running = engine.running
+            break
+        except RuntimeError:
+            await asyncio.sleep(0.01)
+    else:
+        running = None
+    return {"status": "ok", "running": running, "queued": engine.inbox.qsize(), "ended": dict(service.ended)}
+
+
+async def _generate(service: "Service", request: Request, kind: type[_Body]):
+    """One completion or chat completion: streamed (server-sent events) or whole."""
+    body = service.parse(await request.body(), kind)
+    ids, prompt_field = service.prompt_ids(body)
+    max_tokens = service.max_tokens(body, len(ids), prompt_field)
+    chat = kind is ChatBody
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    obj = "chat.completion" if chat else "text_completion"
+    stream = _Stream(asyncio.get_running_loop(), service.ended)
+    service.submit(body, ids, max_tokens, stream)
+    if body.stream:
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_sse(service, stream, rid, obj + ".chunk" if chat else obj, chat, len(ids),
+                                      include_usage), media_type="text/event-stream")
+    return JSONResponse(await _whole(service, request, stream, rid, obj, chat, len(ids)))
 
 
 def _choice(chat: bool, text: str, reason: str | None, delta: bool) -> dict:
