@@ -562,22 +562,7 @@ def convert(
     work = out.parent / f".{out.name}.resume"
     try:
         with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
-            state = _resume_state(work, fingerprint, resume)
-            sources = {"target": {"self": src.target}, "drafter": {"self": src.drafter, "target": src.target}}
-            with _Progress(progress) as bar:
-                for role, plan in plans.items():
-                    for rank, planned in enumerate(plan.ranks):
-                        rel = f"{role}/model.safetensors" if layout == "hf" else f"{role}/rank{rank}.safetensors"
-                        done = state["done"].get(rel)
-                        if done is None or not (work / rel).is_file() or sha256_file(work / rel) != done:
-                            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-                            partial = work / (rel + ".partial")
-                            advance = bar.task(rel.removesuffix(".safetensors"), len(planned))
-                            _write_rank(partial, role, planned, rank, plan.num_layers, sources[role], transform, advance)
-                            partial.rename(work / rel)
-                            state["done"][rel] = sha256_file(work / rel)
-                            _write_json_atomic(work / "state.json", state)
-                        _link_or_copy(work / rel, tmp / rel)
+            _write_shards(tmp, work, _resume_state(work, fingerprint, resume), layout, src, plans, transform, progress)
             _write_configs(tmp, layout, src, plans, transform)
             for name, path in (extra_files or {}).items():
                 _link_or_copy(path, tmp / name)
@@ -586,6 +571,27 @@ def convert(
         src.target.close()
         src.drafter.close()
     return out
+
+
+def _write_shards(tmp: Path, work: Path, state: dict, layout: str, src: Sources, plans: dict, transform: Transform,
+                  progress: bool) -> None:
+    """Every rank's shard file into `tmp`: written in the resume directory `work` first (shards
+    that an earlier run of the same inputs and settings finished are kept), then linked."""
+    sources = {"target": {"self": src.target}, "drafter": {"self": src.drafter, "target": src.target}}
+    with _Progress(progress) as bar:
+        for role, plan in plans.items():
+            for rank, planned in enumerate(plan.ranks):
+                rel = f"{role}/model.safetensors" if layout == "hf" else f"{role}/rank{rank}.safetensors"
+                done = state["done"].get(rel)
+                if done is None or not (work / rel).is_file() or sha256_file(work / rel) != done:
+                    (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                    partial = work / (rel + ".partial")
+                    advance = bar.task(rel.removesuffix(".safetensors"), len(planned))
+                    _write_rank(partial, role, planned, rank, plan.num_layers, sources[role], transform, advance)
+                    partial.rename(work / rel)
+                    state["done"][rel] = sha256_file(work / rel)
+                    _write_json_atomic(work / "state.json", state)
+                _link_or_copy(work / rel, tmp / rel)
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
