@@ -80,12 +80,29 @@ def main(argv: list[str] | None = None) -> int:
     target = load_target(args.target, torch.float32)
     torch.manual_seed(args.seed)
     model = build_from_target(target, args.layers).train()
+    t0 = time.perf_counter()
+    step, history = _train(model, data, args, t0)
+    held_loss, acc = _heldout(model.eval(), data)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(args.out)
+    summary = {"layers": args.layers, "params": sum(p.numel() for p in model.parameters()), "steps": step,
+               "batch_size": args.batch_size, "train_seconds": round(time.perf_counter() - t0, 1),
+               "heldout_loss": round(held_loss, 4), "heldout_greedy_next_token_accuracy": round(acc, 4),
+               "history": history}
+    (args.out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"ar-draft: {step} steps, held-out loss {held_loss:.3f}, next-token accuracy on the target's greedy text "
+          f"{acc:.3f} -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _train(model, data: dict, args, t0: float) -> tuple[int, list[dict]]:
+    """Next-token training on the target's continuations (warm-up, then cosine to 5%). Returns
+    (the steps run, the loss every 50 steps)."""
     ids, lm = data["input_ids"], data["loss_mask"]
     N = ids.shape[0]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed)
     perm, cursor, history = torch.randperm(N, generator=gen), 0, []
-    t0 = time.perf_counter()
     step = 0
     for step in range(1, args.steps + 1):
         if args.max_minutes is not None and time.perf_counter() - t0 > 60 * args.max_minutes:
@@ -104,25 +121,19 @@ def main(argv: list[str] | None = None) -> int:
             history.append({"step": step, "loss": round(loss.item(), 4), "elapsed": round(time.perf_counter() - t0, 1)})
             print(f"ar-draft step {step}/{args.steps} loss {loss.item():.3f} lr {lr:.2e} "
                   f"{time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-    model.eval()
-    with torch.no_grad():
-        held = torch.cat([data["prompt_ids"], data["greedy_ids"]], 1)
-        hm = torch.zeros_like(held)
-        hm[:, data["prompt_ids"].shape[1] :] = 1
-        held_loss = next_token_loss(model, held, hm, False).item()
-        pred = model(input_ids=held[:, :-1]).logits.argmax(-1)
-        acc = ((pred == held[:, 1:]).float() * hm[:, 1:]).sum() / hm[:, 1:].sum()
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(args.out)
-    summary = {"layers": args.layers, "params": sum(p.numel() for p in model.parameters()), "steps": step,
-               "batch_size": args.batch_size, "train_seconds": round(time.perf_counter() - t0, 1),
-               "heldout_loss": round(held_loss, 4), "heldout_greedy_next_token_accuracy": round(float(acc), 4),
-               "history": history}
-    (args.out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"ar-draft: {step} steps, held-out loss {held_loss:.3f}, next-token accuracy on the target's greedy text "
-          f"{float(acc):.3f} -> {args.out}", file=sys.stderr)
-    return 0
+    return step, history
 
+
+@torch.no_grad()
+def _heldout(model, data: dict) -> tuple[float, float]:
+    """(loss, greedy next-token accuracy) on the target's own greedy continuations of held-out prompts."""
+    held = torch.cat([data["prompt_ids"], data["greedy_ids"]], 1)
+    hm = torch.zeros_like(held)
+    hm[:, data["prompt_ids"].shape[1] :] = 1
+    loss = next_token_loss(model, held, hm, False).item()
+    pred = model(input_ids=held[:, :-1]).logits.argmax(-1)
+    acc = ((pred == held[:, 1:]).float() * hm[:, 1:]).sum() / hm[:, 1:].sum()
+    return loss, float(acc)
 
 if __name__ == "__main__":
     raise SystemExit(main())
