@@ -341,8 +341,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     export(res.model, tok, args.out)
-    # Final numbers are measured on the shipped artefact (bf16 weights), computed in fp32.
-    shipped = load_target(args.out, torch.float32)
+    summary_path = _write_summary(args.out, ckpt_dir, model_cfg, cfg, res, n_params, train_tokens, heldout_tokens,
+                                  corpus.info)
+    print(f"done: {res.step} steps in {res.elapsed:.0f}s -> {args.out}; summary {summary_path}", file=sys.stderr)
+    return 0
+
+
+def _write_summary(out: Path, ckpt_dir: Path, model_cfg, cfg, res, n_params: int, train_tokens, heldout_tokens,
+                   corpus_info) -> Path:
+    """summary.json in the checkpoint directory: the configs, the run and the final losses,
+    measured on the shipped artefact (bf16 weights), computed in fp32."""
+    shipped = load_target(out, torch.float32)
     heldout_loss = evaluate(shipped, _windows(heldout_tokens, cfg.seq_len, None), bf16=False)
     train_loss = evaluate(shipped, _windows(train_tokens, cfg.seq_len, 256), bf16=False)
     summary = {
@@ -356,15 +365,14 @@ def main(argv: list[str] | None = None) -> int:
         "final_heldout_loss_fp32_all_windows": round(heldout_loss, 4),
         "train_tokens": train_tokens.numel(),
         "heldout_tokens": heldout_tokens.numel(),
-        "corpus": asdict(corpus.info),
+        "corpus": asdict(corpus_info),
         "history": res.history,
         "torch": torch.__version__,
     }
     summary_path = ckpt_dir / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"done: {res.step} steps in {res.elapsed:.0f}s; train loss {train_loss:.3f}, held-out loss {heldout_loss:.3f} "
-          f"(bf16 weights, fp32 compute) -> {args.out}; summary {summary_path}", file=sys.stderr)
-    return 0
+    print(f"train loss {train_loss:.3f}, held-out loss {heldout_loss:.3f} (bf16 weights, fp32 compute)", file=sys.stderr)
+    return summary_path
 
 
 if __name__ == "__main__":
