@@ -63,29 +63,30 @@ def _add_serve(kinds) -> None:
     add_recipe_argument(s)
     s.add_argument("--prompts", type=int, default=8, help="prompts per pass (default 8)")
     s.add_argument("--max-new-tokens", type=int, default=None, help="default: the recipe's sweep.output_len")
-    s.add_argument("--repeats", type=int, default=5, help="interleaved repeats; medians are reported (default 5)")
     s.add_argument("--torch-threads", type=int, default=None,
                    help="serve (and decode in process) with this many torch threads (default: the deployment's)")
-    s.add_argument("--work", type=Path, default=None, help="pipeline directory (default runs/<recipe name>)")
-    s.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    _add_served_run(s, repeats=5, work="runs/<recipe name>")
     s.set_defaults(run=run_serve)
 
 
 def _add_policy(kinds) -> None:
-    q = kinds.add_parser("policy", help="the draft-length policy on the served path: AR, fixed draft lengths, the "
-                         "deployment's policy and DDTree swept on one server, with the draft-length goals",
-                         description="Deploys RECIPE (into --work, default a temporary directory), serves it behind "
-                         "tritonserver and sweeps one server with the curves ar, dflash L=n for each --fixed n, dflash "
-                         "(the deployment's policy) and ddtree (with a ddtree_budget), interleaved level by level "
-                         "(perf/bench_served_policy.py). Prints tokens/s/user p50 per level and curve (median of "
-                         "--repeats), the ratios and the goals missed.")
+    from trtllm_dflash.perf import bench_served_policy
+
+    doc = bench_served_policy.__doc__
+    q = kinds.add_parser("policy", help=doc.split("\n\n")[0].splitlines()[0], description=doc,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_recipe_argument(q)
     q.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels (default 1,2,4,8,16)")
-    q.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported (default 3)")
     q.add_argument("--fixed", default="1,3,7,15", help="fixed draft lengths to compare (default 1,3,7,15)")
-    q.add_argument("--work", type=Path, default=None, help="pipeline directory (default: a temporary one)")
-    q.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    _add_served_run(q, repeats=3, work="a temporary one")
     q.set_defaults(run=run_policy)
+
+
+def _add_served_run(p, repeats: int, work: str) -> None:
+    """What the benches that deploy and serve a recipe share: repeats, the pipeline directory, --json."""
+    p.add_argument("--repeats", type=int, default=repeats, help=f"interleaved repeats; medians are reported (default {repeats})")
+    p.add_argument("--work", type=Path, default=None, help=f"pipeline directory (default: {work})")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
 
 def _add_acceptance(kinds) -> None:
