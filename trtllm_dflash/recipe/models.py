@@ -18,16 +18,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.support import ARCHITECTURES
 
 Family = Literal["llama", "qwen3", "qwen3_moe", "gpt_oss", "dflash"]
 
-# HF `model_type` -> our family name.
-HF_MODEL_TYPES: dict[str, Family] = {
-    "llama": "llama",
-    "qwen3": "qwen3",
-    "qwen3_moe": "qwen3_moe",
-    "gpt_oss": "gpt_oss",
-}
+# HF `model_type` -> our family name: the target architectures of the support table.
+HF_MODEL_TYPES: dict[str, Family] = {m: m for m in ARCHITECTURES}
 
 
 class ArchFacts(BaseModel):

@@ -20,6 +20,7 @@ from trtllm_dflash.recipe.engine_layout import (
 )
 from trtllm_dflash.recipe.placement import span_problem
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
+from trtllm_dflash.recipe.support import ARCHITECTURES, BACKENDS, backend as backend_spec, trtllm_line, trtllm_version_problem
 from trtllm_dflash.recipe.schema import ModelSource, Recipe
 from trtllm_dflash.recipe.sharding import tp_message
 
@@ -31,31 +32,12 @@ class Issue:
     message: str
 
 
-# Architectures each backend runs, and the TensorRT-LLM versions it needs.
-BACKEND_FAMILIES: dict[str, set[str]] = {
-    "reference": {"llama", "qwen3", "qwen3_moe"},
-    # TensorRT-LLM 1.2.x engine path: dense decoder models; gpt-oss is PyTorch-backend only.
-    "engine": {"llama", "qwen3"},
-    "pytorch": {"llama", "qwen3", "qwen3_moe", "gpt_oss"},
-}
-DEFAULT_TRTLLM_VERSION = {"engine": "1.2.1", "pytorch": "1.3.0"}
+# Derived from the support table (recipe/support.py), for the modules that ask by these names.
+BACKEND_FAMILIES: dict[str, set[str]] = {b: {m for m, a in ARCHITECTURES.items() if b in a.backends} for b in BACKENDS}
+DEFAULT_TRTLLM_VERSION = {n: b.default_trtllm_version for n, b in BACKENDS.items() if b.default_trtllm_version}
 # TensorRT-LLM release lines whose DFlashDecodingConfig fields deploy knows (deploy/llmapi.py
 # holds one field table per line, read from upstream; a version outside them is refused).
-PYTORCH_TRTLLM_LINES = ("1.3", "1.4")
-
-
-def trtllm_line(version: str) -> str | None:
-    """'1.3' for 1.3.0, 1.3.0rc27, 1.3.2 ...; None when the text is not a version."""
-    vt = _version_tuple(version)
-    return None if vt is None or len(vt) < 2 else f"{vt[0]}.{vt[1]}"
-
-
-def _version_tuple(v: str) -> tuple[int, ...] | None:
-    head = v.split("rc")[0].split("+")[0].rstrip(".")
-    try:
-        return tuple(int(x) for x in head.split("."))
-    except ValueError:
-        return None
+PYTORCH_TRTLLM_LINES = next(b.trtllm_lines for b in BACKENDS.values() if b.static_schedule)
 
 
 # TensorRT-LLM's draft_len_schedule turns drafting off (0) above its largest key, and
@@ -107,7 +89,7 @@ def _engine_layout(recipe: Recipe) -> list[Issue]:
     reuse needs paged context FMHA, and every verify round's whole-sequence prompt must fit the
     Executor's input limit."""
     b = recipe.build
-    if recipe.backend.name != "engine":
+    if not backend_spec(recipe.backend.name).builds_engines:
         if b.kv_cache_reuse is not None:
             return [Issue("error", "build.kv_cache_reuse", f"applies to the engine backend only, not {recipe.backend.name} "
                           "(the pytorch backend's reuse is deploy's per-version choice); remove it")]
@@ -175,8 +157,9 @@ def _format_issues(recipe: Recipe) -> list[Issue]:
         out.err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
     if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
         out.err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
-    if q.target_weights == "mxfp4" and t.family != "gpt_oss":
-        out.err("quantization.target_weights", "mxfp4 is only the native format of gpt-oss checkpoints")
+    native = [m for m, a in ARCHITECTURES.items() if "mxfp4" in a.native_formats]
+    if q.target_weights == "mxfp4" and t.family not in native:
+        out.err("quantization.target_weights", f"mxfp4 is only the native format of {', '.join(native)} checkpoints")
     return out
 
 
@@ -217,55 +200,51 @@ def _speculative_issues(recipe: Recipe) -> list[Issue]:
         if band.draft_len > spec.block_size - 1:
             out.err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > block_size-1 = {spec.block_size - 1}")
         prev = band.max_concurrency
-    if spec.ddtree_budget is not None and recipe.backend.name != "reference":
-        out.err("speculative.ddtree_budget", f"DDTree runs only on the reference backend, not {recipe.backend.name}")
+    trees = [n for n, b in BACKENDS.items() if b.ddtree]
+    if spec.ddtree_budget is not None and recipe.backend.name not in trees:
+        out.err("speculative.ddtree_budget", f"DDTree runs only on the {', '.join(trees)} backend, not {recipe.backend.name}")
     return out
 
 
 def _backend_issues(recipe: Recipe) -> list[Issue]:
     """Backend support, TensorRT-LLM versions, and what runs on CPU."""
-    out, t, backend, gpu = _Issues(), recipe.target_facts, recipe.backend.name, recipe.gpu
-    if t.family not in BACKEND_FAMILIES[backend]:
+    out, t, name, gpu = _Issues(), recipe.target_facts, recipe.backend.name, recipe.gpu
+    spec = backend_spec(name)
+    if t.family not in BACKEND_FAMILIES[name]:
         ok = [k for k, fams in BACKEND_FAMILIES.items() if t.family in fams]
-        out.err("backend", f"{backend} does not support {t.family} targets; use one of: {', '.join(ok)}")
+        out.err("backend", f"{name} does not support {t.family} targets; use one of: {', '.join(ok)}")
     version = recipe.backend.trtllm_version
-    if backend == "reference":
+    if not spec.trtllm_lines:
         if version is not None:
-            out.err("backend.trtllm_version", "the reference backend does not use TensorRT-LLM; remove it")
+            out.err("backend.trtllm_version", f"the {name} backend does not use TensorRT-LLM; remove it")
         if recipe.quantization.activations not in ("bf16", "fp16", "fp32"):
-            out.warn("quantization.activations", "the reference backend emulates quantized weights; activations stay in high precision")
+            out.warn("quantization.activations", f"the {name} backend emulates quantized weights; activations stay in high precision")
     elif version is not None:
-        vt = _version_tuple(version)
-        if vt is None:
-            out.err("backend.trtllm_version", f"{version!r} is not a version like 1.2.1")
-        elif backend == "engine" and vt[:2] != (1, 2):
-            out.err("backend.trtllm_version", f"{version}: the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last release with trtllm-build")
-        elif backend == "pytorch" and vt < (1, 3):
-            out.err("backend.trtllm_version", f"{version}: the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)")
-        elif backend == "pytorch" and trtllm_line(version) not in PYTORCH_TRTLLM_LINES:
-            known = ", ".join(f"{line}.x" for line in PYTORCH_TRTLLM_LINES)
-            out.err("backend.trtllm_version", f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM "
-                    f"{trtllm_line(version)}; known: {known}")
-    if backend == "engine" and gpu.is_cpu:
-        # The engine path's plan (build --dry-run), deploy and serving with reference runners run on CPU.
-        out.warn("backend", "engine on cpu: build --dry-run only; served by the emulated engine runners (or --runners reference)")
-    elif backend != "reference" and gpu.is_cpu:
-        out.err("backend", f"{backend} needs NVIDIA GPUs; hardware.gpu is cpu (use the reference backend)")
+        problem = trtllm_version_problem(spec, version)
+        if problem:
+            out.err("backend.trtllm_version", problem)
+    if spec.needs_gpu and gpu.is_cpu:
+        if spec.cpu_runs:  # e.g. the engine path's plan (build --dry-run), deploy and emulated serving
+            out.warn("backend", f"{name} on cpu: {spec.cpu_runs}")
+        else:
+            cpu = [n for n, b in BACKENDS.items() if not b.needs_gpu]
+            out.err("backend", f"{name} needs NVIDIA GPUs; hardware.gpu is cpu (use the {', '.join(cpu)} backend)")
     return out
 
 
 def _pytorch_issues(recipe: Recipe) -> list[Issue]:
     """What TensorRT-LLM's native DFlash (the pytorch backend) can be given."""
-    out, spec = _Issues(), recipe.speculative
-    if recipe.backend.name != "pytorch":
-        return out
-    if recipe.quantization.drafter != "bf16":
+    out, spec, backend = _Issues(), recipe.speculative, backend_spec(recipe.backend.name)
+    if backend.drafter_formats and recipe.quantization.drafter not in backend.drafter_formats:
         out.err("quantization.drafter", f"{recipe.quantization.drafter}: TensorRT-LLM's native DFlash loads only BF16 "
                 "drafters (its fc is a plain nn.Linear and precompute_context_kv applies the raw qkv_proj weight: "
-                "modeling_dflash.py); allowed: bf16")
-    if spec.auto:
+                f"modeling_dflash.py); allowed: {', '.join(backend.drafter_formats)}")
+    if spec.auto and not backend.round_loop:
+        loops = [n for n, b in BACKENDS.items() if b.round_loop]
         out.err("speculative.draft_len", "auto: TensorRT-LLM's native DFlash takes a static draft_len_schedule; 'auto' "
-                "runs on the reference and engine backends (our round loop); give bands instead")
+                f"runs on the {' and '.join(loops)} backends (our round loop); give bands instead")
+    if not backend.static_schedule:
+        return out
     # DecodingBaseConfig.validate_draft_len_schedule_and_sort: the smallest batch size maps to
     # max_draft_len and no length exceeds it, i.e. the first band has the longest draft.
     for i, band in enumerate(spec.bands[1:], start=1):

@@ -1,0 +1,137 @@
+"""What the toolkit supports, in one place: backends, target architectures, drafter variants, and
+the table of (target architecture, drafter, backend, GPU, precision) rows they give.
+
+Everything that differs by backend or by architecture asks these tables (recipe rules, convert,
+quantize, build, deploy, serve, sweep, the planner, the docs' support table and
+`trtllm-dflash recipes --support`); nothing else compares a backend's or an architecture's name
+(tests/recipe/test_support.py greps the package). Adding a target architecture is a row of
+ARCHITECTURES plus its weight map (convert/weight_maps.py WEIGHT_MAPS) and, for the engine
+backend, its model class (build/trtllm_models.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+BackendName = Literal["reference", "engine", "pytorch"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one backend is and does."""
+
+    name: BackendName
+    what: str  # one line for the support table
+    layout: Literal["trtllm", "hf"]  # what convert writes for it (and quantize quantizes)
+    round_loop: bool  # our round loop decodes (per-request draft lengths, `draft_len: auto`)
+    ddtree: bool  # decodes DDTree trees
+    builds_engines: bool  # the build stage runs (trtllm-build)
+    triton_model: Literal["dflash", "llmapi"]  # what deploy writes: our model, or TensorRT-LLM's LLM-API model
+    default_runners: str | None  # ModelSettings.runners of a deployment (None: TensorRT-LLM's own model)
+    needs_gpu: bool  # refuses hardware.gpu cpu (except `cpu_runs`)
+    cpu_runs: str | None  # what runs of it on a CPU recipe, when anything does
+    trtllm_lines: tuple[str, ...]  # the TensorRT-LLM release lines it runs on (() = none: it does not use it)
+    trtllm_why: str  # why those lines
+    default_trtllm_version: str | None
+    kv_pool: bool  # TensorRT-LLM's KV pool (a fraction of free memory) holds the target's cache
+    context_cache: Literal["recipe", "fp8-or-bf16", "bf16"]  # the drafter's context cache format
+    drafter_head: bool  # the drafter carries its own embedding and LM head copy (the drafter engine)
+    drafter_dummy_slot: bool  # TensorRT-LLM's DFlash arena has max_batch_size + 1 slots
+    drafter_placement: Literal["rule", "split"]  # tp > 1: our placement rule, or split like the target
+    drafter_formats: tuple[str, ...] | None  # drafter precisions it loads (None: any the GPU has)
+    static_schedule: bool  # takes only a static draft_len_schedule (TensorRT-LLM's native DFlash)
+    spans_nodes: bool  # one deployment may span several nodes
+    dialect_models: bool  # deploy writes tensorrtllm_backend's ensemble / BLS / tensorrt_llm models too
+    serving_api: Literal["triton", "openai"]  # how `run` serves and sweeps it
+    image: str | None  # the container that serves it (None: this machine, or none published)
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("reference", "our PyTorch DFlash on CPU or any torch device: the oracle", "trtllm", round_loop=True,
+            ddtree=True, builds_engines=False, triton_model="dflash", default_runners="reference", needs_gpu=False,
+            cpu_runs="everything", trtllm_lines=(), trtllm_why="", default_trtllm_version=None, kv_pool=False, context_cache="recipe",
+            drafter_head=False, drafter_placement="split", drafter_dummy_slot=False, drafter_formats=None,
+            static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton", image=None),
+    Backend("engine", "TensorRT-LLM 1.2.x engines (trtllm-build) with our KV-injection plugin, Triton 25.12", "trtllm",
+            round_loop=True, ddtree=False, builds_engines=True, triton_model="dflash", default_runners="tensorrt",
+            needs_gpu=True, cpu_runs="build --dry-run only; served by the emulated engine runners (or --runners reference)",
+            trtllm_lines=("1.2",), trtllm_why="the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last "
+            "release with trtllm-build", default_trtllm_version="1.2.1", kv_pool=True, context_cache="fp8-or-bf16",
+            drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
+            static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton",
+            image="nvidia/tritonserver:25.12-trtllm-python-py3"),
+    Backend("pytorch", "TensorRT-LLM >= 1.3's native DFlash (DFlashDecodingConfig), trtllm-serve or Triton", "hf",
+            round_loop=False, ddtree=False, builds_engines=False, triton_model="llmapi", default_runners=None,
+            needs_gpu=True, cpu_runs=None, trtllm_lines=("1.3", "1.4"),
+            trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version="1.3.0", kv_pool=True,
+            context_cache="bf16", drafter_head=False, drafter_placement="split", drafter_dummy_slot=True,
+            drafter_formats=("bf16",), static_schedule=True, spans_nodes=True, dialect_models=False,
+            serving_api="openai", image="nvidia/tensorrt-llm/release"),
+)}
+
+
+def backend(name: str) -> Backend:
+    return BACKENDS[name]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A target architecture (HF `model_type`)."""
+
+    model_type: str
+    backends: tuple[str, ...]  # the backends that serve it
+    moe: bool  # mixture-of-experts MLP
+    qk_norm: bool  # per-head q / k RMSNorm (Qwen3)
+    trtllm_architecture: str | None  # TensorRT-LLM checkpoint `architecture` (trtllm layout); None: no weight map
+    qwen_type: str | None  # TensorRT-LLM's `qwen_type` config key
+    engine_class: str | None  # build/trtllm_models.py class for trtllm-build --model_cls_name
+    native_formats: tuple[str, ...] = ()  # weight formats its checkpoints ship in besides bf16 / fp16 / fp32
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
+    Architecture("qwen3", ("reference", "engine", "pytorch"), moe=False, qk_norm=True,
+                 trtllm_architecture="Qwen3ForCausalLM", qwen_type="qwen3", engine_class="DFlashQwen3Target"),
+    Architecture("llama", ("reference", "engine", "pytorch"), moe=False, qk_norm=False,
+                 trtllm_architecture="LlamaForCausalLM", qwen_type=None, engine_class="DFlashLlamaTarget"),
+    Architecture("qwen3_moe", ("reference", "pytorch"), moe=True, qk_norm=True,
+                 trtllm_architecture="Qwen3MoeForCausalLM", qwen_type="qwen3_moe", engine_class=None),
+    Architecture("gpt_oss", ("pytorch",), moe=True, qk_norm=False, trtllm_architecture=None, qwen_type=None,
+                 engine_class=None, native_formats=("mxfp4",)),
+)}
+
+DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # build/trtllm_models.py, and the drafter's trtllm checkpoint architecture
+
+
+def architecture(model_type: str) -> Architecture:
+    return ARCHITECTURES[model_type]
+
+
+def backends_for(model_type: str) -> list[str]:
+    """The backends that serve targets of `model_type`."""
+    return list(ARCHITECTURES[model_type].backends)
+
+
+def trtllm_line(version: str) -> str | None:
+    """'1.3' for 1.3.0, 1.3.0rc27, 1.3.2 ...; None when the text is not a version."""
+    head = version.split("rc")[0].split("+")[0].rstrip(".")
+    try:
+        vt = tuple(int(x) for x in head.split("."))
+    except ValueError:
+        return None
+    return None if len(vt) < 2 else f"{vt[0]}.{vt[1]}"
+
+
+def trtllm_version_problem(spec: Backend, version: str) -> str | None:
+    """Why TensorRT-LLM `version` does not suit backend `spec` (None: it does)."""
+    line = trtllm_line(version)
+    if line is None:
+        return f"{version!r} is not a version like 1.2.1"
+    if line in spec.trtllm_lines:
+        return None
+    key = lambda text: tuple(int(x) for x in text.split("."))  # noqa: E731
+    if len(spec.trtllm_lines) == 1 or key(line) < key(spec.trtllm_lines[0]):
+        return f"{version}: {spec.trtllm_why}"
+    # a newer line than those whose DFlashDecodingConfig fields deploy knows (deploy/llmapi.py)
+    known = ", ".join(f"{x}.x" for x in spec.trtllm_lines)
+    return f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM {line}; known: {known}"
