@@ -14,17 +14,16 @@ reference/trtllm-triton.md §5 and §7.3 and reference/ecosystem-2026-11.md "Tri
 
 from __future__ import annotations
 
-from trtllm_dflash.recipe.rules import DEFAULT_TRTLLM_VERSION
+from trtllm_dflash.recipe.support import BACKENDS, backend as backend_spec
 
-TRITON_TRTLLM_1_2 = "nvidia/tritonserver:25.12-trtllm-python-py3"
-TRTLLM_RELEASE = "nvidia/tensorrt-llm/release"
+TRITON_TRTLLM_1_2 = next(b.image for b in BACKENDS.values() if b.builds_engines)
+TRTLLM_RELEASE = next(b.image for b in BACKENDS.values() if b.static_schedule).split(":")[0]
 
 
 def backend_image(backend: str, api: str, trtllm_version: str | None) -> str | None:
     """The image that serves `backend` through `api` ("triton" or "openai"), None when no
     published image is known to carry what it needs."""
-    if backend == "engine":
-        return TRITON_TRTLLM_1_2
-    if backend == "pytorch" and api == "openai":
-        return f"{TRTLLM_RELEASE}:{trtllm_version or DEFAULT_TRTLLM_VERSION['pytorch']}"
-    return None
+    spec = backend_spec(backend)
+    if spec.image is None or api not in spec.image_apis:
+        return None  # e.g. the pytorch backend behind Triton's LLM-API backend: no published image carries it
+    return spec.image.format(version=trtllm_version or spec.default_trtllm_version)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.schema import Recipe
+from trtllm_dflash.recipe.support import BACKENDS, backend as backend_spec
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,12 @@ def span_problem(recipe: Recipe) -> tuple[str, str] | None:
     per_node, count, world = gpu.max_per_node, recipe.hardware.count, recipe.world_size
     if count <= per_node and world <= per_node:
         return None
-    if backend != "pytorch" and count > per_node:
-        why = ("its ranks are one mpirun of leader-mode servers on one node" if backend == "engine"
+    spec = backend_spec(backend)
+    if not spec.spans_nodes and count > per_node:
+        why = ("its ranks are one mpirun of leader-mode servers on one node" if spec.needs_gpu
                else "it serves from this machine")
-        return "hardware.count", (f"{count} > {per_node} {gpu.name} per node: only the pytorch backend spans nodes; "
+        spanning = ", ".join(n for n, b in BACKENDS.items() if b.spans_nodes)
+        return "hardware.count", (f"{count} > {per_node} {gpu.name} per node: only the {spanning} backend spans nodes; "
                                   f"the {backend} backend runs on one node: {why}")
     if count % per_node:
         return "hardware.count", (f"{count} {gpu.name} span nodes of {per_node}: use whole nodes (a multiple of "
@@ -64,15 +67,16 @@ def span_problem(recipe: Recipe) -> tuple[str, str] | None:
 def placement(recipe: Recipe) -> Placement:
     """Nodes, processes per node and GPUs per node of the recipe's GPU deployment; a one-line
     UserError for the reference backend and for a layout `span_problem` refuses."""
-    backend = recipe.backend.name
-    if backend == "reference":
-        raise UserError("the reference backend serves from this machine (`trtllm-dflash serve` without --launcher); "
-                        "cluster launchers run the engine and pytorch backends in NVIDIA's containers")
+    spec = backend_spec(recipe.backend.name)
+    if not spec.needs_gpu:
+        gpu_backends = " and ".join(n for n, b in BACKENDS.items() if b.needs_gpu)
+        raise UserError(f"the {spec.name} backend serves from this machine (`trtllm-dflash serve` without --launcher); "
+                        f"cluster launchers run the {gpu_backends} backends in NVIDIA's containers")
     problem = span_problem(recipe)
     if problem is not None:
         raise UserError(f"{problem[0]}: {problem[1]}")
     world, per_node = recipe.world_size, recipe.gpu.max_per_node
-    if backend == "engine":
+    if not spec.spans_nodes:  # one process (mpirun's leader-mode servers) holds the node's ranks
         return Placement(nodes=1, tasks_per_node=1, gpus_per_node=world, node_gpus=per_node)
     nodes = 1 if world <= per_node else world // per_node
     return Placement(nodes=nodes, tasks_per_node=world // nodes, gpus_per_node=world // nodes, node_gpus=per_node)

@@ -55,6 +55,7 @@ from typing import Literal, get_args
 
 from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GiB, GpuSpec, hardware_catalog
 from trtllm_dflash.recipe.models import ArchFacts
+from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.recipe.schema import Recipe
 from trtllm_dflash.recipe.sharding import (
     OUR_CONVERTER,
@@ -161,17 +162,17 @@ def drafter_ctx_bytes_per_seq(d: ArchFacts, tp: int, max_seq_len: int, block_siz
 
 def context_cache_format(recipe: Recipe) -> str:
     """Format of the drafter's context (injected K/V) cache."""
-    kv = recipe.quantization.kv_cache
-    if recipe.backend.name == "pytorch":
+    kv, rule = recipe.quantization.kv_cache, backend_spec(recipe.backend.name).context_cache
+    if rule == "bf16":
         return "bf16"  # TensorRT-LLM's DFlash keeps it in the drafter fc dtype (BF16)
-    if recipe.backend.name == "engine":
+    if rule == "fp8-or-bf16":
         return "fp8" if kv in ("fp8", "nvfp4") else "bf16"  # our kernel reads BF16/FP16 or FP8
     return kv
 
 
 def kv_fraction(backend: str) -> float | None:
-    """The fraction of free memory the KV pool takes (None: the reference backend has no pool)."""
-    return None if backend == "reference" else KV_CACHE_FREE_GPU_MEM_FRACTION
+    """The fraction of free memory the KV pool takes (None: a backend without TensorRT-LLM's pool)."""
+    return KV_CACHE_FREE_GPU_MEM_FRACTION if backend_spec(backend).kv_pool else None
 
 
 def model_dims(recipe: Recipe) -> list[ModelDims]:
@@ -187,7 +188,7 @@ def _weight_rows(recipe: Recipe, tp: int, dtp: int) -> list[PlanRow]:
     fc_split = backend in OUR_CONVERTER
     drafter = (d.linear_params - fc) * BYTES_PER_ELEMENT[q.drafter] / dtp
     drafter += fc * BYTES_PER_ELEMENT[q.drafter] / (dtp if fc_split else 1)
-    own_head = backend == "engine"  # the drafter engine embeds its block and picks its drafts itself
+    own_head = backend_spec(backend).drafter_head  # the drafter engine embeds its block and picks its drafts itself
     drafter += tables * vocab_rows_per_rank(t.vocab_size, dtp) * t.hidden_size * HIGH_PRECISION if own_head else 0.0
     split = "/ dtp" if dtp > 1 else ("whole, on rank 0" if tp > 1 else "")
     placement = f"layers and fc {split}" if fc_split else f"layers {split}, fc replicated"
@@ -225,7 +226,7 @@ def _rows(recipe: Recipe, tp: int, gpu: GpuSpec, dtp: int) -> list[PlanRow]:
         PlanRow("drafter context cache", ctx, True, f"{d.num_layers} layers x {tokens} x "
                 f"{kv_heads_per_rank(d.num_kv_heads, dtp)} KV heads x {d.head_dim} x {ctx_fmt}", after),
     ]
-    if backend == "pytorch":
+    if backend_spec(backend).drafter_dummy_slot:
         rows.append(PlanRow("drafter dummy slot", ctx, False, "TensorRT-LLM DFlash arena has max_batch_size+1 slots",
                             after))
     return rows
@@ -371,8 +372,9 @@ def drafter_placement(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | N
     tp = tp or recipe.parallel.tp
     if tp == 1:
         return DrafterPlacement("rank0", 1, "tp 1: one GPU holds the target and the drafter")
-    if recipe.backend.name != "engine":
-        who = ("the reference rank group splits every module like the target" if recipe.backend.name == "reference"
+    spec = backend_spec(recipe.backend.name)
+    if spec.drafter_placement == "split":
+        who = ("the reference rank group splits every module like the target" if spec.round_loop
                else "TensorRT-LLM's DFlash places its own drafter; the plan counts it split like the target")
         return DrafterPlacement("split", tp, who)
     b = recipe.build.max_batch_size

@@ -41,9 +41,10 @@ import math
 from dataclasses import dataclass
 
 from trtllm_dflash.recipe.models import ArchFacts
+from trtllm_dflash.recipe.support import BACKENDS
 
 # Backends whose checkpoints come from our converter (no vocabulary padding, MoE split per expert).
-OUR_CONVERTER = ("engine", "reference")
+OUR_CONVERTER = tuple(n for n, b in BACKENDS.items() if b.layout == "trtllm")
 LISTED_UP_TO = 8  # the tps an "allowed" list names: one 8-GPU node
 
 

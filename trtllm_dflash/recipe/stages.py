@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from trtllm_dflash.recipe.schema import BUILTIN_PREFIX, ModelSource, Recipe
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 STAGES = ("convert", "quantize", "build", "deploy", "serve", "sweep")
 
@@ -72,7 +73,7 @@ def stages_for(recipe: Recipe) -> list[str]:
     skip = set()
     if not recipe.quantization.quantizes:
         skip.add("quantize")
-    if recipe.backend.name != "engine":
+    if not backend_spec(recipe.backend.name).builds_engines:
         skip.add("build")
     return [s for s in STAGES if s not in skip]
 

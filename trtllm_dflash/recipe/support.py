@@ -44,7 +44,8 @@ class Backend:
     spans_nodes: bool  # one deployment may span several nodes
     dialect_models: bool  # deploy writes tensorrtllm_backend's ensemble / BLS / tensorrt_llm models too
     serving_api: Literal["triton", "openai"]  # how `run` serves and sweeps it
-    image: str | None  # the container that serves it (None: this machine, or none published)
+    image: str | None  # the container that serves it ({version}: TensorRT-LLM's; None: this machine, or none published)
+    image_apis: tuple[str, ...]  # the APIs that image serves the backend through
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
@@ -52,7 +53,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             ddtree=True, builds_engines=False, triton_model="dflash", default_runners="reference", needs_gpu=False,
             cpu_runs="everything", trtllm_lines=(), trtllm_why="", default_trtllm_version=None, kv_pool=False, context_cache="recipe",
             drafter_head=False, drafter_placement="split", drafter_dummy_slot=False, drafter_formats=None,
-            static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton", image=None),
+            static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton", image=None,
+            image_apis=()),
     Backend("engine", "TensorRT-LLM 1.2.x engines (trtllm-build) with our KV-injection plugin, Triton 25.12", "trtllm",
             round_loop=True, ddtree=False, builds_engines=True, triton_model="dflash", default_runners="tensorrt",
             needs_gpu=True, cpu_runs="build --dry-run only; served by the emulated engine runners (or --runners reference)",
@@ -60,14 +62,14 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             "release with trtllm-build", default_trtllm_version="1.2.1", kv_pool=True, context_cache="fp8-or-bf16",
             drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton",
-            image="nvidia/tritonserver:25.12-trtllm-python-py3"),
+            image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai")),
     Backend("pytorch", "TensorRT-LLM >= 1.3's native DFlash (DFlashDecodingConfig), trtllm-serve or Triton", "hf",
             round_loop=False, ddtree=False, builds_engines=False, triton_model="llmapi", default_runners=None,
             needs_gpu=True, cpu_runs=None, trtllm_lines=("1.3", "1.4"),
             trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version="1.3.0", kv_pool=True,
             context_cache="bf16", drafter_head=False, drafter_placement="split", drafter_dummy_slot=True,
             drafter_formats=("bf16",), static_schedule=True, spans_nodes=True, dialect_models=False,
-            serving_api="openai", image="nvidia/tensorrt-llm/release"),
+            serving_api="openai", image="nvidia/tensorrt-llm/release:{version}", image_apis=("openai",)),
 )}
 
 
