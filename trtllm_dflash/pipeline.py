@@ -30,6 +30,7 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.placement import placement
 from trtllm_dflash.recipe.stages import STAGES, input_stage, stage_fields, stages_for
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 # Exit code of a run that stopped at a stage belonging to another machine (not an error).
 STOPPED = 3
@@ -82,10 +83,10 @@ def staleness(stage: str, out: Path, recipe: Recipe, input_dir: Path | None, ext
 
 def _where(recipe: Recipe, stage: str, out: Path, recipe_arg: str) -> str:
     """One line: the command that runs `stage` of this pipeline, and on which machine."""
-    container = "Triton 25.12 trtllm-python-py3 (TensorRT-LLM 1.2.x)" if recipe.backend.name == "engine" \
-        else "TensorRT-LLM >= 1.3"
+    spec = backend_spec(recipe.backend.name)
+    container = spec.container
     # The pytorch backend is swept through trtllm-serve's OpenAI endpoint (sweep --api openai).
-    api, port = (" --api openai", recipe.serve.http_port) if recipe.backend.name == "pytorch" else ("", recipe.serve.grpc_port)
+    api, port = (" --api openai", recipe.serve.http_port) if spec.serving_api == "openai" else ("", recipe.serve.grpc_port)
     sweep = f"`trtllm-dflash sweep {recipe_arg}{api} --url HOST:{port} --from {out / 'deploy'} --out {out / 'sweep'}`"
     nodes = placement(recipe).nodes
     if nodes > 1:  # a scheduler starts it: the launcher is a file to submit
@@ -150,11 +151,8 @@ def serving_runners(recipe: Recipe) -> str | None:
     the reference backend; for an engine recipe on cpu hardware, the engine runners emulated on
     CPU (FakeExecutor for TensorRT-LLM's Executor, the torch drafter network); None when the
     deployment serves only on GPUs (the run stops there)."""
-    if recipe.backend.name == "reference":
-        return "reference"
-    if recipe.backend.name == "engine" and recipe.gpu.is_cpu:
-        return "emulated"
-    return None
+    spec = backend_spec(recipe.backend.name)
+    return spec.cpu_runners if recipe.gpu.is_cpu or not spec.needs_gpu else None
 
 
 def acceptance_measure(recipe: Recipe):
@@ -203,7 +201,7 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
         endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
         with tempfile.TemporaryDirectory(prefix="trtllm-dflash-runners-") as work:
             repository = input_dir / REPOSITORY
-            if runners != "reference":  # the deployment names tensorrt: serve a copy naming these runners
+            if runners != backend_spec(recipe.backend.name).default_runners:  # serve a copy naming these runners
                 repository = with_runners(repository, recipe.serve.model_name, runners, Path(work))
             with TritonServer(repository, endpoints):
                 say(f"serve: tritonserver ready on grpc {endpoints.grpc_url}, http {endpoints.http_url} ({input_dir}, "

@@ -66,6 +66,7 @@ from trtllm_dflash.recipe.engine_layout import (
     target_seq_len,
 )
 from trtllm_dflash.recipe.planner import drafter_placement
+from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.recipe.rules import BACKEND_FAMILIES, DEFAULT_TRTLLM_VERSION
 from trtllm_dflash.recipe.stages import input_stage
 
@@ -177,7 +178,7 @@ def check_buildable(recipe: Recipe) -> None:
     without rules and to name the build-specific reason.)"""
     file = recipe.file or recipe.name
     backend = recipe.backend.name
-    if backend != "engine":
+    if not backend_spec(backend).builds_engines:
         raise UserError(f"{file}: backend.name is {backend!r}: `build` compiles TensorRT-LLM 1.2.x engines for the "
                         f"engine backend only; the {backend} backend has no build stage (deploy takes its "
                         f"{input_stage(recipe, 'deploy')} output)")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trtllm_dflash.commands.common import add_recipe_argument, make_console
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -183,7 +184,7 @@ def run_policy(args) -> int:
     from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    if recipe.backend.name != "reference":
+    if backend_spec(recipe.backend.name).needs_gpu:
         raise UserError(f"{args.recipe or 'the default recipe'}: backend.name is {recipe.backend.name}: bench policy "
                         "measures the reference backend's server on this machine")
     if args.repeats < 1:
@@ -208,7 +209,7 @@ def run_serve(args) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} is {value}, expected >= 1")
-    if recipe.backend.name != "reference":
+    if backend_spec(recipe.backend.name).needs_gpu:
         raise UserError(f"{args.recipe or 'the default recipe'}: backend.name is {recipe.backend.name}: bench serve "
                         "measures the reference backend's server on this machine")
     sw, limit = recipe.sweep, recipe.build.max_seq_len

@@ -97,8 +97,10 @@ def _deployed_trtllm_serve(args, recipe, launcher: str) -> list[str]:
     from trtllm_dflash.deploy.repository import LAUNCH, TRTLLM_SERVE
     from trtllm_dflash.errors import UserError
 
+    from trtllm_dflash.recipe.support import backend as backend_spec
+
     backend = recipe.backend.name
-    if backend != "pytorch":
+    if backend_spec(backend).serving_api != "openai":
         raise UserError(f"--api openai: the {backend} backend serves Triton only (the OpenAI endpoint is the reference "
                         "backend's server, or trtllm-serve for the pytorch backend)")
     launch = args.from_dir / TRTLLM_SERVE / LAUNCH
@@ -108,11 +110,13 @@ def _deployed_trtllm_serve(args, recipe, launcher: str) -> list[str]:
 
 
 def _gpu_command(args, recipe, repository: Path, endpoints) -> list[str]:
+    from trtllm_dflash.recipe.support import backend as backend_spec
     from trtllm_dflash.serve.launch import launch_command
 
     if args.api == "triton":
+        llmapi = backend_spec(recipe.backend.name).triton_model == "llmapi"
         return launch_command(repository, endpoints, recipe.world_size, recipe.serve.model_name,
-                              llmapi=recipe.backend.name == "pytorch", launcher=args.launcher)
+                              llmapi=llmapi, launcher=args.launcher)
     cmd = _deployed_trtllm_serve(args, recipe, args.launcher)
     return _override(_override(cmd, "--host", args.host), "--port", args.http_port)
 
@@ -161,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
 
     from trtllm_dflash.artifacts import verify_input
     from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import CPU_RUNNERS
+    from trtllm_dflash.recipe.support import backend as backend_spec
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.serve.launch import Endpoints, in_container, served_paths
@@ -172,9 +178,9 @@ def run(args: argparse.Namespace) -> int:
                           args.metrics_port or s.metrics_port)
     verify_input(args.from_dir, ("deploy",), recipe)
     repository = (args.from_dir / REPOSITORY).resolve()
-    local = recipe.backend.name == "reference" or args.runners in ("reference", "emulated")
+    local = not backend_spec(recipe.backend.name).needs_gpu or args.runners in CPU_RUNNERS
     if args.launcher in CLUSTER:
-        if args.runners in ("reference", "emulated"):
+        if args.runners in CPU_RUNNERS:
             raise UserError(f"--runners {args.runners}: serves on this machine; --launcher {args.launcher} launches "
                             "the deployment's GPU runners on a cluster")
         return _cluster_launcher(args, recipe, repository, endpoints)

@@ -74,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.artifacts import verify_input
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.recipe.support import backend as backend_spec
     from trtllm_dflash.sweep.stage import sweep
 
     recipe = load_recipe(args.recipe, args.overrides)
-    if recipe.backend.name == "pytorch" and args.api == "triton":
+    spec = backend_spec(recipe.backend.name)
+    if spec.triton_model == "llmapi" and args.api == "triton":
         raise UserError(
             "--api triton speaks the dflash model interface (reference and engine backends); for the pytorch "
             "backend sweep trtllm-serve with --api openai (serve --api openai prints its launch command)"
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--http: only with --api triton (the OpenAI API is HTTP already)")
     if args.from_dir is not None:
         verify_input(args.from_dir, ("deploy",), recipe, check_contents=False)
-    if args.tune and recipe.backend.name == "pytorch":
+    if args.tune and not spec.round_loop:
         raise UserError("--tune: fixed draft lengths are per-request settings of trtllm-dflash's own servers (reference "
                         "and engine backends); trtllm-serve takes one static draft_len_schedule per deployment: "
                         "`trtllm-dflash project RECIPE` suggests bands for it")

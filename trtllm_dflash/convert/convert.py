@@ -54,6 +54,7 @@ from trtllm_dflash.convert.weight_maps import (
 )
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.support import BACKENDS, architecture
 from trtllm_dflash.recipe.planner import drafter_placement
 from trtllm_dflash.recipe.sharding import ModelDims, tp_message
 from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, read_json
@@ -61,7 +62,7 @@ from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, read_json
 Layout = Literal["trtllm", "hf"]
 Role = Literal["target", "drafter"]
 LAYOUTS: tuple[str, ...] = ("trtllm", "hf")
-BACKEND_LAYOUT: dict[str, Layout] = {"engine": "trtllm", "reference": "trtllm", "pytorch": "hf"}
+BACKEND_LAYOUT: dict[str, Layout] = {name: b.layout for name, b in BACKENDS.items()}
 FORMAT_VERSION = 1
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -291,8 +292,9 @@ def target_config(cfg, raw: dict, arch_map: ArchMap, tp: int, dtype: torch.dtype
         "mlp_bias": cfg.mlp_bias,
         "mapping": _mapping(tp, cfg.moe is not None),
     }
-    if cfg.arch in ("qwen3", "qwen3_moe"):
-        out["qwen_type"] = cfg.arch
+    qwen_type = architecture(cfg.arch).qwen_type
+    if qwen_type is not None:
+        out["qwen_type"] = qwen_type
     if cfg.moe is not None:
         out["moe_intermediate_size"] = cfg.moe.intermediate_size
         out["moe"] = {

@@ -42,6 +42,7 @@ from trtllm_dflash.deploy.triton_config import dflash_model_config, llmapi_model
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.stages import input_stage, source_ref
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 REPOSITORY = "model_repository"
 TRTLLM_SERVE = "trtllm_serve"  # the pytorch backend's trtllm-serve deployment, beside the repository
@@ -66,8 +67,6 @@ interface over this deployment's dflash model; see trtllm_dflash/serve/dialect_m
 
 from trtllm_dflash.serve.dialect_model import TritonPythonModel  # noqa: F401
 '''
-# What decodes each backend's deployment by default.
-DEFAULT_RUNNERS = {"reference": "reference", "engine": "tensorrt"}
 
 
 def deployed_recipe(recipe: Recipe) -> dict:
@@ -84,8 +83,6 @@ def _header(recipe: Recipe) -> str:
     )
 
 
-# The layout each backend's artifact must have (convert / quantize manifests record it).
-ARTIFACT_LAYOUT = {"reference": "trtllm", "pytorch": "hf"}
 
 
 def model_inputs(recipe: Recipe) -> list[str]:
@@ -93,23 +90,24 @@ def model_inputs(recipe: Recipe) -> list[str]:
     input was added is not current for `run`)."""
     from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS, LLMAPI_INPUTS
 
-    return [t.name for t in (LLMAPI_INPUTS if recipe.backend.name == "pytorch" else DFLASH_INPUTS)]
+    llmapi = backend_spec(recipe.backend.name).triton_model == "llmapi"
+    return [t.name for t in (LLMAPI_INPUTS if llmapi else DFLASH_INPUTS)]
 
 
 def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
     """Write the model repository for `recipe`, serving the artifact in `from_dir`, into out_dir
     (atomically, with a manifest)."""
-    backend = recipe.backend.name
+    backend, spec = recipe.backend.name, backend_spec(recipe.backend.name)
     from_dir = Path(from_dir)
     want = input_stage(recipe, "deploy")
     m = verify_input(from_dir, (want,), recipe)
-    layout = ARTIFACT_LAYOUT.get(backend)
+    layout = None if spec.builds_engines else spec.layout  # a checkpoint's layout (its manifest records it)
     if layout is not None and m.extra.get("layout") != layout:
         raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {backend} backend "
                         f"serves the {layout} layout")
     artifact = from_dir.resolve()
     name = recipe.serve.model_name
-    if backend != "pytorch" and name in DIALECT_MODELS:
+    if spec.dialect_models and name in DIALECT_MODELS:
         raise UserError(f"serve.model_name: {name!r} is the name of a model deploy writes beside it "
                         f"({', '.join(DIALECT_MODELS)}); choose another name")
     manifest = Manifest.for_stage("deploy", recipe, from_dir, extra={"backend": backend, "model_name": name,
@@ -120,7 +118,7 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
         version = model_dir / "1"
         version.mkdir(parents=True)
         header = _header(recipe)
-        if backend == "pytorch":
+        if spec.triton_model == "llmapi":
             comment = "".join(f"# {line}\n" for line in header.splitlines())
             (model_dir / "config.pbtxt").write_text(render(llmapi_model_config(recipe), header))
             (version / "model.yaml").write_text(comment + yaml.safe_dump(model_yaml(recipe, artifact), sort_keys=False))
@@ -132,11 +130,11 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             commands = trtllm_serve_commands(recipe, artifact, Path(out_dir).resolve() / TRTLLM_SERVE / OPTIONS)
             (serve_dir / LAUNCH).write_text(json.dumps(commands, indent=2) + "\n")
         else:
-            if backend == "reference":
-                settings = ModelSettings(runners=DEFAULT_RUNNERS[backend], checkpoint=str(artifact),
+            if not spec.builds_engines:
+                settings = ModelSettings(runners=spec.default_runners, checkpoint=str(artifact),
                                          checkpoint_manifest_sha256=manifest_sha256(artifact))
             else:  # the engines, and the checkpoint they were built from when known (CPU runners serve it)
-                settings = ModelSettings(runners=DEFAULT_RUNNERS[backend], engine_dir=str(artifact),
+                settings = ModelSettings(runners=spec.default_runners, engine_dir=str(artifact),
                                          checkpoint=m.input["path"] if m.input is not None else None,
                                          checkpoint_manifest_sha256=m.input["manifest_sha256"] if m.input is not None else None)
             (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, settings.to_params()), header))

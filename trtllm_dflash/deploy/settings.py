@@ -16,6 +16,7 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 
 RUNNERS = ("reference", "emulated", "tensorrt")
+CPU_RUNNERS = RUNNERS[:2]  # those that decode on this machine (our torch modules; the engine stand-ins)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from trtllm_dflash.project.projection import (
     Projection,
     dflash_name,
 )
+from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.sweep.fronts import front
 from trtllm_dflash.sweep.metrics import LevelSummary, curve_of
 from trtllm_dflash.sweep.summary import SUMMARY, read_curves
@@ -44,7 +45,7 @@ def served_curve(recipe) -> tuple[str, str]:
         note = "the server applies speculative.draft_len per concurrency band"
     else:
         note = "no speculative.draft_len bands: the server drafts block_size - 1 tokens at every concurrency"
-    if recipe.backend.name == "reference" and recipe.speculative.ddtree_budget:
+    if backend_spec(recipe.backend.name).ddtree and recipe.speculative.ddtree_budget:
         note += "; it decodes DDTree (speculative.ddtree_budget is set), which the projection does not model"
     return BANDS, note
 

@@ -34,6 +34,7 @@ import torch
 
 from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.quantize import formats as F
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.engine_layout import QUANT_ALGO
@@ -90,7 +91,7 @@ def resolve(recipe: Recipe) -> QuantPlan:
             "(or the weights to nvfp4)"
         )
     activations = q.activations not in FLOAT_FORMATS
-    if backend != "reference":
+    if not backend_spec(backend).emulates_quantization:
         for who, s in (("target_weights", target),) + ((("drafter", drafter),) if drafter is not Scheme.NONE else ()):
             if s is not Scheme.NONE and q.activations != s.value:
                 raise UserError(

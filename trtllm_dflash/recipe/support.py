@@ -31,6 +31,9 @@ class Backend:
     default_runners: str | None  # ModelSettings.runners of a deployment (None: TensorRT-LLM's own model)
     needs_gpu: bool  # refuses hardware.gpu cpu (except `cpu_runs`)
     cpu_runs: str | None  # what runs of it on a CPU recipe, when anything does
+    cpu_runners: str | None  # the runners that serve it on this machine (`run` sweeps them), when any do
+    emulates_quantization: bool  # quantized weights are dequantized, activations stay high precision
+    container: str  # where it runs, in words
     trtllm_lines: tuple[str, ...]  # the TensorRT-LLM release lines it runs on (() = none: it does not use it)
     trtllm_why: str  # why those lines
     default_trtllm_version: str | None
@@ -51,13 +54,16 @@ class Backend:
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("reference", "our PyTorch DFlash on CPU or any torch device: the oracle", "trtllm", round_loop=True,
             ddtree=True, builds_engines=False, triton_model="dflash", default_runners="reference", needs_gpu=False,
-            cpu_runs="everything", trtllm_lines=(), trtllm_why="", default_trtllm_version=None, kv_pool=False, context_cache="recipe",
+            cpu_runs="everything", cpu_runners="reference", emulates_quantization=True, container="this machine",
+            trtllm_lines=(), trtllm_why="", default_trtllm_version=None, kv_pool=False, context_cache="recipe",
             drafter_head=False, drafter_placement="split", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton", image=None,
             image_apis=()),
     Backend("engine", "TensorRT-LLM 1.2.x engines (trtllm-build) with our KV-injection plugin, Triton 25.12", "trtllm",
             round_loop=True, ddtree=False, builds_engines=True, triton_model="dflash", default_runners="tensorrt",
             needs_gpu=True, cpu_runs="build --dry-run only; served by the emulated engine runners (or --runners reference)",
+            cpu_runners="emulated", emulates_quantization=False,
+            container="Triton 25.12 trtllm-python-py3 (TensorRT-LLM 1.2.x)",
             trtllm_lines=("1.2",), trtllm_why="the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last "
             "release with trtllm-build", default_trtllm_version="1.2.1", kv_pool=True, context_cache="fp8-or-bf16",
             drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
@@ -65,7 +71,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai")),
     Backend("pytorch", "TensorRT-LLM >= 1.3's native DFlash (DFlashDecodingConfig), trtllm-serve or Triton", "hf",
             round_loop=False, ddtree=False, builds_engines=False, triton_model="llmapi", default_runners=None,
-            needs_gpu=True, cpu_runs=None, trtllm_lines=("1.3", "1.4"),
+            needs_gpu=True, cpu_runs=None, cpu_runners=None, emulates_quantization=False,
+            container="TensorRT-LLM >= 1.3", trtllm_lines=("1.3", "1.4"),
             trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version="1.3.0", kv_pool=True,
             context_cache="bf16", drafter_head=False, drafter_placement="split", drafter_dummy_slot=True,
             drafter_formats=("bf16",), static_schedule=True, spans_nodes=True, dialect_models=False,
@@ -107,6 +114,11 @@ DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # build/trtllm_models.py, and the drafte
 
 def architecture(model_type: str) -> Architecture:
     return ARCHITECTURES[model_type]
+
+
+def architectures_of(backend_name: str) -> tuple[str, ...]:
+    """The target architectures (model types) backend `backend_name` serves."""
+    return tuple(m for m, a in ARCHITECTURES.items() if backend_name in a.backends)
 
 
 def backends_for(model_type: str) -> list[str]:

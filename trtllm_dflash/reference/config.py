@@ -24,9 +24,10 @@ from typing import Any, Literal
 import torch
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.support import architecture, architectures_of
 
 Arch = Literal["qwen3", "llama", "qwen3_moe"]
-ARCHS: tuple[str, ...] = ("qwen3", "llama", "qwen3_moe")
+ARCHS: tuple[str, ...] = architectures_of("reference")  # the reference model's architectures
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -204,7 +205,7 @@ class TargetConfig(DecoderConfig):
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
         moe = None
-        if arch == "qwen3_moe":
+        if architecture(arch).moe:
             experts = f.int("num_experts", default=None) or f.int("num_local_experts")
             step = f.int("decoder_sparse_step", 1)
             dense = set(raw.get("mlp_only_layers") or [])
@@ -224,7 +225,7 @@ class TargetConfig(DecoderConfig):
             tie_word_embeddings=f.bool("tie_word_embeddings", False),
             attention_bias=f.bool("attention_bias", False),
             mlp_bias=f.bool("mlp_bias", False),
-            qk_norm=arch in ("qwen3", "qwen3_moe"),
+            qk_norm=architecture(arch).qk_norm,
             eos_token_ids=eos_ids,
             moe=moe,
         )

@@ -47,6 +47,7 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.containers import backend_image
 from trtllm_dflash.recipe.placement import Placement, placement
+from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.serve.launch import Endpoints, leader_ranks_command, mpi_world
 
 LAUNCH_DIR = "launch"  # under the deploy output
@@ -106,16 +107,22 @@ def source_checkout() -> Path | None:
 def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, paths: list[Path]) -> Job:
     """The job for `recipe` (a one-line UserError for a recipe no cluster launcher expresses)."""
     where = placement(recipe)
-    source = source_checkout() if recipe.backend.name == "engine" else None
+    source = source_checkout() if _ours_in_container(recipe.backend.name) else None
     return Job(recipe.name, dns_label(recipe.name), recipe.backend.name, api, recipe.backend.trtllm_version,
                recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source)
+
+
+def _ours_in_container(backend: str) -> bool:
+    """The backend's Triton model is ours (it imports trtllm_dflash) and runs in NVIDIA's image."""
+    spec = backend_spec(backend)
+    return spec.needs_gpu and spec.triton_model == "dflash"
 
 
 def rank_command(job: Job, slurm: bool) -> list[str]:
     """What one process runs. pytorch: the server, under trtllm-llmapi-launch when the world has
     several ranks (rank 0 serves, the others join as workers); engine: one mpirun of one
     tritonserver per rank (leader mode)."""
-    if job.backend == "engine":
+    if not backend_spec(job.backend).spans_nodes:  # one node: an mpirun of leader-mode tritonservers
         return leader_ranks_command(job.server, job.world, job.model_name, oversubscribe=slurm)
     if job.world == 1:
         return job.server
@@ -130,7 +137,7 @@ def installs_source(job: Job, opts: ClusterOptions) -> bool:
     """The engine backend's Triton model imports trtllm_dflash, which NVIDIA's image lacks: a Slurm
     job on NVIDIA's image installs it from this source checkout (shared file system, no network:
     `pip install --no-deps`, the container's pins satisfy its requirements, docs/compat.md)."""
-    return job.backend == "engine" and not opts.image and job.source is not None
+    return _ours_in_container(job.backend) and not opts.image and job.source is not None
 
 
 def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
@@ -138,11 +145,11 @@ def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
     image on --registry."""
     if opts.image:
         return opts.image
-    if job.backend == "engine" and not (slurm and job.source is not None):
+    if _ours_in_container(job.backend) and not (slurm and job.source is not None):
         where = ("this trtllm_dflash is not a source checkout the job could install" if slurm
                  else "pods cannot install it from this machine")
         raise UserError("--image: the engine backend's Triton model imports trtllm_dflash, which NVIDIA's image "
-                        f"lacks, and {where}; pass --image, an image built FROM {backend_image('engine', 'triton', None)} "
+                        f"lacks, and {where}; pass --image, an image built FROM {backend_image(job.backend, 'triton', None)} "
                         "with trtllm_dflash installed")
     name = backend_image(job.backend, job.api, job.trtllm_version)
     if name is None:
@@ -259,7 +266,7 @@ def leader_command(job: Job) -> list[str]:
     ssh places `gpus_per_node` ranks on each pod, filling the leader first (rank 0, the server,
     stays where the Service and the readiness probe look)."""
     rank = rank_command(job, slurm=False)
-    if job.backend == "engine" or job.world == 1:
+    if not backend_spec(job.backend).spans_nodes or job.world == 1:
         return rank
     if job.where.nodes == 1:
         return mpi_world(job.world, rank)

@@ -21,6 +21,7 @@ from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.prompts.sources import load_prompts
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.reference.generate import MODES
 from trtllm_dflash.sweep import summary as files
 from trtllm_dflash.sweep.loadgen import SweepResult, Variant, openai_model, run_sweep
@@ -30,7 +31,7 @@ from trtllm_dflash.sweep.tune import fixed_curve
 
 def served_mode(recipe: Recipe) -> str:
     """What the deployment decodes for a request that names no mode (serve/deployed.py)."""
-    return "ddtree" if recipe.speculative.ddtree_budget and recipe.backend.name != "pytorch" else "dflash"
+    return "ddtree" if recipe.speculative.ddtree_budget and backend_spec(recipe.backend.name).ddtree else "dflash"
 
 
 def default_modes(recipe: Recipe, protocol: str = "grpc") -> list[str]:
