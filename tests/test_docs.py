@@ -21,6 +21,14 @@ def test_readme_recipe_reference_is_generated_from_the_schema():
     )
 
 
+def test_readme_support_table_is_generated_from_the_support_table():
+    from trtllm_dflash.recipe.support import support_markdown
+
+    assert generated_block(ROOT / "README.md", "support-table") == support_markdown().rstrip("\n"), (
+        "README support table is stale: regenerate it from trtllm_dflash.recipe.support.support_markdown()"
+    )
+
+
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     commands = re.findall(r"```bash\n(.*?)\n```", readme, re.S)

@@ -66,8 +66,7 @@ from trtllm_dflash.recipe.engine_layout import (
     target_seq_len,
 )
 from trtllm_dflash.recipe.planner import drafter_placement
-from trtllm_dflash.recipe.support import backend as backend_spec
-from trtllm_dflash.recipe.rules import BACKEND_FAMILIES, DEFAULT_TRTLLM_VERSION
+from trtllm_dflash.recipe.support import ARCHITECTURES, DRAFTER_ENGINE_CLASS, backend as backend_spec, backends_for
 from trtllm_dflash.recipe.stages import input_stage
 
 Role = Literal["target", "drafter"]
@@ -102,12 +101,13 @@ DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the eng
    sliding layer whose window is shorter than the block is not expressible (z-lab's DFlash2
    uses 2048 >= block 16, so it is not hit in practice)."""
 
-# Model classes in build/trtllm_models.py (trtllm-build --model_cls_name).
-TARGET_CLASSES = {"qwen3": "DFlashQwen3Target", "llama": "DFlashLlamaTarget"}
-DRAFTER_CLASS = "DFlashDrafter"
+# Model classes in build/trtllm_models.py (trtllm-build --model_cls_name), from the support table.
+TARGET_CLASSES = {m: a.engine_class for m, a in ARCHITECTURES.items() if a.engine_class}
+DRAFTER_CLASS = DRAFTER_ENGINE_CLASS
 MODELS_FILE = "trtllm_models.py"
 # The checkpoint architectures convert writes (convert/weight_maps.py), which the classes load.
-CHECKPOINT_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "drafter": "DFlashDrafter"}
+CHECKPOINT_ARCHITECTURES = {**{m: ARCHITECTURES[m].trtllm_architecture for m in TARGET_CLASSES},
+                            "drafter": DRAFTER_ENGINE_CLASS}
 
 TOKENS_PER_BLOCK = 32  # engine-path.md §8.2: 32 or 64; PluginConfig's default
 FROM_PLACEHOLDER = "FROM_DIR"  # --checkpoint_dir when the plan is made without --from
@@ -186,7 +186,8 @@ def check_buildable(recipe: Recipe) -> None:
     if t.family not in TARGET_CLASSES or t.is_moe:
         what = f"MoE ({t.num_experts} experts)" if t.is_moe else t.family
         raise UserError(f"{file}: target.arch: {what} targets are not on the engine path (TensorRT-LLM 1.2.x engines "
-                        f"here: dense {', '.join(sorted(BACKEND_FAMILIES['engine']))}); use backend pytorch")
+                        f"here: dense {', '.join(sorted(TARGET_CLASSES))}); use backend "
+                        f"{' or '.join(b for b in backends_for(t.family) if b != backend) or 'reference'}")
     draft = max_draft_len(recipe)
     trained = d.block_size
     if trained is not None and draft + 1 > trained:
@@ -488,7 +489,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         _reuse_note(recipe),
     ]
     return BuildPlan(
-        recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION["engine"],
+        recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version or backend_spec(recipe.backend.name).default_trtllm_version,
         container=CONTAINER, tp=recipe.parallel.tp, pp=recipe.parallel.pp, world_size=ws, max_draft_len=draft,
         block=block, from_dir=None if from_dir is None else src, models_file=str(models_file()), engines=engines,
         drafter_parallelism=_drafter_parallelism(placement, recipe.parallel.tp),

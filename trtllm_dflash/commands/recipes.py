@@ -1,4 +1,5 @@
-"""`trtllm-dflash recipes`: list the shipped recipes (and with --models, the model catalog)."""
+"""`trtllm-dflash recipes`: list the shipped recipes (with --models, --hardware, --support: the model
+catalog, the hardware catalog, what runs where)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("recipes", help="list the shipped recipes and the model / hardware catalogs")
     p.add_argument("--models", action="store_true", help="list the model catalog instead")
     p.add_argument("--hardware", action="store_true", help="list the hardware catalog instead")
+    p.add_argument("--support", action="store_true", help="what runs where: every (target architecture, drafter, "
+                   "backend) with its GPUs and precisions (recipe/support.py)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
 
@@ -32,6 +35,26 @@ def _catalog(console, as_json: bool, title: str, cat: dict, columns: tuple[str, 
     return 0
 
 
+def _support(console, as_json: bool) -> int:
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from trtllm_dflash.recipe.support import support_rows, where_it_runs
+
+    rows = support_rows()
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return 0
+    t = Table(title="support: target architecture x drafter x backend")
+    for col in ("target", "drafter", "backend", "GPUs: target weight precisions", "notes"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.target, r.drafter, r.backend, where_it_runs(r), r.why_not or (f"cpu: {r.cpu_note}" if r.cpu_note else ""))
+    console.print(t)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -40,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.recipe.models import model_catalog
 
     console = make_console()
+    if args.support:
+        return _support(console, args.json)
     if args.models:
         return _catalog(console, args.json, "model catalog", model_catalog(),
                         ("name", "source", "family", "layers", "hidden", "heads/kv", "params"),

@@ -501,21 +501,15 @@ def _aux_files(directory: Path) -> Iterator[Path]:
             yield p
 
 
-# Why a backend cannot serve a drafter variant yet (the reference backend serves them all).
-_VARIANT_GAPS = {
-    "engine": "the TensorRT drafter engine has neither DFlash2's convolutions and selector nor the logit "
-              "scalars yet (build/plan.py DFLASH2_ENGINE_NOTE)",
-    "pytorch": "TensorRT-LLM's DFlash has no DFlash2 or logit scalars (an open RFC only)",
-}
-
-
 def _check_drafter_backend(dcfg, backend: str, ddir: Path) -> None:
     """A DFlash2 drafter, or one with logit / embedding scalars, on a backend that cannot run it yet."""
     extras = sorted((k for k, off in FEATURES_OFF.items() if getattr(dcfg, k) != off),
                     key=lambda k: k not in DFLASH2_KEYS)  # a DFlash2 drafter is named as one
-    if extras and backend in _VARIANT_GAPS:
+    spec = BACKENDS[backend]
+    if extras and "dflash2" not in spec.drafters:
+        able = ", ".join(n for n, b in BACKENDS.items() if "dflash2" in b.drafters)
         raise UserError(f"drafter {ddir}/config.json: {extras[0]} is set and backend.name is {backend}: "
-                        f"{_VARIANT_GAPS[backend]}; backend reference runs it")
+                        f"{spec.drafter_gap}; backend {able} runs it")
 
 
 def convert(

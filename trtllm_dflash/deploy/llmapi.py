@@ -52,13 +52,8 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.placement import placement
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
-from trtllm_dflash.recipe.rules import (
-    DEFAULT_TRTLLM_VERSION,
-    MIN_RUNTIME_DRAFT_LEN,
-    PYTORCH_TRTLLM_LINES,
-    pytorch_draft_len_schedule,
-    trtllm_line,
-)
+from trtllm_dflash.recipe.rules import MIN_RUNTIME_DRAFT_LEN, PYTORCH_TRTLLM_LINES, pytorch_draft_len_schedule
+from trtllm_dflash.recipe.support import backend as backend_spec, trtllm_line
 
 # Prompt tokens recomputed after a prefix-cache hit on 1.4 (the drafter's context then starts
 # there). A few KV blocks: enough recent context for drafting, most of a long shared prefix reused.
@@ -115,7 +110,7 @@ assert set(DFLASH_FIELDS) == set(PYTORCH_TRTLLM_LINES), "one field table per Ten
 
 def dflash_fields(recipe: Recipe) -> DFlashFields:
     """The field table for the recipe's TensorRT-LLM version (default: DEFAULT_TRTLLM_VERSION)."""
-    version = recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION["pytorch"]
+    version = recipe.backend.trtllm_version or backend_spec(recipe.backend.name).default_trtllm_version
     line = trtllm_line(version)
     if line not in DFLASH_FIELDS:
         known = ", ".join(f"{v}.x" for v in DFLASH_FIELDS)

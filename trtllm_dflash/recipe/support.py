@@ -49,6 +49,8 @@ class Backend:
     serving_api: Literal["triton", "openai"]  # how `run` serves and sweeps it
     image: str | None  # the container that serves it ({version}: TensorRT-LLM's; None: this machine, or none published)
     image_apis: tuple[str, ...]  # the APIs that image serves the backend through
+    drafters: tuple[str, ...] = ("dflash", "dflash2")  # the drafter variants (DRAFTERS) it runs
+    drafter_gap: str = ""  # why it runs no other variant yet
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
@@ -68,7 +70,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             "release with trtllm-build", default_trtllm_version="1.2.1", kv_pool=True, context_cache="fp8-or-bf16",
             drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton",
-            image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai")),
+            image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai"),
+            drafters=("dflash",), drafter_gap="the TensorRT drafter engine has neither DFlash2's convolutions and "
+            "selector nor the logit scalars yet (build/plan.py DFLASH2_ENGINE_NOTE)"),
     Backend("pytorch", "TensorRT-LLM >= 1.3's native DFlash (DFlashDecodingConfig), trtllm-serve or Triton", "hf",
             round_loop=False, ddtree=False, builds_engines=False, triton_model="llmapi", default_runners=None,
             needs_gpu=True, cpu_runs=None, cpu_runners=None, emulates_quantization=False,
@@ -76,7 +80,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version="1.3.0", kv_pool=True,
             context_cache="bf16", drafter_head=False, drafter_placement="split", drafter_dummy_slot=True,
             drafter_formats=("bf16",), static_schedule=True, spans_nodes=True, dialect_models=False,
-            serving_api="openai", image="nvidia/tensorrt-llm/release:{version}", image_apis=("openai",)),
+            serving_api="openai", image="nvidia/tensorrt-llm/release:{version}", image_apis=("openai",),
+            drafters=("dflash",), drafter_gap="TensorRT-LLM's DFlash has no DFlash2 or logit scalars (an open RFC only)"),
 )}
 
 
@@ -109,6 +114,10 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
                  engine_class=None, native_formats=("mxfp4",)),
 )}
 
+# Drafter variants (z-lab checkpoints): DFlash, and DFlash2 (convolutions around each sublayer, a
+# candidate selector; or a DFlash drafter with logit / embedding scalars, which only the reference
+# model has too).
+DRAFTERS = {"dflash": "DFlash (z-lab DFlashDraftModel)", "dflash2": "DFlash2, or DFlash with logit / embedding scalars"}
 DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # build/trtllm_models.py, and the drafter's trtllm checkpoint architecture
 
 
@@ -149,3 +158,63 @@ def trtllm_version_problem(spec: Backend, version: str) -> str | None:
     # a newer line than those whose DFlashDecodingConfig fields deploy knows (deploy/llmapi.py)
     known = ", ".join(f"{x}.x" for x in spec.trtllm_lines)
     return f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM {line}; known: {known}"
+
+
+@dataclass(frozen=True)
+class SupportRow:
+    """One (target architecture, drafter variant, backend) and where it runs: per GPU of the
+    hardware catalog, the target weight precisions (empty: not on that GPU), or why nothing runs."""
+
+    target: str
+    drafter: str
+    backend: str
+    gpus: dict[str, tuple[str, ...]]
+    why_not: str = ""  # why the combination does not run at all
+    cpu_note: str = ""  # what of it runs on a cpu recipe, when that is not everything
+
+
+def support_rows() -> list[SupportRow]:
+    """Every (target architecture, drafter variant, backend), from the tables above and the
+    hardware catalog's formats: what `recipes --support` prints and the README's support table."""
+    from trtllm_dflash.recipe.hardware import hardware_catalog
+
+    gpus = hardware_catalog()
+    rows = []
+    for model_type, arch in ARCHITECTURES.items():
+        for drafter in DRAFTERS:
+            for name, spec in BACKENDS.items():
+                why = ""
+                if name not in arch.backends:
+                    why = f"{name} serves {', '.join(architectures_of(name))} targets"
+                elif drafter not in spec.drafters:
+                    why = spec.drafter_gap
+                formats = {}
+                for gpu_name, gpu in gpus.items() if not why else ():
+                    if gpu.is_cpu and spec.needs_gpu and spec.cpu_runs is None:
+                        continue
+                    ok = [f for f in gpu.formats if f not in NATIVE_ONLY or f in arch.native_formats]
+                    formats[gpu_name] = tuple(ok)
+                cpu = spec.cpu_runs if spec.needs_gpu and spec.cpu_runs and not why else ""
+                rows.append(SupportRow(model_type, drafter, name, formats, why, cpu))
+    return rows
+
+
+# Weight formats only some architectures' checkpoints come in (Architecture.native_formats).
+NATIVE_ONLY = ("mxfp4",)
+
+
+def where_it_runs(row: SupportRow) -> str:
+    """'h100-sxm, h200: bf16 fp16 fp8; b200, b300: ...' (GPUs with the same precisions together)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for gpu, formats in row.gpus.items():
+        groups.setdefault(formats, []).append(gpu)
+    return "; ".join(f"{', '.join(g)}: {' '.join(f)}" for f, g in groups.items()) or "-"
+
+
+def support_markdown() -> str:
+    """The README's support table."""
+    lines = ["| target | drafter | backend | GPUs: target weight precisions | notes |", "|---|---|---|---|---|"]
+    for r in support_rows():
+        lines.append(f"| {r.target} | {r.drafter} | {r.backend} | {where_it_runs(r)} | "
+                     f"{r.why_not or (f'cpu: {r.cpu_note}' if r.cpu_note else '')} |")
+    return "\n".join(lines) + "\n"
