@@ -33,3 +33,33 @@ def test_modes_are_lossless_on_cuda(pair):
         assert [g.tokens for g in out] == [g.tokens for g in ar], mode
         tau = pooled_tau(out)
         assert tau > 1.5, f"{mode}: tau {tau:.2f}"
+
+
+def test_joins_leaves_and_tree_budgets_on_cuda(pair):
+    """The KV cache's pool of batch entries (joins take free entries, leaves free theirs, reads
+    gather rows) and DDTree rounds of any budget, chains and plain rounds, on CUDA: every request
+    still gets the target's greedy tokens."""
+    from trtllm_dflash.reference.generate import Decoder
+
+    target, drafter = load_pair(*pair, torch.float32, device="cuda")
+    prompts = heldout_prompts(pair[0], 6, 48)
+    ar = [g.tokens for g in generate(target, None, prompts, 40, mode="ar", stop_token_ids=[])]
+    for mode, schedule in (("dflash", [None, 0, 3, 7]), ("ddtree", [(None, None), (15, 8), (3, 0), (0, 0)])):
+        decoder = Decoder(target, drafter, mode=mode, ddtree_budget=32, max_len=128)
+        limits = [6, 40, 40, 40, 40, 40]  # request 0 leaves early: a later one takes its entry
+        out = {i: [] for i in range(6)}
+        for i, toks in zip(range(3), decoder.admit([0, 1, 2], prompts[:3], limits[:3], [[]] * 3).tokens):
+            out[i] += toks
+        k = 0
+        while decoder.running:
+            choice = schedule[k % len(schedule)]
+            rec = decoder.step(*choice) if isinstance(choice, tuple) else decoder.step(choice)
+            for r, toks in zip(rec.seq_ids, rec.tokens):
+                out[r] += toks
+            k += 1
+            if k in (2, 5):  # requests join mid-flight, into the entries finished ones freed
+                ids = [3, 4] if k == 2 else [5]
+                for r, toks in zip(ids, decoder.admit(ids, [prompts[i] for i in ids], [limits[i] for i in ids],
+                                                      [[]] * len(ids)).tokens):
+                    out[r] += toks
+        assert [out[i] for i in range(6)] == [t[:n] for t, n in zip(ar, limits)], mode
