@@ -63,6 +63,10 @@ def test_speculation_off_is_suggested_where_ar_is_faster_and_auto_is_modelled_by
     auto = run_json(base + ["--out", str(tmp_path / "b"), "--set", "speculative.draft_len=auto"], capsys)
     off = [c for c, k in zip([1, 16, 64], auto["draft_lens"][BANDS]) if k == 0]
     assert off and auto["draft_lens"][BANDS] != fixed["draft_lens"][BANDS]
+    # the policy's projected curve never falls below AR (per level: the best of AR and every length)
+    user = lambda rows: [r["tok_s_user"]["p50"] for r in rows]  # noqa: E731
+    assert all(a >= r for a, r in zip(user(auto["curves"][BANDS]), user(auto["curves"][AR])))
+    assert any(b < r for b, r in zip(user(fixed["curves"][BEST]), user(fixed["curves"][AR])))  # a fixed length does
     assert [b["draft_len"] for b in auto["suggested_bands"]] == [b["draft_len"] for b in fixed["suggested_bands"]]
 
 
