@@ -130,13 +130,12 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             commands = trtllm_serve_commands(recipe, artifact, Path(out_dir).resolve() / TRTLLM_SERVE / OPTIONS)
             (serve_dir / LAUNCH).write_text(json.dumps(commands, indent=2) + "\n")
         else:
-            if not spec.builds_engines:
-                settings = ModelSettings(runners=spec.default_runners, checkpoint=str(artifact),
-                                         checkpoint_manifest_sha256=manifest_sha256(artifact))
-            else:  # the engines, and the checkpoint they were built from when known (CPU runners serve it)
-                settings = ModelSettings(runners=spec.default_runners, engine_dir=str(artifact),
-                                         checkpoint=m.input["path"] if m.input is not None else None,
-                                         checkpoint_manifest_sha256=m.input["manifest_sha256"] if m.input is not None else None)
+            # the checkpoint served; for engines, the one they were built from when known (CPU runners serve it)
+            source = (m.input or {}) if spec.builds_engines else {"path": str(artifact),
+                                                                  "manifest_sha256": manifest_sha256(artifact)}
+            settings = ModelSettings(runners=spec.default_runners, checkpoint=source.get("path"),
+                                     checkpoint_manifest_sha256=source.get("manifest_sha256"),
+                                     engine_dir=str(artifact) if spec.builds_engines else None)
             (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, settings.to_params()), header))
             (version / "model.py").write_text(MODEL_PY)
             (version / "recipe.yaml").write_text(yaml.safe_dump(deployed_recipe(recipe), sort_keys=False))

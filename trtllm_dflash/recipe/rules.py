@@ -20,7 +20,9 @@ from trtllm_dflash.recipe.engine_layout import (
 )
 from trtllm_dflash.recipe.placement import span_problem
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
-from trtllm_dflash.recipe.support import ARCHITECTURES, BACKENDS, backend as backend_spec, trtllm_line, trtllm_version_problem
+from trtllm_dflash.recipe.support import (
+    ARCHITECTURES, BACKENDS, NATIVE_ONLY, architectures_of, backend as backend_spec, trtllm_line, trtllm_version_problem,
+)
 from trtllm_dflash.recipe.schema import ModelSource, Recipe
 from trtllm_dflash.recipe.sharding import tp_message
 
@@ -33,7 +35,7 @@ class Issue:
 
 
 # Derived from the support table (recipe/support.py), for the modules that ask by these names.
-BACKEND_FAMILIES: dict[str, set[str]] = {b: {m for m, a in ARCHITECTURES.items() if b in a.backends} for b in BACKENDS}
+BACKEND_FAMILIES: dict[str, set[str]] = {b: set(architectures_of(b)) for b in BACKENDS}
 DEFAULT_TRTLLM_VERSION = {n: b.default_trtllm_version for n, b in BACKENDS.items() if b.default_trtllm_version}
 # TensorRT-LLM release lines whose DFlashDecodingConfig fields deploy knows (deploy/llmapi.py
 # holds one field table per line, read from upstream; a version outside them is refused).
@@ -157,9 +159,9 @@ def _format_issues(recipe: Recipe) -> list[Issue]:
         out.err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
     if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
         out.err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
-    native = [m for m, a in ARCHITECTURES.items() if "mxfp4" in a.native_formats]
-    if q.target_weights == "mxfp4" and t.family not in native:
-        out.err("quantization.target_weights", f"mxfp4 is only the native format of {', '.join(native)} checkpoints")
+    if q.target_weights in NATIVE_ONLY and q.target_weights not in ARCHITECTURES[t.family].native_formats:
+        native = [m for m, a in ARCHITECTURES.items() if q.target_weights in a.native_formats]
+        out.err("quantization.target_weights", f"{q.target_weights} is only the native format of {', '.join(native)} checkpoints")
     return out
 
 

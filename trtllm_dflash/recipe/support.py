@@ -119,6 +119,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
 # model has too).
 DRAFTERS = {"dflash": "DFlash (z-lab DFlashDraftModel)", "dflash2": "DFlash2, or DFlash with logit / embedding scalars"}
 DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # build/trtllm_models.py, and the drafter's trtllm checkpoint architecture
+# Weight formats only some architectures' checkpoints come in (Architecture.native_formats).
+NATIVE_ONLY = ("mxfp4",)
 
 
 def architecture(model_type: str) -> Architecture:
@@ -197,10 +199,6 @@ def support_rows() -> list[SupportRow]:
                 cpu = spec.cpu_runs if spec.needs_gpu and spec.cpu_runs and not why else ""
                 rows.append(SupportRow(model_type, drafter, name, formats, why, cpu))
     return rows
-
-
-# Weight formats only some architectures' checkpoints come in (Architecture.native_formats).
-NATIVE_ONLY = ("mxfp4",)
 
 
 def where_it_runs(row: SupportRow) -> str:

@@ -159,11 +159,7 @@ class AutoDraftLength:
 
     def expected_tokens(self, request: int, draft_len: int) -> float:
         """E(L) = 1 + sum_{k<=L} prod_{j<=k} a_j: tokens one round commits (the bonus counts)."""
-        total, run = 1.0, 1.0
-        for a in self._est(request)[:draft_len]:
-            run *= a
-            total += run
-        return total
+        return 1.0 + sum(self._increments(request)[:draft_len])
 
     def best(self, requests) -> int:
         """The one draft length of highest expected tokens per second for this batch."""
@@ -215,17 +211,12 @@ class AutoDraftLength:
         """A round whose requests drafted `lengths` took `seconds` (decode only)."""
         if not lengths or seconds <= 0:
             return
-        key, ratio = (len(lengths), max(lengths) + 1), seconds / self.cost.lengths_s(lengths)
-        old = self.correction.get(key)
-        self.correction[key] = ratio if old is None else self.correction_decay * old + (1 - self.correction_decay) * ratio
+        key = (len(lengths), max(lengths) + 1)
+        _decayed(self.correction, key, seconds / self.cost.lengths_s(lengths), self.correction_decay)
 
     def _increments(self, request: int) -> list[float]:
         """prod_{j<=k} a_j for k = 1..K: the expected extra token of drafting slot k."""
-        out, run = [], 1.0
-        for a in self._est(request):
-            run *= a
-            out.append(run)
-        return out
+        return _running_products(self._est(request))
 
     def choose(self, requests, concurrency):
         """`best` (one length) or, on a packed runner, `best_per_request` ({request: length}),
@@ -261,11 +252,7 @@ class AutoDraftLength:
         any, a chain of the whole block plus one (optimistic, so that it gets tried)."""
         if budget in self.tree_tokens:
             return self.tree_tokens[budget]
-        run, total = 1.0, 1.0
-        for a in self.population:
-            run *= a
-            total += run
-        return total + 1.0
+        return 2.0 + sum(_running_products(self.population))
 
     def tree_round_s(self, batch: int, budget: int) -> float:
         """Modelled seconds of a tree round: every row verifies budget + 1 tokens (trees are padded
@@ -280,12 +267,9 @@ class AutoDraftLength:
         if rec.tree_budget:
             n, key = rec.tree_budget, (len(rec.seq_ids), rec.tree_budget)
             if seconds is not None and seconds > 0:
-                ratio, old = seconds / self.cost.round_s(*key), self.tree_correction.get(key)
-                self.tree_correction[key] = ratio if old is None else self.correction_decay * old + (1 - self.correction_decay) * ratio
+                _decayed(self.tree_correction, key, seconds / self.cost.round_s(*key), self.correction_decay)
             if going:
-                mean = sum(len(rec.tokens[i]) for i in going) / len(going)
-                old = self.tree_tokens.get(n)
-                self.tree_tokens[n] = mean if old is None else self.tree_decay * old + (1 - self.tree_decay) * mean
+                _decayed(self.tree_tokens, n, sum(len(rec.tokens[i]) for i in going) / len(going), self.tree_decay)
             for i in going if rec.chain is not None else ():
                 self.observe(rec.seq_ids[i], *rec.chain[i])
             return
@@ -314,6 +298,21 @@ class AutoDraftLength:
 
     def forget(self, request):
         self.estimates.pop(request, None)
+
+
+def _running_products(acceptances: Sequence[float]) -> list[float]:
+    """prod_{j<=k} a_j for k = 1..len: the chance that slot k and every slot before it is accepted."""
+    out, run = [], 1.0
+    for a in acceptances:
+        run *= a
+        out.append(run)
+    return out
+
+
+def _decayed(table: dict, key, value: float, decay: float) -> None:
+    """table[key] <- value the first time, then the decayed mean decay * old + (1 - decay) * value."""
+    old = table.get(key)
+    table[key] = value if old is None else decay * old + (1 - decay) * value
 
 
 def tree_budget_menu(budget: int | None) -> tuple[int, ...]:

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_dflash.deploy.settings import CPU_RUNNERS
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
 
@@ -298,7 +299,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-RUNNERS = ("reference", "emulated")  # what decodes a checkpoint on CPU: our torch modules, or the engine runners
 
 
 def _emulated_model(info, comm, dtype: torch.dtype | None, device: str, max_seq_len: int):
@@ -505,8 +505,8 @@ def open_checkpoint(directory: str | Path, tp: int | None = None, dtype: torch.d
     `ShardedModel` (tp worker processes). runners: "reference" (our torch modules) or "emulated"
     (the engine backend's runners over FakeExecutor). tp defaults to the checkpoint's (it is
     sharded for exactly that many ranks); max_seq_len bounds an emulated engine's requests."""
-    if runners not in RUNNERS:
-        raise UserError(f"runners {runners!r}: allowed: {', '.join(RUNNERS)}")
+    if runners not in CPU_RUNNERS:  # what decodes a checkpoint: our torch modules, or the engine runners
+        raise UserError(f"runners {runners!r}: allowed: {', '.join(CPU_RUNNERS)}")
     info = read_checkpoint(directory)
     tp = tp or info.tp
     if tp != info.tp:

@@ -17,9 +17,9 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtllm_dflash.deploy.settings import ModelSettings
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
-from trtllm_dflash.deploy.settings import ModelSettings
 from trtllm_dflash.serve.requests import Limits
 
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtllm_dflash.deploy.settings import RUNNERS
 from trtllm_dflash.errors import UserError
-
-RUNNERS = ("reference", "emulated", "tensorrt")
 
 
 def _model_config(repository: Path, model_name: str):
