@@ -9,7 +9,7 @@ Sequences live in a pool of batch entries: `rows` maps the caller's row b to its
 A sequence that leaves frees its entry (no copy) and one that joins takes a free entry
 (copying only its own K/V), so in-flight joins and leaves cost a row, not the whole cache
 (a served batch at concurrency 16 spent 40% of its time copying caches before: README,
-"Draft length per request"). Reads gather the rows in the caller's order, unless they
+"Draft length: auto"). Reads gather the rows in the caller's order, unless they
 already are entries [0, B) in order.
 """
 
