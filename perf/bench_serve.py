@@ -203,7 +203,7 @@ def bench(recipe, work: Path, *, prompts: int = 8, max_tokens: int | None = None
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.serve.deployed import open_deployed, repository_model
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer
     from trtllm_dflash.serve.overlay import with_parameters
     from trtllm_dflash.serve.trace import TRACE_ENV, Trace, read
 
@@ -218,7 +218,7 @@ def bench(recipe, work: Path, *, prompts: int = 8, max_tokens: int | None = None
                                          "`bench serve --torch-threads`")
         version_dir, settings = repository_model(repository.parent, name)  # both are <dir>/model_repository
         trace_path, local_trace = Path(tmp) / "server.jsonl", Path(tmp) / "engine.jsonl"
-        endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+        endpoints = Endpoints.free()
         with TritonServer(repository, endpoints, env={TRACE_ENV: str(trace_path)}) as server:
             local = open_deployed(version_dir, settings)  # this process: the same loader, engine, policy, threads
             local.engine.trace = Trace(str(local_trace))

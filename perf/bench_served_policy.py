@@ -42,7 +42,7 @@ def bench(recipe, work: Path, levels=(1, 2, 4, 8, 16), repeats: int = 3, fixed=F
     from trtllm_dflash import pipeline
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.prompts.sources import load_prompts
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer
     from trtllm_dflash.sweep.loadgen import run_sweep
 
     pipeline.run(recipe, work, until="deploy", progress=False, say=say)
@@ -50,7 +50,7 @@ def bench(recipe, work: Path, levels=(1, 2, 4, 8, 16), repeats: int = 3, fixed=F
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len,
                            sw.seed)
     variants = curves(recipe, fixed)
-    endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    endpoints = Endpoints.free()
     with TritonServer(Path(work) / "deploy" / REPOSITORY, endpoints):
         result = run_sweep(endpoints.grpc_url, recipe.serve.model_name, list(levels), sw.requests_at,
                            sw.warmup_requests, prompts, sw.output_lens(len(prompts)), gpus=1, seed=sw.seed,

@@ -87,14 +87,14 @@ def soak(recipe, clients: int, seconds: float, max_tokens: int, prompts: list[st
     from trtllm_dflash.artifacts import Manifest
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.pipeline import run
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer
 
     stats = {"requests": 0, "failed": 0, "truncated": 0, "mismatched": 0}
     with tempfile.TemporaryDirectory() as tmp:
         run(recipe, Path(tmp), until="deploy", progress=False, say=lambda _: None)  # convert (+ quantize), deploy
         repo = Path(tmp) / "deploy"
         expected = expected_outputs(recipe, Path(Manifest.read(repo).extra["artifact"]), prompts, max_tokens)
-        endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+        endpoints = Endpoints.free()
         with TritonServer(repo / REPOSITORY, endpoints):
             t0 = time.monotonic()
 

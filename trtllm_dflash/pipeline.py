@@ -193,12 +193,12 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
         import tempfile
 
         from trtllm_dflash.deploy.repository import REPOSITORY
-        from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+        from trtllm_dflash.serve.launch import Endpoints, TritonServer
         from trtllm_dflash.serve.overlay import with_runners
         from trtllm_dflash.sweep.stage import sweep
 
         runners = serving_runners(recipe)
-        endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+        endpoints = Endpoints.free()
         with tempfile.TemporaryDirectory(prefix="trtllm-dflash-runners-") as work:
             repository = input_dir / REPOSITORY
             if runners != backend_spec(recipe.backend.name).default_runners:  # serve a copy naming these runners

@@ -103,10 +103,10 @@ def served_pair(root: Path, overrides: list[str] = ()):
     yields (recipe, server) and stops the server after."""
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_ports
 
     make_pair(root)
-    ports = (free_port(), free_port(), free_port())
+    ports = free_ports(3)
     recipe = load_recipe(write_recipe(root, ports), list(overrides))
     server = TritonServer(deployed(recipe, root / "pipeline") / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()
     try:

@@ -27,13 +27,13 @@ from trtllm_dflash.project.calibrate import PROBE_LEVELS, calibrate
 from trtllm_dflash.project.report import read_measured
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+from trtllm_dflash.serve.launch import Endpoints, TritonServer
 
 
 def main(work: Path) -> None:
     r = load_recipe(None, OVERRIDES)
     pipeline.run(r, work, until="deploy", progress=False)
-    endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    endpoints = Endpoints.free()
     with TritonServer(work / "deploy" / REPOSITORY, endpoints):
         cal = calibrate(r, endpoints.grpc_url)
     pipeline.run(r, work, progress=False)

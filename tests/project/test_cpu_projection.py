@@ -85,12 +85,12 @@ def test_cpu_projection_matches_a_fresh_sweep(tmp_path):
     from trtllm_dflash.project.calibrate import calibrate
     from trtllm_dflash.project.report import read_measured
     from trtllm_dflash.project.stepmodel import Deployment, StepModel
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port
+    from trtllm_dflash.serve.launch import Endpoints, TritonServer
 
     r = load_recipe(None, OVERRIDES)
     quiet = lambda line: None
     pipeline.run(r, tmp_path, until="deploy", progress=False, say=quiet)
-    endpoints = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    endpoints = Endpoints.free()
     with TritonServer(tmp_path / "deploy" / REPOSITORY, endpoints):
         cal = calibrate(r, endpoints.grpc_url)
     pipeline.run(r, tmp_path, progress=False, say=quiet)

@@ -25,7 +25,7 @@ from test_server import (  # noqa: E402, F401
 
 from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
+from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_ports  # noqa: E402
 from trtllm_dflash.serve.overlay import with_runners  # noqa: E402
 
 
@@ -35,7 +35,7 @@ from trtllm_dflash.serve.overlay import with_runners  # noqa: E402
 def served(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"engine-{request.param}")
     make_pair(root)
-    ports = (free_port(), free_port(), free_port())
+    ports = free_ports(3)
     recipe = load_recipe(write_recipe(root, ports), ["backend=engine"])
     out = deployed(recipe, root / "pipeline")  # convert, build (dry run: no TensorRT-LLM here), deploy
     work = tempfile.TemporaryDirectory()

@@ -22,7 +22,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 
 from trtllm_dflash.errors import UserError  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
+from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_ports  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -166,19 +166,19 @@ def test_draft_len_zero_is_the_ar_baseline_on_the_same_server(served):
 
 def test_startup_failures_exit_with_the_reason(served, tmp_path):
     recipe, server = served
-    busy = Endpoints("127.0.0.1", server.endpoints.http_port, free_port(), free_port())
+    busy = Endpoints("127.0.0.1", server.endpoints.http_port, *free_ports(2))
     with pytest.raises(UserError, match=r"serve.http_port: 127.0.0.1:\d+ is already in use"):
         TritonServer(server.repository, busy).start()
     bad = tmp_path / "repo" / "m"
     bad.mkdir(parents=True)
     (bad / "config.pbtxt").write_text('name: "m"\nbogus: 1\n')
     with pytest.raises(UserError, match="failed to read text proto"):
-        TritonServer(tmp_path / "repo", Endpoints("127.0.0.1", free_port(), free_port(), free_port())).start()
+        TritonServer(tmp_path / "repo", Endpoints.free()).start()
 
 
 def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
     make_pair(tmp_path)
-    ports = (free_port(), free_port(), free_port())
+    ports = free_ports(3)
     recipe = write_recipe(tmp_path, ports)
     out = deployed(load_recipe(recipe), tmp_path / "pipeline")
     proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe), "--from", str(out)],
@@ -237,12 +237,12 @@ def row_prompt(recipe, row):
 
 def test_server_dies_with_a_killed_launcher(served):
     recipe, server = served
-    port = free_port()
+    port, grpc_port, metrics_port = free_ports(3)
     code = (
         "import sys, time\n"
-        "from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port\n"
+        "from trtllm_dflash.serve.launch import Endpoints, TritonServer\n"
         f"s = TritonServer(__import__('pathlib').Path({str(server.repository)!r}), "
-        f"Endpoints('127.0.0.1', {port}, free_port(), free_port())).start()\n"
+        f"Endpoints('127.0.0.1', {port}, {grpc_port}, {metrics_port})).start()\n"
         "print('up', flush=True)\ntime.sleep(600)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -66,7 +66,7 @@ def test_a_stub_that_misreads_numpy_2_refuses_to_serve(tmp_path, monkeypatch):
     (tmp_path / "repo" / "probe" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "probe" / "config.pbtxt").write_text(CONFIG)
     (tmp_path / "repo" / "probe" / "1" / "model.py").write_text(MODEL)
-    ports = [launch.free_port() for _ in range(3)]
+    ports = launch.free_ports(3)
     monkeypatch.setattr(launch.compat, "numpy_2", lambda: False)  # no overlay: the stub sees numpy 2
     with pytest.raises(UserError, match=f"cannot exchange tensors with numpy {compat.version_of('numpy')}"):
         launch.TritonServer(tmp_path / "repo", launch.Endpoints("127.0.0.1", *ports)).start(timeout_s=60)

@@ -33,7 +33,7 @@ def both(tmp_path_factory):
     root = tmp_path_factory.mktemp("apis")
     recipe = load_recipe(None, SMALL)
     run(recipe, root, until="deploy", progress=False, say=lambda _: None)
-    triton = TritonServer(root / "deploy" / REPOSITORY, Endpoints("127.0.0.1", free_port(), free_port(), free_port())).start()
+    triton = TritonServer(root / "deploy" / REPOSITORY, Endpoints.free()).start()
     port = free_port()
     proc = start_openai_server(["--set", SMALL[0], "--set", SMALL[1], "--set", SMALL[2]], root / "deploy", port)
     yield recipe, root, triton, f"127.0.0.1:{port}"

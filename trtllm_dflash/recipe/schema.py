@@ -166,6 +166,16 @@ class Speculative(_Section):
         return self.bands[-1].draft_len if self.bands else self.block_size - 1
 
 
+def same_ports(http_port: int, grpc_port: int, metrics_port: int) -> str | None:
+    """'http_port and grpc_port are both 8000' when two of Triton's three ports are equal, else None
+    (tritonserver given one port twice prints its usage and exits 1, naming neither)."""
+    named = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+    for a, b in (("http_port", "grpc_port"), ("http_port", "metrics_port"), ("grpc_port", "metrics_port")):
+        if named[a] == named[b]:
+            return f"{a} and {b} are both {named[a]}"
+    return None
+
+
 class Serve(_Section):
     model_name: str = Field(default="dflash", pattern=r"^[A-Za-z0-9_.-]+$", description="Triton model name")
     host: str = Field(default="127.0.0.1", description="bind address")
@@ -174,6 +184,13 @@ class Serve(_Section):
     metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton Prometheus metrics port")
     instances: int = Field(default=1, ge=1, description="model instances")
     decoupled: bool = Field(default=True, description="decoupled (streaming) transaction policy")
+
+    @model_validator(mode="after")
+    def _different_ports(self) -> "Serve":
+        clash = same_ports(self.http_port, self.grpc_port, self.metrics_port)
+        if clash:
+            raise ValueError(f"{clash}; Triton needs three different ports")
+        return self
 
 
 class Sweep(_Section):
@@ -332,7 +349,9 @@ def _schema_error(file: str, e: ValidationError) -> RecipeError:
         else:
             value = err.get("input")
             shown = "" if isinstance(value, dict) else f" (got {value!r})"
-            lines.append(f"{file}: {field}: {err['msg']}{shown}")
+            # Our own validators' ValueErrors read as written, without pydantic's "Value error, ".
+            msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+            lines.append(f"{file}: {field}: {msg}{shown}")
     # The same location can fail several union members; keep each line once.
     return RecipeError("\n".join(dict.fromkeys(lines)))
 

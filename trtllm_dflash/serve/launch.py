@@ -16,6 +16,7 @@ command on one node, serve/cluster.py the Slurm and Kubernetes launchers across 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.schema import same_ports
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,18 @@ class Endpoints:
     http_port: int
     grpc_port: int
     metrics_port: int
+
+    def __post_init__(self) -> None:
+        # tritonserver given one port twice prints its usage and exits 1, naming neither port.
+        clash = same_ports(self.http_port, self.grpc_port, self.metrics_port)
+        if clash:
+            raise UserError(f"serve: {clash}; Triton needs three different ports")
+
+    @classmethod
+    def free(cls, host: str = "127.0.0.1") -> "Endpoints":
+        """Three different free ports on `host` (free_port three times can hand out one port twice:
+        the kernel may reuse a port the moment its probe socket closes)."""
+        return cls(host, *free_ports(3, host))
 
     @property
     def http_url(self) -> str:
@@ -76,9 +90,18 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` different free ports: every probe socket stays bound until all are chosen."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind((host, 0))
+            ports.append(s.getsockname()[1])
+        return ports
 
 
 def _die_with_parent() -> None:
@@ -248,6 +271,9 @@ class TritonServer:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except (OSError, AssertionError):
             return "no log"
+        if lines and lines[0].startswith("Usage: tritonserver"):
+            # It refused its command line; the usage text it prints says nothing about why.
+            return f"tritonserver refused its command line (it printed its usage): {' '.join(self.command()[1:])}"
         # NVML / DCGM complaints are normal on a machine without GPUs.
         lines = [l for l in lines if "NVML" not in l and "DCGM" not in l]
         errors = [l for l in lines if l.startswith("E") or "error" in l.lower()]
