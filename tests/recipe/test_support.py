@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from trtllm_dflash.cli import main
-from trtllm_dflash.recipe.support import ARCHITECTURES, BACKENDS, DRAFTER_ENGINE_CLASS, support_rows
+from trtllm_dflash.recipe.support import ARCHITECTURES, BACKENDS, DRAFTER_ENGINE_CLASS, DRAFTERS, support_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted({*BACKENDS, *ARCHITECTURES})
@@ -57,15 +57,23 @@ def test_the_maps_and_classes_the_table_names_exist():
         assert bool(a.engine_class) == (any(BACKENDS[b].builds_engines for b in a.backends) and m in WEIGHT_MAPS), m
 
 
+def test_every_backend_says_why_for_each_drafter_variant_it_does_not_run():
+    for name, spec in BACKENDS.items():
+        assert set(spec.drafters) <= set(DRAFTERS), name
+        for variant in DRAFTERS:
+            assert bool(spec.drafter_gap(variant)) == (variant not in spec.drafters), (name, variant)
+
+
 def test_rows_follow_the_backends_and_the_hardware(capsys):
     rows = {(r.target, r.drafter, r.backend): r for r in support_rows()}
-    assert len(rows) == len(ARCHITECTURES) * 2 * len(BACKENDS)
+    assert len(rows) == len(ARCHITECTURES) * len(DRAFTERS) * len(BACKENDS)
     assert rows[("gpt_oss", "dflash", "engine")].why_not and not rows[("gpt_oss", "dflash", "engine")].gpus
     assert "mxfp4" in rows[("gpt_oss", "dflash", "pytorch")].gpus["b200"]
     assert "mxfp4" not in rows[("qwen3", "dflash", "pytorch")].gpus["b200"]
     assert "nvfp4" not in rows[("qwen3", "dflash", "pytorch")].gpus["h100-sxm"]
     assert "cpu" not in rows[("qwen3", "dflash", "pytorch")].gpus and "cpu" in rows[("qwen3", "dflash", "reference")].gpus
     assert rows[("qwen3", "dflash2", "engine")].why_not and not rows[("qwen3", "dflash2", "reference")].why_not
+    assert "PR #15666" in rows[("qwen3", "laguna", "pytorch")].why_not and not rows[("llama", "laguna", "reference")].why_not
     assert main(["recipes", "--support", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert len(printed) == len(rows) and printed[0]["target"] == next(iter(rows))[0]

@@ -1,5 +1,6 @@
 """Drafter training: the training forward equals the inference forward; the loss learns."""
 
+import dataclasses
 
 import pytest
 import torch
@@ -73,6 +74,22 @@ def test_training_forward_equals_inference_forward(layer_kw, shape_kw):
     d = perturbed_drafter(t, **shape_kw)
     if layer_kw:  # causal in-block attention (a config option of later drafters)
         d.cfg = d.cfg.__class__(**{**d.cfg.__dict__, **layer_kw})
+    assert_training_forward_is_inference_forward(t, d)
+
+
+def test_training_forward_equals_inference_forward_laguna():
+    """A Laguna drafter (feature norms, normed context, head gates), sliding and causal as published."""
+    torch.manual_seed(0)
+    t = tiny_target()
+    cfg = dataclasses.replace(perturbed_drafter(t).cfg, laguna=True, gate=True, **SLIDING_CAUSAL)
+    d = DFlashDraft(cfg)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0, 0.1)
+    assert_training_forward_is_inference_forward(t, d.eval())
+
+
+def assert_training_forward_is_inference_forward(t, d):
     S = 40
     ids = torch.randint(2, V, (2, S))
     feats = target_features(t, ids, d.target_layer_ids)

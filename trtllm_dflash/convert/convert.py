@@ -57,7 +57,7 @@ from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.support import BACKENDS, architecture
 from trtllm_dflash.recipe.planner import drafter_placement
 from trtllm_dflash.recipe.sharding import ModelDims, tp_message
-from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, read_json
+from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, LAGUNA_ARCH, read_json
 
 Layout = Literal["trtllm", "hf"]
 Role = Literal["target", "drafter"]
@@ -502,14 +502,16 @@ def _aux_files(directory: Path) -> Iterator[Path]:
 
 
 def _check_drafter_backend(dcfg, backend: str, ddir: Path) -> None:
-    """A DFlash2 drafter, or one with logit / embedding scalars, on a backend that cannot run it yet."""
+    """A drafter variant (DFlash2, logit / embedding scalars, Laguna) on a backend that cannot run it yet."""
+    spec = BACKENDS[backend]
+    if dcfg.variant in spec.drafters:
+        return
     extras = sorted((k for k, off in FEATURES_OFF.items() if getattr(dcfg, k) != off),
                     key=lambda k: k not in DFLASH2_KEYS)  # a DFlash2 drafter is named as one
-    spec = BACKENDS[backend]
-    if extras and "dflash2" not in spec.drafters:
-        able = ", ".join(n for n, b in BACKENDS.items() if "dflash2" in b.drafters)
-        raise UserError(f"drafter {ddir}/config.json: {extras[0]} is set and backend.name is {backend}: "
-                        f"{spec.drafter_gap}; backend {able} runs it")
+    what = f"architectures is [{LAGUNA_ARCH!r}]" if dcfg.laguna else f"{extras[0]} is set"
+    able = ", ".join(n for n, b in BACKENDS.items() if dcfg.variant in b.drafters)
+    raise UserError(f"drafter {ddir}/config.json: {what} and backend.name is {backend}: "
+                    f"{spec.drafter_gap(dcfg.variant)}; backend {able} runs it")
 
 
 def convert(

@@ -27,7 +27,9 @@ context rows and the block rows; the target's embedding and LM head are copied i
 drafter engine embeds its block and picks its drafts itself. A DFlash2 drafter adds its
 convolutions per layer (`transformer.layers.{i}.attention_conv.base_kernel`, ...) and its
 selector (`dflash2.selector.predecessor_codebook`, `successor_codebook`,
-`hidden_projection.weight`), replicated on every rank and never quantized.
+`hidden_projection.weight`), replicated on every rank and never quantized. A Laguna drafter adds
+its per-feature norms (`dflash.aux_hidden_norms.{k}.weight`, replicated) and, gated, each layer's
+`attention.gate.weight` (split by heads); neither is quantized.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class ArchMap:
     moe_mlp: tuple[Entry, ...] = ()  # sparse (MoE) layers
     conv: tuple[Entry, ...] = ()  # every layer of a DFlash2 drafter (its convolutions)
     selector: tuple[Entry, ...] = ()  # once, for a DFlash2 drafter (its candidate selector)
+    fused_norms: tuple[Entry, ...] = ()  # once per fused target layer ({} = its index), for a Laguna drafter
+    gate: tuple[Entry, ...] = ()  # every layer of a Laguna drafter with its output gate
 
 
 L = "transformer.layers.{}."
@@ -170,6 +174,11 @@ DRAFTER_MAP = ArchMap(
         Entry(f"dflash2.selector.{w}", (f"candidate_selector.{w}",), "replicate")
         for w in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")
     ),
+    # Laguna: the norms act on full target features (before fc), so every rank holds them; the
+    # gate [heads, H] splits by heads like q. Neither is a quantized GEMM (TensorRT-LLM's Laguna
+    # drafter builds them as plain torch modules in the checkpoint dtype).
+    fused_norms=(Entry("dflash.aux_hidden_norms.{}.weight", ("aux_hidden_norms.{}.weight",), "replicate"),),
+    gate=(Entry(L + "attention.gate.weight", (D + "self_attn.g_proj.weight",), "column"),),
 )
 
 
@@ -311,8 +320,9 @@ def split_back(entry: Entry, layer: int | None, x: torch.Tensor, local: Heads | 
 def model_entries(m: ArchMap, cfg, drafter: bool = False) -> list[tuple[Entry, int | None]]:
     """Every (entry, layer) of a model, in file order; `cfg` is a reference TargetConfig / DraftConfig."""
     moe = getattr(cfg, "moe", None)
-    dflash2 = drafter and cfg.dflash2
+    dflash2, laguna = drafter and cfg.dflash2, drafter and cfg.laguna
     out: list[tuple[Entry, int | None]] = [(e, None) for e in m.top + (m.selector if dflash2 else ())]
+    out += [(e, k) for k in range(len(cfg.target_layer_ids)) for e in m.fused_norms] if laguna else []
     for i in range(cfg.num_layers):
         es = layer_entries(
             m,
@@ -322,5 +332,5 @@ def model_entries(m: ArchMap, cfg, drafter: bool = False) -> list[tuple[Entry, i
             sparse=moe is not None and moe.sparse_layers[i],
             conv=dflash2,
         )
-        out += [(e, i) for e in es]
+        out += [(e, i) for e in es + (m.gate if laguna and cfg.gate else ())]
     return out

@@ -49,8 +49,12 @@ class Backend:
     serving_api: Literal["triton", "openai"]  # how `run` serves and sweeps it
     image: str | None  # the container that serves it ({version}: TensorRT-LLM's; None: this machine, or none published)
     image_apis: tuple[str, ...]  # the APIs that image serves the backend through
-    drafters: tuple[str, ...] = ("dflash", "dflash2")  # the drafter variants (DRAFTERS) it runs
-    drafter_gap: str = ""  # why it runs no other variant yet
+    drafters: tuple[str, ...] = ("dflash", "dflash2", "laguna")  # the drafter variants (DRAFTERS) it runs
+    drafter_gaps: tuple[tuple[str, str], ...] = ()  # (variant, why it does not run it yet) per missing variant
+
+    def drafter_gap(self, variant: str) -> str:
+        """Why this backend does not run drafter `variant` yet ('' when it does)."""
+        return "" if variant in self.drafters else dict(self.drafter_gaps)[variant]
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
@@ -71,8 +75,11 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton",
             image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai"),
-            drafters=("dflash",), drafter_gap="the TensorRT drafter engine has neither DFlash2's convolutions and "
-            "selector nor the logit scalars yet (build/plan.py DFLASH2_ENGINE_NOTE)"),
+            drafters=("dflash",), drafter_gaps=(
+                ("dflash2", "the TensorRT drafter engine has neither DFlash2's convolutions and selector nor the "
+                 "logit scalars yet (build/plan.py DFLASH2_ENGINE_NOTE)"),
+                ("laguna", "the TensorRT drafter engine has no feature norms or head gates yet")),
+            ),
     Backend("pytorch", "TensorRT-LLM >= 1.3's native DFlash (DFlashDecodingConfig), trtllm-serve or Triton", "hf",
             round_loop=False, ddtree=False, builds_engines=False, triton_model="llmapi", default_runners=None,
             needs_gpu=True, cpu_runs=None, cpu_runners=None, emulates_quantization=False,
@@ -81,7 +88,11 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             context_cache="bf16", drafter_head=False, drafter_placement="split", drafter_dummy_slot=True,
             drafter_formats=("bf16",), static_schedule=True, spans_nodes=True, dialect_models=False,
             serving_api="openai", image="nvidia/tensorrt-llm/release:{version}", image_apis=("openai",),
-            drafters=("dflash",), drafter_gap="TensorRT-LLM's DFlash has no DFlash2 or logit scalars (an open RFC only)"),
+            drafters=("dflash",), drafter_gaps=(
+                ("dflash2", "TensorRT-LLM's DFlash has no DFlash2 or logit scalars (an open RFC only)"),
+                ("laguna", "TensorRT-LLM >= 1.3.0rc20 runs Laguna drafters (DFlashLagunaForCausalLM, PR #15666); "
+                 "the config we write for it is not checked against it yet")),
+            ),
 )}
 
 
@@ -117,7 +128,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
 # Drafter variants (z-lab checkpoints): DFlash, and DFlash2 (convolutions around each sublayer, a
 # candidate selector; or a DFlash drafter with logit / embedding scalars, which only the reference
 # model has too).
-DRAFTERS = {"dflash": "DFlash (z-lab DFlashDraftModel)", "dflash2": "DFlash2, or DFlash with logit / embedding scalars"}
+DRAFTERS = {"dflash": "DFlash (z-lab DFlashDraftModel)", "dflash2": "DFlash2, or DFlash with logit / embedding scalars",
+            "laguna": "Laguna DFlash (poolside DFlashLagunaForCausalLM: feature norms, normed context, head gates)"}
 DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # build/trtllm_models.py, and the drafter's trtllm checkpoint architecture
 # Weight formats only some architectures' checkpoints come in (Architecture.native_formats).
 NATIVE_ONLY = ("mxfp4",)
@@ -189,7 +201,7 @@ def support_rows() -> list[SupportRow]:
                 if name not in arch.backends:
                     why = f"{name} serves {', '.join(architectures_of(name))} targets"
                 elif drafter not in spec.drafters:
-                    why = spec.drafter_gap
+                    why = spec.drafter_gap(drafter)
                 formats = {}
                 for gpu_name, gpu in gpus.items() if not why else ():
                     if gpu.is_cpu and spec.needs_gpu and spec.cpu_runs is None:

@@ -115,6 +115,10 @@ class RopeConfig:
         params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         if not isinstance(params, dict):
             raise f.fail(f"'rope_parameters' / 'rope_scaling' is {params!r}, expected an object")
+        if any(k in params for k in ("full_attention", "sliding_attention")):
+            # transformers 5 nests a RoPE per layer type (Laguna: YaRN on full layers, linear on sliding)
+            raise f.fail("rope_parameters per layer type (full_attention / sliding_attention) are not supported by "
+                         "the reference backend")
         theta = f.float("rope_theta", default=None, src=params) or f.float("rope_theta", default=head_dim_default_theta)
         if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
             raise f.fail("partial_rotary_factor != 1 is not supported by the reference backend")
@@ -254,6 +258,11 @@ DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selecto
 FEATURES_OFF = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
                 **dict.fromkeys(DFLASH2_KEYS)}
 DFLASH2_ARCH = "DFlash2DraftModel"
+# poolside's Laguna DFlash drafters: `architectures` names a Laguna class (TensorRT-LLM
+# tensorrt_llm/_torch/models/modeling_dflash.py `_build_dflash_draft`, PR #15666: "Laguna" in any
+# architectures entry); DraftConfig.laguna. Written back as LAGUNA_ARCH, model_type "llama" (the
+# label the published checkpoints carry, per the same file's DFlashLagunaForCausalLM).
+LAGUNA_ARCH = "DFlashLagunaForCausalLM"
 
 
 def _draft_src(raw: dict[str, Any], dcfg: dict[str, Any], key: str) -> dict[str, Any]:
@@ -286,10 +295,22 @@ class DraftConfig(DecoderConfig):
     conv_group_size: int | None = None  # channels that share one dynamic tap weight
     selector_rank: int | None = None  # rank of the selector's predecessor / successor codebooks
     selector_top_k: int | None = None  # candidates per position the selector chooses among
+    # Laguna (LAGUNA_ARCH): an RMSNorm per fused target layer before fc (`aux_hidden_norms.{k}`),
+    # the context through each layer's input_layernorm before its K/V projection, and, with
+    # `gate`, a per-head softplus gate on the attention output (`self_attn.g_proj`, [heads, H])
+    laguna: bool = False
+    gate: bool = False
 
     @property
     def dflash2(self) -> bool:
         return self.conv_kernel_size is not None
+
+    @property
+    def variant(self) -> str:
+        """The drafter variant (recipe/support.py DRAFTERS) a backend must run."""
+        if self.laguna:
+            return "laguna"
+        return "dflash2" if any(getattr(self, k) != off for k, off in FEATURES_OFF.items()) else "dflash"
 
     def __post_init__(self):
         if not self.layer_types:
@@ -310,6 +331,7 @@ class DraftConfig(DecoderConfig):
                 raise f.fail(f"'{key}' is set: this drafter variant is not supported by the reference backend")
         decoder = DecoderConfig.read(f)
         extras = DraftConfig._read_variant(f, raw, dcfg, decoder["hidden_size"])
+        extras.update(DraftConfig._read_laguna(f, raw, dcfg, decoder["num_heads"], extras))
         layers = decoder["num_layers"]
         block = f.int("block_size", default=None, lo=2, src=dcfg) or f.int("block_size", lo=2)
         n_target = f.int("num_target_layers")
@@ -384,13 +406,38 @@ class DraftConfig(DecoderConfig):
             raise f.fail(f"{_where_key(dcfg, 'selector_top_k')} {out['selector_top_k']} exceeds vocab_size {vocab}")
         return out
 
+    @staticmethod
+    def _read_laguna(f: _Fields, raw: dict[str, Any], dcfg: dict[str, Any], heads: int,
+                     extras: dict[str, Any]) -> dict[str, Any]:
+        """A Laguna drafter's fields (none for others), and what of Laguna we do not run, refused."""
+        if not any("Laguna" in str(a) for a in raw.get("architectures") or []):
+            return {}
+        if any(extras.get(k, off) != off for k, off in FEATURES_OFF.items()):
+            raise f.fail("a Laguna drafter with DFlash2 keys or logit / embedding scalars is not supported")
+        gating = raw.get("gating", True)  # TensorRT-LLM's default for Laguna drafters
+        if gating not in (True, False, "per-head", "disabled"):
+            raise f.fail(f"gating is {gating!r}: only per-head gating (true / 'per-head') or none ('disabled' / false) "
+                         "is supported (TensorRT-LLM's DFlashLagunaForCausalLM refuses the others too)")
+        per_layer = raw.get("num_attention_heads_per_layer")
+        if per_layer is not None and any(n != heads for n in per_layer):
+            raise f.fail(f"num_attention_heads_per_layer is {per_layer!r}: per-layer head counts are not supported "
+                         f"(every draft layer has num_attention_heads {heads})")
+        if int(raw.get("num_experts") or 0) > 0 and "sparse" in (raw.get("mlp_layer_types") or []):
+            raise f.fail("mlp_layer_types has 'sparse' layers: a mixture-of-experts drafter is not supported")
+        draft_vocab, vocab = raw.get("draft_vocab_size"), raw.get("vocab_size")
+        if draft_vocab is not None and draft_vocab != vocab:
+            raise f.fail(f"draft_vocab_size {draft_vocab!r} differs from vocab_size {vocab!r}: a drafter vocabulary "
+                         "of its own is not supported")
+        return {"laguna": True, "gate": gating in (True, "per-head")}
+
     def to_dict(self) -> dict[str, Any]:
         """The z-lab config.json layout (Qwen3 keys + block_size + dflash_config)."""
         if self.rope.scaling is not None:
             raise NotImplementedError("saving a drafter with scaled RoPE is not implemented")
+        arch = LAGUNA_ARCH if self.laguna else DFLASH2_ARCH if self.dflash2 else "DFlashDraftModel"
         out = {
-            "architectures": [DFLASH2_ARCH if self.dflash2 else "DFlashDraftModel"],
-            "model_type": "qwen3",
+            "architectures": [arch],
+            "model_type": "llama" if self.laguna else "qwen3",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_layers,
@@ -413,6 +460,8 @@ class DraftConfig(DecoderConfig):
         }
         if self.vocab_size is not None:
             out["vocab_size"] = self.vocab_size
+        if self.laguna:
+            out["gating"] = "per-head" if self.gate else "disabled"
         out["dflash_config"].update({k: getattr(self, k) for k, off in FEATURES_OFF.items() if getattr(self, k) != off})
         default_causal = tuple(t == "sliding_attention" for t in self.layer_types)
         if self.causal != default_causal:

@@ -25,6 +25,12 @@ The convolution's window ends at the block's anchor: tokens before the block con
 zeros (z-lab pads with zeros every round; vLLM masks the taps that reach before the block
 start), so it carries no state from round to round. The only per-row state of either
 variant is the context KV cache.
+Laguna (poolside's DFlashLagunaForCausalLM, `cfg.laguna`; TensorRT-LLM
+tensorrt_llm/_torch/models/modeling_dflash.py, PR #15666) adds, under its checkpoint names:
+  aux_hidden_norms.{k}                   an RMSNorm per fused target layer, before fc;
+  the layer's input_layernorm            applied to the context too, before its K/V projection;
+  layers.{i}.self_attn.g_proj            [heads, H]: each head's attention output times
+         softplus(g_proj(x)), x the block's normed attention input (`head_gate`).
 The logit scalars of z-lab's later configs apply to both variants: the block embedding is
 multiplied by `input_embedding_scale`; `logits()` multiplies by `output_multiplier`, then
 soft-caps at `final_logit_softcapping`.
@@ -63,15 +69,25 @@ def key_limit(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, kind: str,
 
 class DraftAttention(Attention):
     """The target's attention layout with q/k norms; keys and values are the injected
-    context's (cached) and the block's own."""
+    context's (cached) and the block's own. A Laguna drafter with `gate` scales each head's
+    output by softplus(g_proj(x)) before o_proj."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__(cfg, qk_norm=True)
+        self.g_proj = nn.Linear(cfg.hidden_size, cfg.num_heads, bias=False) if cfg.gate else None
 
     def forward(self, x, ctx, rope_blk, rope_ctx, cache: KVCache, layer, blk_pos, ctx_pos, kv_len, mask):
         if ctx.shape[1]:
             cache.write(layer, ctx_pos, *self.kv(ctx, *rope_ctx))
-        return self.attend(self.query(x, *rope_blk), *self.kv(x, *rope_blk), cache, layer, blk_pos, kv_len, mask)
+        o = self.heads(self.query(x, *rope_blk), *self.kv(x, *rope_blk), cache, layer, blk_pos, kv_len, mask)
+        return self.o_proj(o if self.g_proj is None else head_gate(o, self.g_proj(x)))
+
+
+def head_gate(o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Laguna's output gate: attention output o [.., Hq * D] times softplus(g) per head, g [.., Hq]
+    (softplus in fp32, as TensorRT-LLM's DFlashLagunaForCausalLM._post_attention_gate)."""
+    gate = torch.nn.functional.softplus(g.float()).to(o.dtype)  # [.., Hq]
+    return (o.unflatten(-1, (g.shape[-1], -1)) * gate[..., None]).flatten(-2)
 
 
 class DynamicConv(nn.Module):
@@ -119,12 +135,15 @@ class DraftLayer(nn.Module):
         self.self_attn = DraftAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.context_norm = cfg.laguna
         self.attention_conv = self.mlp_conv = None
         if cfg.dflash2:
             self.attention_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
             self.mlp_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
     def forward(self, x, ctx, *attn_args):
+        if self.context_norm:  # Laguna: the context is normed like the layer's own input
+            ctx = self.input_layernorm(ctx)
         return self.run(x, lambda h: self.self_attn(h, ctx, *attn_args))
 
     def run(self, x: torch.Tensor, attention) -> torch.Tensor:
@@ -221,12 +240,22 @@ class DFlashDraft(nn.Module):
         h = cfg.hidden_size
         self.fc = nn.Linear(len(cfg.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.aux_hidden_norms = None
+        if cfg.laguna:
+            self.aux_hidden_norms = nn.ModuleList(RMSNorm(h, cfg.rms_norm_eps) for _ in cfg.target_layer_ids)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.rope = Rope(cfg.rope, cfg.head_dim)
         self.candidate_selector = None
         if cfg.dflash2:
             self.candidate_selector = CandidateSelector(h, cfg.vocab_size, cfg.selector_rank, cfg.selector_top_k)
+
+    def fuse(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The fc input [.., n*H]: the target features, each layer's RMS-normed first (Laguna)."""
+        if self.aux_hidden_norms is None:
+            return target_hidden
+        chunks = target_hidden.chunk(len(self.aux_hidden_norms), dim=-1)  # n x [.., H]
+        return torch.cat([norm(c) for norm, c in zip(self.aux_hidden_norms, chunks)], dim=-1)
 
     def logits(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
         """Draft logits of final-normed slot states [.., H] through the target's LM head [.., V]."""
@@ -281,7 +310,7 @@ class DFlashDraft(nn.Module):
         blk_pos = start[:, None] + torch.arange(T, device=start.device)  # [B, T]
         kv_len = int(start.max()) + T
         masks = self.masks(start, T, kv_len)
-        ctx = self.hidden_norm(self.fc(target_hidden))  # [B, Tc, H]
+        ctx = self.hidden_norm(self.fc(self.fuse(target_hidden)))  # [B, Tc, H]
         rope_blk = self.rope(blk_pos, noise.dtype)
         rope_ctx = self.rope(ctx_pos.clamp_max(cache.trash - 1), noise.dtype)
         x = self.embed_scale(noise)
