@@ -38,7 +38,9 @@ def make_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, mask_token=MASK)
 
 
-def make_pair(root: Path, seed: int = 0, block_size: int = 8) -> tuple[Path, Path]:
+def make_pair(root: Path, seed: int = 0, block_size: int = 8, laguna: bool = False) -> tuple[Path, Path]:
+    """The target and a DFlash drafter (`laguna`: a Laguna drafter as published: sliding, causal,
+    gated) with random weights."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from trtllm_dflash.reference import DFlashDraft, DraftConfig, load_target, save_drafter
@@ -61,11 +63,12 @@ def make_pair(root: Path, seed: int = 0, block_size: int = 8) -> tuple[Path, Pat
     dcfg = DraftConfig(hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
                        rms_norm_eps=1e-6, rope=tcfg.rope.__class__(10000.0), max_position_embeddings=1024,
                        block_size=block_size, target_layer_ids=(0, 2), mask_token_id=1,
-                       num_target_layers=tcfg.num_layers, vocab_size=tcfg.vocab_size)
+                       num_target_layers=tcfg.num_layers, vocab_size=tcfg.vocab_size,
+                       **(dict(laguna=True, gate=True, layer_types=("sliding_attention",), sliding_window=12) if laguna else {}))
     drafter = DFlashDraft(dcfg)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
-            p.normal_(0, 0.1) if not name.endswith("norm.weight") else p.fill_(1.0)
+            p.normal_(0, 0.1) if "norm" not in name else p.fill_(1.0)
     save_drafter(drafter, drafter_dir)
     return target_dir, drafter_dir
 
@@ -98,14 +101,14 @@ def deployed(recipe, root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def served_pair(root: Path, overrides: list[str] = ()):
-    """The tiny pair converted, deployed and behind a real tritonserver on free ports:
-    yields (recipe, server) and stops the server after."""
+def served_pair(root: Path, overrides: list[str] = (), **pair):
+    """The tiny pair (make_pair's `pair` options) converted, deployed and behind a real
+    tritonserver on free ports: yields (recipe, server) and stops the server after."""
     from trtllm_dflash.deploy.repository import REPOSITORY
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_ports
 
-    make_pair(root)
+    make_pair(root, **pair)
     ports = free_ports(3)
     recipe = load_recipe(write_recipe(root, ports), list(overrides))
     server = TritonServer(deployed(recipe, root / "pipeline") / REPOSITORY, Endpoints("127.0.0.1", *ports)).start()

@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 from checkpoints import VOCAB, make_drafter, make_target, read_config, step_tokens, write_recipe
+from safetensors.torch import load_file
 
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
@@ -147,13 +148,19 @@ def test_convert_maps_the_laguna_tensors_and_the_reference_backend_serves_them(t
     t_mem, _ = load_pair(target, drafter)
     want = [g.tokens for g in generate(t_mem, None, PROMPTS, 20, mode="ar", stop_token_ids=[])]
     two = convert(load_recipe(write_recipe(tmp_path / "r2.yaml", target, drafter, tp=2)), tmp_path / "c2", progress=False)
-    # tp 2: each rank holds its heads' rows of g_proj; the drafts (and so the rounds) are tp 1's
-    rounds = {}
-    for name, ckpt in (("tp1", one), ("tp2", two)):
-        recs = list(checkpoint_steps(ckpt, PROMPTS, 20, mode="dflash", stop_token_ids=[]))
-        assert step_tokens(recs, 2) == want, name
-        rounds[name] = [(r.drafted, [len(t) for t in r.tokens]) for r in recs]
-    assert rounds["tp1"] == rounds["tp2"]
+    # tp 2: each rank holds the g_proj rows of the heads whose q rows it holds, the norms whole
+    full = load_file(drafter / "model.safetensors")
+    D, heads = 16, 2  # head_dim, heads per rank
+    for rank in range(2):
+        shard = load_file(two / "drafter" / f"rank{rank}.safetensors")
+        for i in range(2):
+            L = f"transformer.layers.{i}.attention."
+            torch.testing.assert_close(shard[L + "gate.weight"], full[f"layers.{i}.self_attn.g_proj.weight"][rank * heads:(rank + 1) * heads])
+            torch.testing.assert_close(shard[L + "q.weight"], full[f"layers.{i}.self_attn.q_proj.weight"][rank * heads * D:(rank + 1) * heads * D])
+        for k in range(2):
+            torch.testing.assert_close(shard[f"dflash.aux_hidden_norms.{k}.weight"], full[f"aux_hidden_norms.{k}.weight"])
+    for ckpt in (one, two):
+        assert step_tokens(checkpoint_steps(ckpt, PROMPTS, 20, mode="dflash", stop_token_ids=[]), 2) == want, ckpt.name
 
 
 @pytest.mark.parametrize("backend", [b for b, spec in BACKENDS.items() if "laguna" not in spec.drafters])
