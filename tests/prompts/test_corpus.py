@@ -132,3 +132,18 @@ def test_a_changed_shipped_text_is_refused(tmp_path, monkeypatch):
             corpus.shipped_text()
     finally:
         corpus.shipped_text.cache_clear()
+
+
+def test_a_calibration_file_is_recorded_with_its_checksum(tmp_path):
+    """quantize's manifest says which text calibrated (`calibration_data`), down to its bytes: a
+    file edited after quantizing reads as another source."""
+    from trtllm_dflash.perf.bench_quant import shipped_pair
+    from trtllm_dflash.quantize.quantize import calibration_data
+
+    target = shipped_pair()[0]
+    text = tmp_path / "calib.txt"
+    text.write_text("def area(r):\n    return 3.14159 * r * r\n" * 40)
+    first = calibration_data(target, 4096, text, 2, 32).source
+    text.write_text("def volume(r):\n    return 4.18879 * r * r * r\n" * 40)
+    second = calibration_data(target, 4096, text, 2, 32).source
+    assert first.startswith(f"file {text} (sha256 ") and second.startswith(f"file {text} (sha256 ") and first != second

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash import compat
+from trtllm_dflash.artifacts import sha256_file
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.quantize import formats as F
@@ -141,7 +142,7 @@ def calibration_data(target_dir: Path, vocab_size: int, path: Path | None, sampl
             text = "\n".join(texts)
         else:
             text = "\n".join(lines)
-        source = f"file {path}"
+        source = f"file {path} (sha256 {sha256_file(path)[:12]})"  # the manifest records which text calibrated
     elif tokenizer is not None:
         from trtllm_dflash.prompts.corpus import shipped_text
 
