@@ -212,7 +212,7 @@ def test_a_slot_observed_a_few_times_is_estimated_from_them_not_the_prior():
     auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0)
     for r in range(10):  # ten requests each got to slot 8 once (probes) and were rejected there
         auto.observe(r, 15, 7)
-    trials = sum(0.98 ** k for k in range(10))  # decayed count of the ten observations
+    trials = sum(auto.population_decay ** k for k in range(10))  # decayed count of the ten observations
     assert auto.population[7] == pytest.approx(0.9 * 2 / (trials + 2))  # (0 hits + prior x 2) / (trials + 2)
     assert auto.population[7] < 0.2
     assert auto.population[6] > 0.9 and auto.population[8] == 0.9  # accepted slots; one never observed
@@ -298,3 +298,37 @@ def test_auto_draft_length_in_the_loop_keeps_the_sampling_distribution(tiny8, pa
     assert len(set(chosen)) > 1, f"the policy never changed its draft length: {chosen}"
     p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))
     assert p > 1e-3, f"chi-square rejects the target distribution under the auto draft length: p = {p:.2e}"
+
+
+def test_start_up_times_every_uniform_shape_and_the_policy_starts_from_them(monkeypatch):
+    """measure_cost keeps each uniform shape's time (VerifyCost.timed) next to the linear fit, and
+    AutoDraftLength starts its per-shape correction from them: a round's time is not linear in its
+    tokens (kernel tiles), so a shape the fit gets wrong is right from the first round."""
+    import trtllm_dflash.reference.draft_policy as dp
+
+    clock = [0.0]
+    monkeypatch.setattr(dp.time, "perf_counter", lambda: clock[0])
+
+    def seconds(shape):  # linear, except 8-token rounds are cheap
+        T = max(shape) + 1
+        return 1e-3 + 1e-4 * len(shape) * T + (2e-4 if T > 1 else 0.0) - (5e-4 if T == 8 else 0.0)
+
+    class Clocked:
+        packed = False
+
+        def __init__(self, _max_len):
+            pass
+
+        def admit(self, *args):
+            pass
+
+        def step(self, shape):
+            clock[0] += seconds(shape)
+
+    cost = dp.measure_cost(Clocked, block_size=16, vocab_size=100, batches=(1, 4))
+    assert set(cost.timed) == {(B, T) for B in (1, 4) for T in range(1, 17)}
+    assert cost.timed[(4, 8)] == pytest.approx(seconds([7] * 4))
+    auto = AutoDraftLength(block_size=16, cost=cost, probe_every=0)
+    for L in (3, 7, 9):  # every shape as timed, the cheap one included
+        assert auto.round_s([L] * 4) == pytest.approx(seconds([L] * 4))
+    assert auto.round_s([7] * 2) == pytest.approx(cost.lengths_s([7] * 2))  # untimed: the fit

@@ -291,12 +291,16 @@ def test_the_policy_learns_round_times_in_seconds(pair):
             pass
 
     engine = ServingEngine(LocalModel(target, drafter), tok, block_size=4, policy=Recorder())
-    done = threading.Event()
+    done = [threading.Event(), threading.Event()]
     t0 = time.perf_counter()
     try:
-        engine.submit(Job(tok("def f(x):")["input_ids"], 12, lambda u: u.finish_reason and done.set()))
-        assert done.wait(60)
+        engine.submit(Job(tok("def f(x):")["input_ids"], 12, lambda u: u.finish_reason and done[0].set()))
+        assert done[0].wait(60)
+        n = len(seen)
+        # a request with its own draft length teaches the cost of its rounds too (the same model)
+        engine.submit(Job(tok("def g(y):")["input_ids"], 12, lambda u: u.finish_reason and done[1].set(), draft_len=1))
+        assert done[1].wait(60)
     finally:
         engine.stop()
     wall = time.perf_counter() - t0
-    assert seen and all(s is not None and 0 < s <= wall for s in seen), (seen, wall)
+    assert n and len(seen) > n and all(s is not None and 0 < s <= wall for s in seen), (seen, wall)

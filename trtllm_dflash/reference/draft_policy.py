@@ -55,7 +55,7 @@ class DraftPolicy(Protocol):
 
     def learn(self, rec, seconds: float | None = None) -> None:
         """What a round (a generate.StepRecord of one of `modes`) teaches: each request's
-        acceptance, and, with `seconds` (a round of the policy's own lengths), the round's cost."""
+        acceptance, and, with `seconds`, what a round of its shape cost (whoever chose its lengths)."""
 
     def forget(self, request: int) -> None:
         """The request left."""
@@ -99,6 +99,11 @@ class VerifyCost:
     draft: float
     per_slot: float = 0.0
     packed: bool = False
+    # what start-up timed per (requests, longest drafts + 1) when every request drafted alike: the
+    # median round, in seconds. A round's time is not linear in its tokens (kernel tiles: on the
+    # 2-core CPU the shipped pair verifies 8 tokens in 7.6 ms, 10 in 8.5 ms, 12 in 8.4 ms), so the
+    # policy starts from these (AutoDraftLength.correction) where it has them.
+    timed: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def round_s(self, batch: int, draft_len: int) -> float:
         """Every one of `batch` requests verifies `draft_len` drafts."""
@@ -123,7 +128,7 @@ class AutoDraftLength:
     # hits and trials, and a_j = (hits + prior * prior_weight) / (trials + prior_weight). (A running
     # mean started at the prior kept 0.98^n of it after n observations: slots past the usual length,
     # observed only in probe rounds, stayed near the optimistic prior and drew `auto` to long drafts.)
-    population_decay: float = 0.98
+    population_decay: float = 0.995
     prior_weight: float = 2.0
     probe_every: int = 16  # every n-th choice drafts longer than the best (0: never), see `choose`
     estimates: dict[int, list[float]] = field(default_factory=dict)
@@ -148,6 +153,8 @@ class AutoDraftLength:
 
     def __post_init__(self):
         K = self.block_size - 1
+        for (B, T), seconds in self.cost.timed.items():  # start from what start-up timed
+            self.correction.setdefault((B, T), seconds / self.cost.lengths_s([T - 1] * B))
         self.population = self.population or [self.prior] * K
         self.population_hits = self.population_hits or [0.0] * K
         self.population_trials = self.population_trials or [0.0] * K
@@ -324,32 +331,35 @@ def tree_budget_menu(budget: int | None) -> tuple[int, ...]:
 
 def measure_cost(decoder_factory, block_size: int, vocab_size: int, batches: Sequence[int] = (1, 4),
                  prompt_len: int = 32, repeats: int = 5) -> VerifyCost:
-    """Time rounds of a fresh decoder at a few batch sizes and draft lengths and fit VerifyCost
+    """Time rounds of a fresh decoder at a few batch sizes and every draft length and fit VerifyCost
     by least squares. Each shape's time is the fastest of `repeats` rounds after a warm-up (on a
-    shared machine other work only adds time). decoder_factory(max_len) -> a greedy Decoder-like
+    shared machine other work only adds time); the median of each uniform shape is kept as is
+    (VerifyCost.timed). decoder_factory(max_len) -> a greedy Decoder-like
     object; one whose `packed` is True is also timed with half its rows at 0 drafts, which
     separates per_token from per_slot."""
-    rows, times = [], []
+    rows, times, timed = [], [], {}
     g = torch.Generator().manual_seed(0)
-    lengths = sorted({0, 1, block_size // 4, block_size // 2, block_size - 1})
+    lengths = range(block_size)
     packed = bool(getattr(decoder_factory(prompt_len + 1), "packed", False))
     shapes = [[L] * B for B in batches for L in lengths]
     if packed:
-        shapes += [[L, 0] * (max(batches) // 2) for L in lengths if L > 0]
+        shapes += [[L, 0] * (max(batches) // 2) for L in sorted({1, block_size // 4, block_size // 2, block_size - 1})]
     for shape in shapes:
         B, n = len(shape), 4 * block_size * (repeats + 1)
         decoder = decoder_factory(prompt_len + n)
         prompts = torch.randint(0, vocab_size, (B, prompt_len), generator=g).tolist()
         decoder.admit(list(range(B)), prompts, [n] * B, [[]] * B)
         decoder.step(shape)  # warm-up
-        best = float("inf")
+        took = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             decoder.step(shape)
-            best = min(best, time.perf_counter() - t0)
-        times.append(best)
+            took.append(time.perf_counter() - t0)
+        times.append(min(took))
         T = max(shape) + 1
+        if len(set(shape)) == 1:
+            timed[(B, T)] = sorted(took)[len(took) // 2]
         rows.append([1.0, sum(L + 1 for L in shape) if packed else B * T, 1.0 if T > 1 else 0.0] + ([B * T] if packed else []))
     sol = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None]).solution
     fixed, per_token, draft, *per_slot = (max(0.0, float(x)) for x in sol[:, 0])
-    return VerifyCost(fixed, per_token, draft, per_slot[0] if packed else 0.0, packed)
+    return VerifyCost(fixed, per_token, draft, per_slot[0] if packed else 0.0, packed, timed)

@@ -200,8 +200,10 @@ class ServingEngine:
                         t0 = now()
                         rec = decoder.step(*self._round(key, jobs))
                         t1 = now()
-                        if self.policy is not None and key[2] in self.policy.modes:  # its cost: rounds it chose
-                            self.policy.learn(rec, (t1 - t0) * 1e-9 if key[1] is None else None)  # now(): ns
+                        if self.policy is not None and key[2] in self.policy.modes:
+                            # every round teaches (requests with their own draft_len too): acceptance,
+                            # and what a round of its shape costs under this server's real load
+                            self.policy.learn(rec, (t1 - t0) * 1e-9)  # now(): ns
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
                         self._deliver(decoder, jobs, rec, mode=key[2])
                         if self.trace:
