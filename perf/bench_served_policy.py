@@ -97,6 +97,28 @@ def goals(result: dict) -> list[str]:
     return missed
 
 
+def rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The result as (header, rows of cells): what `table` prints and `markdown` writes."""
+    has_tree = "ddtree_over_ar" in result["levels"][0]
+    head = ["c", "AR", "best fixed", "dflash", "dflash/AR", "dflash/max(AR,fixed)", "no-draft share",
+            *(("ddtree", "ddtree/AR") if has_tree else ())]
+    out = []
+    for r in result["levels"]:
+        m = r["tok_s_user_p50"]
+        zero = "-" if r["dflash_zero_share"] is None else f"{r['dflash_zero_share']:.0%}"
+        out.append([str(r["concurrency"]), f"{m['ar']:.1f}", f"{m[r['best_fixed']]:.1f} ({r['best_fixed'][7:]})",
+                    f"{m['dflash']:.1f}", f"{r['dflash_over_ar']:.2f}x", f"{r['dflash_over_best']:.3f}", zero,
+                    *((f"{m['ddtree']:.1f}", f"{r['ddtree_over_ar']:.2f}x") if has_tree else ())])
+    return head, out
+
+
+def markdown(result: dict) -> str:
+    """The result as a Markdown table (the README's served-policy block)."""
+    head, body = rows(result)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+
+
 def table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -104,16 +126,11 @@ def table(result: dict) -> None:
     s = result["settings"]
     t = Table(title=f"{result['recipe']}: tokens/s/user p50 served (median of {s['repeats']} repeats; output "
                     f"{s['output_len']} +- {s['output_len_range']:.0%})")
-    has_tree = "ddtree_over_ar" in result["levels"][0]
-    for col in ("c", "AR", "best fixed", "dflash", "dflash/AR", "dflash/max(AR,fixed)", "no-draft share",
-                *(("ddtree", "ddtree/AR") if has_tree else ())):
+    head, body = rows(result)
+    for col in head:
         t.add_column(col, justify="right")
-    for r in result["levels"]:
-        m = r["tok_s_user_p50"]
-        zero = "-" if r["dflash_zero_share"] is None else f"{r['dflash_zero_share']:.0%}"
-        t.add_row(str(r["concurrency"]), f"{m['ar']:.1f}", f"{m[r['best_fixed']]:.1f} ({r['best_fixed'][7:]})",
-                  f"{m['dflash']:.1f}", f"{r['dflash_over_ar']:.2f}x", f"{r['dflash_over_best']:.3f}", zero,
-                  *((f"{m['ddtree']:.1f}", f"{r['ddtree_over_ar']:.2f}x") if has_tree else ()))
+    for r in body:
+        t.add_row(*r)
     Console(width=140).print(t)
     missed = goals(result)
     print("goals: all met" if not missed else "goals missed:\n  " + "\n  ".join(missed))

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from trtllm_dflash.cli import main
-from trtllm_dflash.perf.bench_served_policy import goals
+from trtllm_dflash.perf.bench_served_policy import goals, markdown
 
 
 @pytest.mark.parametrize("args,message", [
@@ -36,6 +36,15 @@ def test_goals_name_each_bar_a_run_missed():
         "c=8: ddtree 0.98x ar < 1.0",
         "c=16: dflash 0.97x ar < 1.0",  # 0.975
     ]
+
+
+def test_the_readme_table_is_the_printed_one():
+    result = {"levels": [dict(_level(1, 100, 140, 160, 150), dflash_zero_share=0.03),
+                         dict(_level(16, 40, 38, 41, 40), dflash_zero_share=None)]}
+    lines = markdown(result).splitlines()
+    assert lines[0].startswith("| c | AR | best fixed | dflash |") and lines[1] == "|---|" + "---|" * 8
+    assert lines[2] == "| 1 | 100.0 | 140.0 (L=3) | 160.0 | 1.60x | 1.143 | 3% | 150.0 | 1.50x |"
+    assert lines[3].split(" | ")[6] == "-"
 
 
 @pytest.mark.slow
