@@ -63,3 +63,34 @@ def test_joins_leaves_and_tree_budgets_on_cuda(pair):
                                                       [[]] * len(ids)).tokens):
                     out[r] += toks
         assert [out[i] for i in range(6)] == [t[:n] for t, n in zip(ar, limits)], mode
+
+
+def test_a_laguna_drafter_on_cuda_drafts_what_it_drafts_on_cpu(tmp_path):
+    """A tiny random Laguna drafter (feature norms, normed context, softplus head gates; sliding,
+    causal) on CUDA: the drafter pass gives the CPU's draft logits (fp32, 1e-4: other kernels, the
+    same math) and greedy decoding gives the target's tokens."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
+    from checkpoints import make_drafter, make_target
+    from test_laguna import LAGUNA, PROMPTS
+
+    from trtllm_dflash.reference.runners import ReferenceDrafter
+
+    t_dir, d_dir = make_target(tmp_path / "t"), make_drafter(tmp_path / "d", **LAGUNA)
+    outs = {}
+    for device in ("cpu", "cuda"):
+        target, drafter = load_pair(t_dir, d_dir, torch.float32, device=device)
+        assert drafter.cfg.laguna
+        runner = ReferenceDrafter(drafter, target, cache_len=64)
+        runner.join(2)
+        g = torch.Generator().manual_seed(0)
+        ctx = torch.randn(2, 6, 2 * 64, generator=g).to(device)  # [B, Tc, n*H] target features
+        pos = torch.arange(6, device=device).expand(2, -1)
+        anchor = torch.tensor([5, 9], device=device)
+        outs[device] = runner.draft(anchor, torch.tensor([6, 6], device=device), ctx, pos, 8).cpu()  # [B, 7, V]
+        ar = generate(target, None, PROMPTS, 24, mode="ar", stop_token_ids=[])
+        got = generate(target, drafter, PROMPTS, 24, mode="dflash", stop_token_ids=[])
+        assert [x.tokens for x in got] == [x.tokens for x in ar], device
+    torch.testing.assert_close(outs["cuda"], outs["cpu"], rtol=1e-4, atol=1e-4)
