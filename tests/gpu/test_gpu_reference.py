@@ -1,4 +1,4 @@
-"""The reference backend on CUDA with the shipped tiny pair: DFlash and DDTree stay lossless.
+"""The reference backend on CUDA with the shipped tiny pair (and a tiny random Laguna drafter): DFlash and DDTree stay lossless.
 
 Greedy decoding in fp32 on the GPU: every mode must give the target's own greedy tokens
 (exact equality; all modes run the same kernels in the same dtype, and the CPU tests check
