@@ -59,7 +59,9 @@ def test_a_laguna_config_reads_as_one_and_writes_back():
 @pytest.mark.parametrize("change,message", [
     ({"gating": "per-element"}, "gating is 'per-element'"),
     ({"num_attention_heads_per_layer": [4, 8]}, "num_attention_heads_per_layer"),
+    ({"num_attention_heads_per_layer": 4}, "num_attention_heads_per_layer is 4"),
     ({"num_experts": 4, "mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types has 'sparse'"),
+    ({"num_experts": "four"}, "num_experts"),
     ({"draft_vocab_size": 100}, "draft_vocab_size 100 differs from vocab_size 256"),
     ({"rope_parameters": {"full_attention": {"rope_theta": 1e4}, "sliding_attention": {"rope_theta": 1e4}}},
      "rope_parameters per layer type"),

@@ -331,7 +331,7 @@ class DraftConfig(DecoderConfig):
                 raise f.fail(f"'{key}' is set: this drafter variant is not supported by the reference backend")
         decoder = DecoderConfig.read(f)
         extras = DraftConfig._read_variant(f, raw, dcfg, decoder["hidden_size"])
-        extras.update(DraftConfig._read_laguna(f, raw, dcfg, decoder["num_heads"], extras))
+        extras.update(DraftConfig._read_laguna(f, raw, decoder["num_heads"], extras))
         layers = decoder["num_layers"]
         block = f.int("block_size", default=None, lo=2, src=dcfg) or f.int("block_size", lo=2)
         n_target = f.int("num_target_layers")
@@ -407,8 +407,7 @@ class DraftConfig(DecoderConfig):
         return out
 
     @staticmethod
-    def _read_laguna(f: _Fields, raw: dict[str, Any], dcfg: dict[str, Any], heads: int,
-                     extras: dict[str, Any]) -> dict[str, Any]:
+    def _read_laguna(f: _Fields, raw: dict[str, Any], heads: int, extras: dict[str, Any]) -> dict[str, Any]:
         """A Laguna drafter's fields (none for others), and what of Laguna we do not run, refused."""
         if not any("Laguna" in str(a) for a in raw.get("architectures") or []):
             return {}
@@ -419,10 +418,11 @@ class DraftConfig(DecoderConfig):
             raise f.fail(f"gating is {gating!r}: only per-head gating (true / 'per-head') or none ('disabled' / false) "
                          "is supported (TensorRT-LLM's DFlashLagunaForCausalLM refuses the others too)")
         per_layer = raw.get("num_attention_heads_per_layer")
-        if per_layer is not None and any(n != heads for n in per_layer):
+        if per_layer is not None and (not isinstance(per_layer, list) or any(n != heads for n in per_layer)):
             raise f.fail(f"num_attention_heads_per_layer is {per_layer!r}: per-layer head counts are not supported "
                          f"(every draft layer has num_attention_heads {heads})")
-        if int(raw.get("num_experts") or 0) > 0 and "sparse" in (raw.get("mlp_layer_types") or []):
+        mlp_types = raw.get("mlp_layer_types") or []
+        if f.int("num_experts", 0, lo=0) > 0 and isinstance(mlp_types, list) and "sparse" in mlp_types:
             raise f.fail("mlp_layer_types has 'sparse' layers: a mixture-of-experts drafter is not supported")
         draft_vocab, vocab = raw.get("draft_vocab_size"), raw.get("vocab_size")
         if draft_vocab is not None and draft_vocab != vocab:
