@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from checkpoints import VOCAB, make_drafter, make_target, read_config, step_tokens, write_recipe
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
@@ -177,3 +177,16 @@ def test_backends_without_laguna_refuse_it_at_convert(tmp_path, laguna_pair, bac
 
 def test_the_support_table_has_the_laguna_row():
     assert "laguna" in DRAFTERS and "laguna" in BACKENDS["reference"].drafters
+
+
+def test_a_laguna_checkpoint_without_its_gates_is_refused_by_tensor(tmp_path, laguna_pair):
+    target, drafter = laguna_pair
+    broken = tmp_path / "d"
+    broken.mkdir()
+    (broken / "config.json").write_text((drafter / "config.json").read_text())
+    weights = load_file(drafter / "model.safetensors")
+    weights.pop("layers.1.self_attn.g_proj.weight")
+    save_file(weights, broken / "model.safetensors")
+    with pytest.raises(UserError, match=r"missing tensor layers.1.self_attn.g_proj.weight \(expected shape \[4, 64\] "
+                                        r"\(num_attention_heads, hidden_size\)\)"):
+        load_pair(target, broken)

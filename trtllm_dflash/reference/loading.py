@@ -41,6 +41,7 @@ _SHAPE_WHY = {
     "kernel_projection.weight": "2*conv_kernel_size*hidden_size/conv_group_size, hidden_size",
     "codebook": "vocab_size, selector_rank",
     "hidden_projection.weight": "selector_rank, hidden_size",
+    "g_proj.weight": "num_attention_heads, hidden_size",  # Laguna's head gates
 }
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
