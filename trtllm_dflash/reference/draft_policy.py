@@ -18,8 +18,8 @@ target's own token), so a policy only trades acceptance against the verify cost:
                pay for their tokens. A round costs what its longest row costs and its drafter
                block is that row's, so a request drafting fewer than L saves little and loses
                tokens: any length per request (`mixed`, Dinkelbach's iteration) measured
-               0.89-0.93 of 3 fixed drafts at c = 2 to 16, this rule 0.97-1.02 once warm. Every 16th round
-               probes 2L + 1 drafts, so that slots past L keep being observed.
+               0.89-0.93 of 3 fixed drafts at c = 2 to 16, this rule 0.97-1.02 once warm.
+               Every 16th round probes 2L + 1 drafts, so that slots past L keep being observed.
                DDTree decoders (`choose_tree`): each round is a tree of one of a few node budgets
                (the deployment's ddtree_budget, its half and quarter), a chain round of
                per-request lengths, or plain decoding, whichever promises the most tokens per
