@@ -86,7 +86,7 @@ async def _stream(url, model, inputs, outputs=None):
             if resp.parameters["triton_final_response"].bool_param:
                 break
     finally:
-        await client.close()
+        await asyncio.wait_for(client.close(), 30)  # a stuck channel fails the test instead of hanging the run
     return got, error
 
 
@@ -205,9 +205,9 @@ def test_a_cancelled_stream_stops_its_dflash_request(served):
         async for _ in it:
             it.cancel()
             break
-        await client.close()
+        await asyncio.wait_for(client.close(), 30)
 
-    asyncio.run(cancel_after_first())
+    asyncio.run(asyncio.wait_for(cancel_after_first(), STREAM_TIMEOUT_S))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and "dflash request stopped" not in server.log_path.read_text():
         time.sleep(0.2)
