@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import random
 from importlib import resources
@@ -167,12 +168,12 @@ class Speculative(_Section):
 
 
 def same_ports(http_port: int, grpc_port: int, metrics_port: int) -> str | None:
-    """'http_port and grpc_port are both 8000' when two of Triton's three ports are equal, else None
-    (tritonserver given one port twice prints its usage and exits 1, naming neither)."""
+    """What is wrong when two of Triton's three ports are equal, else None (tritonserver given one
+    port twice prints its usage and exits 1, naming neither)."""
     named = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-    for a, b in (("http_port", "grpc_port"), ("http_port", "metrics_port"), ("grpc_port", "metrics_port")):
-        if named[a] == named[b]:
-            return f"{a} and {b} are both {named[a]}"
+    for (a, x), (b, y) in itertools.combinations(named.items(), 2):
+        if x == y:
+            return f"{a} and {b} are both {x}; Triton needs three different ports"
     return None
 
 
@@ -189,7 +190,7 @@ class Serve(_Section):
     def _different_ports(self) -> "Serve":
         clash = same_ports(self.http_port, self.grpc_port, self.metrics_port)
         if clash:
-            raise ValueError(f"{clash}; Triton needs three different ports")
+            raise ValueError(clash)
         return self
 
 

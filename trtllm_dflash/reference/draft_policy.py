@@ -215,21 +215,20 @@ class AutoDraftLength:
 
     def best_or_none(self, requests) -> list[int]:
         """The batch's one best length for every request, except those whose plain decoding
-        (0 drafts) makes the batch faster: one block length per round, no mixing."""
+        (0 drafts) makes the batch faster, coldest first: one block length per round, no mixing."""
         L = self.best(requests)
         lengths = [L] * len(requests)
         if L == 0:
             return lengths
         gains = [self.expected_tokens(r, L) for r in requests]
-        rate = sum(gains) / self.round_s(lengths)
-        for i in sorted(range(len(requests)), key=lambda i: gains[i]):  # coldest first
+        total = sum(gains)
+        rate = total / self.round_s(lengths)
+        for i in sorted(range(len(requests)), key=gains.__getitem__)[:-1]:  # the warmest keeps drafting
             trial = lengths[:i] + [0] + lengths[i + 1:]
-            if max(trial) == 0:
-                break
-            r = (sum(gains) - gains[i] + 1.0) / self.round_s(trial)
+            r = (total - gains[i] + 1.0) / self.round_s(trial)
             if r <= rate:
                 break
-            lengths, rate, gains = trial, r, gains[:i] + [1.0] + gains[i + 1:]
+            lengths, rate, total = trial, r, total - gains[i] + 1.0
         return lengths
 
     def round_s(self, lengths: Sequence[int]) -> float:

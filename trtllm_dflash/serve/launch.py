@@ -45,10 +45,9 @@ class Endpoints:
     metrics_port: int
 
     def __post_init__(self) -> None:
-        # tritonserver given one port twice prints its usage and exits 1, naming neither port.
         clash = same_ports(self.http_port, self.grpc_port, self.metrics_port)
         if clash:
-            raise UserError(f"serve: {clash}; Triton needs three different ports")
+            raise UserError(f"serve: {clash}")
 
     @classmethod
     def free(cls, host: str = "127.0.0.1") -> "Endpoints":
