@@ -80,6 +80,11 @@ class DraftAttention(Attention):
         if ctx.shape[1]:
             cache.write(layer, ctx_pos, *self.kv(ctx, *rope_ctx))
         o = self.heads(self.query(x, *rope_blk), *self.kv(x, *rope_blk), cache, layer, blk_pos, kv_len, mask)
+        return self.out(o, x)
+
+    def out(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads' output o [.., Hq * D] of attention input x [.., H] through the gate (Laguna)
+        and o_proj -> [.., H]. The training forward (train/drafter.py) uses it too."""
         return self.o_proj(o if self.g_proj is None else head_gate(o, self.g_proj(x)))
 
 
@@ -142,9 +147,12 @@ class DraftLayer(nn.Module):
             self.mlp_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
     def forward(self, x, ctx, *attn_args):
-        if self.context_norm:  # Laguna: the context is normed like the layer's own input
-            ctx = self.input_layernorm(ctx)
-        return self.run(x, lambda h: self.self_attn(h, ctx, *attn_args))
+        return self.run(x, lambda h: self.self_attn(h, self.context(ctx), *attn_args))
+
+    def context(self, ctx: torch.Tensor) -> torch.Tensor:
+        """The fused context [.., H] this layer projects to K/V: normed like the layer's own input
+        (Laguna), or as it is. The training forward uses it too."""
+        return self.input_layernorm(ctx) if self.context_norm else ctx
 
     def run(self, x: torch.Tensor, attention) -> torch.Tensor:
         """x [N, T, H] through the layer; `attention` maps the attention input [N, T, H] to its

@@ -53,7 +53,7 @@ from trtllm_dflash.reference.config import (
     TargetConfig,
     default_target_layer_ids,
 )
-from trtllm_dflash.reference.draft import DFlashDraft, head_gate, key_limit
+from trtllm_dflash.reference.draft import DFlashDraft, key_limit
 from trtllm_dflash.reference.target import Target, apply_rope
 from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, check_resume, load_checkpoint, optimizer_step
 from trtllm_dflash.train.common import progress_bar, restore, save_checkpoint, set_lr
@@ -273,11 +273,10 @@ def draft_blocks(
             a = a.reshape(N, K * B, -1)
             q = apply_rope(at.q_norm(at.q_proj(a).view(N, K * B, h, D)), *rope_blk)  # [N, KB, h, D]
             kb, vb = at.kv(a, *rope_blk)  # [N, KB, hkv, D]
-            kc, vc = at.kv(layer.input_layernorm(ctx) if layer.context_norm else ctx, *rope_ctx)  # [N, S, hkv, D]
+            kc, vc = at.kv(layer.context(ctx), *rope_ctx)  # [N, S, hkv, D]
             o = block_attention(q.view(N, K, B, h, D), kc, vc.to(kc.dtype), kb.view(N, K, B, hkv, D),
                                 vb.view(N, K, B, hkv, D).to(kb.dtype), vis_ctx, vis_own)  # [N, K, B, h, D]
-            o = o.reshape(N, K * B, h * D)
-            return at.o_proj(o if at.g_proj is None else head_gate(o, at.g_proj(a))).view(N * K, B, -1)
+            return at.out(o.reshape(N, K * B, h * D), a).view(N * K, B, -1)
 
         x = layer.run(x, attention)  # DFlash2's convolutions run along each block
     return drafter.norm(x).view(N, K, B, -1)
