@@ -69,12 +69,7 @@ def test_a_laguna_drafter_on_cuda_drafts_what_it_drafts_on_cpu(tmp_path):
     """A tiny random Laguna drafter (feature norms, normed context, softplus head gates; sliding,
     causal) on CUDA: the drafter pass gives the CPU's draft logits (fp32, 1e-4: other kernels, the
     same math) and greedy decoding gives the target's tokens."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-    from checkpoints import make_drafter, make_target
-    from test_laguna import LAGUNA, PROMPTS
+    from checkpoints import LAGUNA, make_drafter, make_target
 
     from trtllm_dflash.reference.runners import ReferenceDrafter
 
@@ -90,7 +85,8 @@ def test_a_laguna_drafter_on_cuda_drafts_what_it_drafts_on_cpu(tmp_path):
         pos = torch.arange(6, device=device).expand(2, -1)
         anchor = torch.tensor([5, 9], device=device)
         outs[device] = runner.draft(anchor, torch.tensor([6, 6], device=device), ctx, pos, 8).cpu()  # [B, 7, V]
-        ar = generate(target, None, PROMPTS, 24, mode="ar", stop_token_ids=[])
-        got = generate(target, drafter, PROMPTS, 24, mode="dflash", stop_token_ids=[])
+        prompts = [[5, 9, 2, 77, 31, 4, 4, 18], [8, 8, 100, 3]]
+        ar = generate(target, None, prompts, 24, mode="ar", stop_token_ids=[])
+        got = generate(target, drafter, prompts, 24, mode="dflash", stop_token_ids=[])
         assert [x.tokens for x in got] == [x.tokens for x in ar], device
     torch.testing.assert_close(outs["cuda"], outs["cpu"], rtol=1e-4, atol=1e-4)

@@ -89,6 +89,13 @@ DFLASH2 = dict(architectures=["DFlash2DraftModel"], vocab_size=VOCAB, dflash_con
     "selector_rank": 8, "selector_top_k": 8})
 
 
+# poolside's Laguna drafters as published (all layers sliding and causal, per-head gating), scaled
+# down: make_drafter(path, **LAGUNA) (reference/config.py LAGUNA_ARCH)
+LAGUNA = dict(architectures=["DFlashLagunaForCausalLM"], model_type="llama", gating="per-head",
+              layer_types=["sliding_attention"] * 2, sliding_window=6,
+              dflash_config={"target_layer_ids": [0, 2], "mask_token_id": VOCAB - 1, "causal": True})
+
+
 def write_recipe(path: Path, target: Path, drafter: Path, tp: int = 1, fmt: str = "fp32", gpu: str = "cpu",
                  backend: str = "reference", drafter_fmt: str | None = None, **sections) -> Path:
     base = fmt if fmt in ("fp32", "bf16", "fp16") else ("fp32" if gpu == "cpu" else "bf16")

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from checkpoints import VOCAB, make_drafter, make_target, read_config, step_tokens, write_recipe
+from checkpoints import LAGUNA, VOCAB, make_drafter, make_target, read_config, step_tokens, write_recipe
 from safetensors.torch import load_file, save_file
 
 from trtllm_dflash.convert.convert import convert
@@ -25,10 +25,6 @@ from trtllm_dflash.reference import DFlashDraft, DraftConfig, generate, load_pai
 from trtllm_dflash.reference.config import LAGUNA_ARCH
 from trtllm_dflash.serve.checkpoint_runner import Comm, checkpoint_steps, load_rank, read_checkpoint
 
-# The published drafters' shape of config (all layers sliding and causal, per-head gating), scaled down.
-LAGUNA = dict(architectures=[LAGUNA_ARCH], model_type="llama", gating="per-head",
-              layer_types=["sliding_attention"] * 2, sliding_window=6,
-              dflash_config={"target_layer_ids": [0, 2], "mask_token_id": VOCAB - 1, "causal": True})
 PROMPTS = [[5, 9, 2, 77, 31, 4, 4, 18], [8, 8, 100, 3]]
 
 
