@@ -139,9 +139,8 @@ def _three_kinds_of_request(**kw) -> tuple[AutoDraftLength, VerifyCost]:
 
 def test_on_a_packed_runner_a_request_drafts_the_rounds_length_or_nothing():
     """The default (`mixed` off): one block length per round, and the requests for which plain
-    decoding makes the batch faster draft nothing. (A round costs what its longest row costs: on
-    the 2-core CPU, any-length-per-request reached 0.89-0.90 of fixed 3 drafts at c = 2 and
-    0.93 at c = 4 to 16 in process; this rule 0.97-1.02 once warm.)"""
+    decoding makes the batch faster draft nothing. (A round costs what its longest row costs:
+    perf/bench_engine_policy measures this rule and any length per request side by side.)"""
     auto, cost = _three_kinds_of_request()
     got = auto.choose([1, 2, 3], concurrency=3)
     assert got[1] > 0 and got[2] == 0 and got[3] in (0, got[1])  # one block length, or nothing

@@ -17,8 +17,9 @@ target's own token), so a policy only trades acceptance against the verify cost:
                own tokens are verified) 0 (plain decoding) for the requests whose drafts do not
                pay for their tokens. A round costs what its longest row costs and its drafter
                block is that row's, so a request drafting fewer than L saves little and loses
-               tokens: any length per request (`mixed`, Dinkelbach's iteration) measured
-               0.89-0.93 of 3 fixed drafts at c = 2 to 16, this rule 0.97-1.02 once warm.
+               tokens. Against the best fixed length at c = 2, 4, 8, 16 (perf/bench_engine_policy):
+               this rule 0.94, 1.00, 0.96, 0.99; any length per request (`mixed`, Dinkelbach's
+               iteration) 0.88, 0.86, 0.97, 0.99.
                Every 16th round probes 2L + 1 drafts, so that slots past L keep being observed.
                DDTree decoders (`choose_tree`): each round is a tree of one of a few node budgets
                (the deployment's ddtree_budget, its half and quarter), a chain round of
