@@ -115,15 +115,15 @@ def test_auto_draft_length_follows_acceptance_and_cost():
     for _ in range(30):  # request 1 always accepts everything, request 2 nothing
         auto.observe(1, 15, 15)
         auto.observe(2, 15, 0)
-    assert min(auto.estimates[1]) > 0.99 and auto.estimates[2][0] < 0.01
-    assert auto.expected_tokens(1, 15) == pytest.approx(16, abs=0.2) and auto.expected_tokens(2, 15) == pytest.approx(1, abs=0.02)
+    assert min(auto.acceptance(1)) > 0.98 and auto.acceptance(2)[0] < 0.15
+    assert auto.expected_tokens(1, 15) > 14 and auto.expected_tokens(2, 15) < 1.3
     assert auto.choose([1], concurrency=1) == 15
     assert auto.choose([2], concurrency=1) == 0  # drafts that are always rejected only cost time
     # when every extra verify token costs as much as a whole step, long drafts stop paying
     expensive = AutoDraftLength(block_size=16, cost=VerifyCost(fixed=1e-3, per_token=1e-3, draft=1e-3), prior=0.6)
     assert expensive.choose(list(range(8)), concurrency=8) < 4
     auto.forget(1)
-    assert 1 not in auto.estimates
+    assert 1 not in auto.shifts
 
 
 def _three_kinds_of_request(**kw) -> tuple[AutoDraftLength, VerifyCost]:
@@ -212,28 +212,44 @@ def test_bands_follow_concurrency():
 def test_auto_starts_new_requests_from_every_requests_acceptance_and_probes_longer_drafts():
     cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=2e-4)
     auto = AutoDraftLength(block_size=16, cost=cost, prior=0.3, probe_every=4)
-    assert auto.best([7]) < 15  # a pessimistic prior: short drafts
+    first = auto.best([7])
+    assert first < 8  # a pessimistic prior: short drafts
     for r in range(150):  # earlier requests accepted everything they drafted
         auto.observe(r, 15, 15)
         auto.forget(r)
-    assert min(auto.population) > 0.9 and auto.best([99]) == 15  # a new request starts from their profile
+    assert min(auto.population) > 0.65 and auto.best([99]) >= 8  # a new request starts from their profile
     rejecting = AutoDraftLength(block_size=16, cost=cost, prior=0.9, probe_every=4)
     for _ in range(30):
         rejecting.observe(1, 15, 1)  # slot 1 accepted, slot 2 never
     choices = [rejecting.choose([1], 1) for _ in range(8)]
-    assert choices == [1, 1, 1, 3, 1, 1, 1, 3]  # every 4th choice probes 2L + 1
+    L = choices[0]
+    assert L < 15 and choices == [L, L, L, 2 * L + 1] * 2  # every 4th choice probes 2L + 1
 
 
-def test_a_slot_observed_a_few_times_is_estimated_from_them_not_the_prior():
-    """Slots past the usual length are observed only in probe rounds: ten observations must
-    outweigh an optimistic prior (a running mean started at it kept 0.98^10 = 82% of it)."""
+def test_a_slot_observed_a_few_times_moves_the_curve_more_than_its_tracking_rate():
+    """Slots past the usual length are observed only in probe rounds: their first observations
+    step the curve as a running mean against the prior would (1 / (prior_weight + n)), not at the
+    small rate that tracks a well-observed slot."""
     auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0)
+    slow = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0, prior_weight=1e9)
     for r in range(10):  # ten requests each got to slot 8 once (probes) and were rejected there
         auto.observe(r, 15, 7)
-    trials = sum(auto.population_decay ** k for k in range(10))  # decayed count of the ten observations
-    assert auto.population[7] == pytest.approx(0.9 * 2 / (trials + 2))  # (0 hits + prior x 2) / (trials + 2)
-    assert auto.population[7] < 0.2
-    assert auto.population[6] > 0.9 and auto.population[8] == 0.9  # accepted slots; one never observed
+        slow.observe(r, 15, 7)
+    assert auto.population[7] < 0.7 < 0.85 < slow.population[7]
+    assert auto.population[6] > 0.9 and auto.population[8] == pytest.approx(0.9)  # accepted slots; one never observed
+
+
+def test_a_requests_shift_carries_its_early_slots_to_its_late_ones():
+    """One shift per request: a request that keeps failing at slot 2 is modelled as hard at the
+    slots it never reached, while the curve keeps what easy requests showed there."""
+    auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), probe_every=0)
+    for r in range(40):  # easy requests: twelve drafts accepted a round
+        auto.observe(r, 15, 12)
+    for _ in range(10):
+        auto.observe(100, 15, 1)
+    hard, new = auto.acceptance(100), auto.acceptance(101)
+    assert all(h < n - 0.2 for h, n in zip(hard[4:12], new[4:12]))  # slots 5-12: never reached by 100
+    assert auto.expected_tokens(100, 15) < 4 < 8 < auto.expected_tokens(101, 15)
 
 
 def decode_with_policy(decoder: Decoder, policy, prompts, limit, decoys: int = 0):

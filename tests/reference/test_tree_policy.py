@@ -4,6 +4,7 @@ Lossless whatever is chosen; a tree round tells what the drafter's argmax chain 
 (StepRecord.chain), exactly under greedy decoding; the policy trades each option's expected tokens
 against its modelled cost and degrades from trees to chains to 0 as verifying gets dearer."""
 
+import math
 import random
 
 import pytest
@@ -76,6 +77,14 @@ def test_a_tree_round_reports_what_a_chain_round_would_have_accepted():
     assert all(len(t) - 1 >= a for t, (_, a) in zip(rec.tokens, rec.chain))
 
 
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
 def _policy(cost, **kw) -> AutoDraftLength:
     return AutoDraftLength(block_size=16, cost=cost, tree_budgets=tree_budget_menu(32), probe_every=0, **kw)
 
@@ -84,15 +93,14 @@ def test_trees_at_low_load_chains_then_plain_decoding_as_verifying_gets_dearer()
     cheap = _policy(VerifyCost(fixed=5e-3, per_token=1e-5, draft=1e-3, per_slot=1e-5, packed=True))
     for n, tokens in ((32, 6.0), (16, 5.0), (8, 4.0)):
         cheap.tree_tokens[n] = tokens
-    for r in range(16):
-        cheap.estimates[r] = [0.7] * 15
+    cheap.slot_logits = [_logit(0.7)] * 15
     assert cheap.choose_tree([0], 1) == (15, 32)  # cheap verify: the biggest tree
     dear = _policy(VerifyCost(fixed=5e-3, per_token=4e-4, draft=1e-3, per_slot=1e-4, packed=True))
-    dear.tree_tokens, dear.estimates = dict(cheap.tree_tokens), {r: list(e) for r, e in cheap.estimates.items()}
+    dear.tree_tokens, dear.slot_logits = dict(cheap.tree_tokens), list(cheap.slot_logits)
     lengths, budget = dear.choose_tree(list(range(16)), 16)
     assert budget == 0 and 0 < max(lengths.values()) < 15  # 16 requests: short chains beat any tree
     dearer = _policy(VerifyCost(fixed=1e-3, per_token=5e-3, draft=1e-3, per_slot=5e-3, packed=True))
-    dearer.tree_tokens, dearer.estimates = dict(cheap.tree_tokens), {r: [0.3] * 15 for r in range(16)}
+    dearer.tree_tokens, dearer.slot_logits = dict(cheap.tree_tokens), [_logit(0.3)] * 15
     lengths, budget = dearer.choose_tree(list(range(16)), 16)
     assert budget == 0 and set(lengths.values()) == {0}  # plain decoding
 
@@ -104,14 +112,16 @@ def test_an_unobserved_budget_is_tried_and_a_tree_round_teaches_tokens_cost_and_
     rec = StepRecord(3, [0, 1, 2], [[5, 6, 7], [8], [9, 9]], [None, None, "length"], [32, 32, 32],
                      tree_budget=32, chain=[(5, 2), (4, 0), (6, 1)])
     modelled = cost.round_s(3, 32)
-    auto.estimates = {0: [0.9] * 15, 1: [0.9] * 15}
     auto.learn(rec, seconds=2 * modelled)
     assert auto.tree_tokens[32] == pytest.approx(2.0)  # requests 0 and 1; request 2's last round is cut short
     assert auto.tree_correction[(3, 32)] == pytest.approx(2.0)
     assert auto.tree_round_s(3, 32) == pytest.approx(2 * modelled)
     # request 0's chain accepted slots 1, 2 and was rejected at 3; request 1's at slot 1
-    assert auto.estimates[0][:3] == pytest.approx([0.9 * 0.8 + 0.2, 0.9 * 0.8 + 0.2, 0.9 * 0.8])
-    assert auto.estimates[1][:2] == pytest.approx([0.9 * 0.8, 0.9])
-    assert 2 not in auto.estimates and auto.correction == {}  # chain costs are not tree costs
+    assert auto.slot_seen[:4] == [2.0, 1.0, 1.0, 0.0]
+    s0 = 0.0
+    for j, hit in enumerate((1.0, 1.0, 0.0)):  # request 0's shift: one gradient step per slot
+        s0 += auto.request_rate * (hit - 0.9 if j == 0 else hit - _sigmoid(_logit(0.9) + s0))
+    assert auto.shifts[0] == pytest.approx(s0) and auto.shifts[1] == pytest.approx(-auto.request_rate * _sigmoid(_logit(0.9) + 0.1 / 2))  # slot 1 after 0's hit
+    assert 2 not in auto.shifts and auto.correction == {}  # chain costs are not tree costs
     auto.learn(StepRecord(4, [0], [[1, 2, 3, 4]], [None], [32], tree_budget=32, chain=None))  # sampling: no chain
     assert auto.tree_tokens[32] == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)

@@ -218,7 +218,7 @@ def test_auto_observe_ignores_slots_past_the_block():
 
     auto = AutoDraftLength(block_size=4, cost=VerifyCost(1e-3, 1e-5, 2e-4), prior=0.6)
     auto.observe(1, 32, 15)  # a tree round's numbers: no IndexError, three slots accepted
-    assert auto.estimates[1] == pytest.approx([0.6 * 0.8 + 0.2] * 3)
+    assert len(auto.slot_logits) == 3 and auto.slot_seen == [1.0] * 3 and auto.shifts[1] > 0
 
 
 def test_stop_answers_every_request_it_leaves(pair):

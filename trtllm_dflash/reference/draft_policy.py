@@ -5,13 +5,14 @@ target's own token), so a policy only trades acceptance against the verify cost:
 
   Bands        speculative.draft_len bands: the draft length of the band the number of running
                requests falls in (block_size - 1 without bands). 0 turns speculation off.
-  AutoDraftLength   `draft_len: auto`. Per request, a decayed running estimate of the
-               conditional acceptance of every draft slot j, a_j = P(slot j accepted | slots
-               < j accepted), from what each round accepted, starting from the same estimate
-               over every request so far (the pair's profile); the expected tokens a round of
-               length L commits for a request, E(L) = 1 + sum_{k=1..L} prod_{j<=k} a_j; and the
-               round cost measured when the server starts (VerifyCost), corrected by what the
-               rounds of each shape (requests, longest drafts) took since. It picks the draft
+  AutoDraftLength   `draft_len: auto`. The acceptance model: the chance that a request r accepts
+               draft slot j given it accepted the slots before it is a_rj = sigmoid(b_j + s_r):
+               one slot curve b for every request (the pair's profile) and one shift s_r per
+               request (how much easier or harder than usual its text is), both learnt online from
+               every slot a round observed (logistic regression by stochastic gradient). The
+               expected tokens a round of length L commits for request r, E_r(L) = 1 + sum_{k=1..L}
+               prod_{j<=k} a_rj; and the round cost measured when the server starts (VerifyCost),
+               corrected by what the rounds of each shape (requests, longest drafts) took since. It picks the draft
                lengths that maximise sum_b E_b(L_b) / t: the tokens per second of the whole
                batch: one L for the batch, and on a packed target runner (only each request's
                own tokens are verified) 0 (plain decoding) for the requests whose drafts do not
@@ -25,7 +26,7 @@ target's own token), so a policy only trades acceptance against the verify cost:
                (the deployment's ddtree_budget, its half and quarter), a chain round of
                per-request lengths, or plain decoding, whichever promises the most tokens per
                second: a tree's value is the mean tokens its rounds of that budget committed per
-               request (a population estimate, optimistic until observed), its cost every row
+               request (over every request, optimistic until observed), its cost every row
                verifying budget + 1 tokens; the chain's is as above. So under load a DDTree
                deployment degrades to chains, then to 0. Tree rounds teach the chain estimates too:
                under greedy decoding a tree holds the drafter's argmax chain, and how much of it
@@ -38,6 +39,7 @@ hands it back each such round (`learn`). Bands set DDTree's depth as a chain's l
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -123,23 +125,34 @@ class VerifyCost:
 class AutoDraftLength:
     block_size: int
     cost: VerifyCost
-    decay: float = 0.8  # weight of the old estimate per observation (a request's own estimate)
-    # every slot's acceptance before anything was observed: optimistic, since a slot is observed only
-    # when drafted (a pessimistic estimate would never be tested; the bench's shipped pair, 0.6: c = 1
-    # at 0.81x the best fixed length, 0.9: 0.93x)
+    # The acceptance model, a_rj = sigmoid(b_j + s_r). Before anything is observed every slot is at
+    # `prior`: optimistic, since a slot is observed only when drafted (a pessimistic estimate would
+    # never be tested; the bench's shipped pair, 0.6: c = 1 at 0.81x the best fixed length, 0.9: 0.93x).
+    # Why one shift per request and not an estimate per request and slot (sessions before 2026-11-26):
+    # a request's own estimate of a slot learns only when it reaches that slot, so a request that
+    # rarely gets past slot 5 kept the pool's late-slot estimates, which come from the requests that
+    # do get there, the easy ones (on the sweep's prompts a request's tokens per round at 7 drafts
+    # range 1.6 to 7.4); it overrated long drafts. A shift carries what a request's early slots say
+    # to its late ones, and learning the curve with the shifts keeps the easy requests' hits from
+    # inflating it. Measured in process, c = 1, 4, 8 over the best of 3, 7, 15 fixed drafts: per-slot
+    # estimates 0.89, 0.96, 0.95; the shift 1.01, 0.96, 1.02.
+    # Not modelled: the drafter's block is the round's longest drafts + 1 and its bidirectional
+    # attention makes acceptance depend on it (slot 1: 0.76 in blocks of 1 draft, 0.71 of 3, 0.67 of
+    # 15); an offset per block length learnt alongside did worse (c = 1: 0.91 against 1.01).
     prior: float = 0.9
-    # the same over every request, where a new request's estimate starts: per slot, decayed counts of
-    # hits and trials, and a_j = (hits + prior * prior_weight) / (trials + prior_weight). (A running
-    # mean started at the prior kept 0.98^n of it after n observations: slots past the usual length,
-    # observed only in probe rounds, stayed near the optimistic prior and drew `auto` to long drafts.)
-    population_decay: float = 0.995
+    request_rate: float = 0.25  # the shifts' learning rate (per observed slot)
+    # the curve's: slot j's step is max(slot_rate, 1 / (prior_weight + n_j)) after n_j observations of
+    # it, so its first observations count as a running mean's would (against `prior` worth
+    # prior_weight of them: slots past the usual length are observed only in probe rounds, and ten
+    # of them must outweigh an optimistic prior), then it tracks at slot_rate
+    slot_rate: float = 0.03
     prior_weight: float = 2.0
+    decay: float = 0.8  # a request that drafts nothing: its shift falls back by this factor a round
     probe_every: int = 16  # every n-th choice drafts longer than the best (0: never), see `choose`
     mixed: bool = False  # packed runners: the best one length, or 0, per request (True: any length, `best_per_request`)
-    estimates: dict[int, list[float]] = field(default_factory=dict)
-    population: list[float] = field(default_factory=list)
-    population_hits: list[float] = field(default_factory=list)
-    population_trials: list[float] = field(default_factory=list)
+    slot_logits: list[float] = field(default_factory=list)  # b_j, j = 1..block_size - 1
+    slot_seen: list[float] = field(default_factory=list)  # n_j
+    shifts: dict[int, float] = field(default_factory=dict)  # s_r of every running request
     # measured / modelled round time, by (requests, longest drafts + 1), from the rounds that ran
     # (`observe_round`): the start-up fit misses shapes it did not time (larger batches) and costs
     # it does not model (the drafter catching up on context after rounds without drafts)
@@ -160,14 +173,18 @@ class AutoDraftLength:
         K = self.block_size - 1
         for (B, T), seconds in self.cost.timed.items():  # start from what start-up timed
             self.correction.setdefault((B, T), seconds / self.cost.lengths_s([T - 1] * B))
-        self.population = self.population or [self.prior] * K
-        self.population_hits = self.population_hits or [0.0] * K
-        self.population_trials = self.population_trials or [0.0] * K
+        self.slot_logits = self.slot_logits or [math.log(self.prior / (1 - self.prior))] * K
+        self.slot_seen = self.slot_seen or [0.0] * K
 
-    def _est(self, request: int) -> list[float]:
-        # A request starts from what every request so far accepted (requests live a few dozen
-        # rounds: a flat prior would be what most of them decide on).
-        return self.estimates.setdefault(request, list(self.population))
+    @property
+    def population(self) -> list[float]:
+        """Every slot's acceptance for a request of shift 0 (a new one): sigmoid(b_j)."""
+        return [_sigmoid(b) for b in self.slot_logits]
+
+    def acceptance(self, request: int) -> list[float]:
+        """a_rj = sigmoid(b_j + s_r) for j = 1..block_size - 1 (a new request: shift 0)."""
+        s = self.shifts.get(request, 0.0)
+        return [_sigmoid(b + s) for b in self.slot_logits]
 
     def expected_tokens(self, request: int, draft_len: int) -> float:
         """E(L) = 1 + sum_{k<=L} prod_{j<=k} a_j: tokens one round commits (the bonus counts)."""
@@ -246,7 +263,7 @@ class AutoDraftLength:
 
     def _increments(self, request: int) -> list[float]:
         """prod_{j<=k} a_j for k = 1..K: the expected extra token of drafting slot k."""
-        return _running_products(self._est(request))
+        return _running_products(self.acceptance(request))
 
     def choose(self, requests, concurrency):
         """`best` (one length) or, on a packed runner, `best_per_request` ({request: length}),
@@ -314,25 +331,30 @@ class AutoDraftLength:
             self.observe(rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1)
 
     def observe(self, request, drafted, accepted):
-        est, pop = self._est(request), self.population
+        """A round in which `request` drafted `drafted` and the target accepted `accepted`: slots
+        1..accepted were accepted given their predecessors, slot accepted + 1 rejected (a chain
+        round: drafted <= block_size - 1). One gradient step of the log-likelihood per slot."""
+        s = self.shifts.get(request, 0.0)
         if drafted == 0:
-            # Nothing observed. A request that drafts nothing would keep its low estimate for good
-            # (per-request lengths: the others go on drafting); it drifts back to every request's
-            # estimate instead, and drafts again when that says drafting pays.
-            for j in range(len(est)):
-                est[j] = self.decay * est[j] + (1 - self.decay) * pop[j]
+            # Nothing observed. A request that drafts nothing would keep its low shift for good
+            # (per-request lengths: the others go on drafting); it drifts back to the curve instead,
+            # and drafts again when that says drafting pays.
+            self.shifts[request] = self.decay * s
             return
-        # slots 1..accepted were accepted given their predecessors; slot accepted+1 was rejected
-        # (a chain round: drafted <= block_size - 1 = len(est))
-        hits, trials, d = self.population_hits, self.population_trials, self.population_decay
-        for j in range(min(drafted, accepted + 1, len(est))):
-            hit = 1.0 if j < accepted else 0.0
-            est[j] = self.decay * est[j] + (1 - self.decay) * hit
-            hits[j], trials[j] = d * hits[j] + hit, d * trials[j] + 1.0
-            pop[j] = (hits[j] + self.prior * self.prior_weight) / (trials[j] + self.prior_weight)
+        b, seen = self.slot_logits, self.slot_seen
+        for j in range(min(drafted, accepted + 1, len(b))):
+            miss = (1.0 if j < accepted else 0.0) - _sigmoid(b[j] + s)
+            s += self.request_rate * miss
+            b[j] += max(self.slot_rate, 1.0 / (self.prior_weight + seen[j])) * miss
+            seen[j] += 1.0
+        self.shifts[request] = s
 
     def forget(self, request):
-        self.estimates.pop(request, None)
+        self.shifts.pop(request, None)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 def _running_products(acceptances: Sequence[float]) -> list[float]:
