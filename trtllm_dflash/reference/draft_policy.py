@@ -18,10 +18,10 @@ target's own token), so a policy only trades acceptance against the verify cost:
                own tokens are verified) 0 (plain decoding) for the requests whose drafts do not
                pay for their tokens. A round costs what its longest row costs and its drafter
                block is that row's, so a request drafting fewer than L saves little and loses
-               tokens. Against the best fixed length at c = 2, 4, 8, 16 (perf/bench_engine_policy):
-               this rule 0.94, 1.00, 0.96, 0.99; any length per request (`mixed`, Dinkelbach's
-               iteration) 0.88, 0.86, 0.97, 0.99.
-               Every 16th round probes 2L + 1 drafts, so that slots past L keep being observed.
+               tokens. Against the best fixed length at c = 2, 4, 8, 16 (perf/bench_engine_policy,
+               with the acceptance estimated per request and slot, before the shift): this rule
+               0.94, 1.00, 0.96, 0.99; any length per request (`mixed`, Dinkelbach's iteration)
+               0.88, 0.86, 0.97, 0.99.
                DDTree decoders (`choose_tree`): each round is a tree of one of a few node budgets
                (the deployment's ddtree_budget, its half and quarter), a chain round of
                per-request lengths, or plain decoding, whichever promises the most tokens per
@@ -143,12 +143,18 @@ class AutoDraftLength:
     request_rate: float = 0.25  # the shifts' learning rate (per observed slot)
     # the curve's: slot j's step is max(slot_rate, 1 / (prior_weight + n_j)) after n_j observations of
     # it, so its first observations count as a running mean's would (against `prior` worth
-    # prior_weight of them: slots past the usual length are observed only in probe rounds, and ten
+    # prior_weight of them: slots past the usual length are observed only now and then, and ten
     # of them must outweigh an optimistic prior), then it tracks at slot_rate
     slot_rate: float = 0.03
     prior_weight: float = 2.0
     decay: float = 0.8  # a request that drafts nothing: its shift falls back by this factor a round
-    probe_every: int = 16  # every n-th choice drafts longer than the best (0: never), see `choose`
+    # every n-th choice drafts 2L + 1 (0: never, the default), see `choose`. With an estimate per
+    # request and slot, probes were how slots past L got observed; with the shift, the curve is
+    # optimistic where unobserved and easy requests (high shifts) draft long and observe late
+    # slots for every request. Measured in process over the best of 3, 7 fixed drafts at c = 4, 8:
+    # probing every 16th round 0.96, 1.01; never 1.00, 1.02; always 3 drafts through the policy
+    # (its cost without its choice) 1.00, 1.00.
+    probe_every: int = 0
     mixed: bool = False  # packed runners: the best one length, or 0, per request (True: any length, `best_per_request`)
     slot_logits: list[float] = field(default_factory=list)  # b_j, j = 1..block_size - 1
     slot_seen: list[float] = field(default_factory=list)  # n_j
@@ -266,10 +272,9 @@ class AutoDraftLength:
         return _running_products(self.acceptance(request))
 
     def choose(self, requests, concurrency):
-        """`best` (one length) or, on a packed runner, `best_per_request` ({request: length}),
-        except every probe_every-th call, which drafts 2L + 1: slots past the best length are only
-        observed when drafted, and a pessimistic estimate of them would never be corrected
-        otherwise (the probe round is lossless like every other)."""
+        """`best` (one length) or, on a packed runner, `best_or_none` / `best_per_request`
+        ({request: length}); with probe_every, every n-th call drafts 2L + 1 (lossless like every
+        other round) so that slots past the best length are observed."""
         self._choices += 1
         probe = bool(self.probe_every) and self._choices % self.probe_every == 0
         stretch = (lambda L: min(self.block_size - 1, 2 * L + 1)) if probe else (lambda L: L)
