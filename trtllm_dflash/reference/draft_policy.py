@@ -19,9 +19,8 @@ target's own token), so a policy only trades acceptance against the verify cost:
                pay for their tokens. A round costs what its longest row costs and its drafter
                block is that row's, so a request drafting fewer than L saves little and loses
                tokens. Against the best fixed length at c = 2, 4, 8, 16 (perf/bench_engine_policy,
-               with the acceptance estimated per request and slot, before the shift): this rule
-               0.94, 1.00, 0.96, 0.99; any length per request (`mixed`, Dinkelbach's iteration)
-               0.88, 0.86, 0.97, 0.99.
+               2026-11-26): this rule 0.92, 0.95, 1.00, 1.00; any length per request (`mixed`,
+               Dinkelbach's iteration) 0.89, 0.87, 0.96, 1.03.
                DDTree decoders (`choose_tree`): each round is a tree of one of a few node budgets
                (the deployment's ddtree_budget, its half and quarter), a chain round of
                per-request lengths, or plain decoding, whichever promises the most tokens per
