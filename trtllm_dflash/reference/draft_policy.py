@@ -12,9 +12,9 @@ target's own token), so a policy only trades acceptance against the verify cost:
                every slot a round observed (logistic regression by stochastic gradient). The
                expected tokens a round of length L commits for request r, E_r(L) = 1 + sum_{k=1..L}
                prod_{j<=k} a_rj; and the round cost measured when the server starts (VerifyCost),
-               corrected by what the rounds of each shape (requests, longest drafts) took since. It picks the draft
-               lengths that maximise sum_b E_b(L_b) / t: the tokens per second of the whole
-               batch: one L for the batch, and on a packed target runner (only each request's
+               corrected by what the rounds of each shape (requests, longest drafts) took since.
+               It picks the draft lengths that maximise sum_b E_b(L_b) / t: the tokens per second
+               of the whole batch: one L for the batch, and on a packed target runner (only each request's
                own tokens are verified) 0 (plain decoding) for the requests whose drafts do not
                pay for their tokens. A round costs what its longest row costs and its drafter
                block is that row's, so a request drafting fewer than L saves little and loses
@@ -126,15 +126,16 @@ class AutoDraftLength:
     cost: VerifyCost
     # The acceptance model, a_rj = sigmoid(b_j + s_r). Before anything is observed every slot is at
     # `prior`: optimistic, since a slot is observed only when drafted (a pessimistic estimate would
-    # never be tested; the bench's shipped pair, 0.6: c = 1 at 0.81x the best fixed length, 0.9: 0.93x).
+    # never be tested; the bench's shipped pair with estimates per request and slot, 0.6: c = 1 at
+    # 0.81x the best fixed length, 0.9: 0.93x).
     # Why one shift per request and not an estimate per request and slot (sessions before 2026-11-26):
     # a request's own estimate of a slot learns only when it reaches that slot, so a request that
     # rarely gets past slot 5 kept the pool's late-slot estimates, which come from the requests that
     # do get there, the easy ones (on the sweep's prompts a request's tokens per round at 7 drafts
     # range 1.6 to 7.4); it overrated long drafts. A shift carries what a request's early slots say
     # to its late ones, and learning the curve with the shifts keeps the easy requests' hits from
-    # inflating it. Measured in process, c = 1, 4, 8 over the best of 3, 7, 15 fixed drafts: per-slot
-    # estimates 0.89, 0.96, 0.95; the shift 1.01, 0.96, 1.02.
+    # inflating it. Measured in process (an ad hoc loop, the curve's rate constant), c = 1, 4, 8 over
+    # the best of 3, 7, 15 fixed drafts: per-slot estimates 0.89, 0.96, 0.95; the shift 1.01, 0.96, 1.02.
     # Not modelled: the drafter's block is the round's longest drafts + 1 and its bidirectional
     # attention makes acceptance depend on it (slot 1: 0.76 in blocks of 1 draft, 0.71 of 3, 0.67 of
     # 15); an offset per block length learnt alongside did worse (c = 1: 0.91 against 1.01).
