@@ -38,6 +38,7 @@ hands it back each such round (`learn`). Bands set DDTree's depth as a chain's l
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -192,18 +193,22 @@ class AutoDraftLength:
         s = self.shifts.get(request, 0.0)
         return [_sigmoid(b + s) for b in self.slot_logits]
 
+    def expected_curve(self, request: int) -> list[float]:
+        """E(L) = 1 + sum_{k<=L} prod_{j<=k} a_j for L = 0..block_size - 1: tokens one round
+        commits (the bonus counts)."""
+        return [1.0 + e for e in itertools.accumulate(self._increments(request), initial=0.0)]
+
     def expected_tokens(self, request: int, draft_len: int) -> float:
-        """E(L) = 1 + sum_{k<=L} prod_{j<=k} a_j: tokens one round commits (the bonus counts)."""
-        return 1.0 + sum(self._increments(request)[:draft_len])
+        return self.expected_curve(request)[draft_len]
 
     def best(self, requests) -> int:
         """The one draft length of highest expected tokens per second for this batch."""
-        best, best_rate = 0, -1.0
-        for L in range(self.block_size):
-            rate = sum(self.expected_tokens(r, L) for r in requests) / self.round_s([L] * len(requests))
-            if rate > best_rate:
-                best, best_rate = L, rate
-        return best
+        return self._best([self.expected_curve(r) for r in requests])
+
+    def _best(self, curves: list[list[float]]) -> int:
+        """`best` from each request's expected_curve (computed once a round, not once a length)."""
+        B = len(curves)
+        return max(range(self.block_size), key=lambda L: sum(c[L] for c in curves) / self.round_s([L] * B))
 
     def best_per_request(self, requests) -> list[int]:
         """Each request's draft length, jointly of highest expected tokens per second (packed runners).
@@ -240,11 +245,12 @@ class AutoDraftLength:
     def best_or_none(self, requests) -> list[int]:
         """The batch's one best length for every request, except those whose plain decoding
         (0 drafts) makes the batch faster, coldest first: one block length per round, no mixing."""
-        L = self.best(requests)
+        curves = [self.expected_curve(r) for r in requests]
+        L = self._best(curves)
         lengths = [L] * len(requests)
         if L == 0:
             return lengths
-        gains = [self.expected_tokens(r, L) for r in requests]
+        gains = [c[L] for c in curves]
         total = sum(gains)
         rate = total / self.round_s(lengths)
         for i in sorted(range(len(requests)), key=gains.__getitem__)[:-1]:  # the warmest keeps drafting
