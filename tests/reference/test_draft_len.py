@@ -227,12 +227,12 @@ def test_auto_starts_new_requests_from_every_requests_acceptance_and_probes_long
 
 
 def test_a_slot_observed_a_few_times_moves_the_curve_more_than_its_tracking_rate():
-    """Slots past the usual length are observed only in probe rounds: their first observations
-    step the curve as a running mean against the prior would (1 / (prior_weight + n)), not at the
-    small rate that tracks a well-observed slot."""
+    """Slots past the usual length are observed only now and then: their first observations step
+    the curve as a running mean against the prior would (1 / (prior_weight + n)), not at the small
+    rate that tracks a well-observed slot."""
     auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0)
     slow = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0, prior_weight=1e9)
-    for r in range(10):  # ten requests each got to slot 8 once (probes) and were rejected there
+    for r in range(10):  # ten requests each got to slot 8 once and were rejected there
         auto.observe(r, 15, 7)
         slow.observe(r, 15, 7)
     assert auto.population[7] < 0.7 < 0.85 < slow.population[7]

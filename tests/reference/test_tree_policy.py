@@ -121,7 +121,9 @@ def test_an_unobserved_budget_is_tried_and_a_tree_round_teaches_tokens_cost_and_
     s0 = 0.0
     for j, hit in enumerate((1.0, 1.0, 0.0)):  # request 0's shift: one gradient step per slot
         s0 += auto.request_rate * (hit - 0.9 if j == 0 else hit - _sigmoid(_logit(0.9) + s0))
-    assert auto.shifts[0] == pytest.approx(s0) and auto.shifts[1] == pytest.approx(-auto.request_rate * _sigmoid(_logit(0.9) + 0.1 / 2))  # slot 1 after 0's hit
+    assert auto.shifts[0] == pytest.approx(s0)
+    # request 1 misses slot 1, whose logit request 0's hit moved by 0.1 / (prior_weight 2 + 0 seen)
+    assert auto.shifts[1] == pytest.approx(-auto.request_rate * _sigmoid(_logit(0.9) + 0.1 / 2))
     assert 2 not in auto.shifts and auto.correction == {}  # chain costs are not tree costs
     auto.learn(StepRecord(4, [0], [[1, 2, 3, 4]], [None], [32], tree_budget=32, chain=None))  # sampling: no chain
     assert auto.tree_tokens[32] == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
