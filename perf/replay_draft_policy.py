@@ -1,0 +1,258 @@
+"""Draft-length policies replayed on recorded acceptance: the served sweep's workload, no timing noise.
+
+    python -m trtllm_dflash.perf.replay_draft_policy [--requests 400] [--levels 1,2,4,8,16]
+        [--seed 0] [--recording PATH] [--json]
+
+Records once, on the shipped pair and the embedded CPU recipe's sweep workload (its prompts and
+output lengths 64 +- 50%, greedy), how many drafts the target accepts at every position of every
+request's output for every drafter block length (a drafter pass over the exact context; the
+target's greedy tokens are known from one plain decode), and times rounds as the server does at
+start-up (`measure_cost`). Then it replays the sweep's closed-loop clients at each concurrency:
+each round, every running request commits min(its drafts, what its position accepts from the
+round's block) + 1 tokens, and the round takes what the start-up timings say (`round_s`).
+Policies: every fixed draft length 0..15 and `auto` (the AutoDraftLength the server runs, one
+instance for the whole run, learning from every replayed round). Figures per level: tokens/s/user
+p50 (first token excluded, as the sweep's), over the served bench's requests (`bench policy
+--set sweep.min_requests=24`: the first max(24, 5c) after the two warm-ups) and over all
+--requests.
+
+Greedy decoding is deterministic, so a replayed round commits exactly the tokens the decoder would
+(tests/perf/test_replay_draft_policy.py checks it against Decoder.step) and two runs print the
+same figures: what differs between policies is the policies and the request sample, not the
+machine. Left out: serving overhead, the sweep's load on round times (rounds under load take
+10-25% longer than at start-up), DDTree. --recording PATH keeps the recording (about 1.5 s a
+request on 2 cores) and reuses it when it exists for the same requests and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
+
+FIXED = tuple(range(16))
+
+
+@dataclass
+class Recording:
+    """accepted[i][p, T - 2]: drafts of a block of T (anchor + T - 1 masks) the target accepts when
+    request i's anchor is its output token p (p = 0..lens[i] - 2, T = 2..block_size)."""
+
+    lens: list[int]
+    accepted: list[torch.Tensor]
+    cost: VerifyCost
+    prefill_s: float  # one request's prefill (a closed-loop arrival pauses the batch this long)
+    settings: dict = field(default_factory=dict)
+
+    def round_s(self, lengths: Sequence[int]) -> float:
+        """A round of these draft lengths: start-up's median time of its (requests, block) shape
+        scaled as the cost model scales mixed rows; the fitted model for shapes start-up did not time."""
+        B, T = len(lengths), max(lengths) + 1
+        timed = self.cost.timed.get((B, T))
+        scale = timed / self.cost.lengths_s([T - 1] * B) if timed else 1.0
+        return self.cost.lengths_s(lengths) * scale
+
+
+def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int], progress=None) -> list[torch.Tensor]:
+    """Recording.accepted for `prompts` (token ids) decoding lens[i] tokens greedily."""
+    from trtllm_dflash.reference.generate import Decoder
+    from trtllm_dflash.reference.runners import PAD, ReferenceDrafter, ReferenceTarget
+
+    n, K = len(prompts), drafter.block_size - 1
+    ar = Decoder(target, None, mode="ar", max_len=max(map(len, prompts)) + max(lens) + 1)
+    rec = ar.admit(list(range(n)), prompts, list(lens), [[]] * n)
+    out = {r: list(t) for r, t in zip(rec.seq_ids, rec.tokens)}
+    while ar.running:
+        rec = ar.step(0)
+        for r, t in zip(rec.seq_ids, rec.tokens):
+            out[r] += t
+    accepted = []
+    for i, (prompt, m) in enumerate(zip(prompts, lens)):
+        full, P, rows = list(prompt) + out[i][:m], len(prompt), m - 1
+        if rows < 1:
+            accepted.append(torch.zeros(0, K, dtype=torch.int8))
+            continue
+        runner = ReferenceTarget(target, drafter.target_layer_ids, len(full) + K + 1)
+        _, feats = runner.prefill([full])  # [1, P + m, F]: causal, so row q is what any prefix gives it
+        start = torch.arange(rows) + P  # [rows] the anchors' positions
+        anchor = torch.tensor(out[i][:rows])
+        pos = torch.arange(P + rows - 1)[None, :].expand(rows, -1)
+        ctx_pos = torch.where(pos < start[:, None], pos, PAD)  # [rows, W] row p sees positions < P + p
+        ctx = feats[0, : P + rows - 1][None] * (ctx_pos != PAD)[..., None]  # [rows, W, F]
+        truth = torch.tensor(out[i][:m] + [-1] * (K + 1))
+        want = torch.stack([truth[p + 1 : p + 1 + K] for p in range(rows)])  # [rows, K] the target's next tokens
+        acc = torch.zeros(rows, K, dtype=torch.int8)
+        for T in range(2, K + 2):
+            runner_d = ReferenceDrafter(drafter, target, len(full) + K + 1)
+            runner_d.join(rows)
+            draft = runner_d.draft(anchor, start, ctx, ctx_pos, T).argmax(-1)  # [rows, T - 1]
+            acc[:, T - 2] = (draft == want[:, : T - 1]).long().cumprod(1).sum(1).to(torch.int8)
+        accepted.append(acc)
+        if progress:
+            progress(i)
+    return accepted
+
+
+@dataclass
+class Replayed:
+    rates: dict[int, float]  # request -> tokens/s/user (first token excluded)
+    lengths: Counter  # request-rounds by the draft length they ran
+
+
+def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterator[int]) -> Replayed:
+    """Closed-loop clients: `c` requests run at once, the next of `requests` joins when one ends.
+    policy: a fixed draft length, or a DraftPolicy (choose / learn / forget, as serve/batcher.py)."""
+    from trtllm_dflash.reference.generate import StepRecord
+
+    K = rec.accepted[0].shape[1] if rec.accepted else 0
+    queue, running, now = list(requests), {}, 0.0  # running: id -> [request, tokens so far, first-token time]
+    rates, lengths = {}, Counter()
+    while queue or running:
+        joined = 0
+        while queue and len(running) < c:
+            running[next(ids)] = [queue.pop(0), 1, None]
+            joined += 1
+        now += joined * rec.prefill_s
+        for state in running.values():
+            state[2] = now if state[2] is None else state[2]
+        alive = [r for r, (i, g, _) in running.items() if g < rec.lens[i]]
+        for r in [r for r in running if r not in alive]:  # asked for one token: done at prefill
+            running.pop(r)
+        if not alive:
+            continue
+        if isinstance(policy, int):
+            want = [policy] * len(alive)
+        else:
+            choice = policy.choose(alive, c)
+            want = [choice[r] for r in alive] if isinstance(choice, dict) else [choice] * len(alive)
+        drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
+        T = max(drafts) + 1
+        tokens, finished = [], []
+        for r, L in zip(alive, drafts):
+            i, g, _ = running[r]
+            a = min(L, int(rec.accepted[i][g - 1, T - 2])) if T > 1 else 0
+            running[r][1] = g + a + 1
+            tokens.append([0] * (a + 1))  # the ids do not matter to a policy: only how many
+            finished.append("length" if running[r][1] >= rec.lens[i] else None)
+            lengths[L] += 1
+        seconds = rec.round_s(drafts)
+        now += seconds
+        if not isinstance(policy, int):
+            policy.learn(StepRecord(0, alive, tokens, finished, drafts), seconds)
+        for r, done in zip(alive, finished):
+            if done:
+                i, _, t0 = running.pop(r)
+                rates[i] = (rec.lens[i] - 1) / (now - t0)
+                if not isinstance(policy, int):
+                    policy.forget(r)
+    return Replayed(rates, lengths)
+
+
+def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording:
+    """The recording of the embedded CPU recipe's first `n` sweep requests (seed `seed`)."""
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.perf.bench_quant import shipped_pair
+    from trtllm_dflash.prompts.sources import load_prompts
+    from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.reference import load_pair
+    from trtllm_dflash.reference.draft_policy import measure_cost
+    from trtllm_dflash.reference.generate import Decoder
+
+    settings = {"requests": n, "seed": seed}
+    if path is not None and path.is_file():
+        saved = torch.load(path, weights_only=False)
+        if saved.settings == settings:
+            return saved
+    sw = load_recipe(None, ["sweep.output_len_range=0.5", f"sweep.seed={seed}"]).sweep
+    target_dir, drafter_dir = shipped_pair()
+    target, drafter = load_pair(target_dir, drafter_dir, torch.float32)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    prompts = [tok(p)["input_ids"] for p in load_prompts(sw.dataset, n, sw.input_len, sw.seed)]
+    lens = sw.output_lens(n)
+    block, vocab = drafter.block_size, target.cfg.vocab_size
+    with torch.inference_mode():
+        cost = measure_cost(lambda max_len: Decoder(target, drafter, max_len=max_len), block, vocab)
+        took = []
+        for p in prompts[:8]:
+            d = Decoder(target, drafter, max_len=len(p) + 2)
+            t0 = time.perf_counter()
+            d.admit([0], [p], [1], [[]])
+            took.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        accepted = record(target, drafter, prompts, lens,
+                          progress=lambda i: say(f"recorded {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)")
+                          if (i + 1) % 50 == 0 else None)
+    rec = Recording(lens, accepted, cost, statistics.median(took), settings)
+    if path is not None:
+        torch.save(rec, path)
+    return rec
+
+
+def bench(rec: Recording, levels=(1, 2, 4, 8, 16), warmup: int = 2, served_min: int = 24) -> dict:
+    ids = itertools.count()
+    auto = AutoDraftLength(len(rec.accepted[0][0]) + 1, rec.cost)
+    replay(rec, auto, 2, range(warmup), ids)  # the sweep's warm-up requests teach it first
+    rows = []
+    for c in levels:
+        row = {"concurrency": c}
+        samples = {"served": range(warmup, min(len(rec.lens), warmup + max(served_min, 5 * c))),
+                   "all": range(warmup, len(rec.lens))}
+        for name, requests in samples.items():
+            p50 = {L: statistics.median(replay(rec, L, c, requests, ids).rates.values()) for L in FIXED}
+            got = replay(rec, auto, c, requests, ids)
+            best = max(FIXED[1:], key=p50.get)
+            a = statistics.median(got.rates.values())
+            row[name] = {"requests": len(requests), "ar": p50[0], "best_fixed": best, "best": p50[best], "auto": a,
+                         "auto_over_best": a / max(p50[0], p50[best]), "auto_over_ar": a / p50[0],
+                         "auto_zero_share": got.lengths[0] / max(1, sum(got.lengths.values())),
+                         "fixed": {str(L): v for L, v in p50.items()}}
+        rows.append(row)
+    return {"levels": rows, "settings": rec.settings, "prefill_s": rec.prefill_s}
+
+
+def table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="replayed tokens/s/user p50 (shipped pair, sweep workload, start-up round times)")
+    for col in ("c", "requests", "AR", "best fixed", "auto", "auto/AR", "auto/max(AR,fixed)", "no-draft share"):
+        t.add_column(col, justify="right")
+    for r in result["levels"]:
+        for name in ("served", "all"):
+            s = r[name]
+            t.add_row(str(r["concurrency"]), f"{s['requests']} ({name})", f"{s['ar']:.1f}",
+                      f"{s['best']:.1f} (L={s['best_fixed']})", f"{s['auto']:.1f}", f"{s['auto_over_ar']:.2f}x",
+                      f"{s['auto_over_best']:.3f}", f"{s['auto_zero_share']:.0%}")
+    Console(width=140).print(t)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", default="1,2,4,8,16")
+    ap.add_argument("--requests", type=int, default=400, help="sweep requests recorded (the first two warm up)")
+    ap.add_argument("--seed", type=int, default=0, help="the sweep's seed (prompts, output lengths)")
+    ap.add_argument("--recording", type=Path, help="keep the recording here; reuse it when it matches")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    rec = load_or_record(a.requests, a.seed, a.recording)
+    result = bench(rec, tuple(int(x) for x in a.levels.split(",")))
+    table(result)
+    if a.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""perf/replay_draft_policy.py: a replayed round commits exactly what Decoder.step commits (greedy,
+the shipped pair, per-request lengths mixed in one round), and the replay's clock is the recorded
+round times."""
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from trtllm_dflash.perf import replay_draft_policy as rp
+from trtllm_dflash.perf.bench_quant import shipped_pair
+from trtllm_dflash.reference.draft_policy import VerifyCost
+
+
+class Scripted:
+    """A DraftPolicy that draws each request's length per round from a seeded generator and keeps
+    what every round committed per request."""
+
+    def __init__(self, seed, K):
+        self.rng, self.K, self.rounds = random.Random(seed), K, []
+
+    def choose(self, requests, concurrency):
+        return {r: self.rng.randint(0, self.K) for r in requests}
+
+    def learn(self, rec, seconds=None):
+        self.rounds.append({r: len(t) for r, t in zip(rec.seq_ids, rec.tokens)})
+
+    def forget(self, request):
+        pass
+
+
+@pytest.mark.skipif(shipped_pair() is None, reason="the shipped pair is not installed")
+def test_replayed_rounds_commit_what_the_decoder_commits():
+    from trtllm_dflash.prompts.sources import heldout_token_prompts
+    from trtllm_dflash.reference import load_pair
+    from trtllm_dflash.reference.generate import Decoder
+
+    target_dir, drafter_dir = shipped_pair()
+    target, drafter = load_pair(target_dir, drafter_dir, torch.float32)
+    prompts, lens = heldout_token_prompts(target_dir, 3, 16), [20, 14, 25]
+    K = drafter.block_size - 1
+    with torch.inference_mode():
+        accepted = rp.record(target, drafter, prompts, lens)
+    assert [a.shape for a in accepted] == [(m - 1, K) for m in lens]
+    rec = rp.Recording(lens, accepted, VerifyCost(1e-3, 1e-4, 1e-3, packed=True), prefill_s=0.0)
+    replayed = Scripted(seed=3, K=K)
+    rp.replay(rec, replayed, c=3, requests=range(3), ids=itertools.count())
+
+    # the same choices, round by round, on the decoder itself
+    script, decoded = Scripted(seed=3, K=K), []
+    dec = Decoder(target, drafter, max_len=max(map(len, prompts)) + max(lens) + 1)
+    with torch.inference_mode():
+        dec.admit([0, 1, 2], prompts, lens, [[]] * 3)
+        while dec.running:
+            want = script.choose(list(dec.st.rows), 3)
+            step = dec.step(want)
+            decoded.append({r: len(t) for r, t in zip(step.seq_ids, step.tokens)})
+    assert replayed.rounds == decoded
+    assert sum(len(r) for r in decoded) > 3 * 2  # several rounds, not a trivial script
+
+
+def test_the_clock_is_the_recorded_round_times():
+    # every draft accepted: a request of m tokens at L drafts runs ceil((m - 1) / (L + 1)) rounds,
+    # the last one shorter (drafts never pass the tokens left)
+    cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, per_slot=5e-5, packed=True, timed={(1, 4): 9e-3})
+    m, K = 11, 15
+    rec = rp.Recording([m], [torch.full((m - 1, K), K, dtype=torch.int8)], cost, prefill_s=5e-3)
+    got = rp.replay(rec, 3, c=1, requests=[0], ids=itertools.count())
+    # rounds of 3, 3, then 1 draft (one token left after 8 + the first): 4 + 4 + 2 = 10 tokens
+    seconds = 9e-3 + 9e-3 + cost.lengths_s([1])  # (1, 4) is a timed shape; (1, 2) is the model's
+    assert got.rates[0] == pytest.approx((m - 1) / seconds, rel=1e-9)
+    assert got.lengths == {3: 2, 1: 1}
+
+
+def test_bench_ratios_are_against_the_best_fixed_length():
+    # half the positions accept everything, half nothing: drafting pays at c = 1
+    cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, per_slot=5e-5, packed=True)
+    lens, K = [30] * 10, 15
+    acc = [torch.tensor([[K if (p // 4) % 2 else 0] * K for p in range(m - 1)], dtype=torch.int8) for m in lens]
+    out = rp.bench(rp.Recording(lens, acc, cost, prefill_s=1e-3), levels=(1,), served_min=6)
+    (row,) = out["levels"]
+    for s in (row["served"], row["all"]):
+        assert s["auto_over_best"] == pytest.approx(s["auto"] / max(s["ar"], s["best"]))
+        assert s["best"] == max(v for L, v in s["fixed"].items() if L != "0")
+    assert row["served"]["requests"] == 6 and row["all"]["requests"] == 8
