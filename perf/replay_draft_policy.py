@@ -17,11 +17,12 @@ p50 (first token excluded, as the sweep's), over the served bench's requests (`b
 --requests.
 
 Greedy decoding is deterministic, so a replayed round commits exactly the tokens the decoder would
-(tests/perf/test_replay_draft_policy.py checks it against Decoder.step) and two runs print the
-same figures: what differs between policies is the policies and the request sample, not the
-machine. Left out: serving overhead, the sweep's load on round times (rounds under load take
-10-25% longer than at start-up), DDTree. --recording PATH keeps the recording (about 1.5 s a
-request on 2 cores) and reuses it when it exists for the same requests and seed.
+(tests/perf/test_replay_draft_policy.py checks it against Decoder.step) and a recording replays to
+the same figures every time: what differs between policies is the policies and the request
+sample, not the machine. Rounds are timed with the CPU server's torch threads (every core but
+one). Left out: serving overhead, the sweep's load on round times (rounds under load take 10-25%
+longer than at start-up), DDTree. --recording PATH keeps the recording (about 1.5 s a request on
+2 cores) and reuses it when it was made for the same requests and seed.
 """
 
 from __future__ import annotations
@@ -243,10 +244,13 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=400, help="sweep requests recorded (the first two warm up)")
     ap.add_argument("--seed", type=int, default=0, help="the sweep's seed (prompts, output lengths)")
     ap.add_argument("--recording", type=Path, help="keep the recording here; reuse it when it matches")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads while timing rounds (default: the CPU server's, recipe/hardware.py cpu_torch_threads)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
+    from trtllm_dflash.recipe.hardware import cpu_torch_threads
+
+    torch.set_num_threads(a.threads or cpu_torch_threads(1))
     rec = load_or_record(a.requests, a.seed, a.recording)
     result = bench(rec, tuple(int(x) for x in a.levels.split(",")))
     table(result)
