@@ -1,7 +1,7 @@
 """Draft-length policies replayed on recorded acceptance: the served sweep's workload, no timing noise.
 
     python -m trtllm_dflash.perf.replay_draft_policy [--requests 400] [--levels 1,2,4,8,16]
-        [--seed 0] [--recording PATH] [--json]
+        [--seed 0] [--recording PATH] [--markdown] [--json]
 
 Records once, on the shipped pair and the embedded CPU recipe's sweep workload (its prompts and
 output lengths 64 +- 50%, greedy), how many drafts the target accepts at every position of every
@@ -222,19 +222,36 @@ def bench(rec: Recording, levels=(1, 2, 4, 8, 16), warmup: int = 2, served_min: 
     return {"levels": rows, "settings": rec.settings, "prefill_s": rec.prefill_s}
 
 
+def rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The result as (header, rows of cells): what `table` prints and `markdown` writes."""
+    head = ["c", "requests", "AR", "best fixed", "auto", "auto/AR", "auto/max(AR,fixed)", "no-draft share"]
+    out = []
+    for r in result["levels"]:
+        for name in ("served", "all"):
+            s = r[name]
+            out.append([str(r["concurrency"]), f"{s['requests']} ({name})", f"{s['ar']:.1f}",
+                        f"{s['best']:.1f} (L={s['best_fixed']})", f"{s['auto']:.1f}", f"{s['auto_over_ar']:.2f}x",
+                        f"{s['auto_over_best']:.3f}", f"{s['auto_zero_share']:.0%}"])
+    return head, out
+
+
+def markdown(result: dict) -> str:
+    head, body = rows(result)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+
+
 def table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="replayed tokens/s/user p50 (shipped pair, sweep workload, start-up round times)")
-    for col in ("c", "requests", "AR", "best fixed", "auto", "auto/AR", "auto/max(AR,fixed)", "no-draft share"):
+    s = result["settings"]
+    t = Table(title=f"replayed tokens/s/user p50 (shipped pair, sweep workload seed {s['seed']}, start-up round times)")
+    head, body = rows(result)
+    for col in head:
         t.add_column(col, justify="right")
-    for r in result["levels"]:
-        for name in ("served", "all"):
-            s = r[name]
-            t.add_row(str(r["concurrency"]), f"{s['requests']} ({name})", f"{s['ar']:.1f}",
-                      f"{s['best']:.1f} (L={s['best_fixed']})", f"{s['auto']:.1f}", f"{s['auto_over_ar']:.2f}x",
-                      f"{s['auto_over_best']:.3f}", f"{s['auto_zero_share']:.0%}")
+    for r in body:
+        t.add_row(*r)
     Console(width=140).print(t)
 
 
@@ -247,6 +264,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads while timing rounds (default: the CPU server's, recipe/hardware.py cpu_torch_threads)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown (the README's)")
     a = ap.parse_args(argv)
     from trtllm_dflash.recipe.hardware import cpu_torch_threads
 
@@ -254,6 +272,8 @@ def main(argv=None) -> None:
     rec = load_or_record(a.requests, a.seed, a.recording)
     result = bench(rec, tuple(int(x) for x in a.levels.split(",")))
     table(result)
+    if a.markdown:
+        print(markdown(result))
     if a.json:
         print(json.dumps(result))
 

@@ -84,3 +84,6 @@ def test_bench_ratios_are_against_the_best_fixed_length():
         assert s["auto_over_best"] == pytest.approx(s["auto"] / max(s["ar"], s["best"]))
         assert s["best"] == max(v for L, v in s["fixed"].items() if L != "0")
     assert row["served"]["requests"] == 6 and row["all"]["requests"] == 8
+    head, body = rp.rows(out)
+    assert len(body) == 2 and len(head) == len(body[0])
+    assert rp.markdown(out).count("\n") == 4  # header, rule, one row per sample
