@@ -139,12 +139,12 @@ class AutoDraftLength:
     # the best of 3, 7, 15 fixed drafts: per-slot estimates 0.89, 0.96, 0.95; the shift 1.01, 0.96, 1.02.
     # Not modelled: acceptance is autocorrelated within a request (stretches of repeated code, then
     # new text: over rounds of 15 drafts at c = 1 the lag-1 correlation of the accepted count, each
-    # request's mean removed, is 0.66), so how often a round's slot 1 is accepted depends on how long the rounds before it
-    # drafted (0.76 at 1 draft, 0.70 at 3, 0.64 at 15: long drafts cross the easy stretches in few
-    # rounds), not on the drafter's block (per position, 0.79 in blocks of 2 and 0.80 of 16;
-    # perf/replay_draft_policy's recording of 398 requests). A weight on the last round's accepted
-    # count beside the shift gained at c = 1 on one recorded request set and nothing on another,
-    # and an offset per block length did worse (c = 1: 0.91 against 1.01).
+    # request's mean removed, is 0.66), so how often a round's slot 1 is accepted depends on how
+    # long the rounds draft (0.76 at 1 draft, 0.70 at 3, 0.64 at 15: long drafts cross the easy
+    # stretches in few rounds), not on the drafter's block (per position, 0.79 in blocks of 2 and
+    # 0.80 of 16; perf/replay_draft_policy's recording of 398 requests). A weight on the last
+    # round's accepted count beside the shift gained at c = 1 on one recorded request set and
+    # nothing on another, and an offset per block length did worse (c = 1: 0.91 against 1.01).
     prior: float = 0.9
     request_rate: float = 0.25  # the shifts' learning rate (per observed slot)
     # the curve's: slot j's step is max(slot_rate, 1 / (prior_weight + n_j)) after n_j observations of
