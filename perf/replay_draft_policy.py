@@ -55,6 +55,10 @@ class Recording:
     prefill_s: float  # one request's prefill (a closed-loop arrival pauses the batch this long)
     settings: dict = field(default_factory=dict)
 
+    @property
+    def block_size(self) -> int:
+        return self.accepted[0].shape[1] + 1
+
     def round_s(self, lengths: Sequence[int]) -> float:
         """A round of these draft lengths: start-up's median time of its (requests, block) shape
         scaled as the cost model scales mixed rows; the fitted model for shapes start-up did not time."""
@@ -115,7 +119,7 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
     policy: a fixed draft length, or a DraftPolicy (choose / learn / forget, as serve/batcher.py)."""
     from trtllm_dflash.reference.generate import StepRecord
 
-    K = rec.accepted[0].shape[1] if rec.accepted else 0
+    K = rec.block_size - 1
     queue, running, now = list(requests), {}, 0.0  # running: id -> [request, tokens so far, first-token time]
     rates, lengths = {}, Counter()
     while queue or running:
@@ -202,7 +206,7 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
 
 def bench(rec: Recording, levels=(1, 2, 4, 8, 16), warmup: int = 2, served_min: int = 24) -> dict:
     ids = itertools.count()
-    auto = AutoDraftLength(len(rec.accepted[0][0]) + 1, rec.cost)
+    auto = AutoDraftLength(rec.block_size, rec.cost)
     replay(rec, auto, 2, range(warmup), ids)  # the sweep's warm-up requests teach it first
     rows = []
     for c in levels:
