@@ -176,9 +176,9 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
 
     settings = {"requests": n, "seed": seed}
     if path is not None and path.is_file():
-        saved = torch.load(path, weights_only=False)
-        if saved.settings == settings:
-            return saved
+        saved = torch.load(path, weights_only=False)  # a file this function wrote (plain dict, tensors)
+        if saved.get("settings") == settings:
+            return Recording(saved["lens"], saved["accepted"], VerifyCost(**saved["cost"]), saved["prefill_s"], settings)
     sw = load_recipe(None, ["sweep.output_len_range=0.5", f"sweep.seed={seed}"]).sweep
     target_dir, drafter_dir = shipped_pair()
     target, drafter = load_pair(target_dir, drafter_dir, torch.float32)
@@ -200,7 +200,8 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
                           if (i + 1) % 50 == 0 else None)
     rec = Recording(lens, accepted, cost, statistics.median(took), settings)
     if path is not None:
-        torch.save(rec, path)
+        torch.save({"lens": lens, "accepted": accepted, "cost": vars(cost), "prefill_s": rec.prefill_s,
+                    "settings": settings}, path)
     return rec
 
 

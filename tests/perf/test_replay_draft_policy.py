@@ -87,3 +87,24 @@ def test_bench_ratios_are_against_the_best_fixed_length():
     head, body = rp.rows(out)
     assert len(body) == 2 and len(head) == len(body[0])
     assert rp.markdown(out).count("\n") == 4  # header, rule, one row per sample
+
+
+def test_a_kept_recording_is_reused_only_for_the_same_requests_and_seed(tmp_path, monkeypatch):
+    import trtllm_dflash.perf.bench_quant as bq
+
+    cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, packed=True, timed={(1, 2): 3e-3})
+    path = tmp_path / "rec.pt"
+    torch.save({"lens": [3], "accepted": [torch.ones(2, 15, dtype=torch.int8)], "cost": vars(cost),
+                "prefill_s": 1e-3, "settings": {"requests": 1, "seed": 0}}, path)
+    got = rp.load_or_record(1, 0, path)
+    assert got.cost == cost and got.lens == [3] and got.block_size == 16
+
+    class Records(Exception):
+        pass
+
+    def recording(*_):
+        raise Records
+
+    monkeypatch.setattr(bq, "shipped_pair", recording)  # the first thing recording does
+    with pytest.raises(Records):
+        rp.load_or_record(1, 1, path)  # another seed: that file is not its recording
