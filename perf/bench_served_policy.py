@@ -114,23 +114,16 @@ def rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 def markdown(result: dict) -> str:
     """The result as a Markdown table (the README's served-policy block)."""
-    head, body = rows(result)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+    from trtllm_dflash.perf.report import markdown_table
+
+    return markdown_table(*rows(result))
 
 
 def table(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from trtllm_dflash.perf.report import print_table
 
     s = result["settings"]
-    t = Table(title=f"{result['recipe']}: tokens/s/user p50 served (median of {s['repeats']} repeats; output "
-                    f"{s['output_len']} +- {s['output_len_range']:.0%})")
-    head, body = rows(result)
-    for col in head:
-        t.add_column(col, justify="right")
-    for r in body:
-        t.add_row(*r)
-    Console(width=140).print(t)
+    print_table(f"{result['recipe']}: tokens/s/user p50 served (median of {s['repeats']} repeats; output "
+                f"{s['output_len']} +- {s['output_len_range']:.0%})", *rows(result))
     missed = goals(result)
     print("goals: all met" if not missed else "goals missed:\n  " + "\n  ".join(missed))

@@ -39,6 +39,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from trtllm_dflash.perf.report import markdown_table, print_table
 from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
 
 FIXED = tuple(range(16))
@@ -241,23 +242,14 @@ def rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown(result: dict) -> str:
-    head, body = rows(result)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+    """The result as a Markdown table (the README's replay block)."""
+    return markdown_table(*rows(result))
 
 
 def table(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     s = result["settings"]
-    t = Table(title=f"replayed tokens/s/user p50 (shipped pair, sweep workload seed {s['seed']}, start-up round times)")
-    head, body = rows(result)
-    for col in head:
-        t.add_column(col, justify="right")
-    for r in body:
-        t.add_row(*r)
-    Console(width=140).print(t)
+    print_table(f"replayed tokens/s/user p50 (shipped pair, sweep workload seed {s['seed']}, start-up round times)",
+                *rows(result))
 
 
 def main(argv=None) -> None:
