@@ -179,7 +179,8 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
     if path is not None and path.is_file():
         saved = torch.load(path, weights_only=False)  # a file this function wrote (plain dict, tensors)
         if saved.get("settings") == settings:
-            return Recording(saved["lens"], saved["accepted"], VerifyCost(**saved["cost"]), saved["prefill_s"], settings)
+            cost = VerifyCost(**saved["cost"])
+            return Recording(saved["lens"], saved["accepted"], cost, saved["prefill_s"], settings)
     sw = load_recipe(None, ["sweep.output_len_range=0.5", f"sweep.seed={seed}"]).sweep
     target_dir, drafter_dir = shipped_pair()
     target, drafter = load_pair(target_dir, drafter_dir, torch.float32)
@@ -259,7 +260,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="the sweep's seed (prompts, output lengths)")
     ap.add_argument("--recording", type=Path, help="keep the recording here; reuse it when it matches")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads while timing rounds (default: the CPU server's, recipe/hardware.py cpu_torch_threads)")
+                    help="torch threads while timing rounds (default: the CPU server's, "
+                         "recipe/hardware.py cpu_torch_threads)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown (the README's)")
     a = ap.parse_args(argv)
