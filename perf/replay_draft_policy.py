@@ -40,7 +40,7 @@ from typing import Iterator, Sequence
 import torch
 
 from trtllm_dflash.perf.report import markdown_table, print_table
-from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
+from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, VerifyCost
 
 FIXED = tuple(range(16))
 
@@ -62,11 +62,10 @@ class Recording:
 
     def round_s(self, lengths: Sequence[int]) -> float:
         """A round of these draft lengths: start-up's median time of its (requests, block) shape
-        scaled as the cost model scales mixed rows; the fitted model for shapes start-up did not time."""
-        B, T = len(lengths), max(lengths) + 1
-        timed = self.cost.timed.get((B, T))
-        scale = timed / self.cost.lengths_s([T - 1] * B) if timed else 1.0
-        return self.cost.lengths_s(lengths) * scale
+        scaled as the cost model scales mixed rows (what `auto` starts from before any round has
+        run); the fitted model for shapes start-up did not time."""
+        scale = self.cost.timed_scale(len(lengths), max(lengths) + 1)
+        return self.cost.lengths_s(lengths) * (1.0 if scale is None else scale)
 
 
 def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int], progress=None) -> list[torch.Tensor]:
@@ -121,6 +120,8 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
     from trtllm_dflash.reference.generate import StepRecord
 
     K = rec.block_size - 1
+    if isinstance(policy, int):  # a fixed length: one band for every concurrency
+        policy = Bands([(c, policy)], rec.block_size)
     queue, running, now = list(requests), {}, 0.0  # running: id -> [request, tokens so far, first-token time]
     rates, lengths = {}, Counter()
     while queue or running:
@@ -136,11 +137,8 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
             running.pop(r)
         if not alive:
             continue
-        if isinstance(policy, int):
-            want = [policy] * len(alive)
-        else:
-            choice = policy.choose(alive, c)
-            want = [choice[r] for r in alive] if isinstance(choice, dict) else [choice] * len(alive)
+        choice = policy.choose(alive, c)
+        want = [choice[r] for r in alive] if isinstance(choice, dict) else [choice] * len(alive)
         drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
         T = max(drafts) + 1
         tokens, finished = [], []
@@ -153,14 +151,12 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
             lengths[L] += 1
         seconds = rec.round_s(drafts)
         now += seconds
-        if not isinstance(policy, int):
-            policy.learn(StepRecord(0, alive, tokens, finished, drafts), seconds)
+        policy.learn(StepRecord(0, alive, tokens, finished, drafts), seconds)
         for r, done in zip(alive, finished):
             if done:
                 i, _, t0 = running.pop(r)
                 rates[i] = (rec.lens[i] - 1) / (now - t0)
-                if not isinstance(policy, int):
-                    policy.forget(r)
+                policy.forget(r)
     return Replayed(rates, lengths)
 
 

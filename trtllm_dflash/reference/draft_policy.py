@@ -120,6 +120,12 @@ class VerifyCost:
         tokens = sum(L + 1 for L in lengths) if self.packed else len(lengths) * T
         return self.fixed + self.per_token * tokens + self.per_slot * len(lengths) * T + (self.draft if T > 1 else 0.0)
 
+    def timed_scale(self, batch: int, T: int) -> float | None:
+        """What start-up timed for a uniform round of `batch` requests and block T, over the
+        linear model's time for it (None: start-up did not time that shape)."""
+        seconds = self.timed.get((batch, T))
+        return None if seconds is None else seconds / self.lengths_s([T - 1] * batch)
+
 
 @dataclass
 class AutoDraftLength:
@@ -183,8 +189,8 @@ class AutoDraftLength:
 
     def __post_init__(self):
         K = self.block_size - 1
-        for (B, T), seconds in self.cost.timed.items():  # start from what start-up timed
-            self.correction.setdefault((B, T), seconds / self.cost.lengths_s([T - 1] * B))
+        for B, T in self.cost.timed:  # start from what start-up timed
+            self.correction.setdefault((B, T), self.cost.timed_scale(B, T))
         self.slot_logits = self.slot_logits or [math.log(self.prior / (1 - self.prior))] * K
         self.slot_seen = self.slot_seen or [0.0] * K
 
