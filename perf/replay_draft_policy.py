@@ -48,10 +48,13 @@ FIXED = tuple(range(16))
 @dataclass
 class Recording:
     """accepted[i][p, T - 2]: drafts of a block of T (anchor + T - 1 masks) the target accepts when
-    request i's anchor is its output token p (p = 0..lens[i] - 2, T = 2..block_size)."""
+    request i's anchor is its output token p (p = 0..lens[i] - 2, T = 2..block_size);
+    confidence[i][p, T - 2, j]: the drafter's probability of its draft in slot j + 1 of that block
+    (its softmax's largest: greedy drafts are the argmax; 0 past slot T - 1)."""
 
     lens: list[int]
     accepted: list[torch.Tensor]
+    confidence: list[torch.Tensor]
     cost: VerifyCost
     prefill_s: float  # one request's prefill (a closed-loop arrival pauses the batch this long)
     settings: dict = field(default_factory=dict)
@@ -68,8 +71,10 @@ class Recording:
         return self.cost.lengths_s(lengths) * (1.0 if scale is None else scale)
 
 
-def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int], progress=None) -> list[torch.Tensor]:
-    """Recording.accepted for `prompts` (token ids) decoding lens[i] tokens greedily."""
+def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int],
+           progress=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Recording.accepted and Recording.confidence for `prompts` (token ids) decoding lens[i]
+    tokens greedily."""
     from trtllm_dflash.reference.generate import Decoder
     from trtllm_dflash.reference.runners import PAD, ReferenceDrafter, ReferenceTarget
 
@@ -81,11 +86,12 @@ def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int
         rec = ar.step(0)
         for r, t in zip(rec.seq_ids, rec.tokens):
             out[r] += t
-    accepted = []
+    accepted, confidence = [], []
     for i, (prompt, m) in enumerate(zip(prompts, lens)):
         full, P, rows = list(prompt) + out[i][:m], len(prompt), m - 1
         if rows < 1:
             accepted.append(torch.zeros(0, K, dtype=torch.int8))
+            confidence.append(torch.zeros(0, K, K, dtype=torch.float16))
             continue
         runner = ReferenceTarget(target, drafter.target_layer_ids, len(full) + K + 1)
         _, feats = runner.prefill([full])  # [1, P + m, F]: causal, so row q is what any prefix gives it
@@ -97,15 +103,18 @@ def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int
         truth = torch.tensor(out[i][:m] + [-1] * (K + 1))
         want = torch.stack([truth[p + 1 : p + 1 + K] for p in range(rows)])  # [rows, K] the target's next tokens
         acc = torch.zeros(rows, K, dtype=torch.int8)
+        conf = torch.zeros(rows, K, K, dtype=torch.float16)
         for T in range(2, K + 2):
             runner_d = ReferenceDrafter(drafter, target, len(full) + K + 1)
             runner_d.join(rows)
-            draft = runner_d.draft(anchor, start, ctx, ctx_pos, T).argmax(-1)  # [rows, T - 1]
-            acc[:, T - 2] = (draft == want[:, : T - 1]).long().cumprod(1).sum(1).to(torch.int8)
+            top = runner_d.draft(anchor, start, ctx, ctx_pos, T).float().softmax(-1).max(-1)  # [rows, T - 1]
+            acc[:, T - 2] = (top.indices == want[:, : T - 1]).long().cumprod(1).sum(1).to(torch.int8)
+            conf[:, T - 2, : T - 1] = top.values.half()
         accepted.append(acc)
+        confidence.append(conf)
         if progress:
             progress(i)
-    return accepted
+    return accepted, confidence
 
 
 @dataclass
@@ -140,18 +149,24 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
         choice = policy.choose(alive, c)
         want = [choice[r] for r in alive] if isinstance(choice, dict) else [choice] * len(alive)
         drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
-        T = max(drafts) + 1
+        block = max(drafts) + 1  # the drafter's
+        conf = None
+        if getattr(policy, "trims", False) and block > 1:  # Decoder.step's trim
+            top = torch.stack([rec.confidence[running[r][0]][running[r][1] - 1, block - 2, : block - 1] for r in alive])
+            drafts = [int(L) for L in policy.trim(alive, drafts, top.float())]
+            conf = [top[b, :L].float().tolist() for b, L in enumerate(drafts)]
         tokens, finished = [], []
         for r, L in zip(alive, drafts):
             i, g, _ = running[r]
-            a = min(L, int(rec.accepted[i][g - 1, T - 2])) if T > 1 else 0
+            a = min(L, int(rec.accepted[i][g - 1, block - 2])) if block > 1 else 0
             running[r][1] = g + a + 1
             tokens.append([0] * (a + 1))  # the ids do not matter to a policy: only how many
             finished.append("length" if running[r][1] >= rec.lens[i] else None)
             lengths[L] += 1
-        seconds = rec.round_s(drafts)
+        B, T = len(alive), max(drafts) + 1
+        seconds = rec.round_s(drafts) + rec.cost.draft_s(B, block) - rec.cost.draft_s(B, T)  # drafted `block`
         now += seconds
-        policy.learn(StepRecord(0, alive, tokens, finished, drafts), seconds)
+        policy.learn(StepRecord(0, alive, tokens, finished, drafts, block=block if conf else 0, confidence=conf), seconds)
         for r, done in zip(alive, finished):
             if done:
                 i, _, t0 = running.pop(r)
@@ -171,12 +186,12 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
     from trtllm_dflash.reference.draft_policy import measure_cost
     from trtllm_dflash.reference.generate import Decoder
 
-    settings = {"requests": n, "seed": seed}
+    settings = {"requests": n, "seed": seed, "recording": 2}  # 2: with the drafter's confidences
     if path is not None and path.is_file():
         saved = torch.load(path, weights_only=False)  # a file this function wrote (plain dict, tensors)
         if saved.get("settings") == settings:
             cost = VerifyCost(**saved["cost"])
-            return Recording(saved["lens"], saved["accepted"], cost, saved["prefill_s"], settings)
+            return Recording(saved["lens"], saved["accepted"], saved["confidence"], cost, saved["prefill_s"], settings)
     sw = load_recipe(None, ["sweep.output_len_range=0.5", f"sweep.seed={seed}"]).sweep
     target_dir, drafter_dir = shipped_pair()
     target, drafter = load_pair(target_dir, drafter_dir, torch.float32)
@@ -193,13 +208,13 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
             d.admit([0], [p], [1], [[]])
             took.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        accepted = record(target, drafter, prompts, lens,
+        accepted, confidence = record(target, drafter, prompts, lens,
                           progress=lambda i: say(f"recorded {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)")
                           if (i + 1) % 50 == 0 else None)
-    rec = Recording(lens, accepted, cost, statistics.median(took), settings)
+    rec = Recording(lens, accepted, confidence, cost, statistics.median(took), settings)
     if path is not None:
-        torch.save({"lens": lens, "accepted": accepted, "cost": vars(cost), "prefill_s": rec.prefill_s,
-                    "settings": settings}, path)
+        torch.save({"lens": lens, "accepted": accepted, "confidence": confidence, "cost": vars(cost),
+                    "prefill_s": rec.prefill_s, "settings": settings}, path)
     return rec
 
 

@@ -15,13 +15,18 @@ from trtllm_dflash.reference.draft_policy import VerifyCost
 
 class Scripted:
     """A DraftPolicy that draws each request's length per round from a seeded generator and keeps
-    what every round committed per request."""
+    what every round committed per request; with `trims`, it also trims each drafted round to
+    lengths it draws, keeping the confidences it was shown."""
 
-    def __init__(self, seed, K):
-        self.rng, self.K, self.rounds = random.Random(seed), K, []
+    def __init__(self, seed, K, trims=False):
+        self.rng, self.K, self.trims, self.rounds, self.shown = random.Random(seed), K, trims, [], []
 
     def choose(self, requests, concurrency):
         return {r: self.rng.randint(0, self.K) for r in requests}
+
+    def trim(self, requests, lengths, confidence):
+        self.shown.append(confidence.float().clone())
+        return [self.rng.randint(0, L) for L in lengths]
 
     def learn(self, rec, seconds=None):
         self.rounds.append({r: len(t) for r, t in zip(rec.seq_ids, rec.tokens)})
@@ -32,6 +37,9 @@ class Scripted:
 
 @pytest.mark.skipif(shipped_pair() is None, reason="the shipped pair is not installed")
 def test_replayed_rounds_commit_what_the_decoder_commits():
+    """Random per-request lengths, and random trims of the drafted rounds (Decoder.step's `trim`):
+    round by round the replay commits what the decoder does, and shows the policy the drafter's
+    confidences the decoder shows it (the recording keeps them in float16: 1e-3)."""
     from trtllm_dflash.prompts.sources import heldout_token_prompts
     from trtllm_dflash.reference import load_pair
     from trtllm_dflash.reference.generate import Decoder
@@ -41,23 +49,28 @@ def test_replayed_rounds_commit_what_the_decoder_commits():
     prompts, lens = heldout_token_prompts(target_dir, 3, 16), [20, 14, 25]
     K = drafter.block_size - 1
     with torch.inference_mode():
-        accepted = rp.record(target, drafter, prompts, lens)
+        accepted, confidence = rp.record(target, drafter, prompts, lens)
     assert [a.shape for a in accepted] == [(m - 1, K) for m in lens]
-    rec = rp.Recording(lens, accepted, VerifyCost(1e-3, 1e-4, 1e-3, packed=True), prefill_s=0.0)
-    replayed = Scripted(seed=3, K=K)
-    rp.replay(rec, replayed, c=3, requests=range(3), ids=itertools.count())
+    assert [c.shape for c in confidence] == [(m - 1, K, K) for m in lens]
+    rec = rp.Recording(lens, accepted, confidence, VerifyCost(1e-3, 1e-4, 1e-3, packed=True), prefill_s=0.0)
+    for seed, trims in ((3, False), (4, True)):
+        replayed = Scripted(seed=seed, K=K, trims=trims)
+        rp.replay(rec, replayed, c=3, requests=range(3), ids=itertools.count())
 
-    # the same choices, round by round, on the decoder itself
-    script, decoded = Scripted(seed=3, K=K), []
-    dec = Decoder(target, drafter, max_len=max(map(len, prompts)) + max(lens) + 1)
-    with torch.inference_mode():
-        dec.admit([0, 1, 2], prompts, lens, [[]] * 3)
-        while dec.running:
-            want = script.choose(list(dec.st.rows), 3)
-            step = dec.step(want)
-            decoded.append({r: len(t) for r, t in zip(step.seq_ids, step.tokens)})
-    assert replayed.rounds == decoded
-    assert sum(len(r) for r in decoded) > 3 * 2  # several rounds, not a trivial script
+        # the same choices, round by round, on the decoder itself
+        script, decoded = Scripted(seed=seed, K=K, trims=trims), []
+        dec = Decoder(target, drafter, max_len=max(map(len, prompts)) + max(lens) + 1)
+        with torch.inference_mode():
+            dec.admit([0, 1, 2], prompts, lens, [[]] * 3)
+            while dec.running:
+                want = script.choose(list(dec.st.rows), 3)
+                step = dec.step(want, trim=script.trim if trims else None)
+                decoded.append({r: len(t) for r, t in zip(step.seq_ids, step.tokens)})
+        assert replayed.rounds == decoded
+        assert sum(len(r) for r in decoded) > 3 * 2  # several rounds, not a trivial script
+        assert len(replayed.shown) == len(script.shown) and bool(script.shown) == trims
+        for got, want in zip(replayed.shown, script.shown):
+            torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
 
 
 def test_the_clock_is_the_recorded_round_times():
@@ -65,7 +78,7 @@ def test_the_clock_is_the_recorded_round_times():
     # the last one shorter (drafts never pass the tokens left)
     cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, per_slot=5e-5, packed=True, timed={(1, 4): 9e-3})
     m, K = 11, 15
-    rec = rp.Recording([m], [torch.full((m - 1, K), K, dtype=torch.int8)], cost, prefill_s=5e-3)
+    rec = rp.Recording([m], [torch.full((m - 1, K), K, dtype=torch.int8)], [torch.ones(m - 1, K, K)], cost, prefill_s=5e-3)
     got = rp.replay(rec, 3, c=1, requests=[0], ids=itertools.count())
     # rounds of 3, 3, then 1 draft (one token left after 8 + the first): 4 + 4 + 2 = 10 tokens
     seconds = 9e-3 + 9e-3 + cost.lengths_s([1])  # (1, 4) is a timed shape; (1, 2) is the model's
@@ -78,7 +91,8 @@ def test_bench_ratios_are_against_the_best_fixed_length():
     cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, per_slot=5e-5, packed=True)
     lens, K = [30] * 10, 15
     acc = [torch.tensor([[K if (p // 4) % 2 else 0] * K for p in range(m - 1)], dtype=torch.int8) for m in lens]
-    out = rp.bench(rp.Recording(lens, acc, cost, prefill_s=1e-3), levels=(1,), served_min=6)
+    conf = [torch.ones(m - 1, K, K) for m in lens]
+    out = rp.bench(rp.Recording(lens, acc, conf, cost, prefill_s=1e-3), levels=(1,), served_min=6)
     (row,) = out["levels"]
     for s in (row["served"], row["all"]):
         assert s["auto_over_best"] == pytest.approx(s["auto"] / max(s["ar"], s["best"]))
@@ -94,8 +108,8 @@ def test_a_kept_recording_is_reused_only_for_the_same_requests_and_seed(tmp_path
 
     cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, packed=True, timed={(1, 2): 3e-3})
     path = tmp_path / "rec.pt"
-    torch.save({"lens": [3], "accepted": [torch.ones(2, 15, dtype=torch.int8)], "cost": vars(cost),
-                "prefill_s": 1e-3, "settings": {"requests": 1, "seed": 0}}, path)
+    torch.save({"lens": [3], "accepted": [torch.ones(2, 15, dtype=torch.int8)], "confidence": [torch.ones(2, 15, 15)],
+                "cost": vars(cost), "prefill_s": 1e-3, "settings": {"requests": 1, "seed": 0, "recording": 2}}, path)
     got = rp.load_or_record(1, 0, path)
     assert got.cost == cost and got.lens == [3] and got.block_size == 16
 

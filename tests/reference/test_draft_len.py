@@ -15,7 +15,7 @@ from sampling_stats import PROMPT, chi_square_p, exact_joint
 
 from trtllm_dflash.reference import SamplingParams, generate, load_pair
 from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, VerifyCost
-from trtllm_dflash.reference.generate import Decoder
+from trtllm_dflash.reference.generate import Decoder, StepRecord
 
 
 def decode(decoder: Decoder, prompts, limit, schedule):
@@ -107,6 +107,81 @@ def test_random_draft_lengths_per_request_keep_the_sampling_distribution(tiny8):
     assert {0, 1, 2} <= set(drafted)
     p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))
     assert p > 1e-3, f"chi-square rejects the target distribution under per-request draft lengths: p = {p:.2e}"
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_trimmed_rounds_give_the_greedy_tokens_and_verify_only_what_was_kept(qwen3_pair, monkeypatch, seed):
+    """Decoder.step's trim: the round drafts the chosen lengths' block, shows trim each slot's
+    drafter confidence (the top of the softmax of its logits), then verifies only the prefix trim
+    keeps: the target runs max(kept) + 1 tokens, the record says what was kept and drafted, and
+    the tokens are still the target's greedy ones."""
+    import sys
+
+    import torch
+
+    gen = sys.modules[Decoder.__module__]  # the module (reference/__init__ exports a function of its name)
+    target, drafter = load_pair(*qwen3_pair)
+    rng = random.Random(20 + seed)
+    prompts = [[rng.randrange(255) for _ in range(rng.randint(3, 12))] for _ in range(3)]
+    ar = [g.tokens for g in generate(target, None, prompts, 30, mode="ar", stop_token_ids=[])]
+    decoder, longest = Decoder(target, drafter, max_len=64), drafter.block_size - 1
+    drafted_logits, widths, shown, kept = [], [], [], []
+    real_logits, real_verify = gen._draft_logits, decoder.target.verify
+    monkeypatch.setattr(gen, "_draft_logits", lambda *a: drafted_logits.append(real_logits(*a)) or drafted_logits[-1])
+    decoder.target.verify = lambda ids, *a: widths.append(ids.shape[1]) or real_verify(ids, *a)
+
+    def trim(rows, lengths, confidence):
+        assert rows == list(decoder.st.rows) and confidence.shape == (len(rows), max(lengths))
+        shown.append((lengths, confidence))
+        kept.append([rng.randint(0, L) for L in lengths])
+        return kept[-1]
+
+    rec = decoder.admit([0, 1, 2], prompts, [30] * 3, [[]] * 3)
+    got, records = [list(t) for t in rec.tokens], []
+    widths.clear()
+    while decoder.running:
+        rec = decoder.step([rng.choice([1, longest // 2, longest]) for _ in range(decoder.running)], trim=trim)
+        records.append(rec)
+        for r, t in zip(rec.seq_ids, rec.tokens):
+            got[r] += t
+    assert got == ar
+    trimmed = [r for r in records if r.block]
+    assert len(trimmed) == len(shown) == len(drafted_logits) > 3
+    for r, (lengths, conf), dl, keep in zip(trimmed, shown, drafted_logits, kept):
+        torch.testing.assert_close(conf, dl.float().softmax(-1).max(-1).values)  # [B, T - 1]
+        assert r.block == max(lengths) + 1 and r.drafted == keep
+        assert [len(c) for c in r.confidence] == keep
+    assert widths == [max(r.drafted) + 1 for r in records]  # only what trim kept is verified
+    assert any(max(r.drafted) + 1 < r.block for r in trimmed)  # some rounds verified a shorter block
+
+
+def test_confidence_trims_keep_the_sampling_distribution(tiny8):
+    """Sampling: each round verifies the drafts up to the first slot whose distribution's top
+    probability is below a threshold drawn per round. The trim sees the distributions, not the
+    drawn tokens (generate.Trim), so rejection sampling stays exact (chi-square as above). Shown
+    the drawn token's probability instead, the same trims skew it (p ~ 1e-123, tried by hand)."""
+    target, drafter = load_pair(*tiny8)
+    s = SamplingParams(temperature=1.0, seed=24)
+    rng = random.Random(5)
+    decoder = Decoder(target, drafter, sampling=s, max_len=16)
+    cuts = []
+
+    def trim(rows, lengths, confidence):
+        t = rng.choice([0.3, 0.4, 0.5])
+        keep = [next((j for j, c in enumerate(row[:L].tolist()) if c < t), L) for row, L in zip(confidence, lengths)]
+        cuts.extend(k < L for k, L in zip(keep, lengths))
+        return keep
+
+    prompts = [PROMPT] * 12000
+    rec = decoder.admit(list(range(len(prompts))), prompts, [4] * len(prompts), [[]] * len(prompts))
+    got = [list(t) for t in rec.tokens]
+    while decoder.running:
+        rec = decoder.step(3, trim=trim)
+        for r, t in zip(rec.seq_ids, rec.tokens):
+            got[r] += t
+    assert 0.1 < sum(cuts) / len(cuts) < 0.9, "the trims should cut some rounds and keep others"
+    p = chi_square_p([tuple(t[:3]) for t in got], exact_joint(tiny8[0], s))
+    assert p > 1e-3, f"chi-square rejects the target distribution under confidence trims: p = {p:.2e}"
 
 
 def test_auto_draft_length_follows_acceptance_and_cost():
@@ -358,10 +433,12 @@ def test_start_up_times_every_uniform_shape_and_the_policy_starts_from_them(monk
 
         def step(self, shape):
             clock[0] += seconds(shape)
+            return StepRecord(1, [], [], [], list(shape), t_draft=2e-4 if max(shape) else 0.0)
 
     cost = dp.measure_cost(Clocked, block_size=16, vocab_size=100, batches=(1, 4))
     assert set(cost.timed) == {(B, T) for B in (1, 4) for T in range(1, 17)}
     assert cost.timed[(4, 8)] == pytest.approx(seconds([7] * 4))
+    assert cost.timed_draft[(4, 8)] == 2e-4 and cost.timed_draft[(1, 1)] == 0.0  # the drafter's share
     auto = AutoDraftLength(block_size=16, cost=cost, probe_every=0)
     for L in (3, 7, 9):  # every shape as timed, the cheap one included
         assert auto.round_s([L] * 4) == pytest.approx(seconds([L] * 4))

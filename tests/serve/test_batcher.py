@@ -180,8 +180,8 @@ def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair, trees):
         def decoder(self, **kwargs):
             d = super().decoder(**kwargs)
             step = d.step
-            d.step = lambda draft_len=None, tree_budget=None: \
-                calls.append((kwargs["mode"], draft_len, tree_budget)) or step(draft_len, tree_budget)
+            d.step = lambda draft_len=None, tree_budget=None, trim=None: \
+                calls.append((kwargs["mode"], draft_len, tree_budget)) or step(draft_len, tree_budget, trim)
             return d
 
     engine = ServingEngine(Recording(target, drafter), tokenizer, max_seq_len=64, ddtree_budget=32, policy=policy)
@@ -279,7 +279,7 @@ def test_the_policy_learns_round_times_in_seconds(pair):
     seen = []
 
     class Recorder:
-        modes = ("dflash",)
+        modes, trims = ("dflash",), False
 
         def choose(self, requests, concurrency):
             return 2

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
@@ -38,6 +38,14 @@ from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceDrafter
 from trtllm_dflash.reference.verify import SamplingParams, greedy_verify, probs, rejection_verify, sample
 
 MODES = ("ar", "dflash", "ddtree")
+
+# trim(requests, lengths, confidence [B, T - 1]) -> each request's drafts to verify, at most its
+# length: the round's drafts are drafted, and which prefix of them is verified is chosen from how
+# sure the drafter was of each slot (draft_policy.AutoDraftLength.trim). confidence is the top
+# probability of the drafter's distribution at each slot, not the probability of the drawn draft:
+# under sampling, a choice that looked at the draw would skew what is accepted (the slot's
+# verification would depend on its own token), one that looks at the distribution does not.
+Trim = Callable[[list[int], list[int], torch.Tensor], Sequence[int]]
 
 
 @dataclass
@@ -58,6 +66,10 @@ class StepRecord:
     # have accepted (greedy), so tree rounds teach a draft policy the chain's acceptance too.
     tree_budget: int = 0  # 0: a chain round (or the prefill)
     chain: list[tuple[int, int]] | None = None
+    # A trimmed round (Decoder.step's `trim`): the drafter's block (anchor + drafts it drafted), and
+    # per row the top probability of the drafter's distribution at each slot it verified
+    block: int = 0
+    confidence: list[list[float]] | None = None
 
 
 @dataclass
@@ -137,19 +149,25 @@ def _handed_over(st: _Batch) -> None:
     st.ctx, st.ctx_pos = st.ctx[:, :0], st.ctx_pos[:, :0]
 
 
-def _propose(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int, sampling, gen):
-    """Draft tokens [B, T-1] and, when sampling, the distributions q [B, T-1, V] they were drawn
-    from. A drafter that selects its own path (DFlash2, runners.PathDrafterRunner) returns
-    both; otherwise each slot's token is the argmax / a sample of its logits."""
+def _propose(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int, sampling, gen,
+             confidence: bool = False):
+    """Draft tokens [B, T-1], when sampling the distributions q [B, T-1, V] they were drawn
+    from, and with `confidence` each slot's top probability [B, T-1] (of the softmax of its
+    logits: greedy; of q: sampling; see `Trim`). A drafter that selects its own path (DFlash2,
+    runners.PathDrafterRunner) returns draft and q, no confidence; otherwise each slot's token is
+    the argmax / a sample of its logits."""
     if getattr(drafter, "selects_path", False):
         draft, q = drafter.draft_path(st.anchor, st.start, st.ctx, st.ctx_pos, T, sampling, gen)
         _handed_over(st)
-        return draft, q
+        return draft, q, None
     dl = _draft_logits(target, drafter, st, T)  # [B, T-1, V]
     if sampling.greedy:
-        return dl.argmax(-1), None
+        if not confidence:
+            return dl.argmax(-1), None, None
+        top = dl.float().softmax(-1).max(-1)  # ties: the first index, as argmax
+        return top.indices, None, top.values
     q = probs(dl, sampling)
-    return sample(q, gen), q
+    return sample(q, gen), q, q.max(-1).values if confidence else None
 
 
 def _vocab_size(target: Target | TargetRunner) -> int:
@@ -248,11 +266,12 @@ class DecoderProtocol(Protocol):
         """Prefill new requests and add them to the batch."""
 
     def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
-             tree_budget: int | None = None) -> StepRecord:
+             tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
         """One round for every running request (draft_len: drafts this round, one for all, one per
         running request in batch order, or {request id: drafts}; None: block_size - 1).
         tree_budget (DDTree decoders): this round's tree nodes, at most the decoder's budget;
-        0: a chain round; None: the decoder's budget."""
+        0: a chain round; None: the decoder's budget. trim: chain rounds verify a prefix of the
+        drafts that trim(requests, lengths, confidence) chooses (see Decoder.step)."""
 
     def cancel(self, ids: Sequence[int]) -> None:
         """Remove requests from the batch."""
@@ -367,7 +386,7 @@ class Decoder:
 
     @torch.inference_mode()
     def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
-             tree_budget: int | None = None) -> StepRecord:
+             tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
         """One round for every running request. draft_len: drafts to verify this round (0 = a
         plain target step, speculation off), one for all, one per running request (rows in
         the order StepRecord.seq_ids lists them), or {request id: drafts} (a request it does not
@@ -377,7 +396,11 @@ class Decoder:
         target runner runs only those tokens, another pads).
         tree_budget, DDTree decoders only: the nodes of this round's trees (1..the decoder's
         budget; their depth is the longest draft length), 0 for a chain round (per-request
-        lengths, as a DFlash decoder), None for the decoder's budget."""
+        lengths, as a DFlash decoder), None for the decoder's budget.
+        trim (chain rounds; `Trim`): after drafting, each request verifies the prefix of its
+        drafts trim chooses (lossless as any length; the record's `drafted` is what was verified,
+        its `block` what was drafted). Drafters that choose their own path (DFlash2) are not
+        trimmed: their slots' distributions depend on the path drawn before them."""
         budget = self.budget if tree_budget is None else tree_budget
         if self.mode != "ddtree" and tree_budget:
             raise UserError(f"tree_budget {tree_budget}: only a ddtree decoder builds trees (this one decodes {self.mode})")
@@ -396,45 +419,61 @@ class Decoder:
         lengths = [0 if self.mode == "ar" else max(0, min(n, longest, rest - 1)) for n, rest in zip(want, left)]
         T = max(lengths) + 1
         tree = self.mode == "ddtree" and T > 1 and budget > 0
-        chain = None
+        chain, conf = None, None
         if tree:  # one tree depth for the batch
             new, drafted, chain, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
                                                         self.gen)
         else:
-            own = None if min(lengths) == T - 1 else torch.tensor(lengths, device=st.anchor.device)
-            new, t1, t2 = _block_round(self.target, self.drafter, st, T, self.sampling, self.gen, own)
-            drafted = lengths
+            if trim is not None and getattr(self.drafter, "selects_path", False):
+                trim = None
+            new, drafted, conf, t1, t2 = _block_round(self.target, self.drafter, st, lengths, self.sampling, self.gen,
+                                                      trim)
         rows = list(st.rows)
         toks, done = self._commit(rows, new)
         self._drop({r for r, d in zip(rows, done) if d})
         return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2,
-                          budget if tree else 0, chain)
+                          budget if tree else 0, chain, T if conf is not None else 0, conf)
 
 
-def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, T, sampling, gen,
-                 lengths: torch.Tensor | None = None):
-    """dflash (T > 1) or a plain AR step (T == 1). lengths [B]: drafts row b verifies (<= T - 1;
-    None: all T - 1)."""
-    B = len(st.rows)
-    q = None
+def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, lengths: list[int], sampling,
+                 gen, trim: Trim | None = None):
+    """dflash (a drafter block of max(lengths) + 1) or a plain AR step (every length 0). lengths:
+    drafts each row verifies, or, with `trim`, at most verifies. Returns (committed tokens per
+    row, drafts verified per row, confidences of the verified slots per row or None, t1, t2)."""
+    B, T = len(st.rows), max(lengths) + 1
+    q, conf = None, None
     if T > 1:
-        draft, q = _propose(target, drafter, st, T, sampling, gen)
+        draft, q, top = _propose(target, drafter, st, T, sampling, gen, confidence=trim is not None)
+        if trim is not None:
+            lengths = _trimmed(trim, list(st.rows), lengths, top)
+            conf = [top[b, :L].tolist() for b, L in enumerate(lengths)]
+            T = max(lengths) + 1
+            draft, q = draft[:, : T - 1], None if q is None else q[:, : T - 1]
     else:  # AR, or the last round of a spec mode (T == 1 only when one token is left)
         draft = st.anchor.new_zeros(B, 0)
     t1 = _now()
+    own = None if min(lengths) == T - 1 else torch.tensor(lengths, device=st.anchor.device)
     ids = torch.cat([st.anchor[:, None], draft], dim=1)  # [B, T]
-    logits, feats = target.verify(ids, st.start, lengths)
+    logits, feats = target.verify(ids, st.start, own)
     t2 = _now()
     if sampling.greedy:
-        accepted, bonus = greedy_verify(draft, logits, lengths)
+        accepted, bonus = greedy_verify(draft, logits, own)
     else:
-        accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen, lengths)
+        accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen, own)
     acc = accepted.tolist()
     new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
     if feats is not None and drafter is not None:  # accepted positions [start, start + a] become drafter context
         _pend(st, feats[:, : max(acc) + 1], accepted + 1)
     st.anchor, st.start = bonus, st.start + accepted + 1
-    return new, t1, t2
+    return new, lengths, conf, t1, t2
+
+
+def _trimmed(trim: Trim, rows: list[int], lengths: list[int], confidence: torch.Tensor) -> list[int]:
+    """trim's lengths, checked: one per row, each 0..the row's length."""
+    got = [int(L) for L in trim(rows, lengths, confidence)]
+    if len(got) != len(rows) or any(not 0 <= g <= L for g, L in zip(got, lengths)):
+        raise ValueError(f"trim chose {got} for lengths {lengths}: expected one per row, each 0..its length")
+    return got
 
 
 def _pend(st: _Batch, feats: torch.Tensor, valid: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from trtllm_dflash.reference.draft_policy import DraftPolicy
-from trtllm_dflash.reference.generate import Decoder, DecoderProtocol, StepRecord
+from trtllm_dflash.reference.generate import Decoder, DecoderProtocol, StepRecord, Trim
 from trtllm_dflash.reference.verify import SamplingParams
 from trtllm_dflash.serve.trace import now
 
@@ -227,15 +227,16 @@ class ServingEngine:
             on_fatal, self.on_fatal = self.on_fatal, None
             on_fatal(self.model.failed)
 
-    def _round(self, key: tuple, jobs: dict[int, Job]) -> tuple[int | dict[int, int] | None, int | None]:
-        """Decoder.step's (draft_len, tree_budget) for this group's next round."""
+    def _round(self, key: tuple, jobs: dict[int, Job]) -> tuple[int | dict[int, int] | None, int | None, Trim | None]:
+        """Decoder.step's (draft_len, tree_budget, trim) for this group's next round."""
         if key[1] is not None:  # the requests asked for a draft length
-            return key[1], None
+            return key[1], None, None
         if self.policy is None or key[2] not in self.policy.modes:
-            return None, None
+            return None, None, None
+        trim = self.policy.trim if self.policy.trims else None
         if key[2] == "ddtree":
-            return self.policy.choose_tree(list(jobs), self.running)
-        return self.policy.choose(list(jobs), self.running), None
+            return *self.policy.choose_tree(list(jobs), self.running), trim
+        return self.policy.choose(list(jobs), self.running), None, trim
 
     def _admit(self) -> None:
         arrivals: list[Job] = []

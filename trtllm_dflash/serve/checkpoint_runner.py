@@ -42,6 +42,7 @@ from torch import nn
 from trtllm_dflash.deploy.settings import CPU_RUNNERS
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
+from trtllm_dflash.reference.generate import Trim
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -492,8 +493,11 @@ class _RemoteDecoder:
               stops: Sequence[Sequence[int]]):
         return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops])
 
-    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None, tree_budget: int | None = None):
-        return self._call("step", draft_len, tree_budget)
+    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None, tree_budget: int | None = None,
+             trim: Trim | None = None):
+        # trim (a policy's bound method) travels pickled: every rank trims with the same state
+        # from the same drafter logits, so the ranks' rounds stay identical
+        return self._call("step", draft_len, tree_budget, trim)
 
     def cancel(self, ids: Sequence[int]) -> None:
         self._call("cancel", list(ids))
