@@ -184,6 +184,25 @@ def test_confidence_trims_keep_the_sampling_distribution(tiny8):
     assert p > 1e-3, f"chi-square rejects the target distribution under confidence trims: p = {p:.2e}"
 
 
+def test_trim_keeps_the_drafts_the_drafter_is_sure_of_and_learns_how_far_to_trust_it():
+    """AutoDraftLength.trim on a packed runner: a request whose drafter is sure of every slot
+    verifies all its drafts, one whose confidence collapses after slot 2 verifies 2 (a verified
+    token costs a tenth of a round's fixed part); a request's cap (its length) is never passed.
+    Rounds in which the drafter's sure slots are rejected teach the model to trust it less."""
+    import torch
+
+    cost = VerifyCost(fixed=1e-3, per_token=1e-4, draft=2e-4, packed=True)
+    auto = AutoDraftLength(block_size=16, cost=cost)
+    conf = torch.full((3, 15), 0.99)
+    conf[1, 2:] = 0.05
+    assert auto.trim([0, 1, 2], [15, 15, 6], conf) == [15, 2, 6]
+    for _ in range(300):  # request 0's slot 1 at 0.99 confidence is rejected every time
+        auto.learn(StepRecord(1, [0], [[7]], [None], [3], block=4, confidence=[[0.99, 0.99, 0.99]]))
+    after = auto.trim([0, 1, 2], [15, 15, 6], conf)
+    assert after[0] == 0  # its own shift too
+    assert after[1] == 2 and after[2] < 6  # sure slots of every request are trusted less
+
+
 def test_auto_draft_length_follows_acceptance_and_cost():
     cost = VerifyCost(fixed=1e-3, per_token=1e-5, draft=2e-4)  # verifying is cheap next to the fixed step
     auto = AutoDraftLength(block_size=16, cost=cost, prior=0.6)

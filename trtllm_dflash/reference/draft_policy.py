@@ -253,35 +253,45 @@ class AutoDraftLength:
         return max(range(self.block_size), key=lambda L: sum(c[L] for c in curves) / self.round_s([L] * B))
 
     def best_per_request(self, requests) -> list[int]:
-        """Each request's draft length, jointly of highest expected tokens per second (packed runners).
-
-        For a longest length T - 1, the rate sum_b E_b(L_b) / t is a ratio with a cost linear in
-        sum_b L_b, so it is maximised by Dinkelbach's iteration: at the current rate r, each
-        request drafts the slots whose expected extra token, prod_{j<=k} a_j (non-increasing in
-        k), beats r * per_token, what a verified token costs in tokens of rate; then r is the
-        rate of that choice. Over every T, the best."""
+        """Each request's draft length, jointly of highest expected tokens per second (packed
+        runners): `_best_prefixes` over the acceptance estimates."""
         if not requests:
             return []
         inc = torch.tensor([self._increments(r) for r in requests], dtype=torch.float64)  # [B, K]
-        gain = 1 + torch.cat([torch.zeros(len(requests), 1, dtype=torch.float64), inc.cumsum(1)], 1)  # [B, K+1]: E_b(L)
-        rows = torch.arange(len(requests))
+        return self._best_prefixes(inc, self.round_s)
+
+    def _best_prefixes(self, inc: torch.Tensor, seconds) -> list[int]:
+        """Per row b a prefix length L_b of highest sum_b E_b(L_b) / seconds(lengths), where
+        E_b(L) = 1 + sum_{k<=L} inc[b, k-1] and inc [B, K] is each slot's expected extra token
+        (non-increasing along a row; 0 past what a row may verify).
+
+        For each longest length: every row at it (or its own end), then Dinkelbach's iteration:
+        the cost is linear in sum_b L_b for that longest, so at the current rate r each row keeps
+        the slots whose expected extra token beats r * per_token, what a verified token costs in
+        tokens of rate, and r becomes the rate of that choice (a few steps converge). The best."""
+        B, K = inc.shape
+        gain = torch.cat([torch.ones(B, 1, dtype=torch.float64), 1 + inc.cumsum(1)], 1)  # [B, K+1]: E_b(L)
+        rows, cap = torch.arange(B), (inc > 0).sum(1)  # [B]
 
         def rate(L: torch.Tensor) -> float:
-            return float(gain[rows, L].sum()) / self.round_s(L.tolist())
+            return float(gain[rows, L].sum()) / seconds(L.tolist())
 
-        best = torch.zeros(len(requests), dtype=torch.long)
+        best = torch.zeros(B, dtype=torch.long)
         best_rate = rate(best)
-        for longest in range(1, self.block_size):
-            r = best_rate
-            for _ in range(4):  # Dinkelbach converges in a few steps
-                per_token = self.cost.per_token * self.correction.get((len(requests), longest + 1), 1.0)
+        for longest in range(1, K + 1):
+            L = torch.clamp(cap, max=longest)
+            r = rate(L)
+            for _ in range(4):
+                if r > best_rate:
+                    best, best_rate = L, r
+                per_token = self.cost.per_token * self.correction.get((B, longest + 1), 1.0)
                 L = (inc[:, :longest] > r * per_token).sum(1)  # [B] prefix lengths
                 r_new = rate(L)
-                if r_new > best_rate:
-                    best, best_rate = L, r_new
                 if abs(r_new - r) < 1e-9 * r_new:
                     break
                 r = r_new
+            if r > best_rate:
+                best, best_rate = L, r
         return best.tolist()
 
     def best_or_none(self, requests) -> list[int]:
@@ -337,28 +347,20 @@ class AutoDraftLength:
         return {r: stretch(L) for r, L in zip(requests, lengths)}
 
     def trim(self, requests: list[int], lengths: list[int], confidence: torch.Tensor) -> list[int]:
-        """Decoder.step's `trim`: the drafts are drafted (a block of max(lengths) + 1, chosen by
-        `choose`); verify min(L, lengths_b) of them for the L in 0..max(lengths) of highest
-        expected tokens per second, each request's acceptance from its slots' confidences
-        [B, max(lengths)]. The drafter's pass is paid whatever L is: a round's seconds are
-        round_s of the verified lengths with the drafted block's drafter time for the verified
-        one's."""
+        """Decoder.step's `trim`: the drafts are drafted (a block of max(lengths) + 1, as `choose`
+        chose); each request verifies the prefix of its drafts (at most its length) that
+        maximises the batch's expected tokens per second (`_best_prefixes`), its acceptance from
+        its slots' confidences [B, max(lengths)]. The drafter's pass is paid whatever is verified:
+        a round's seconds are round_s of the verified lengths with the drafted block's drafter
+        time in place of theirs."""
         B, longest = len(requests), max(lengths)
         z = torch.logit(confidence.double().clamp(1e-4, 1 - 1e-4))  # [B, longest]
         u = torch.tensor(self.confidence_slots[:longest], dtype=torch.float64)
         s = torch.tensor([self.shifts.get(r, 0.0) for r in requests], dtype=torch.float64)
         a = torch.sigmoid(u + self.confidence_weight * z + self.confidence_shift * s[:, None])  # [B, longest]
-        gain = torch.cat([torch.ones(B, 1, dtype=torch.float64), 1 + a.cumprod(1).cumsum(1)], 1)  # [B, longest + 1]: E_b(L)
-        cap = torch.tensor(lengths)
+        inc = a.cumprod(1) * (torch.arange(longest) < torch.tensor(lengths)[:, None])  # [B, longest]
         drafter = self.cost.draft_s(B, longest + 1)
-
-        def rate(L: int) -> float:
-            verified = torch.minimum(cap, torch.tensor(L))
-            tokens = float(gain[torch.arange(B), verified].sum())
-            return tokens / (self.round_s(verified.tolist()) + drafter - self.cost.draft_s(B, L + 1))
-
-        L = max(range(longest + 1), key=rate)
-        return [min(L, n) for n in lengths]
+        return self._best_prefixes(inc, lambda L: self.round_s(L) + drafter - self.cost.draft_s(B, max(L) + 1))
 
     def observe_confidence(self, request: int, confidence: Sequence[float], accepted: int) -> None:
         """A trimmed round: `request` verified len(confidence) drafts of these confidences and the
