@@ -13,8 +13,10 @@ round's block) + 1 tokens, and the round takes what the start-up timings say (`r
 Policies: every fixed draft length 0..15 and `auto` (the AutoDraftLength the server runs, one
 instance for the whole run, learning from every replayed round). Figures per level: tokens/s/user
 p50 (first token excluded, as the sweep's), over the served bench's requests (`bench policy
---set sweep.min_requests=24`: the first max(24, 5c) after the two warm-ups) and over all
---requests.
+--set sweep.min_requests=N`, --served-min N, 64 as the README's: the first max(N, 5c) after the
+two warm-ups) and over all --requests. `auto` trims its drafted rounds as the server does
+(AutoDraftLength.trim, from the drafter's confidences the recording keeps), paying the drafter
+for the block it drafted (start-up's drafter time per shape, VerifyCost.timed_draft).
 
 Greedy decoding is deterministic, so a replayed round commits exactly the tokens the decoder would
 (tests/perf/test_replay_draft_policy.py checks it against Decoder.step) and a recording replays to
@@ -218,7 +220,7 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
     return rec
 
 
-def bench(rec: Recording, levels=(1, 2, 4, 8, 16), warmup: int = 2, served_min: int = 24) -> dict:
+def bench(rec: Recording, levels=(1, 2, 4, 8, 16), warmup: int = 2, served_min: int = 64) -> dict:
     ids = itertools.count()
     auto = AutoDraftLength(rec.block_size, rec.cost)
     replay(rec, auto, 2, range(warmup), ids)  # the sweep's warm-up requests teach it first
@@ -269,6 +271,7 @@ def main(argv=None) -> None:
     ap.add_argument("--levels", default="1,2,4,8,16")
     ap.add_argument("--requests", type=int, default=400, help="sweep requests recorded (the first two warm up)")
     ap.add_argument("--seed", type=int, default=0, help="the sweep's seed (prompts, output lengths)")
+    ap.add_argument("--served-min", type=int, default=64, help="the served bench's sweep.min_requests")
     ap.add_argument("--recording", type=Path, help="keep the recording here; reuse it when it matches")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads while timing rounds (default: the CPU server's, "
@@ -280,7 +283,7 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(a.threads or cpu_torch_threads(1))
     rec = load_or_record(a.requests, a.seed, a.recording)
-    result = bench(rec, tuple(int(x) for x in a.levels.split(",")))
+    result = bench(rec, tuple(int(x) for x in a.levels.split(",")), served_min=a.served_min)
     table(result)
     if a.markdown:
         print(markdown(result))

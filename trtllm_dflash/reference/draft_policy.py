@@ -16,11 +16,16 @@ target's own token), so a policy only trades acceptance against the verify cost:
                It picks the draft lengths that maximise sum_b E_b(L_b) / t: the tokens per second
                of the whole batch: one L for the batch, and on a packed target runner (only each request's
                own tokens are verified) 0 (plain decoding) for the requests whose drafts do not
-               pay for their tokens. A round costs what its longest row costs and its drafter
-               block is that row's, so a request drafting fewer than L saves little and loses
-               tokens. Against the best fixed length at c = 2, 4, 8, 16 (perf/bench_engine_policy,
-               2026-11-26): this rule 0.92, 0.95, 1.00, 1.00; any length per request (`mixed`,
-               Dinkelbach's iteration) 0.89, 0.87, 0.96, 1.03.
+               pay for their tokens. That sets the drafter's block. Against the best fixed length at
+               c = 2, 4, 8, 16 (perf/bench_engine_policy, 2026-11-26): this rule 0.92, 0.95, 1.00,
+               1.00; any length per request (`mixed`, Dinkelbach's iteration) 0.89, 0.87, 0.96, 1.03.
+               Then `trim`: once the block is drafted, the drafter's own confidence in each slot
+               (its distribution's top probability) says which drafts will hold far better than
+               past rounds do, so each request verifies the prefix that maximises the same tokens
+               per second with acceptance from those confidences (Decoder.step's trim: lossless, the
+               drafter's pass already paid). Replayed over 398 requests (perf/replay_draft_policy,
+               two request sets, c = 1..16): 1.01-1.07x the best fixed length in hindsight, where
+               choosing before drafting alone was 0.99-1.02x.
                DDTree decoders (`choose_tree`): each round is a tree of one of a few node budgets
                (the deployment's ddtree_budget, its half and quarter), a chain round of
                per-request lengths, or plain decoding, whichever promises the most tokens per
@@ -257,42 +262,43 @@ class AutoDraftLength:
         runners): `_best_prefixes` over the acceptance estimates."""
         if not requests:
             return []
-        inc = torch.tensor([self._increments(r) for r in requests], dtype=torch.float64)  # [B, K]
-        return self._best_prefixes(inc, self.round_s)
+        return self._best_prefixes([self._increments(r) for r in requests], self.round_s)
 
-    def _best_prefixes(self, inc: torch.Tensor, seconds) -> list[int]:
+    def _best_prefixes(self, inc: list[list[float]], seconds) -> list[int]:
         """Per row b a prefix length L_b of highest sum_b E_b(L_b) / seconds(lengths), where
-        E_b(L) = 1 + sum_{k<=L} inc[b, k-1] and inc [B, K] is each slot's expected extra token
+        E_b(L) = 1 + sum_{k<=L} inc[b][k-1] and inc [B][K] is each slot's expected extra token
         (non-increasing along a row; 0 past what a row may verify).
 
         For each longest length: every row at it (or its own end), then Dinkelbach's iteration:
         the cost is linear in sum_b L_b for that longest, so at the current rate r each row keeps
         the slots whose expected extra token beats r * per_token, what a verified token costs in
-        tokens of rate, and r becomes the rate of that choice (a few steps converge). The best."""
-        B, K = inc.shape
-        gain = torch.cat([torch.ones(B, 1, dtype=torch.float64), 1 + inc.cumsum(1)], 1)  # [B, K+1]: E_b(L)
-        rows, cap = torch.arange(B), (inc > 0).sum(1)  # [B]
+        tokens of rate, and r becomes the rate of that choice (a few steps converge). The best.
+        Plain Python: B <= a few dozen rows of K <= 31 slots, chosen every round (torch's
+        per-op overhead made this 0.5 ms a round at one request)."""
+        B = len(inc)
+        gain = [list(itertools.accumulate(row, initial=1.0)) for row in inc]  # [B][K+1]: E_b(L)
+        cap = [sum(1 for x in row if x > 0) for row in inc]
 
-        def rate(L: torch.Tensor) -> float:
-            return float(gain[rows, L].sum()) / seconds(L.tolist())
+        def rate(L: list[int]) -> float:
+            return sum(g[n] for g, n in zip(gain, L)) / seconds(L)
 
-        best = torch.zeros(B, dtype=torch.long)
+        best = [0] * B
         best_rate = rate(best)
-        for longest in range(1, K + 1):
-            L = torch.clamp(cap, max=longest)
+        for longest in range(1, max(cap, default=0) + 1):
+            L = [min(c, longest) for c in cap]
             r = rate(L)
-            for _ in range(4):
+            for _ in range(4 if B > 1 else 0):  # one row: its prefixes are the candidates
                 if r > best_rate:
                     best, best_rate = L, r
-                per_token = self.cost.per_token * self.correction.get((B, longest + 1), 1.0)
-                L = (inc[:, :longest] > r * per_token).sum(1)  # [B] prefix lengths
+                threshold = r * self.cost.per_token * self.correction.get((B, longest + 1), 1.0)
+                L = [_prefix_above(row, longest, threshold) for row in inc]
                 r_new = rate(L)
                 if abs(r_new - r) < 1e-9 * r_new:
                     break
                 r = r_new
             if r > best_rate:
                 best, best_rate = L, r
-        return best.tolist()
+        return best
 
     def best_or_none(self, requests) -> list[int]:
         """The batch's one best length for every request, except those whose plain decoding
@@ -360,7 +366,7 @@ class AutoDraftLength:
         a = torch.sigmoid(u + self.confidence_weight * z + self.confidence_shift * s[:, None])  # [B, longest]
         inc = a.cumprod(1) * (torch.arange(longest) < torch.tensor(lengths)[:, None])  # [B, longest]
         drafter = self.cost.draft_s(B, longest + 1)
-        return self._best_prefixes(inc, lambda L: self.round_s(L) + drafter - self.cost.draft_s(B, max(L) + 1))
+        return self._best_prefixes(inc.tolist(), lambda L: self.round_s(L) + drafter - self.cost.draft_s(B, max(L) + 1))
 
     def observe_confidence(self, request: int, confidence: Sequence[float], accepted: int) -> None:
         """A trimmed round: `request` verified len(confidence) drafts of these confidences and the
@@ -458,6 +464,14 @@ def _running_products(acceptances: Sequence[float]) -> list[float]:
         run *= a
         out.append(run)
     return out
+
+
+def _prefix_above(row: Sequence[float], limit: int, threshold: float) -> int:
+    """How many of row's first `limit` entries (non-increasing) exceed threshold."""
+    n = 0
+    while n < limit and row[n] > threshold:
+        n += 1
+    return n
 
 
 def _decayed(table: dict, key, value: float, decay: float) -> None:
