@@ -184,6 +184,18 @@ def test_confidence_trims_keep_the_sampling_distribution(tiny8):
     assert p > 1e-3, f"chi-square rejects the target distribution under confidence trims: p = {p:.2e}"
 
 
+def test_the_drafters_time_is_what_start_up_timed_or_a_line_through_it():
+    """VerifyCost.draft_s: a timed shape as timed; another on the line through the timed ones in
+    the block's tokens (a trimmed round at 16 requests pays its whole block); nothing for T = 1."""
+    line = lambda B, T: 1e-3 + 4e-5 * B * T  # noqa: E731
+    cost = VerifyCost(fixed=1e-3, per_token=1e-4, draft=5e-4,
+                      timed_draft={(B, T): line(B, T) + (1e-4 if (B, T) == (4, 8) else 0.0)
+                                   for B in (1, 4) for T in range(2, 17)})
+    assert cost.draft_s(4, 8) == line(4, 8) + 1e-4 and cost.draft_s(16, 1) == 0.0
+    assert cost.draft_s(16, 16) == pytest.approx(line(16, 16), rel=0.01)
+    assert VerifyCost(1e-3, 1e-4, 5e-4).draft_s(16, 16) == 5e-4  # nothing timed: the fit's constant
+
+
 def test_trim_keeps_the_drafts_the_drafter_is_sure_of_and_learns_how_far_to_trust_it():
     """AutoDraftLength.trim on a packed runner: a request whose drafter is sure of every slot
     verifies all its drafts, one whose confidence collapses after slot 2 verifies 2 (a verified
