@@ -386,7 +386,8 @@ class AutoDraftLength:
         target accepted `accepted`; one gradient step of trim's acceptance model per slot observed."""
         s = self.confidence_shift * self.shifts.get(request, 0.0)
         for j in range(min(len(confidence), accepted + 1)):
-            z = math.log(min(max(confidence[j], 1e-4), 1 - 1e-4) / (1 - min(max(confidence[j], 1e-4), 1 - 1e-4)))
+            c = min(max(confidence[j], 1e-4), 1 - 1e-4)  # as trim clamps it
+            z = math.log(c / (1 - c))
             miss = (1.0 if j < accepted else 0.0) - _sigmoid(self.confidence_slots[j] + self.confidence_weight * z + s)
             self.confidence_slots[j] += self.confidence_rate * miss
             self.confidence_weight += self.confidence_weight_rate * miss * z
