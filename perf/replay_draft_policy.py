@@ -30,6 +30,7 @@ longer than at start-up), DDTree. --recording PATH keeps the recording (about 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -215,7 +216,7 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
                           if (i + 1) % 50 == 0 else None)
     rec = Recording(lens, accepted, confidence, cost, statistics.median(took), settings)
     if path is not None:
-        torch.save({"lens": lens, "accepted": accepted, "confidence": confidence, "cost": vars(cost),
+        torch.save({"lens": lens, "accepted": accepted, "confidence": confidence, "cost": dataclasses.asdict(cost),
                     "prefill_s": rec.prefill_s, "settings": settings}, path)
     return rec
 

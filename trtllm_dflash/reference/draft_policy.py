@@ -43,6 +43,7 @@ hands it back each such round (`learn`). Bands set DDTree's depth as a chain's l
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -145,14 +146,21 @@ class VerifyCost:
             return 0.0
         if (batch, T) in self.timed_draft:
             return self.timed_draft[(batch, T)]
-        points = [(B * t, s) for (B, t), s in self.timed_draft.items() if t > 1]
-        n = len(points)
-        mx, my = sum(x for x, _ in points) / max(n, 1), sum(y for _, y in points) / max(n, 1)
-        sxx = sum((x - mx) ** 2 for x, _ in points)
-        if n < 2 or sxx == 0:
+        if self._draft_line is None:
             return self.draft
-        slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-        return max(0.0, my + slope * (batch * T - mx))
+        intercept, slope = self._draft_line
+        return max(0.0, intercept + slope * batch * T)
+
+    @functools.cached_property
+    def _draft_line(self) -> tuple[float, float] | None:
+        """(intercept, slope) of the least-squares line through timed_draft in batch x T, once
+        (draft_s runs inside every trim); None with fewer than two distinct points."""
+        points = [(B * t, s) for (B, t), s in self.timed_draft.items() if t > 1]
+        if len({x for x, _ in points}) < 2:
+            return None
+        mx, my = sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points)
+        slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+        return my - slope * mx, slope
 
     def timed_scale(self, batch: int, T: int) -> float | None:
         """What start-up timed for a uniform round of `batch` requests and block T, over the
