@@ -424,8 +424,6 @@ class Decoder:
             new, drafted, chain, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
                                                         self.gen)
         else:
-            if trim is not None and getattr(self.drafter, "selects_path", False):
-                trim = None
             new, drafted, conf, t1, t2 = _block_round(self.target, self.drafter, st, lengths, self.sampling, self.gen,
                                                       trim)
         rows = list(st.rows)
@@ -444,7 +442,7 @@ def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch
     q, conf = None, None
     if T > 1:
         draft, q, top = _propose(target, drafter, st, T, sampling, gen, confidence=trim is not None)
-        if trim is not None:
+        if top is not None:  # asked for, and the drafter gives it (a path drafter does not)
             lengths = _trimmed(trim, list(st.rows), lengths, top)
             conf = [top[b, :L].tolist() for b, L in enumerate(lengths)]
             T = max(lengths) + 1
