@@ -54,7 +54,7 @@ def decode(target, drafter, prompts, n, policy, ids) -> tuple[list[list[int]], f
         alive = [r for r in ids if r not in done]
         L = policy.choose(alive, decoder.running) if isinstance(policy, AutoDraftLength) else \
             None if policy == "ar" else policy
-        trim = policy.trim if isinstance(policy, AutoDraftLength) and policy.trims else None
+        trim = policy.trimmer if isinstance(policy, AutoDraftLength) else None
         t_step = time.perf_counter()
         rec = decoder.step(L, trim=trim)
         now = time.perf_counter()

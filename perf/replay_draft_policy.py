@@ -154,9 +154,9 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
         drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
         block = max(drafts) + 1  # the drafter's
         conf = None
-        if getattr(policy, "trims", False) and block > 1:  # Decoder.step's trim
+        if policy.trimmer is not None and block > 1:  # Decoder.step's trim
             top = torch.stack([rec.confidence[running[r][0]][running[r][1] - 1, block - 2, : block - 1] for r in alive])
-            drafts = [int(L) for L in policy.trim(alive, drafts, top.float())]
+            drafts = [int(L) for L in policy.trimmer(alive, drafts, top.float())]
             conf = [top[b, :L].float().tolist() for b, L in enumerate(drafts)]
         tokens, finished = [], []
         for r, L in zip(alive, drafts):

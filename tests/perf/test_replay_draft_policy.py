@@ -19,7 +19,8 @@ class Scripted:
     lengths it draws, keeping the confidences it was shown."""
 
     def __init__(self, seed, K, trims=False):
-        self.rng, self.K, self.trims, self.rounds, self.shown = random.Random(seed), K, trims, [], []
+        self.rng, self.K, self.rounds, self.shown = random.Random(seed), K, [], []
+        self.trimmer = self.trim if trims else None
 
     def choose(self, requests, concurrency):
         return {r: self.rng.randint(0, self.K) for r in requests}
@@ -64,7 +65,7 @@ def test_replayed_rounds_commit_what_the_decoder_commits():
             dec.admit([0, 1, 2], prompts, lens, [[]] * 3)
             while dec.running:
                 want = script.choose(list(dec.st.rows), 3)
-                step = dec.step(want, trim=script.trim if trims else None)
+                step = dec.step(want, trim=script.trimmer)
                 decoded.append({r: len(t) for r, t in zip(step.seq_ids, step.tokens)})
         assert replayed.rounds == decoded
         assert sum(len(r) for r in decoded) > 3 * 2  # several rounds, not a trivial script

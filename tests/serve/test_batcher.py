@@ -279,7 +279,7 @@ def test_the_policy_learns_round_times_in_seconds(pair):
     seen = []
 
     class Recorder:
-        modes, trims = ("dflash",), False
+        modes, trimmer = ("dflash",), None
 
         def choose(self, requests, concurrency):
             return 2

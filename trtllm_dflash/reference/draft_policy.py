@@ -48,14 +48,16 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 
 class DraftPolicy(Protocol):
     modes: tuple[str, ...]  # the decoding modes whose draft length (DDTree: depth) it sets
-    trims: bool  # whether the serving loop hands `trim` to Decoder.step for the rounds it chooses
+    # what the serving loop hands Decoder.step as `trim` (generate.Trim) for the rounds it chooses:
+    # once a round is drafted, the drafts each request verifies; None: every chosen draft
+    trimmer: Callable[[list[int], list[int], torch.Tensor], Sequence[int]] | None
 
     def choose(self, requests: Sequence[int], concurrency: int) -> int | dict[int, int]:
         """Drafts to verify this round for `requests` (one decoder's batch) when `concurrency`
@@ -65,9 +67,6 @@ class DraftPolicy(Protocol):
         """A DDTree decoder's round: (draft lengths as `choose` gives them: the tree's depth, or
         the chain's lengths; tree budget: Decoder.step's tree_budget, 0 = a chain round, None =
         the deployment's budget)."""
-
-    def trim(self, requests: list[int], lengths: list[int], confidence: torch.Tensor) -> list[int]:
-        """generate.Trim: once the round is drafted, the drafts each request verifies (trims only)."""
 
     def learn(self, rec, seconds: float | None = None) -> None:
         """What a round (a generate.StepRecord of one of `modes`) teaches: each request's
@@ -81,7 +80,7 @@ class Bands:
     """The recipe's static bands: [(max_concurrency, draft_len), ...], increasing."""
 
     modes = ("dflash", "ddtree")
-    trims = False
+    trimmer = None
 
     def __init__(self, bands: Sequence[tuple[int, int]], block_size: int):
         self.bands, self.block_size = list(bands), block_size
@@ -94,9 +93,6 @@ class Bands:
 
     def choose_tree(self, requests, concurrency):
         return self.choose(requests, concurrency), None
-
-    def trim(self, requests, lengths, confidence):
-        return lengths
 
     def learn(self, rec, seconds=None):
         pass
@@ -372,6 +368,11 @@ class AutoDraftLength:
         else:
             lengths = self.best_or_none(requests)
         return {r: stretch(L) for r, L in zip(requests, lengths)}
+
+    @property
+    def trimmer(self):
+        """DraftPolicy.trimmer: `trim`, unless trims is off."""
+        return self.trim if self.trims else None
 
     def trim(self, requests: list[int], lengths: list[int], confidence: torch.Tensor) -> list[int]:
         """Decoder.step's `trim`: the drafts are drafted (a block of max(lengths) + 1, as `choose`
