@@ -66,12 +66,16 @@ class Recording:
     def block_size(self) -> int:
         return self.accepted[0].shape[1] + 1
 
-    def round_s(self, lengths: Sequence[int]) -> float:
-        """A round of these draft lengths: start-up's median time of its (requests, block) shape
-        scaled as the cost model scales mixed rows (what `auto` starts from before any round has
-        run); the fitted model for shapes start-up did not time."""
-        scale = self.cost.timed_scale(len(lengths), max(lengths) + 1)
-        return self.cost.lengths_s(lengths) * (1.0 if scale is None else scale)
+    def round_s(self, lengths: Sequence[int], block: int | None = None) -> float:
+        """A round that verifies these draft lengths, its drafter drafting a block of `block`
+        (default max(lengths) + 1): the target's part as start-up timed its (requests, longest + 1)
+        shape, less the drafter's share, scaled as the cost model scales mixed rows (the fit where
+        start-up did not time the shape), and the drafter's pass as start-up timed it (on the
+        line through those times where it did not: VerifyCost.draft_s). What `auto` starts from
+        before any round has run."""
+        B, T = len(lengths), max(lengths) + 1
+        scale = self.cost.timed_verify_scale(B, T)
+        return self.cost.verify_s(lengths) * (1.0 if scale is None else scale) + self.cost.draft_s(B, block or T)
 
 
 def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int],
@@ -126,9 +130,11 @@ class Replayed:
     lengths: Counter  # request-rounds by the draft length they ran
 
 
-def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterator[int]) -> Replayed:
+def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterator[int],
+           clock=time.perf_counter) -> Replayed:
     """Closed-loop clients: `c` requests run at once, the next of `requests` joins when one ends.
-    policy: a fixed draft length, or a DraftPolicy (choose / learn / forget, as serve/batcher.py)."""
+    policy: a fixed draft length, or a DraftPolicy (choose / learn / forget, as serve/batcher.py).
+    The policy's own calls take the time `clock` (seconds) says they took."""
     from trtllm_dflash.reference.generate import StepRecord
 
     K = rec.block_size - 1
@@ -149,15 +155,21 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
             running.pop(r)
         if not alive:
             continue
+        # the policy's own time is the server's too: it chooses and trims inside the round it times
+        # (serve/batcher.py, Decoder.step) and learns between rounds, and every request waits
+        t0 = clock()
         choice = policy.choose(alive, c)
+        spent = clock() - t0
         want = [choice[r] for r in alive] if isinstance(choice, dict) else [choice] * len(alive)
         drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
         block = max(drafts) + 1  # the drafter's
         conf = None
         if policy.trimmer is not None and block > 1:  # Decoder.step's trim
             top = torch.stack([rec.confidence[running[r][0]][running[r][1] - 1, block - 2, : block - 1] for r in alive])
-            drafts = [int(L) for L in policy.trimmer(alive, drafts, top.float())]
+            t0 = clock()
             conf = [top[b, :L].float().tolist() for b, L in enumerate(drafts)]
+            drafts = [int(L) for L in policy.trimmer(alive, drafts, top.float())]
+            spent += clock() - t0
         tokens, finished = [], []
         for r, L in zip(alive, drafts):
             i, g, _ = running[r]
@@ -166,10 +178,13 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
             tokens.append([0] * (a + 1))  # the ids do not matter to a policy: only how many
             finished.append("length" if running[r][1] >= rec.lens[i] else None)
             lengths[L] += 1
-        B, T = len(alive), max(drafts) + 1
-        seconds = rec.round_s(drafts) + rec.cost.draft_s(B, block) - rec.cost.draft_s(B, T)  # drafted `block`
-        now += seconds
-        policy.learn(StepRecord(0, alive, tokens, finished, drafts, block=block if conf else 0, confidence=conf), seconds)
+        B = len(alive)
+        seconds = rec.round_s(drafts, block) + spent
+        t0 = clock()
+        drafting = rec.cost.draft_s(B, block) + (spent if conf else 0.0)  # Decoder.step's t_draft holds the trim
+        policy.learn(StepRecord(0, alive, tokens, finished, drafts, t_draft=drafting, block=block if conf else 0,
+                                confidence=conf), seconds)
+        now += seconds + clock() - t0
         for r, done in zip(alive, finished):
             if done:
                 i, _, t0 = running.pop(r)

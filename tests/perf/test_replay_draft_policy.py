@@ -77,14 +77,26 @@ def test_replayed_rounds_commit_what_the_decoder_commits():
 def test_the_clock_is_the_recorded_round_times():
     # every draft accepted: a request of m tokens at L drafts runs ceil((m - 1) / (L + 1)) rounds,
     # the last one shorter (drafts never pass the tokens left)
-    cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, per_slot=5e-5, packed=True, timed={(1, 4): 9e-3})
+    cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, per_slot=5e-5, packed=True, timed={(1, 4): 9e-3},
+                      timed_draft={(1, 4): 1e-3})
     m, K = 11, 15
     rec = rp.Recording([m], [torch.full((m - 1, K), K, dtype=torch.int8)], [torch.ones(m - 1, K, K)], cost, prefill_s=5e-3)
-    got = rp.replay(rec, 3, c=1, requests=[0], ids=itertools.count())
+    got = rp.replay(rec, 3, c=1, requests=[0], ids=itertools.count(), clock=lambda: 0.0)
     # rounds of 3, 3, then 1 draft (one token left after 8 + the first): 4 + 4 + 2 = 10 tokens
     seconds = 9e-3 + 9e-3 + cost.lengths_s([1])  # (1, 4) is a timed shape; (1, 2) is the model's
     assert got.rates[0] == pytest.approx((m - 1) / seconds, rel=1e-9)
     assert got.lengths == {3: 2, 1: 1}
+
+    # the policy's own time is the server's: a choice that takes 1 ms adds 1 ms to every round
+    now = [0.0]
+
+    class Slow(rp.Bands):
+        def choose(self, requests, concurrency):
+            now[0] += 1e-3
+            return super().choose(requests, concurrency)
+
+    got = rp.replay(rec, Slow([(1, 3)], K + 1), c=1, requests=[0], ids=itertools.count(), clock=lambda: now[0])
+    assert got.rates[0] == pytest.approx((m - 1) / (seconds + 3e-3), rel=1e-9)
 
 
 def test_bench_ratios_are_against_the_best_fixed_length():

@@ -129,9 +129,13 @@ class VerifyCost:
         return self.lengths_s([draft_len] * batch)
 
     def lengths_s(self, lengths: Sequence[int]) -> float:
+        return self.verify_s(lengths) + (self.draft if max(lengths) > 0 else 0.0)
+
+    def verify_s(self, lengths: Sequence[int]) -> float:
+        """The round without its drafter pass: the target verifying these lengths, and the rest."""
         T = max(lengths) + 1
         tokens = sum(L + 1 for L in lengths) if self.packed else len(lengths) * T
-        return self.fixed + self.per_token * tokens + self.per_slot * len(lengths) * T + (self.draft if T > 1 else 0.0)
+        return self.fixed + self.per_token * tokens + self.per_slot * len(lengths) * T
 
     def draft_s(self, batch: int, T: int) -> float:
         """The drafter's pass for `batch` requests and a block of T (0 for T = 1: nothing is
@@ -163,6 +167,14 @@ class VerifyCost:
         linear model's time for it (None: start-up did not time that shape)."""
         seconds = self.timed.get((batch, T))
         return None if seconds is None else seconds / self.lengths_s([T - 1] * batch)
+
+    def timed_verify_scale(self, batch: int, T: int) -> float | None:
+        """timed_scale of the round without its drafter pass (what start-up timed less the
+        drafter's share, over verify_s)."""
+        seconds = self.timed.get((batch, T))
+        if seconds is None:
+            return None
+        return max(seconds - self.timed_draft.get((batch, T), 0.0), 0.0) / self.verify_s([T - 1] * batch)
 
 
 @dataclass
@@ -209,10 +221,16 @@ class AutoDraftLength:
     slot_logits: list[float] = field(default_factory=list)  # b_j, j = 1..block_size - 1
     slot_seen: list[float] = field(default_factory=list)  # n_j
     shifts: dict[int, float] = field(default_factory=dict)  # s_r of every running request
-    # measured / modelled round time, by (requests, longest drafts + 1), from the rounds that ran
-    # (`observe_round`): the start-up fit misses shapes it did not time (larger batches) and costs
-    # it does not model (the drafter catching up on context after rounds without drafts)
+    # measured / modelled round time without the drafter's pass (VerifyCost.verify_s), by
+    # (requests, longest verified drafts + 1), from the rounds that ran (`observe_round`): the
+    # start-up fit misses shapes it did not time (larger batches) and costs it does not model
     correction: dict[tuple[int, int], float] = field(default_factory=dict)
+    # measured / start-up drafter pass (StepRecord.t_draft over VerifyCost.draft_s), by (requests,
+    # block drafted). Not the target's: under load, on longer contexts than start-up's prompts, the
+    # drafter's pass takes longer than start-up timed it (in process at c = 4 on the shipped pair:
+    # 1.2-1.5x, the longer the block the more) while the target's verify takes less (0.9x), so a
+    # correction of the whole round would rate long blocks that a trim cuts short too cheap
+    draft_correction: dict[tuple[int, int], float] = field(default_factory=dict)
     correction_decay: float = 0.9
     # DDTree decoders: the node budgets a round may use (empty: DDTree keeps the deployment's
     # budget and full depth), and per budget the mean tokens its rounds committed per request
@@ -242,7 +260,7 @@ class AutoDraftLength:
     def __post_init__(self):
         K = self.block_size - 1
         for B, T in self.cost.timed:  # start from what start-up timed
-            self.correction.setdefault((B, T), self.cost.timed_scale(B, T))
+            self.correction.setdefault((B, T), self.cost.timed_verify_scale(B, T))
         self.slot_logits = self.slot_logits or [math.log(self.prior / (1 - self.prior))] * K
         self.slot_seen = self.slot_seen or [0.0] * K
         self.confidence_slots = self.confidence_slots or [0.0] * K
@@ -336,17 +354,38 @@ class AutoDraftLength:
             lengths, rate, total = trial, r, total - gains[i] + 1.0
         return lengths
 
-    def round_s(self, lengths: Sequence[int]) -> float:
-        """The modelled seconds of a round of these draft lengths, corrected by what rounds of its
+    def round_s(self, lengths: Sequence[int], block: int | None = None) -> float:
+        """The modelled seconds of a round that verifies these draft lengths (the drafter drafting
+        a block of `block`, default max(lengths) + 1), each part corrected by what rounds of its
         shape took (no correction for a shape that has not run yet)."""
-        return self.cost.lengths_s(lengths) * self.correction.get((len(lengths), max(lengths) + 1), 1.0)
+        B, T = len(lengths), max(lengths) + 1
+        return self.cost.verify_s(lengths) * self.correction.get((B, T), 1.0) + self.drafter_s(B, block or T)
 
-    def observe_round(self, lengths: Sequence[int], seconds: float) -> None:
-        """A round whose requests drafted `lengths` took `seconds` (decode only)."""
+    def drafter_s(self, batch: int, T: int) -> float:
+        """The drafter's pass for a block of T: start-up's (VerifyCost.draft_s), corrected by what
+        rounds of this shape took, else by the mean correction of this batch size's blocks."""
+        if T <= 1:
+            return 0.0
+        scale = self.draft_correction.get((batch, T))
+        if scale is None:
+            seen = [v for (b, _), v in self.draft_correction.items() if b == batch]
+            scale = sum(seen) / len(seen) if seen else 1.0
+        return self.cost.draft_s(batch, T) * scale
+
+    def observe_round(self, lengths: Sequence[int], seconds: float, drafting: float | None = None,
+                      block: int | None = None) -> None:
+        """A round whose requests verified `lengths` took `seconds` (decode only), `drafting` of
+        them the drafter's pass over a block of `block` (default max(lengths) + 1; not measured:
+        as modelled)."""
         if not lengths or seconds <= 0:
             return
-        key = (len(lengths), max(lengths) + 1)
-        _decayed(self.correction, key, seconds / self.cost.lengths_s(lengths), self.correction_decay)
+        B, T = len(lengths), max(lengths) + 1
+        block = block or T
+        if drafting is not None and block > 1 and drafting > 0:
+            _decayed(self.draft_correction, (B, block), drafting / self.cost.draft_s(B, block), self.correction_decay)
+        drafting = self.drafter_s(B, block) if drafting is None else drafting
+        _decayed(self.correction, (B, T), max(seconds - drafting, 0.0) / self.cost.verify_s(lengths),
+                 self.correction_decay)
 
     def _increments(self, request: int) -> list[float]:
         """prod_{j<=k} a_j for k = 1..K: the expected extra token of drafting slot k."""
@@ -379,16 +418,14 @@ class AutoDraftLength:
         chose); each request verifies the prefix of its drafts (at most its length) that
         maximises the batch's expected tokens per second (`_best_prefixes`), its acceptance from
         its slots' confidences [B, max(lengths)]. The drafter's pass is paid whatever is verified:
-        a round's seconds are round_s of the verified lengths with the drafted block's drafter
-        time in place of theirs."""
+        a round's seconds are round_s of the verified lengths and the drafted block."""
         B, longest = len(requests), max(lengths)
         z = torch.logit(confidence.double().clamp(1e-4, 1 - 1e-4))  # [B, longest]
         u = torch.tensor(self.confidence_slots[:longest], dtype=torch.float64)
         s = torch.tensor([self.shifts.get(r, 0.0) for r in requests], dtype=torch.float64)
         a = torch.sigmoid(u + self.confidence_weight * z + self.confidence_shift * s[:, None])  # [B, longest]
         inc = a.cumprod(1) * (torch.arange(longest) < torch.tensor(lengths)[:, None])  # [B, longest]
-        drafter = self.cost.draft_s(B, longest + 1)
-        return self._best_prefixes(inc.tolist(), lambda L: self.round_s(L) + drafter - self.cost.draft_s(B, max(L) + 1))
+        return self._best_prefixes(inc.tolist(), lambda L: self.round_s(L, block=longest + 1))
 
     def observe_confidence(self, request: int, confidence: Sequence[float], accepted: int) -> None:
         """A trimmed round: `request` verified len(confidence) drafts of these confidences and the
@@ -400,6 +437,30 @@ class AutoDraftLength:
             miss = (1.0 if j < accepted else 0.0) - _sigmoid(self.confidence_slots[j] + self.confidence_weight * z + s)
             self.confidence_slots[j] += self.confidence_rate * miss
             self.confidence_weight += self.confidence_weight_rate * miss * z
+
+    def observe_unverified(self, request: int, first: int, confidence: Sequence[float]) -> None:
+        """A trimmed round in which `request` accepted every draft it verified (`first` of them)
+        and left the next len(confidence) slots unverified. Whether the target would have
+        accepted them is unknown, and not at random: the trim keeps the slots the drafter is sure
+        of, so the slot curve and the shift, learning from verified slots only, would learn the
+        sure slots' acceptance and overrate long blocks (in process at c = 4 before this, `choose`
+        expected 14.0 tokens a round from the blocks it chose; the trimmed rounds committed 10.8).
+        Given its confidence a slot's trim is at random, so trim's acceptance model stands in for
+        the target: each unverified slot is a soft observation, its label trim's acceptance and
+        its weight the chance that every draft before it is accepted; one gradient step each, as
+        `observe` takes."""
+        b, seen = self.slot_logits, self.slot_seen
+        s, reach = self.shifts.get(request, 0.0), 1.0
+        for j, c in enumerate(confidence, start=first):
+            c = min(max(c, 1e-4), 1 - 1e-4)  # as trim clamps it
+            label = _sigmoid(self.confidence_slots[j] + self.confidence_weight * math.log(c / (1 - c))
+                             + self.confidence_shift * s)
+            miss = reach * (label - _sigmoid(b[j] + s))
+            s += self.request_rate * miss
+            b[j] += max(self.slot_rate, 1.0 / (self.prior_weight + seen[j])) * miss
+            seen[j] += reach
+            reach *= label
+        self.shifts[request] = s
 
     def choose_tree(self, requests, concurrency):
         """A DDTree decoder's round: the tree budget of highest expected tokens per second, or a
@@ -443,15 +504,15 @@ class AutoDraftLength:
             for i in going if rec.chain is not None else ():
                 self.observe(rec.seq_ids[i], *rec.chain[i])
             return
-        if seconds is not None:
-            B, T = len(rec.drafted), max(rec.drafted, default=0) + 1
-            if rec.block:  # a trimmed round paid the drafter for its block, not for what it verified
-                seconds += self.cost.draft_s(B, T) - self.cost.draft_s(B, rec.block)
-            self.observe_round(rec.drafted, seconds)
+        if seconds is not None:  # a trimmed round paid the drafter for its block, not for what it verified
+            self.observe_round(rec.drafted, seconds, rec.t_draft or None, rec.block or None)
         for i in going:
-            self.observe(rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1)
+            request, verified, accepted = rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1
+            self.observe(request, verified, accepted)
             if rec.confidence is not None:
-                self.observe_confidence(rec.seq_ids[i], rec.confidence[i], len(rec.tokens[i]) - 1)
+                self.observe_confidence(request, rec.confidence[i][:verified], accepted)
+                if accepted == verified:
+                    self.observe_unverified(request, verified, rec.confidence[i][verified:])
 
     def observe(self, request, drafted, accepted):
         """A round in which `request` drafted `drafted` and the target accepted `accepted`: slots

@@ -67,7 +67,8 @@ class StepRecord:
     tree_budget: int = 0  # 0: a chain round (or the prefill)
     chain: list[tuple[int, int]] | None = None
     # A trimmed round (Decoder.step's `trim`): the drafter's block (anchor + drafts it drafted), and
-    # per row the top probability of the drafter's distribution at each slot it verified
+    # per row the top probability of the drafter's distribution at each slot the row could verify
+    # (its draft length before the trim; `drafted` says how many of them it verified)
     block: int = 0
     confidence: list[list[float]] | None = None
 
@@ -437,14 +438,15 @@ def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch
                  gen, trim: Trim | None = None):
     """dflash (a drafter block of max(lengths) + 1) or a plain AR step (every length 0). lengths:
     drafts each row verifies, or, with `trim`, at most verifies. Returns (committed tokens per
-    row, drafts verified per row, confidences of the verified slots per row or None, t1, t2)."""
+    row, drafts verified per row, per row the confidences of the slots it could verify (its
+    length before the trim) or None, t1, t2)."""
     B, T = len(st.rows), max(lengths) + 1
     q, conf = None, None
     if T > 1:
         draft, q, top = _propose(target, drafter, st, T, sampling, gen, confidence=trim is not None)
         if top is not None:  # asked for, and the drafter gives it (a path drafter does not)
+            conf = [top[b, :L].tolist() for b, L in enumerate(lengths)]  # every slot the row may verify
             lengths = _trimmed(trim, list(st.rows), lengths, top)
-            conf = [top[b, :L].tolist() for b, L in enumerate(lengths)]
             T = max(lengths) + 1
             draft, q = draft[:, : T - 1], None if q is None else q[:, : T - 1]
     else:  # AR, or the last round of a spec mode (T == 1 only when one token is left)
