@@ -14,8 +14,9 @@ until the request finished), and the median repeat is reported. Policies:
   auto-batch    `draft_len: auto` choosing one length per round for the whole batch, on the
                 cost model of uniform rounds (what it did before per-request lengths)
   auto          `draft_len: auto` as served on the reference backend: a length per request
-                per round, 0 included, on the packed cost model, each drafted round trimmed
-                from the drafter's confidences (reference/draft_policy.py)
+                per round, 0 included, on the packed cost model, drafted rounds of up to
+                trim_batch requests trimmed from the drafter's confidences
+                (reference/draft_policy.py)
 
 Both auto policies get their VerifyCost from `measure_cost` once, before the repeats. Every
 policy's tokens must equal ar's (an error otherwise). The goals of the draft-length issue,
@@ -54,7 +55,7 @@ def decode(target, drafter, prompts, n, policy, ids) -> tuple[list[list[int]], f
         alive = [r for r in ids if r not in done]
         L = policy.choose(alive, decoder.running) if isinstance(policy, AutoDraftLength) else \
             None if policy == "ar" else policy
-        trim = policy.trimmer if isinstance(policy, AutoDraftLength) else None
+        trim = policy.trimmer(len(alive)) if isinstance(policy, AutoDraftLength) else None
         t_step = time.perf_counter()
         rec = decoder.step(L, trim=trim)
         now = time.perf_counter()
@@ -94,7 +95,7 @@ def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, 
     policies = ["ar", *FIXED, "auto-batch", "auto"]
     # One instance of each auto policy for the whole run, as a server keeps one: a new request
     # starts from the acceptance of every request before it (the warm-up pass teaches them first).
-    autos = {"auto-batch": AutoDraftLength(block, uniform, trims=False), "auto": AutoDraftLength(block, packed)}
+    autos = {"auto-batch": AutoDraftLength(block, uniform, trim_batch=0), "auto": AutoDraftLength(block, packed)}
     request_ids = itertools.count()
     rows = []
     for c in levels:

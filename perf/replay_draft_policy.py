@@ -9,7 +9,10 @@ request's output for every drafter block length (a drafter pass over the exact c
 target's greedy tokens are known from one plain decode), and times rounds as the server does at
 start-up (`measure_cost`). Then it replays the sweep's closed-loop clients at each concurrency:
 each round, every running request commits min(its drafts, what its position accepts from the
-round's block) + 1 tokens, and the round takes what the start-up timings say (`round_s`).
+round's block) + 1 tokens, and the round takes what the start-up timings say (`round_s`: the
+target's part of its shape, the drafter's pass for the block drafted, on the line through
+start-up's drafter times where start-up did not time the shape) plus what the policy's own calls
+took on this machine (it chooses and trims inside the server's rounds and learns between them).
 Policies: every fixed draft length 0..15 and `auto` (the AutoDraftLength the server runs, one
 instance for the whole run, learning from every replayed round). Figures per level: tokens/s/user
 p50 (first token excluded, as the sweep's), over the served bench's requests (`bench policy
@@ -20,10 +23,10 @@ for the block it drafted (start-up's drafter time per shape, VerifyCost.timed_dr
 
 Greedy decoding is deterministic, so a replayed round commits exactly the tokens the decoder would
 (tests/perf/test_replay_draft_policy.py checks it against Decoder.step) and a recording replays to
-the same figures every time: what differs between policies is the policies and the request
-sample, not the machine. Rounds are timed with the CPU server's torch threads (every core but
+the same figures every time, the policy's own time aside: what differs between policies is the
+policies and the request sample, not the machine. Rounds are timed with the CPU server's torch threads (every core but
 one). Left out: serving overhead, the sweep's load on round times (rounds under load take 10-25%
-longer than at start-up), DDTree. --recording PATH keeps the recording (about 1.5 s a request on
+longer than at start-up, the drafter's pass up to 1.5x), DDTree. --recording PATH keeps the recording (about 1.5 s a request on
 2 cores) and reuses it when it was made for the same requests and seed.
 """
 
@@ -164,11 +167,12 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
         drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
         block = max(drafts) + 1  # the drafter's
         conf = None
-        if policy.trimmer is not None and block > 1:  # Decoder.step's trim
+        trimmer = policy.trimmer(len(alive))
+        if trimmer is not None and block > 1:  # Decoder.step's trim
             top = torch.stack([rec.confidence[running[r][0]][running[r][1] - 1, block - 2, : block - 1] for r in alive])
             t0 = clock()
             conf = [top[b, :L].float().tolist() for b, L in enumerate(drafts)]
-            drafts = [int(L) for L in policy.trimmer(alive, drafts, top.float())]
+            drafts = [int(L) for L in trimmer(alive, drafts, top.float())]
             spent += clock() - t0
         tokens, finished = [], []
         for r, L in zip(alive, drafts):

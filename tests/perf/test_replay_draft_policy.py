@@ -20,7 +20,10 @@ class Scripted:
 
     def __init__(self, seed, K, trims=False):
         self.rng, self.K, self.rounds, self.shown = random.Random(seed), K, [], []
-        self.trimmer = self.trim if trims else None
+        self.trims = trims
+
+    def trimmer(self, batch):
+        return self.trim if self.trims else None
 
     def choose(self, requests, concurrency):
         return {r: self.rng.randint(0, self.K) for r in requests}
@@ -65,7 +68,7 @@ def test_replayed_rounds_commit_what_the_decoder_commits():
             dec.admit([0, 1, 2], prompts, lens, [[]] * 3)
             while dec.running:
                 want = script.choose(list(dec.st.rows), 3)
-                step = dec.step(want, trim=script.trimmer)
+                step = dec.step(want, trim=script.trimmer(dec.running))
                 decoded.append({r: len(t) for r, t in zip(step.seq_ids, step.tokens)})
         assert replayed.rounds == decoded
         assert sum(len(r) for r in decoded) > 3 * 2  # several rounds, not a trivial script

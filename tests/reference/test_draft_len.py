@@ -214,6 +214,9 @@ def test_trim_keeps_the_drafts_the_drafter_is_sure_of_and_learns_how_far_to_trus
     after = auto.trim([0, 1, 2], [15, 15, 6], conf)
     assert after[0] == 0  # its own shift too
     assert after[1] == 2 and after[2] < 6  # sure slots of every request are trusted less
+    # the serving loop trims rounds of up to trim_batch requests only
+    assert [auto.trimmer(B) for B in (1, 2, 3)] == [auto.trim, auto.trim, None]
+    assert AutoDraftLength(block_size=16, cost=cost, trim_batch=0).trimmer(1) is None
 
 
 def _trimmed_rounds(auto: AutoDraftLength, rounds: int, seed: int = 0) -> None:

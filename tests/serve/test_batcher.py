@@ -279,7 +279,10 @@ def test_the_policy_learns_round_times_in_seconds(pair):
     seen = []
 
     class Recorder:
-        modes, trimmer = ("dflash",), None
+        modes = ("dflash",)
+
+        def trimmer(self, batch):
+            return None
 
         def choose(self, requests, concurrency):
             return 2

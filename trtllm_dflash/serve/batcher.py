@@ -233,7 +233,7 @@ class ServingEngine:
             return key[1], None, None
         if self.policy is None or key[2] not in self.policy.modes:
             return None, None, None
-        trim = self.policy.trimmer
+        trim = self.policy.trimmer(len(jobs))
         if key[2] == "ddtree":
             return *self.policy.choose_tree(list(jobs), self.running), trim
         return self.policy.choose(list(jobs), self.running), None, trim
