@@ -17,9 +17,9 @@ Policies: every fixed draft length 0..15 and `auto` (the AutoDraftLength the ser
 instance for the whole run, learning from every replayed round). Figures per level: tokens/s/user
 p50 (first token excluded, as the sweep's), over the served bench's requests (`bench policy
 --set sweep.min_requests=N`, --served-min N, 64 as the README's: the first max(N, 5c) after the
-two warm-ups) and over all --requests. `auto` trims its drafted rounds as the server does
-(AutoDraftLength.trim, from the drafter's confidences the recording keeps), paying the drafter
-for the block it drafted (start-up's drafter time per shape, VerifyCost.timed_draft).
+two warm-ups) and over all --requests. `auto` trims the drafted rounds the server trims
+(AutoDraftLength.trimmer, from the drafter's confidences the recording keeps), paying the drafter
+for the block it drafted.
 
 Greedy decoding is deterministic, so a replayed round commits exactly the tokens the decoder would
 (tests/perf/test_replay_draft_policy.py checks it against Decoder.step) and a recording replays to
