@@ -166,14 +166,15 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
         want = [choice[r] for r in alive] if isinstance(choice, dict) else [choice] * len(alive)
         drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
         block = max(drafts) + 1  # the drafter's
-        conf = None
+        conf, trimming = None, 0.0
         trimmer = policy.trimmer(len(alive))
         if trimmer is not None and block > 1:  # Decoder.step's trim
             top = torch.stack([rec.confidence[running[r][0]][running[r][1] - 1, block - 2, : block - 1] for r in alive])
             t0 = clock()
             conf = [top[b, :L].float().tolist() for b, L in enumerate(drafts)]
             drafts = [int(L) for L in trimmer(alive, drafts, top.float())]
-            spent += clock() - t0
+            trimming = clock() - t0
+            spent += trimming
         tokens, finished = [], []
         for r, L in zip(alive, drafts):
             i, g, _ = running[r]
@@ -185,7 +186,7 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
         B = len(alive)
         seconds = rec.round_s(drafts, block) + spent
         t0 = clock()
-        drafting = rec.cost.draft_s(B, block) + (spent if conf else 0.0)  # Decoder.step's t_draft holds the trim
+        drafting = rec.cost.draft_s(B, block) + trimming  # Decoder.step's t_draft holds the trim, not the choice
         policy.learn(StepRecord(0, alive, tokens, finished, drafts, t_draft=drafting, block=block if conf else 0,
                                 confidence=conf), seconds)
         now += seconds + clock() - t0

@@ -288,6 +288,10 @@ def test_the_drafters_measured_time_corrects_the_drafter_not_the_target():
     assert auto.drafter_s(2, 6) == cost.draft_s(2, 6)  # another batch size: as start-up timed
     assert auto.round_s([2] * 4) == pytest.approx(cost.verify_s([2] * 4) + auto.drafter_s(4, 3), rel=1e-3)
     assert auto.round_s([2] * 4, block=6) == pytest.approx(cost.verify_s([2] * 4) + drafting, rel=1e-3)
+    # a fit that models no drafter (draft 0, nothing timed) takes a measured pass without failing
+    free = AutoDraftLength(block_size=8, cost=VerifyCost(fixed=1e-3, per_token=1e-4, draft=0.0, packed=True))
+    free.observe_round([2] * 4, 3e-3, drafting=1e-3, block=6)
+    assert free.correction[(4, 3)] == pytest.approx(2e-3 / free.cost.verify_s([2] * 4))
 
 
 def test_auto_draft_length_follows_acceptance_and_cost():

@@ -366,8 +366,9 @@ class AutoDraftLength:
 
     def round_s(self, lengths: Sequence[int], block: int | None = None) -> float:
         """The modelled seconds of a round that verifies these draft lengths (the drafter drafting
-        a block of `block`, default max(lengths) + 1), each part corrected by what rounds of its
-        shape took (no correction for a shape that has not run yet)."""
+        a block of `block`, default max(lengths) + 1): the target's part as start-up timed its
+        shape, corrected by what rounds of that shape took since (the fit, uncorrected, for a
+        shape neither timed nor run), and the drafter's pass (`drafter_s`)."""
         B, T = len(lengths), max(lengths) + 1
         return self.cost.verify_s(lengths) * self.correction.get((B, T), 1.0) + self.drafter_s(B, block or T)
 
@@ -391,11 +392,13 @@ class AutoDraftLength:
             return
         B, T = len(lengths), max(lengths) + 1
         block = block or T
-        if drafting is not None and block > 1 and drafting > 0:
-            _decayed(self.draft_correction, (B, block), drafting / self.cost.draft_s(B, block), self.correction_decay)
+        modelled = self.cost.draft_s(B, block)
+        if drafting is not None and block > 1 and drafting > 0 and modelled > 0:  # a fit may model no drafter
+            _decayed(self.draft_correction, (B, block), drafting / modelled, self.correction_decay)
         drafting = self.drafter_s(B, block) if drafting is None else drafting
-        _decayed(self.correction, (B, T), max(seconds - drafting, 0.0) / self.cost.verify_s(lengths),
-                 self.correction_decay)
+        verify = self.cost.verify_s(lengths)
+        if verify > 0:
+            _decayed(self.correction, (B, T), max(seconds - drafting, 0.0) / verify, self.correction_decay)
 
     def _increments(self, request: int) -> list[float]:
         """prod_{j<=k} a_j for k = 1..K: the expected extra token of drafting slot k."""
