@@ -166,15 +166,9 @@ class VerifyCost:
         slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
         return my - slope * mx, slope
 
-    def timed_scale(self, batch: int, T: int) -> float | None:
-        """What start-up timed for a uniform round of `batch` requests and block T, over the
-        linear model's time for it (None: start-up did not time that shape)."""
-        seconds = self.timed.get((batch, T))
-        return None if seconds is None else seconds / self.lengths_s([T - 1] * batch)
-
     def timed_verify_scale(self, batch: int, T: int) -> float | None:
-        """timed_scale of the round without its drafter pass (what start-up timed less the
-        drafter's share, over verify_s)."""
+        """What start-up timed for a uniform round of `batch` requests and block T, less the
+        drafter's share, over verify_s (None: start-up did not time that shape)."""
         seconds = self.timed.get((batch, T))
         if seconds is None:
             return None
@@ -369,8 +363,11 @@ class AutoDraftLength:
         a block of `block`, default max(lengths) + 1): the target's part as start-up timed its
         shape, corrected by what rounds of that shape took since (the fit, uncorrected, for a
         shape neither timed nor run), and the drafter's pass (`drafter_s`)."""
-        B, T = len(lengths), max(lengths) + 1
-        return self.cost.verify_s(lengths) * self.correction.get((B, T), 1.0) + self.drafter_s(B, block or T)
+        return self._verify_round_s(lengths) + self.drafter_s(len(lengths), block or max(lengths) + 1)
+
+    def _verify_round_s(self, lengths: Sequence[int]) -> float:
+        """round_s without the drafter's pass."""
+        return self.cost.verify_s(lengths) * self.correction.get((len(lengths), max(lengths) + 1), 1.0)
 
     def drafter_s(self, batch: int, T: int) -> float:
         """The drafter's pass for a block of T: start-up's (VerifyCost.draft_s), corrected by what
@@ -437,18 +434,24 @@ class AutoDraftLength:
         s = torch.tensor([self.shifts.get(r, 0.0) for r in requests], dtype=torch.float64)
         a = torch.sigmoid(u + self.confidence_weight * z + self.confidence_shift * s[:, None])  # [B, longest]
         inc = a.cumprod(1) * (torch.arange(longest) < torch.tensor(lengths)[:, None])  # [B, longest]
-        return self._best_prefixes(inc.tolist(), lambda L: self.round_s(L, block=longest + 1))
+        drafter = self.drafter_s(B, longest + 1)  # round_s with the drafted block, once a trim
+        return self._best_prefixes(inc.tolist(), lambda L: self._verify_round_s(L) + drafter)
 
     def observe_confidence(self, request: int, confidence: Sequence[float], accepted: int) -> None:
         """A trimmed round: `request` verified len(confidence) drafts of these confidences and the
         target accepted `accepted`; one gradient step of trim's acceptance model per slot observed."""
-        s = self.confidence_shift * self.shifts.get(request, 0.0)
+        shift = self.shifts.get(request, 0.0)
         for j in range(min(len(confidence), accepted + 1)):
-            c = min(max(confidence[j], 1e-4), 1 - 1e-4)  # as trim clamps it
-            z = math.log(c / (1 - c))
-            miss = (1.0 if j < accepted else 0.0) - _sigmoid(self.confidence_slots[j] + self.confidence_weight * z + s)
+            z, a = self._confidence_acceptance(j, confidence[j], shift)
+            miss = (1.0 if j < accepted else 0.0) - a
             self.confidence_slots[j] += self.confidence_rate * miss
             self.confidence_weight += self.confidence_weight_rate * miss * z
+
+    def _confidence_acceptance(self, slot: int, confidence: float, shift: float) -> tuple[float, float]:
+        """(logit of the confidence, clamped as trim clamps it; trim's acceptance of that slot)."""
+        c = min(max(confidence, 1e-4), 1 - 1e-4)
+        z = math.log(c / (1 - c))
+        return z, _sigmoid(self.confidence_slots[slot] + self.confidence_weight * z + self.confidence_shift * shift)
 
     def observe_unverified(self, request: int, first: int, confidence: Sequence[float]) -> None:
         """A trimmed round in which `request` accepted every draft it verified (`first` of them)
@@ -464,9 +467,7 @@ class AutoDraftLength:
         b, seen = self.slot_logits, self.slot_seen
         s, reach = self.shifts.get(request, 0.0), 1.0
         for j, c in enumerate(confidence, start=first):
-            c = min(max(c, 1e-4), 1 - 1e-4)  # as trim clamps it
-            label = _sigmoid(self.confidence_slots[j] + self.confidence_weight * math.log(c / (1 - c))
-                             + self.confidence_shift * s)
+            _, label = self._confidence_acceptance(j, c, s)
             miss = reach * (label - _sigmoid(b[j] + s))
             s += self.request_rate * miss
             b[j] += max(self.slot_rate, 1.0 / (self.prior_weight + seen[j])) * miss
