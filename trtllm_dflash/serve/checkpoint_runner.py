@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
+import re
 import socket
 import traceback
 from dataclasses import dataclass
@@ -426,14 +427,29 @@ class ShardedModel:
             return result, running
 
     def _fail(self, detail: str):
-        """Record why the model cannot serve, stop the ranks still running, raise RankFailed."""
+        """Record why the model cannot serve, stop the ranks still running, raise RankFailed.
+
+        `detail` is what rank 0 raised, if it did. When a peer dies, rank 0 fails in its next
+        collective and then exits itself, so the reason names the cause first, whichever the loop
+        saw first: the ranks (other than the reporting one) that had ended when the failure was
+        seen, killed ones before ones that exited, then what rank 0 raised, then the ranks that
+        ended after."""
         import time
 
-        time.sleep(0.5)  # the peers of a dead rank fail in their next collective: name every rank that ended
-        ended = "; ".join(f"rank {r} {_how_ended(p.exitcode)}" for r, p in enumerate(self._procs.processes)
-                          if p.exitcode is not None)
-        raised = detail.splitlines()[0] if detail else ""
-        self.failed = (f"tensor-parallel {'; '.join(x for x in (ended, raised) if x)}: this model cannot serve any more "
+        reporter = int(m[1]) if (m := re.match(r"rank (\d+):", detail)) else None
+        others = {r: p for r, p in enumerate(self._procs.processes) if r != reporter}
+
+        def ended(exclude=()) -> list[int]:
+            gone = [r for r, p in others.items() if p.exitcode is not None and r not in exclude]
+            return sorted(gone, key=lambda r: (others[r].exitcode >= 0, r))  # signals first: the likelier cause
+
+        deadline = time.monotonic() + 2.0  # a dead peer's exit shows within ms; a raise alone waits out 2 s
+        while not (first := ended()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the peers of a dead rank fail in their next collective: name every rank that ended
+        words = lambda ranks: "; ".join(f"rank {r} {_how_ended(others[r].exitcode)}" for r in ranks)  # noqa: E731
+        parts = [words(first), detail.splitlines()[0] if detail else "", words(ended(exclude=first))]
+        self.failed = (f"tensor-parallel {'; '.join(x for x in parts if x)}: this model cannot serve any more "
                        "requests; restart the server")
         for p in self._procs.processes:
             if p.is_alive():
