@@ -39,12 +39,13 @@ def test_goals_name_each_bar_a_run_missed():
 
 
 def test_the_readme_table_is_the_printed_one():
-    result = {"levels": [dict(_level(1, 100, 140, 160, 150), dflash_zero_share=0.03),
+    result = {"levels": [dict(_level(1, 100, 140, 160, 150), dflash_zero_share=0.03,
+                              dflash_over_best_repeats=[1.2, 1.1, 1.15], dflash_over_best_mean=1.25),
                          dict(_level(16, 40, 38, 41, 40), dflash_zero_share=None)]}
     lines = markdown(result).splitlines()
-    assert lines[0].startswith("| c | AR | best fixed | dflash |") and lines[1] == "|---|" + "---|" * 8
-    assert lines[2] == "| 1 | 100.0 | 140.0 (L=3) | 160.0 | 1.60x | 1.143 | 3% | 150.0 | 1.50x |"
-    assert lines[3].split(" | ")[6] == "-"
+    assert lines[0].startswith("| c | AR | best fixed | dflash |") and lines[1] == "|---|" + "---|" * 10
+    assert lines[2] == "| 1 | 100.0 | 140.0 (L=3) | 160.0 | 1.60x | 1.143 | 1.100-1.200 | 1.250 | 3% | 150.0 | 1.50x |"
+    assert lines[3].split(" | ")[6:9] == ["-", "-", "-"]  # a result from before these columns
 
 
 @pytest.mark.slow
@@ -60,3 +61,5 @@ def test_a_tiny_served_run_gives_every_curve_at_every_level(tmp_path, capsys):
         assert set(r["tok_s_user_p50"]) == {"ar", "dflash L=3", "dflash", "ddtree"}
         assert all(v > 0 for v in r["tok_s_user_p50"].values())
         assert sum(r["dflash_draft_lens"].values()) > 0  # the server's counters were read
+        assert len(r["dflash_over_best_repeats"]) == 1 and r["dflash_over_best_mean"] > 0
+        assert set(r["tok_s_user_mean"]) == set(r["tok_s_user_p50"])
