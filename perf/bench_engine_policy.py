@@ -10,7 +10,10 @@ Triton, no gRPC: less noise than `bench policy`, which measures the served path)
 and repeat, runs every curve with `c` closed-loop clients over at least `--requests` requests:
 `fixed n` (each request's own draft_len), `auto` and `auto mixed` (the same policy object, its
 `mixed` switched for that curve; both learn from every round). Prints tok/s/user p50 per curve
-(median over repeats) and each `auto` over the best fixed length, side by side.
+(median over repeats) and each `auto` over the best fixed length, side by side; then, per level,
+`auto` over that fixed length at every decile of the requests' rates (each request's median over
+repeats: the same requests run in every curve) and on their mean, which shows where in the
+distribution a policy gains or loses (README, "What the p50 measures").
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import time
 from pathlib import Path
 
 
-def closed_loop(engine, prompts, lens, c: int, draft_len: int | None) -> float:
-    """tok/s/user p50 of `c` clients taking the requests in turn (first token excluded), DFlash
-    chains (the deployment's DDTree aside)."""
+def closed_loop(engine, prompts, lens, c: int, draft_len: int | None) -> dict[int, float]:
+    """Tokens per second of each request (first token excluded; by index into `prompts`) of `c`
+    clients taking the requests in turn, DFlash chains (the deployment's DDTree aside)."""
     from trtllm_dflash.serve.batcher import Job
 
-    todo, lock, rates = list(range(len(prompts))), threading.Lock(), []
+    todo, lock, rates = list(range(len(prompts))), threading.Lock(), {}
 
     def client():
         while True:
@@ -47,14 +50,26 @@ def closed_loop(engine, prompts, lens, c: int, draft_len: int | None) -> float:
                               draft_len=draft_len, mode="dflash"))
             done.wait()
             if lens[i] > 1 and times[-1] > times[0]:
-                rates.append((lens[i] - 1) / (times[-1] - times[0]))
+                rates[i] = (lens[i] - 1) / (times[-1] - times[0])
 
     threads = [threading.Thread(target=client) for _ in range(c)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return statistics.median(rates)
+    return rates
+
+
+DECILES = tuple(range(10, 100, 10))
+
+
+def deciles(runs: list[dict[int, float]]) -> tuple[list[float], float]:
+    """The deciles (10..90%) and the mean of the requests' rates, each request's rate its median
+    over the repeats in `runs`."""
+    from trtllm_dflash.sweep.metrics import percentile
+
+    per_request = sorted(statistics.median(run[i] for run in runs if i in run) for i in set().union(*runs))
+    return [percentile(per_request, q) for q in DECILES], statistics.mean(per_request)
 
 
 def bench(work: Path, levels, fixed, repeats: int, requests: int) -> list[dict]:
@@ -79,7 +94,7 @@ def bench(work: Path, levels, fixed, repeats: int, requests: int) -> list[dict]:
             n = max(requests, 5 * c)
             prompts = [tok(p)["input_ids"] for p in load_prompts(sw.dataset, n, sw.input_len, sw.seed)]
             lens = sw.output_lens(n)
-            runs: dict[str, list[float]] = {}
+            runs: dict[str, list[dict[int, float]]] = {}
             for _ in range(repeats):
                 for L in fixed:
                     runs.setdefault(f"fixed {L}", []).append(closed_loop(engine, prompts, lens, c, L))
@@ -87,10 +102,13 @@ def bench(work: Path, levels, fixed, repeats: int, requests: int) -> list[dict]:
                     policy.mixed = mixed
                     runs.setdefault(name, []).append(closed_loop(engine, prompts, lens, c, None))
                 policy.mixed = False
-            p50 = {name: statistics.median(v) for name, v in runs.items()}
-            best = max(p50[f"fixed {L}"] for L in fixed)
-            rows.append({"concurrency": c, "tok_s_user_p50": p50, "auto_over_best_fixed": p50["auto"] / best,
-                         "mixed_over_best_fixed": p50["auto mixed"] / best})
+            p50 = {name: statistics.median(statistics.median(run.values()) for run in v) for name, v in runs.items()}
+            best = max((f"fixed {L}" for L in fixed), key=p50.get)
+            (auto_d, auto_mean), (best_d, best_mean) = deciles(runs["auto"]), deciles(runs[best])
+            rows.append({"concurrency": c, "tok_s_user_p50": p50, "auto_over_best_fixed": p50["auto"] / p50[best],
+                         "mixed_over_best_fixed": p50["auto mixed"] / p50[best], "best_fixed": best,
+                         "auto_over_best_deciles": [a / b for a, b in zip(auto_d, best_d)],
+                         "auto_over_best_mean": auto_mean / best_mean})
     finally:
         engine.stop()
     return rows
@@ -112,6 +130,11 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['concurrency']:<3}" + "".join(f"{r['tok_s_user_p50'][n]:12.1f}" for n in names)
               + f"   {r['auto_over_best_fixed']:15.3f}   {r['mixed_over_best_fixed']:16.3f}")
+    print("\nauto over the best fixed length (by p50) at each decile of the requests' rates, and on their mean")
+    print("c  best fixed " + "".join(f"{q:>7}%" for q in DECILES) + "     mean")
+    for r in rows:
+        print(f"{r['concurrency']:<3}{r['best_fixed']:>10} " + "".join(f"{x:8.3f}" for x in r["auto_over_best_deciles"])
+              + f"{r['auto_over_best_mean']:9.3f}")
     return 0
 
 

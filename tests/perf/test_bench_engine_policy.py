@@ -3,7 +3,9 @@ curve's draft length, and measures tokens per second per user from the first tok
 
 import itertools
 
-from trtllm_dflash.perf.bench_engine_policy import closed_loop
+import pytest
+
+from trtllm_dflash.perf.bench_engine_policy import closed_loop, deciles
 
 
 class Clocked:
@@ -23,7 +25,16 @@ class Clocked:
 
 def test_closed_loop_runs_each_request_once_with_the_curves_draft_length(monkeypatch):
     engine = Clocked(monkeypatch)
-    p50 = closed_loop(engine, [[1, 2]] * 5, [9] * 5, c=1, draft_len=3)
+    rates = closed_loop(engine, [[1, 2]] * 5, [9] * 5, c=1, draft_len=3)
     assert sorted(len(j.prompt_ids) for j in engine.jobs) == [2] * 5
     assert all(j.draft_len == 3 and j.mode == "dflash" and j.max_tokens == 9 for j in engine.jobs)
-    assert abs(p50 - 8 / 8e-3) < 1e-6  # 8 tokens after the first, 8 ms apart from it
+    assert sorted(rates) == [0, 1, 2, 3, 4]  # by request
+    assert all(abs(r - 8 / 8e-3) < 1e-6 for r in rates.values())  # 8 tokens after the first, 8 ms apart from it
+
+
+def test_deciles_take_each_requests_median_over_repeats():
+    """Request i's rate is its median over the repeats (a repeat's outlier does not move it), then
+    the deciles and the mean are over requests: 1..10 here, whatever a repeat's noise."""
+    runs = [{i: i + 1.0 for i in range(10)}, {i: i + 1.0 for i in range(10)}, {i: 100.0 * (i + 1) for i in range(10)}]
+    d, mean = deciles(runs)
+    assert d == pytest.approx([1.9, 2.8, 3.7, 4.6, 5.5, 6.4, 7.3, 8.2, 9.1]) and mean == pytest.approx(5.5)
