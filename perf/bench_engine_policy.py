@@ -11,9 +11,10 @@ and repeat, runs every curve with `c` closed-loop clients over at least `--reque
 `fixed n` (each request's own draft_len), `auto` and `auto mixed` (the same policy object, its
 `mixed` switched for that curve; both learn from every round). Prints tok/s/user p50 per curve
 (median over repeats) and each `auto` over the best fixed length, side by side; then, per level,
-`auto` over that fixed length at every decile of the requests' rates (each request's median over
-repeats: the same requests run in every curve) and on their mean, which shows where in the
-distribution a policy gains or loses (README, "What the p50 measures").
+`auto`'s deciles of the requests' rates (each request's rate its median over the repeats; the
+same requests run in every curve) over that fixed length's deciles, quantile against quantile,
+and the same of their means: where in the distribution a policy gains or loses (README, "What
+the p50 measures").
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=24, help="requests per curve and level, at least (5 per client)")
     p.add_argument("--work", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.requests < 1:
+        p.error(f"--repeats {args.repeats} and --requests {args.requests}: both must be >= 1")
     with tempfile.TemporaryDirectory() as tmp:
         rows = bench(args.work or Path(tmp), args.levels, args.fixed, args.repeats, args.requests)
     names = list(rows[0]["tok_s_user_p50"])

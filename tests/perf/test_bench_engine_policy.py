@@ -38,3 +38,11 @@ def test_deciles_take_each_requests_median_over_repeats():
     runs = [{i: i + 1.0 for i in range(10)}, {i: i + 1.0 for i in range(10)}, {i: 100.0 * (i + 1) for i in range(10)}]
     d, mean = deciles(runs)
     assert d == pytest.approx([1.9, 2.8, 3.7, 4.6, 5.5, 6.4, 7.3, 8.2, 9.1]) and mean == pytest.approx(5.5)
+
+
+def test_no_repeats_is_refused_by_name(capsys):
+    from trtllm_dflash.perf.bench_engine_policy import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--repeats", "0"])
+    assert exit_.value.code == 2 and "--repeats 0" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from trtllm_dflash.cli import main
-from trtllm_dflash.perf.bench_served_policy import goals, markdown
+from trtllm_dflash.perf.bench_served_policy import goals, markdown, repeat_ratios
 
 
 @pytest.mark.parametrize("args,message", [
@@ -36,6 +36,15 @@ def test_goals_name_each_bar_a_run_missed():
         "c=8: ddtree 0.98x ar < 1.0",
         "c=16: dflash 0.97x ar < 1.0",  # 0.975
     ]
+
+
+def test_each_repeat_is_read_against_its_own_best_curve():
+    """Repeat 0: dflash 90 against the best of ar 60 and L=3 100; repeat 1: 120 against ar 80 and L=3 100."""
+    def runs_of(*p50s):
+        return [type("Level", (), {"tok_s_user": type("D", (), {"p50": v})()})() for v in p50s]
+
+    runs = {"dflash": runs_of(90, 120), "ar": runs_of(60, 80), "dflash L=3": runs_of(100, 100)}
+    assert repeat_ratios(runs, ["ar", "dflash L=3"]) == pytest.approx([0.9, 1.2])
 
 
 def test_the_readme_table_is_the_printed_one():

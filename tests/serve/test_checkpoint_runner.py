@@ -148,34 +148,55 @@ def test_qwen3_moe_tp2_matches_hf_generate(tmp_path):
 
 
 class _Proc:
-    """A rank process as ShardedModel._fail reads it: an exit code (None while running)."""
+    """A rank process as ShardedModel._fail reads it: an exit code, None while running (`after`:
+    how many reads of it see it still running)."""
 
-    def __init__(self, exitcode=None):
-        self.exitcode = exitcode
+    def __init__(self, exitcode=None, after=0):
+        self._exitcode, self._reads = exitcode, -after
+
+    @property
+    def exitcode(self):
+        self._reads += 1
+        return self._exitcode if self._reads > 0 else None
 
     def is_alive(self):
         return self.exitcode is None
 
     def terminate(self):
-        self.exitcode = -15
+        self._exitcode, self._reads = -15, 1
 
 
-@pytest.mark.parametrize("seen", ["rank 0's error", "a rank's exit"])
-def test_a_dead_rank_is_named_first_whichever_failure_is_seen_first(seen):
+def _failed_reason(procs, detail):
+    from trtllm_dflash.serve.checkpoint_runner import RankFailed, ShardedModel
+
+    model = ShardedModel.__new__(ShardedModel)
+    model._procs = type("Procs", (), {"processes": procs})()
+    with pytest.raises(RankFailed) as failed:
+        model._fail(detail)
+    assert model.failed == str(failed.value) and model.failed.endswith("cannot serve any more requests; restart the server")
+    return model.failed
+
+
+COLLECTIVE = "rank 0: DistBackendError: [gloo] Connection closed by peer\ntraceback"
+
+
+@pytest.mark.parametrize("seen", ["rank 0's error", "a rank's exit", "rank 0's error, rank 1 reaped late"])
+def test_a_killed_rank_is_named_first_whichever_failure_is_seen_first(seen):
     """rank 1 is killed; rank 0 fails in its next collective, reports it and exits with code 1.
     The serving loop can see rank 0's report or the exits first, and rank 0 may already have exited:
     the reason (the server's log and every request's error) opens with the killed rank either way.
     (The tp=2 server test failed 2 of 6 runs when rank 0's exit came first in the reason.)"""
-    from trtllm_dflash.serve.checkpoint_runner import RankFailed, ShardedModel
+    late = seen.endswith("late")
+    reason = _failed_reason([_Proc(1), _Proc(-9, after=3 if late else 0)], "" if seen == "a rank's exit" else COLLECTIVE)
+    assert reason.startswith("tensor-parallel rank 1 was killed by SIGKILL; ")
+    if seen == "a rank's exit":
+        assert "rank 0 exited with code 1" in reason
+    else:  # the reporter's own exit is its error, said once
+        assert "rank 0: DistBackendError" in reason and "rank 0 exited" not in reason
 
-    model = ShardedModel.__new__(ShardedModel)
-    model._procs = type("Procs", (), {"processes": [_Proc(1), _Proc(-9)]})()
-    detail = "rank 0: DistBackendError: [gloo] Connection closed by peer\ntraceback" if seen == "rank 0's error" else ""
-    with pytest.raises(RankFailed) as failed:
-        model._fail(detail)
-    assert str(failed.value).startswith("tensor-parallel rank 1 was killed by SIGKILL; ")
-    assert model.failed == str(failed.value) and "cannot serve" in model.failed
-    if seen == "rank 0's error":  # the reporter's own exit is its error, said once
-        assert "rank 0: DistBackendError" in model.failed and "rank 0 exited" not in model.failed
-    else:
-        assert "rank 0 exited with code 1" in model.failed
+
+def test_a_rank_that_raised_alone_is_named_before_the_peer_that_followed():
+    """rank 0 raises (say in the drafter, which only it holds) and exits; rank 1 then fails in its
+    next collective and exits with code 1 while the reason is written: the cause is rank 0's error."""
+    reason = _failed_reason([_Proc(1), _Proc(1, after=2)], "rank 0: RuntimeError: drafter failed\ntraceback")
+    assert reason.startswith("tensor-parallel rank 0: RuntimeError: drafter failed; rank 1 exited with code 1: ")

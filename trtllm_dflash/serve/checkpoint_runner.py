@@ -429,26 +429,27 @@ class ShardedModel:
     def _fail(self, detail: str):
         """Record why the model cannot serve, stop the ranks still running, raise RankFailed.
 
-        `detail` is what rank 0 raised, if it did. When a peer dies, rank 0 fails in its next
-        collective and then exits itself, so the reason names the cause first, whichever the loop
-        saw first: the ranks (other than the reporting one) that had ended when the failure was
-        seen, killed ones before ones that exited, then what rank 0 raised, then the ranks that
-        ended after."""
+        `detail` is what a rank raised ("rank N: ..."), if one did. The reason names the cause
+        first, whichever failure the serving loop saw first: the ranks (other than the reporting
+        one) that had ended when the failure was seen or were killed by a signal, then what the
+        rank raised, then the ranks that exited after it (a peer of a failed rank fails in its
+        next collective). So a killed rank 1 comes before rank 0's collective error and rank 0
+        raising alone before rank 1's exit that followed."""
         import time
 
         reporter = int(m[1]) if (m := re.match(r"rank (\d+):", detail)) else None
         others = {r: p for r, p in enumerate(self._procs.processes) if r != reporter}
-
-        def ended(exclude=()) -> list[int]:
-            gone = [r for r, p in others.items() if p.exitcode is not None and r not in exclude]
-            return sorted(gone, key=lambda r: (others[r].exitcode >= 0, r))  # signals first: the likelier cause
-
-        deadline = time.monotonic() + 2.0  # a dead peer's exit shows within ms; a raise alone waits out 2 s
-        while not (first := ended()) and time.monotonic() < deadline:
+        gone = lambda: [r for r, p in others.items() if p.exitcode is not None]  # noqa: E731
+        seen = set(gone())
+        deadline = time.monotonic() + 0.5  # a dead peer's exit shows within ms of its sockets closing
+        while not gone() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.2)  # the peers of a dead rank fail in their next collective: name every rank that ended
+        time.sleep(0.2)  # let the peers of a dead rank fail in their next collective
+        ended = gone()
+        cause = sorted((r for r in ended if r in seen or others[r].exitcode < 0),
+                       key=lambda r: (others[r].exitcode >= 0, r))  # signals first: the likelier cause
         words = lambda ranks: "; ".join(f"rank {r} {_how_ended(others[r].exitcode)}" for r in ranks)  # noqa: E731
-        parts = [words(first), detail.splitlines()[0] if detail else "", words(ended(exclude=first))]
+        parts = [words(cause), detail.splitlines()[0] if detail else "", words(r for r in ended if r not in cause)]
         self.failed = (f"tensor-parallel {'; '.join(x for x in parts if x)}: this model cannot serve any more "
                        "requests; restart the server")
         for p in self._procs.processes:
