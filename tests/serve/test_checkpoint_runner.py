@@ -172,7 +172,7 @@ def _failed_reason(procs, detail):
     model = ShardedModel.__new__(ShardedModel)
     model._procs = type("Procs", (), {"processes": procs})()
     with pytest.raises(RankFailed) as failed:
-        model._fail(detail)
+        model._fail(detail, reporter=0 if detail else None)  # rank 0 reports what it raised
     assert model.failed == str(failed.value) and model.failed.endswith("cannot serve any more requests; restart the server")
     return model.failed
 

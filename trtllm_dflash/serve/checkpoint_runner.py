@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
-import re
 import socket
 import traceback
 from dataclasses import dataclass
@@ -421,15 +420,15 @@ class ShardedModel:
                     self._fail("")
                 continue
             if kind == "fatal":
-                self._fail(result)
+                self._fail(result, reporter=0)  # only rank 0 answers
             if kind == "error":
                 raise UserError(result)
             return result, running
 
-    def _fail(self, detail: str):
+    def _fail(self, detail: str, reporter: int | None = None):
         """Record why the model cannot serve, stop the ranks still running, raise RankFailed.
 
-        `detail` is what a rank raised ("rank N: ..."), if one did. The reason names the cause
+        `detail` is what rank `reporter` raised, if one did. The reason names the cause
         first, whichever failure the serving loop saw first: the ranks (other than the reporting
         one) that had ended when the failure was seen or were killed by a signal, then what the
         rank raised, then the ranks that exited after it (a peer of a failed rank fails in its
@@ -437,7 +436,6 @@ class ShardedModel:
         raising alone before rank 1's exit that followed."""
         import time
 
-        reporter = int(m[1]) if (m := re.match(r"rank (\d+):", detail)) else None
         others = {r: p for r, p in enumerate(self._procs.processes) if r != reporter}
         gone = lambda: [r for r, p in others.items() if p.exitcode is not None]  # noqa: E731
         seen = set(gone())
