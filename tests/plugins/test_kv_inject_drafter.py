@@ -36,10 +36,10 @@ def tiny_drafter(seed=0) -> DFlashDraft:
 def kernel_forward(cfg: DraftConfig, launch, calls: list):
     """A DraftAttention.forward that runs `launch` (the Triton launcher) for the attention."""
 
-    def forward(self, x, ctx, rope_blk, rope_ctx, cache, layer, blk_pos, ctx_pos, kv_len, mask):
+    def forward(self, x, ctx, rope_blk, rope_ctx, cache, layer, blk_pos, ctx_pos, kv_len, mask, ctx_rows=None):
         B, T, _ = x.shape
         if ctx.shape[1]:
-            cache.write(layer, ctx_pos, *self.kv(ctx, *rope_ctx))
+            cache.write(layer, ctx_pos, *self.kv(ctx, *rope_ctx), rows=ctx_rows)
         q = apply_rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), *rope_blk)
         k_blk, v_blk = self.kv(x, *rope_blk)  # [B, T, Hkv, D]
         cache.write(layer, blk_pos, k_blk, v_blk)  # the reference's scratch write: keep both caches equal

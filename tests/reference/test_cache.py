@@ -66,3 +66,20 @@ def test_ddtree_moves_touch_only_their_row():
     after = cache.view(1, S + 1)[0]
     assert torch.equal(after[1], before[1])
     assert torch.equal(after[0, :, 1:3], before[0, :, 5:7])
+
+
+def test_a_packed_write_lands_where_the_padded_one_does():
+    """write(rows=...) of only the real entries ([1, N]) fills the slots a padded [B, T] write
+    fills (padding to the trash slot), also once the rows are not the pool's entries in order."""
+    g = torch.Generator().manual_seed(0)
+    caches = [KVCache(1, 3, 2, 8, 4, torch.float32) for _ in range(2)]
+    for c in caches:
+        c.keep_rows(torch.tensor([2, 0]))  # row 0 is entry 2, row 1 entry 0
+    k, v = torch.randn(2, 3, 2, 4, generator=g), torch.randn(2, 3, 2, 4, generator=g)
+    pos = torch.tensor([[4, 5, 6], [1, caches[0].trash, caches[0].trash]])  # row 1 has one real entry
+    caches[0].write(0, pos, k, v)
+    b, t = (pos != caches[0].trash).nonzero(as_tuple=True)
+    caches[1].write(0, pos[b, t][None], k[b, t][None], v[b, t][None], rows=b[None])
+    padded, packed = caches[0].view(0, 8), caches[1].view(0, 8)  # every slot but the trash
+    assert torch.equal(padded[0], packed[0]) and torch.equal(padded[1], packed[1])
+    assert packed[0][0, :, 4:7].abs().sum() > 0 and packed[0][1, :, 1].abs().sum() > 0

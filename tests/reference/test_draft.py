@@ -120,7 +120,8 @@ def test_matches_upstream_dflash(tmp_path, qwen3_pair, variant):
 
 def test_ragged_batch_equals_single(tmp_path, qwen3_pair):
     """Rows with different anchors, context lengths and padding (-> cache.trash) draft
-    exactly what each row drafts alone, through a causal sliding-window layer too."""
+    exactly what each row drafts alone, through a causal sliding-window layer too; only the real
+    context rows are projected (a joining request's prompt made every row project its length)."""
     target_dir, _ = qwen3_pair
     target = load_target(target_dir)
     kw = {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 5}
@@ -137,6 +138,8 @@ def test_ragged_batch_equals_single(tmp_path, qwen3_pair):
                 noise = target.embed_tokens(torch.tensor([[anchors[row] + b] + [255] * 7]))
                 out = drafter(noise, torch.tensor([b]), feats[row][:, a:b], torch.arange(a, b)[None], cache)
             alone.append(out)
+        projected = []
+        drafter.fc.register_forward_hook(lambda _m, args, _out: projected.append(args[0].shape[:-1].numel()))
         cache = drafter.new_cache(2, 64)
         for r in range(2):
             spans = [rounds[row][r] for row in range(2)]
@@ -150,3 +153,4 @@ def test_ragged_batch_equals_single(tmp_path, qwen3_pair):
             noise = target.embed_tokens(torch.tensor([[anchors[row] + b] + [255] * 7 for row, (_, b) in enumerate(spans)]))
             out = drafter(noise, starts, ctx, pos, cache)
     torch.testing.assert_close(out, torch.cat(alone), **TOL)
+    assert projected == [9 + 4, 3 + 5]  # each round's real rows, not 2 x the longest

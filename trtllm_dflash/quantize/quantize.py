@@ -273,11 +273,11 @@ def calibrate_drafter(target_dir: Path, drafter_dir: Path, data: CalibrationData
         cache = new_cache(batch, max_len)
         write = cache.write
 
-        def record(layer, pos, k, v):
+        def record(layer, pos, k, v, rows=None):
             seen = kv.setdefault(layer, {"k": 0.0, "v": 0.0})
             seen["k"] = max(seen["k"], float(k.abs().amax()))
             seen["v"] = max(seen["v"], float(v.abs().amax()))
-            write(layer, pos, k, v)
+            write(layer, pos, k, v, rows)
 
         cache.write = record
         return cache

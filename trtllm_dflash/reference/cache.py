@@ -33,11 +33,13 @@ class KVCache:
     def batch(self) -> int:
         return len(self.rows)
 
-    def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """pos [B, T] slots; k, v [B, T, Hkv, D]."""
-        rows = self.rows[:, None]  # [B, 1]
-        self.k[layer][rows, :, pos] = k
-        self.v[layer][rows, :, pos] = v
+    def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              rows: torch.Tensor | None = None) -> None:
+        """pos [B, T] slots; k, v [B, T, Hkv, D]. rows: each entry's batch row, pos's shape (packed
+        entries: [1, N]); default row b for pos[b]."""
+        entries = self.rows[:, None] if rows is None else self.rows[rows]  # [B, 1] or pos's shape
+        self.k[layer][entries, :, pos] = k
+        self.v[layer][entries, :, pos] = v
 
     def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `length` slots of every sequence: k, v [B, Hkv, length, D]."""

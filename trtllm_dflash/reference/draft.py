@@ -76,9 +76,9 @@ class DraftAttention(Attention):
         super().__init__(cfg, qk_norm=True)
         self.g_proj = nn.Linear(cfg.hidden_size, cfg.num_heads, bias=False) if cfg.gate else None
 
-    def forward(self, x, ctx, rope_blk, rope_ctx, cache: KVCache, layer, blk_pos, ctx_pos, kv_len, mask):
+    def forward(self, x, ctx, rope_blk, rope_ctx, cache: KVCache, layer, blk_pos, ctx_pos, kv_len, mask, ctx_rows=None):
         if ctx.shape[1]:
-            cache.write(layer, ctx_pos, *self.kv(ctx, *rope_ctx))
+            cache.write(layer, ctx_pos, *self.kv(ctx, *rope_ctx), rows=ctx_rows)
         o = self.heads(self.query(x, *rope_blk), *self.kv(x, *rope_blk), cache, layer, blk_pos, kv_len, mask)
         return self.out(o, x)
 
@@ -318,10 +318,19 @@ class DFlashDraft(nn.Module):
         blk_pos = start[:, None] + torch.arange(T, device=start.device)  # [B, T]
         kv_len = int(start.max()) + T
         masks = self.masks(start, T, kv_len)
-        ctx = self.hidden_norm(self.fc(self.fuse(target_hidden)))  # [B, Tc, H]
+        ctx_rows = None  # which row each context entry belongs to, once packed
+        valid = ctx_pos != cache.trash  # [B, Tc]
+        if not bool(valid.all()):
+            # Ragged context: only the real rows are projected, packed [1, N]. The pending rows are
+            # padded to the longest row's, and a request that just joined brings its whole
+            # prompt: padded, the other rows' padding cost a round at 16 requests more than its
+            # drafting (perf/bench_drafter_context.py).
+            b, t = valid.nonzero(as_tuple=True)  # [N]
+            target_hidden, ctx_pos, ctx_rows = target_hidden[b, t][None], ctx_pos[b, t][None], b[None]
+        ctx = self.hidden_norm(self.fc(self.fuse(target_hidden)))  # [B, Tc, H], or packed [1, N, H]
         rope_blk = self.rope(blk_pos, noise.dtype)
         rope_ctx = self.rope(ctx_pos.clamp_max(cache.trash - 1), noise.dtype)
         x = self.embed_scale(noise)
         for i, layer in enumerate(self.layers):
-            x = layer(x, ctx, rope_blk, rope_ctx, cache, i, blk_pos, ctx_pos, kv_len, masks[i])
+            x = layer(x, ctx, rope_blk, rope_ctx, cache, i, blk_pos, ctx_pos, kv_len, masks[i], ctx_rows)
         return self.norm(x)
