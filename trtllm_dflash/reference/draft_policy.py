@@ -219,6 +219,7 @@ class AutoDraftLength:
     slot_logits: list[float] = field(default_factory=list)  # b_j, j = 1..block_size - 1
     slot_seen: list[float] = field(default_factory=list)  # n_j
     shifts: dict[int, float] = field(default_factory=dict)  # s_r of every running request
+    ran: set[int] = field(default_factory=set)  # the running requests that have run a round (`learn`)
     # measured / modelled round time without the drafter's pass (VerifyCost.verify_s), by
     # (requests, longest verified drafts + 1), from the rounds that ran (`observe_round`): the
     # start-up fit misses shapes it did not time (larger batches) and costs it does not model
@@ -506,8 +507,16 @@ class AutoDraftLength:
     def learn(self, rec, seconds=None):
         """observe_round (with `seconds`), then observe every request that goes on: a request's
         last round commits only what it had left, not what was accepted. A tree round teaches its
-        budget's tokens per request and, through StepRecord.chain, the chain estimates."""
+        budget's tokens per request and, through StepRecord.chain, the chain estimates.
+        The round's time is not learnt when a request runs its first round: the drafter then also
+        projects that request's prompt into its context (perf/bench_drafter_context: at 16
+        requests 1.2x the steady pass, 1.5x at one), a cost of the request's arrival, paid
+        whatever length the round drafts; learnt as the cost of the shape that happened to run,
+        it made a shape seen once, in the rounds that admitted a whole batch, look 3x too dear for good."""
         going = [i for i, done in enumerate(rec.finished) if done is None]
+        if not self.ran.issuperset(rec.seq_ids):
+            seconds = None
+        self.ran.update(rec.seq_ids)
         if rec.tree_budget:
             n, key = rec.tree_budget, (len(rec.seq_ids), rec.tree_budget)
             if seconds is not None and seconds > 0:
@@ -548,6 +557,7 @@ class AutoDraftLength:
 
     def forget(self, request):
         self.shifts.pop(request, None)
+        self.ran.discard(request)
 
 
 def _sigmoid(x: float) -> float:
