@@ -6,9 +6,10 @@
 Each round the drafter first projects the context rows it has not seen into every layer's K/V:
 the positions each running request's last round accepted (a few), and for a request that has
 just joined, its whole prompt. Stacked as [B, longest, F], every other request's padding was
-projected too: at 16 requests on the 2-core CPU the round after a join drafted in 2.2x the steady
-pass's time (9.9 against 4.5 ms, the embedded recipe at 3 drafts, 2026-11-27), and at c = 16 a
-request joins every round or two. DFlashDraft.forward now projects only the real rows.
+projected too: at 16 requests on the 2-core CPU the round after a join drafted in 2.30x the
+steady pass's time (9.55 against 4.15 ms, the embedded recipe at 3 drafts, 2026-11-27), and at
+c = 16 a request joins every round or two. DFlashDraft.forward now projects only the real rows
+(1.19x: 4.98 against 4.19 ms).
 
 Deploys the embedded CPU recipe, then per batch size runs a reference decoder of that many
 requests at `--draft-len`: each repeat times a steady round, then one request leaves, a new one

@@ -112,7 +112,7 @@ def test_an_unobserved_budget_is_tried_and_a_tree_round_teaches_tokens_cost_and_
     rec = StepRecord(3, [0, 1, 2], [[5, 6, 7], [8], [9, 9]], [None, None, "length"], [32, 32, 32],
                      tree_budget=32, chain=[(5, 2), (4, 0), (6, 1)])
     modelled = cost.round_s(3, 32)
-    auto.ran.update(rec.seq_ids)  # not their first round, whose time is not learnt
+    auto.projected.update(rec.seq_ids)  # not their first drafting round, whose drafter time is not learnt
     auto.learn(rec, seconds=2 * modelled)
     assert auto.tree_tokens[32] == pytest.approx(2.0)  # requests 0 and 1; request 2's last round is cut short
     assert auto.tree_correction[(3, 32)] == pytest.approx(2.0)

@@ -3,7 +3,8 @@
 Slot s of a sequence always holds the K/V of absolute position s, so a cache "length" is
 just the number of committed positions; trimming after a rejection is free (the stale
 slots are masked out and overwritten by the next write). One extra slot at the end,
-`trash`, absorbs writes of padding entries so that ragged batches need no dynamic shapes.
+`trash`, is where padding entries point (the drafter's ragged context rows; DFlashDraft.forward
+writes only the real ones, packed: `write(rows=...)`).
 
 Sequences live in a pool of batch entries: `rows` maps the caller's row b to its entry.
 A sequence that leaves frees its entry (no copy) and one that joins takes a free entry
@@ -27,7 +28,7 @@ class KVCache:
         self.rows = torch.arange(batch, device=device)  # [B]: the pool entry of each row
         self._in_order = True  # rows == [0, B): reads are plain slices
         self.max_len = max_len
-        self.trash = max_len  # slot index for padding writes; never attended
+        self.trash = max_len  # the slot padding entries point at; never attended
 
     @property
     def batch(self) -> int:

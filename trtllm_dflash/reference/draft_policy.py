@@ -219,16 +219,19 @@ class AutoDraftLength:
     slot_logits: list[float] = field(default_factory=list)  # b_j, j = 1..block_size - 1
     slot_seen: list[float] = field(default_factory=list)  # n_j
     shifts: dict[int, float] = field(default_factory=dict)  # s_r of every running request
-    ran: set[int] = field(default_factory=set)  # the running requests that have run a round (`learn`)
+    # the running requests whose prompt the drafter has projected: a round with a drafter pass ran
+    # since they joined (`learn`)
+    projected: set[int] = field(default_factory=set)
     # measured / modelled round time without the drafter's pass (VerifyCost.verify_s), by
     # (requests, longest verified drafts + 1), from the rounds that ran (`observe_round`): the
     # start-up fit misses shapes it did not time (larger batches) and costs it does not model
     correction: dict[tuple[int, int], float] = field(default_factory=dict)
     # measured / start-up drafter pass (StepRecord.t_draft over VerifyCost.draft_s), by (requests,
     # block drafted). Not the target's: under load, on longer contexts than start-up's prompts, the
-    # drafter's pass takes longer than start-up timed it (in process at c = 4 on the shipped pair:
-    # 1.2-1.5x, the longer the block the more) while the target's verify takes less (0.9x), so a
-    # correction of the whole round would rate long blocks that a trim cuts short too cheap
+    # drafter's pass took longer than start-up timed it (in process at c = 4 on the shipped pair,
+    # before the drafter packed its context rows and `learn` skipped rounds after a join: 1.2-1.5x,
+    # the longer the block the more) while the target's verify took less (0.9x), so a correction
+    # of the whole round would rate long blocks that a trim cuts short too cheap
     draft_correction: dict[tuple[int, int], float] = field(default_factory=dict)
     correction_decay: float = 0.9
     # DDTree decoders: the node budgets a round may use (empty: DDTree keeps the deployment's
@@ -382,16 +385,17 @@ class AutoDraftLength:
         return self.cost.draft_s(batch, T) * scale
 
     def observe_round(self, lengths: Sequence[int], seconds: float, drafting: float | None = None,
-                      block: int | None = None) -> None:
+                      block: int | None = None, drafter: bool = True) -> None:
         """A round whose requests verified `lengths` took `seconds` (decode only), `drafting` of
         them the drafter's pass over a block of `block` (default max(lengths) + 1; not measured:
-        as modelled)."""
+        as modelled). drafter=False: the drafter's pass is not learnt from (it did more than draft
+        the block), the rest of the round is."""
         if not lengths or seconds <= 0:
             return
         B, T = len(lengths), max(lengths) + 1
         block = block or T
         modelled = self.cost.draft_s(B, block)
-        if drafting is not None and block > 1 and drafting > 0 and modelled > 0:  # a fit may model no drafter
+        if drafter and drafting is not None and block > 1 and drafting > 0 and modelled > 0:  # a fit may model none
             _decayed(self.draft_correction, (B, block), drafting / modelled, self.correction_decay)
         drafting = self.drafter_s(B, block) if drafting is None else drafting
         verify = self.cost.verify_s(lengths)
@@ -508,18 +512,21 @@ class AutoDraftLength:
         """observe_round (with `seconds`), then observe every request that goes on: a request's
         last round commits only what it had left, not what was accepted. A tree round teaches its
         budget's tokens per request and, through StepRecord.chain, the chain estimates.
-        The round's time is not learnt when a request runs its first round: the drafter then also
-        projects that request's prompt into its context (perf/bench_drafter_context: at 16
-        requests 1.2x the steady pass, 1.5x at one), a cost of the request's arrival, paid
-        whatever length the round drafts; learnt as the cost of the shape that happened to run,
-        it made a shape seen once, in the rounds that admitted a whole batch, look 3x too dear for good."""
+        The drafter's pass is not learnt from in the first round that drafts after a request
+        joined (a tree round's time not at all): the drafter then also projects that request's
+        prompt into its context (perf/bench_drafter_context: at 16 requests 1.2x the steady pass,
+        1.5x at one), a cost of the request's arrival, paid whatever length the round drafts.
+        Learnt as the cost of the shape that happened to run, the rounds that admitted a whole
+        batch left a 3.3x drafter correction on a shape seen once (c = 16 in process), which then
+        looked too dear to run again."""
         going = [i for i, done in enumerate(rec.finished) if done is None]
-        if not self.ran.issuperset(rec.seq_ids):
-            seconds = None
-        self.ran.update(rec.seq_ids)
+        drafted = bool(rec.tree_budget) or rec.block > 1 or max(rec.drafted, default=0) > 0
+        joined = drafted and not self.projected.issuperset(rec.seq_ids)
+        if drafted:
+            self.projected.update(rec.seq_ids[i] for i in going)
         if rec.tree_budget:
             n, key = rec.tree_budget, (len(rec.seq_ids), rec.tree_budget)
-            if seconds is not None and seconds > 0:
+            if seconds is not None and seconds > 0 and not joined:
                 _decayed(self.tree_correction, key, seconds / self.cost.round_s(*key), self.correction_decay)
             if going:
                 _decayed(self.tree_tokens, n, sum(len(rec.tokens[i]) for i in going) / len(going), self.tree_decay)
@@ -527,7 +534,7 @@ class AutoDraftLength:
                 self.observe(rec.seq_ids[i], *rec.chain[i])
             return
         if seconds is not None:  # a trimmed round paid the drafter for its block, not for what it verified
-            self.observe_round(rec.drafted, seconds, rec.t_draft or None, rec.block or None)
+            self.observe_round(rec.drafted, seconds, rec.t_draft or None, rec.block or None, drafter=not joined)
         for i in going:
             request, verified, accepted = rec.seq_ids[i], rec.drafted[i], len(rec.tokens[i]) - 1
             self.observe(request, verified, accepted)
@@ -557,7 +564,7 @@ class AutoDraftLength:
 
     def forget(self, request):
         self.shifts.pop(request, None)
-        self.ran.discard(request)
+        self.projected.discard(request)
 
 
 def _sigmoid(x: float) -> float:

@@ -183,7 +183,7 @@ class ReferenceDrafter:
         """One drafter pass: final-normed states of the mask slots [B, T-1, H]."""
         block = torch.full((anchor.shape[0], T), self.mask_token_id, dtype=torch.long, device=anchor.device)
         block[:, 0] = anchor
-        slots = torch.where(ctx_pos == PAD, self.cache.trash, ctx_pos)  # padding writes go to the trash slot
+        slots = torch.where(ctx_pos == PAD, self.cache.trash, ctx_pos)  # padding -> the trash slot (not written)
         return self.model(self.target.embed_tokens(block), start, ctx, slots, self.cache)[:, 1:]
 
     def draft(self, anchor, start, ctx, ctx_pos, T):

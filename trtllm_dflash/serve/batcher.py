@@ -202,7 +202,8 @@ class ServingEngine:
                         t1 = now()
                         if self.policy is not None and key[2] in self.policy.modes:
                             # every round teaches (requests with their own draft_len too): acceptance,
-                            # and what a round of its shape costs under this server's real load
+                            # and what a round of its shape costs under this server's real load (but
+                            # for the drafter's pass after a join: AutoDraftLength.learn)
                             self.policy.learn(rec, (t1 - t0) * 1e-9)  # now(): ns
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
                         self._deliver(decoder, jobs, rec, mode=key[2])
