@@ -64,15 +64,18 @@ def bench(work: Path, batches, draft_len: int, rounds: int) -> list[dict]:
 
     recipe = load_recipe(None, [])
     pipeline.run(recipe, work, until="deploy", progress=False, say=lambda _: None)
-    engine = open_deployed(*repository_model(work / "deploy", recipe.serve.model_name)).engine
-    engine.stop()  # only its model is used
+    deployed = open_deployed(*repository_model(work / "deploy", recipe.serve.model_name))  # as served: its threads
+    deployed.engine.stop()  # only the model is used
     rows = []
-    for B in batches:
-        steady, joined = join_rounds(engine.model, recipe.speculative, recipe.target_facts.vocab_size, B, draft_len,
-                                     rounds, recipe.sweep.input_len)
-        s, j = statistics.median(steady), statistics.median(joined)
-        rows.append({"batch": B, "draft_len": draft_len, "steady_ms": s * 1e3, "after_join_ms": j * 1e3,
-                     "ratio": j / s})
+    try:
+        for B in batches:
+            steady, joined = join_rounds(deployed.model, recipe.speculative, recipe.target_facts.vocab_size, B,
+                                         draft_len, rounds, recipe.sweep.input_len)
+            s, j = statistics.median(steady), statistics.median(joined)
+            rows.append({"batch": B, "draft_len": draft_len, "steady_ms": s * 1e3, "after_join_ms": j * 1e3,
+                         "ratio": j / s})
+    finally:
+        deployed.close()
     return rows
 
 
