@@ -339,8 +339,20 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                             str(k): v for k, v in sorted(grew.rounds_by_draft_len.items()) if v})
                     per.setdefault((v.name, c), []).append(row)
                     all_records += recs
+                    done = f"{label} {_run_line(row)}"
+                    if progress.console.is_terminal:
+                        progress.update(task, description=done)
+                    else:  # rich draws no bars off a terminal (a log, a pipe): one line per finished run
+                        progress.console.print(done, highlight=False)
     rows = [median_repeat(per[(v.name, c)]) for v in variants for c in levels]
     return SweepResult(Path("."), rows, all_records, per)
+
+
+def _run_line(row: LevelSummary) -> str:
+    """What one finished run of a curve at a level measured, for the progress display."""
+    user = f"{row.tok_s_user.p50:.1f} tok/s/user p50" if row.tok_s_user else "no tok/s/user"
+    failed = f", {row.failed} failed" if row.failed else ""
+    return f"{user}, {row.output_tok_s:.1f} tok/s{failed}"
 
 
 def median_repeat(runs: list[LevelSummary]) -> LevelSummary:
