@@ -315,12 +315,17 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
 
     from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     per: dict[tuple[str, int], list[LevelSummary]] = {}
     all_records: list[RequestRecord] = []
     width = max(len(v.name) for v in variants)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
+    console = Console()
+    # Off a terminal (a log, a pipe) rich draws no bars while they run, only every bar at the end:
+    # there each finished run prints one line instead, and no bars.
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not console.is_terminal) as progress:
         for c in levels:
             n = requests_at(c)
             for r in range(repeats):
@@ -340,10 +345,10 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                     per.setdefault((v.name, c), []).append(row)
                     all_records += recs
                     done = f"{label} {_run_line(row)}"
-                    if progress.console.is_terminal:
+                    if console.is_terminal:
                         progress.update(task, description=done)
-                    else:  # rich draws no bars off a terminal (a log, a pipe): one line per finished run
-                        progress.console.print(done, highlight=False)
+                    else:
+                        console.print(done, highlight=False)
     rows = [median_repeat(per[(v.name, c)]) for v in variants for c in levels]
     return SweepResult(Path("."), rows, all_records, per)
 
