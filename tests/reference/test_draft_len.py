@@ -272,6 +272,44 @@ def test_slots_a_trim_left_unverified_keep_the_drafts_estimates_true():
     assert min(biased.population[:3]) > 0.57, biased.population  # 0.59-0.64 (0.5 the truth)
 
 
+def test_a_shape_not_run_yet_is_corrected_as_its_neighbours_are():
+    """The fit misses a whole batch size alike, so a shape neither timed nor run takes its
+    neighbours' correction (the line between them in T, then in batch size; the nearest past an
+    end), not the fit's 1.0: otherwise every shape not run yet looks cheaper than those that
+    ran, and `auto` spends rounds finding out that it is not."""
+    cost = VerifyCost(fixed=1e-3, per_token=1e-4, draft=0.0, packed=True)
+    auto = AutoDraftLength(block_size=16, cost=cost, probe_every=0)
+    assert auto.verify_scale(16, 4) == 1.0  # nothing ran: the fit
+
+    def ran(B, T, scale):  # a round of B requests verifying T - 1 drafts took `scale` x the fit
+        auto.observe_round([T - 1] * B, scale * cost.verify_s([T - 1] * B) + 1e-4, drafting=1e-4)
+
+    ran(16, 2, 1.3)
+    ran(16, 6, 1.1)
+    assert auto.verify_scale(16, 2) == pytest.approx(1.3)  # as run
+    assert auto.verify_scale(16, 4) == pytest.approx(1.2)  # halfway in T
+    assert auto.verify_scale(16, 9) == pytest.approx(1.1)  # past the longest: the nearest
+    assert auto.verify_scale(12, 4) == pytest.approx(1.2)  # a batch size below every one seen: the nearest
+    ran(8, 4, 1.0)
+    assert auto.verify_scale(12, 4) == pytest.approx(1.1)  # halfway between batch sizes 8 and 16
+    assert auto.round_s([3] * 12) == pytest.approx(1.1 * cost.verify_s([3] * 12))
+
+
+def test_auto_does_not_choose_a_block_for_not_having_run_it():
+    """Every block that ran took 1.3x the fit; the longer ones have not run. Corrected as their
+    neighbours (1.3x), they are not chosen for looking 1.3x cheaper than they will be."""
+    cost = VerifyCost(fixed=1e-3, per_token=1e-4, draft=0.0, packed=True)
+    auto = AutoDraftLength(block_size=16, cost=cost, prior=0.8, probe_every=0)
+    requests = list(range(16))
+    rate = {L: sum(auto.expected_tokens(r, L) for r in requests) / cost.verify_s([L] * 16) for L in range(16)}
+    best = max(rate, key=rate.get)  # the truth: every shape at 1.3x the fit
+    assert 0 < best < 10 and max(rate[L] for L in range(best + 3, 16)) > rate[best] / 1.3  # the fit's 1.0 would pick an unseen one
+    for L in range(best + 3):
+        drafting = 1e-4 if L else 0.0
+        auto.observe_round([L] * 16, 1.3 * cost.verify_s([L] * 16) + drafting, drafting=drafting)
+    assert auto.best(requests) == best
+
+
 def test_the_drafters_measured_time_corrects_the_drafter_not_the_target():
     """A round's time has two parts that drift apart under load: the drafter's pass (the
     record's t_draft, over the block it drafted) and the rest. Rounds whose drafter takes twice
@@ -398,8 +436,9 @@ def test_a_request_that_stopped_drafting_drifts_back_to_every_requests_estimate(
 
 def test_rounds_that_cost_more_than_modelled_correct_the_choice():
     """The start-up fit is corrected by what rounds of each shape took: when drafting rounds
-    turn out three times dearer than modelled, a batch whose drafts pay only a little under the
-    model stops drafting; rounds as cheap as modelled leave the choice alone."""
+    turn out three times dearer than modelled and plain ones as modelled, a batch whose drafts pay
+    only a little under the model stops drafting; rounds as cheap as modelled leave the choice
+    alone. (Plain rounds must have run: a shape not run yet is corrected as its neighbours.)"""
     cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=5e-4, per_slot=2e-5, packed=True)
     auto = AutoDraftLength(block_size=8, cost=cost, prior=0.9, probe_every=0)
     for r in range(8):
@@ -413,6 +452,8 @@ def test_rounds_that_cost_more_than_modelled_correct_the_choice():
     for _ in range(30):
         for L in range(1, 8):  # every drafting shape of 8 requests: three times its model
             auto.observe_round([L] * 8, 3.0 * cost.lengths_s([L] * 8))
+    assert set(auto.choose(list(range(8)), 8).values()) != {0}  # plain rounds: as dear, by their neighbours
+    auto.observe_round([0] * 8, cost.lengths_s([0] * 8))
     assert set(auto.choose(list(range(8)), 8).values()) == {0}
 
 
@@ -580,6 +621,11 @@ def test_start_up_times_every_uniform_shape_and_the_policy_starts_from_them(monk
     auto = AutoDraftLength(block_size=16, cost=cost, probe_every=0)
     for L in (3, 7, 9):  # every shape as timed, the cheap one included
         assert auto.round_s([L] * 4) == pytest.approx(seconds([L] * 4))
-    # untimed: the fit, with the drafter's pass on the line through what start-up timed
-    assert auto.round_s([7] * 2) == pytest.approx(cost.verify_s([7] * 2) + cost.draft_s(2, 8))
+    # untimed (2 requests): the fit corrected between batch sizes 1 and 4, so the cheap shape is
+    # cheap there too (within 5%, where the fit alone is 22% off), the drafter's pass on the line
+    # through what start-up timed
+    between = (2 * cost.timed_verify_scale(1, 8) + cost.timed_verify_scale(4, 8)) / 3
+    assert auto.round_s([7] * 2) == pytest.approx(cost.verify_s([7] * 2) * between + cost.draft_s(2, 8))
+    assert auto.round_s([7] * 2) == pytest.approx(seconds([7] * 2), rel=0.05)
+    assert cost.verify_s([7] * 2) + cost.draft_s(2, 8) > 1.15 * seconds([7] * 2)
     assert cost.draft_s(2, 8) == pytest.approx(2e-4)
