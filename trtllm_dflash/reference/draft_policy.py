@@ -267,8 +267,8 @@ class AutoDraftLength:
     _choices: int = 0
     # verify_scale's index of `correction`: the blocks T seen per batch size, sorted, rebuilt when
     # a shape is added (each key's value changes every round, its keys rarely)
-    _by_batch: dict[int, list[int]] = field(default_factory=dict, repr=False)
-    _by_batch_size: int = -1
+    _by_batch: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _by_batch_size: int = field(default=-1, init=False, repr=False, compare=False)
     modes = ("dflash", "ddtree")  # a class attribute (no annotation): not a dataclass field
 
     def __post_init__(self):
