@@ -103,11 +103,12 @@ def test_build_config_holds_only_upstream_fields_and_every_required_key(path, tm
     assert m.extra["dry_run"] is True and m.input is None
 
 
-@pytest.mark.parametrize("tp,placement", [(2, "rank0"), (4, "split")])
+@pytest.mark.parametrize("tp,placement", [(4, "rank0"), (8, "split")])
 def test_tp_plan_builds_the_drafter_where_the_placement_rule_puts_it(tmp_path, tp, placement):
-    """Qwen3-8B FP8 on H100s: at tp 2 the whole drafter (6.8 GiB with its context cache) is no
-    larger than a rank's share of the target (13.4 GiB): one drafter engine, no NCCL; at tp 4 the
-    share (6.7 GiB) is smaller: one drafter engine per rank, NCCL plugin, all-reduce workspace."""
+    """Qwen3-8B FP8 (BF16 KV cache) on H100s: at tp 4 the whole drafter (9.3 GiB with its context
+    cache) is no larger than a rank's share of the target (11.2 GiB): one drafter engine, no NCCL;
+    at tp 8 the share (5.6 GiB) is smaller: one drafter engine per rank, NCCL plugin, all-reduce
+    workspace."""
     recipe = load_recipe(ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml", [f"parallel.tp={tp}", f"hardware.count={tp}"])
     plan = make_plan(recipe, tmp_path / "quantize", tmp_path / "b")
     assert plan.world_size == tp and plan.drafter_parallelism["placement"] == placement
@@ -149,12 +150,13 @@ def test_every_build_config_has_what_build_config_from_dict_reads_without_a_defa
 # left to the layout: off over an FP8 KV cache, engine_layout.FP8_KV_REUSE_ISSUE).
 H100 = ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml"
 BF16_WEIGHTS = ["quantization.target_weights=bf16", "quantization.activations=bf16"]
+FP8_KV = ["quantization.kv_cache=fp8"]
 LAYOUTS = {
-    "fp8 weights, fp8 kv": (H100, [], (True, True, True), False),
-    "fp8 weights, bf16 kv": (H100, ["quantization.kv_cache=bf16"], (True, True, False), True),
-    "bf16 weights, bf16 kv": (H100, [*BF16_WEIGHTS, "quantization.kv_cache=bf16"], (True, True, False), True),
-    "bf16 weights, fp8 kv": (H100, BF16_WEIGHTS, (True, False, False), False),
-    "nvfp4 weights, fp8 kv": (ROOT / "recipes/blackwell/b300-qwen3-8b-nvfp4.yaml", [], (True, True, True), False),
+    "fp8 weights, fp8 kv": (H100, FP8_KV, (True, True, True), False),
+    "fp8 weights, bf16 kv": (H100, [], (True, True, False), True),
+    "bf16 weights, bf16 kv": (H100, BF16_WEIGHTS, (True, True, False), True),
+    "bf16 weights, fp8 kv": (H100, [*BF16_WEIGHTS, *FP8_KV], (True, False, False), False),
+    "nvfp4 weights, fp8 kv": (ROOT / "recipes/blackwell/b300-qwen3-8b-nvfp4.yaml", FP8_KV, (True, True, True), False),
     "fp32 weights": (TINY, [], (False, False, False), False),
 }
 
@@ -175,8 +177,9 @@ def test_target_attention_flags_are_what_build_resolves_and_reuse_follows(name, 
     assert (pc["context_fmha"], pc["use_paged_context_fmha"], pc["use_fp8_context_fmha"]) == want
     assert plan.kv_block_reuse is reuse
     assert ("paged context FMHA (KV block reuse)" in plan.engine("target").plugins[0]["use"]) is want[1]
-    note = next(n for n in plan.notes if n.startswith("KV block reuse:"))
-    assert note.startswith("KV block reuse: on" if reuse else "KV block reuse: off")
+    note = next(n for n in plan.notes if n.startswith("verify:"))
+    assert note.startswith("verify: KV block reuse on" if reuse else "verify: KV block reuse off")
+    assert ("every round recomputes its whole sequence" in note) is not reuse
     if not want[1]:
         assert plan.engine("target").attention["why"] and plan.engine("target").attention["why"][0] in note
     if want[1] and not reuse:
@@ -196,25 +199,29 @@ def test_resolve_attention_follows_builds_branches():
 
 def test_check_refuses_kv_reuse_the_layout_cannot_honour(tmp_path):
     h100 = H100
-    bf16_fp8kv = [a for o in BF16_WEIGHTS for a in ("--set", o)]
+    fp8kv = ["--set", FP8_KV[0]]
+    bf16_fp8kv = [a for o in BF16_WEIGHTS for a in ("--set", o)] + fp8kv
     rc, _, err = cli("check", h100, *bf16_fp8kv, "--set", "build.kv_cache_reuse=true")
     line = one_line_error(rc, err)
     assert "build.kv_cache_reuse: true" in line and "without paged context FMHA" in line
     assert "quantization.target_weights bf16" in line and "quantization.kv_cache fp8" in line
     rc, _, err = cli("check", TINY, "--set", "build.kv_cache_reuse=true")
     assert "build.kv_cache_reuse: true" in one_line_error(rc, err) and "float32" in err
-    # Left to the layout it is a note; asked off it is off everywhere.
+    # Left to the layout it is a warning that prices the recompute; asked off it is off everywhere.
     rc, _, err = cli("check", h100, *bf16_fp8kv)
-    assert rc == 0 and "note: build.kv_cache_reuse: off:" in err
+    assert rc == 0 and "note: build.kv_cache_reuse: verify: KV block reuse off (" in err
+    assert "every round recomputes its whole sequence" in err
     # Over an FP8 KV cache reuse is opt-in (wrong outputs upstream, the issue is named either way).
-    rc, _, err = cli("check", h100)
-    assert rc == 0 and f"note: build.kv_cache_reuse: off: an FP8 KV cache: reused blocks gave wrong outputs upstream " \
-                       f"({FP8_KV_REUSE_ISSUE}, open)" in err
-    rc, _, err = cli("check", h100, "--set", "build.kv_cache_reuse=true")
+    rc, _, err = cli("check", h100, *fp8kv)
+    assert rc == 0 and ("note: build.kv_cache_reuse: verify: KV block reuse off (an FP8 KV cache: reused blocks gave "
+                        f"wrong outputs upstream ({FP8_KV_REUSE_ISSUE}, open)") in err
+    rc, _, err = cli("check", h100, *fp8kv, "--set", "build.kv_cache_reuse=true")
     assert rc == 0 and "note: build.kv_cache_reuse: on: paged context FMHA; asked for over an FP8 KV cache despite" in err
-    assert make_plan(load_recipe(h100, ["build.kv_cache_reuse=true"]), None, tmp_path / "on").kv_block_reuse
+    assert make_plan(load_recipe(h100, [*FP8_KV, "build.kv_cache_reuse=true"]), None, tmp_path / "on").kv_block_reuse
     off = make_plan(load_recipe(h100, ["build.kv_cache_reuse=false"]), None, tmp_path / "b")
     assert off.kv_block_reuse is False and off.engine("target").build_config["plugin_config"]["use_paged_context_fmha"]
+    rc, _, err = cli("check", h100, "--set", "build.kv_cache_reuse=false")
+    assert rc == 0 and "note: build.kv_cache_reuse: verify: KV block reuse off (build.kv_cache_reuse false)" in err
     rc, _, err = cli("check", ROOT / "recipes/cpu/tiny-pystd.yaml", "--set", "build.kv_cache_reuse=false")
     assert "applies to the engine backend only" in one_line_error(rc, err)
 

@@ -18,11 +18,14 @@ from trtllm_dflash.recipe.planner import plan
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 LLAMA_H100 = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
+# The hand arithmetic below is written for an FP8 KV cache (1 byte per element) with KV block reuse
+# opted in, so that verify runs only the new tokens (tests/project/test_verify_cost.py: without reuse).
+FP8_KV = ("quantization.kv_cache=fp8", "build.kv_cache_reuse=true")
 GPT_OSS = RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml"
 
 
 def model(path, overrides=(), **assume):
-    r = load_recipe(path, list(overrides), check_rules=False)
+    r = load_recipe(path, [*(FP8_KV if path == LLAMA_H100 else ()), *overrides], check_rules=False)
     return r, StepModel(Deployment.from_recipe(r), Assumptions(**assume))
 
 

@@ -12,6 +12,7 @@ from trtllm_dflash.recipe import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 LLAMA_H100 = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
+FP8_KV = "quantization.kv_cache=fp8"  # the hand arithmetic below counts an FP8 KV cache (1 byte per element)
 GPT_OSS_B300 = RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml"
 
 
@@ -31,7 +32,7 @@ def test_param_counts_match_published_sizes():
 
 
 def test_llama_fp8_h100_plan_by_hand():
-    p = plan(load_recipe(LLAMA_H100))
+    p = plan(load_recipe(LLAMA_H100, [FP8_KV]))
     # Target: 6.979B linear params at 1 byte (FP8) + embedding and LM head (2 x 128256 x 4096) in BF16.
     linear = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     assert row(p, "target weights") == linear * 1 + 2 * 128256 * 4096 * 2
@@ -54,11 +55,11 @@ def test_llama_fp8_h100_plan_by_hand():
 
 
 def test_max_concurrency_is_the_exact_fit_boundary():
-    p = plan(load_recipe(LLAMA_H100))
+    p = plan(load_recipe(LLAMA_H100, [FP8_KV]))
     n = p.max_concurrency
     # Same max_num_tokens (it sizes the fixed activation buffers), only the batch changes.
-    at = plan(load_recipe(LLAMA_H100, [f"build.max_batch_size={n}"], check_rules=False))
-    over = plan(load_recipe(LLAMA_H100, [f"build.max_batch_size={n + 1}"], check_rules=False))
+    at = plan(load_recipe(LLAMA_H100, [FP8_KV, f"build.max_batch_size={n}"], check_rules=False))
+    over = plan(load_recipe(LLAMA_H100, [FP8_KV, f"build.max_batch_size={n + 1}"], check_rules=False))
     assert at.fits and not over.fits
 
 
@@ -96,7 +97,7 @@ COPIES = 2 * 151936 * 4096 * 2  # the engine drafter's own embedding + LM head, 
 
 
 def _qwen(tp: int, *more: str):
-    return load_recipe(QWEN_H100, [f"parallel.tp={tp}", f"hardware.count={tp}", *more], check_rules=False)
+    return load_recipe(QWEN_H100, [f"parallel.tp={tp}", f"hardware.count={tp}", FP8_KV, *more], check_rules=False)
 
 
 def test_engine_drafter_weights_count_its_own_embedding_and_lm_head():

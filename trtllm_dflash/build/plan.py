@@ -60,10 +60,10 @@ from trtllm_dflash.recipe.engine_layout import (
     DTYPE_NAMES,
     default_opt_num_tokens,
     kv_block_reuse,
-    kv_reuse_decision,
     max_draft_len,
     target_attention,
     target_seq_len,
+    verify_cost,
 )
 from trtllm_dflash.recipe.planner import drafter_placement
 from trtllm_dflash.recipe.support import ARCHITECTURES, DRAFTER_ENGINE_CLASS, backend as backend_spec, backends_for
@@ -429,11 +429,8 @@ def _attention(recipe: Recipe, role: Role) -> dict:
 
 
 def _reuse_note(recipe: Recipe) -> str:
-    """Whether verify rounds reuse the committed prefix's KV blocks, and why (kv_reuse_decision)."""
-    on, why = kv_reuse_decision(recipe)
-    if on:
-        return f"KV block reuse: on ({why}): a verify round recomputes only its new tokens"
-    return f"KV block reuse: off ({why}): every verify round recomputes its whole sequence"
+    """What a verify round costs the target (engine_layout.verify_cost: KV block reuse or not)."""
+    return verify_cost(recipe).describe()
 
 
 def _command(checkpoint: str, config: str, cls: str, output: str, workers: int) -> list[str]:
@@ -530,7 +527,7 @@ def render(plan: BuildPlan, *, io: bool = True) -> str:
             for kind, tensors in (("in ", e.inputs), ("out", e.outputs)):
                 for t in tensors:
                     lines.append(f"  {kind} {t.name} {t.dtype} {_shape(t.shape)}")
-    lines.append(next(n for n in plan.notes if n.startswith("KV block reuse:")))
+    lines.append(next(n for n in plan.notes if n.startswith("verify:")))
     lines.append(f"drafter engine: {plan.drafter_parallelism['mode']}")
     lines.append(f"launch: {plan.launch['build']}")
     return "\n".join(lines)

@@ -93,7 +93,16 @@ def plan_json(recipe) -> dict:
     out["smallest_tp"] = [{"gpu": f.gpu.name, "tp": f.tp, "need_gib": round(f.need_bytes / GiB, 4) if f.tried else None,
                            "capacity_gib": round(f.gpu.memory_bytes / GiB, 4), "unsupported": f.unsupported}
                           for f in (smallest_tp(recipe, g) for g in gpu_types())]
+    out["verify"] = verify_line(recipe)
     return out
+
+
+def verify_line(recipe) -> str:
+    """What a verify round costs the target (recipe/engine_layout.py verify_cost), as check,
+    build --dry-run and project say it."""
+    from trtllm_dflash.recipe.engine_layout import verify_cost
+
+    return verify_cost(recipe).describe()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,5 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan_json(recipe), indent=2))
         return 0
-    print_memory(make_console(), recipe)
+    console = make_console()
+    print_memory(console, recipe)
+    console.print(verify_line(recipe))
     return 0

@@ -118,5 +118,6 @@ def run(args: argparse.Namespace) -> int:
         console.print(t)
     console.print(f"acceptance: {profile.source}")
     console.print(f"rates: {proj.rates_source}")
+    console.print(proj.verify)
     console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")
     return 0

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.project.acceptance import AcceptanceProfile
 from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepCost, StepModel
+from trtllm_dflash.recipe.engine_layout import verify_cost
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe.schema import Recipe
 from trtllm_dflash.sweep.fronts import Comparison, Curve, compare
@@ -70,6 +71,7 @@ class Projection:
     draft_lens: dict[str, list[int]]  # curve -> draft length used at each level
     steps: dict[str, list[dict]]  # curve -> per-level breakdown (bytes, FLOPs, ms per part)
     suggested_bands: list[dict]
+    verify: str  # what a verify round costs the target (engine_layout.verify_cost)
     comparisons: dict[str, Comparison] = field(default_factory=dict)
 
     def curve(self, name: str) -> Curve:
@@ -84,7 +86,7 @@ class Projection:
             "skipped_levels": {str(k): v for k, v in self.skipped.items()},
             "curves": {name: [asdict(r) for r in rows] for name, rows in self.curves.items()},
             "draft_lens": self.draft_lens, "steps": self.steps, "suggested_bands": self.suggested_bands,
-            "headline": {name: c.to_json() for name, c in self.comparisons.items()},
+            "verify": self.verify, "headline": {name: c.to_json() for name, c in self.comparisons.items()},
         }
 
 
@@ -135,12 +137,15 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
     for k in range(1, k_max + 1):
         add(dflash_name(k), grid[k])
     best = [max((grid[k][i] for k in range(1, k_max + 1)), key=lambda s: s.tok_s_user) for i in range(len(levels))]
-    # What a deployment should set per level: speculation off (0) where AR is faster than every draft length.
-    best_or_off = [max(off, s, key=lambda s: s.tok_s_user) for off, s in zip(grid[0], best)]
+    # Speculation off (0) on the DFlash server: the AR step, except where verify recomputes its sequence.
+    off = grid[0] if not dep.verify_recomputes else [model.step(c, 0, 1.0, ctx, isl, osl, plain=False) for c in levels]
+    # What a deployment should set per level: speculation off where it is faster than every draft length.
+    best_or_off = [max(o, s, key=lambda s: s.tok_s_user) for o, s in zip(off, best)]
     if recipe.speculative.auto:  # `auto` is modelled by what it aims for: the best length per level, 0 included
         add(BANDS, best_or_off)
     else:
-        add(BANDS, [grid[min(recipe.speculative.draft_len_at(c), k_max)][i] for i, c in enumerate(levels)])
+        ks = [min(recipe.speculative.draft_len_at(c), k_max) for c in levels]
+        add(BANDS, [grid[k][i] if k else off[i] for i, k in enumerate(ks)])
     add(BEST, best)
 
     suggested = best_bands({c: s.draft_len for c, s in zip(levels, best_or_off)})
@@ -149,7 +154,7 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
         recipe=recipe.name, device=f"{recipe.hardware.count}x {recipe.hardware.gpu}", gpus=dep.gpus, tp=dep.tp,
         input_len=isl, output_len=osl, context=ctx, assumptions=model.a, rates_source=model.rates.source,
         acceptance=profile, levels=levels, skipped=skipped, curves=curves, draft_lens=used, steps=steps,
-        suggested_bands=suggested,
+        suggested_bands=suggested, verify=verify_cost(recipe).describe(),
     )
     ar = proj.curve(AR)
     # Every DFlash point of every draft length: the front NVIDIA's plots take over configurations.

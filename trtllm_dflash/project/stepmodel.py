@@ -11,6 +11,10 @@ Steps
     DFlash round  T_dfl(c,K) = drafter pass (K+1 slots per sequence, LM head on K of them)
                                + target verify pass over c * (K+1) tokens
                                + 2 * t_step + c * t_seq + prefill share
+                  where verify recomputes its sequence (the engine backend without KV block
+                  reuse: recipe/engine_layout.py verify_cost), the verify pass runs c * (ctx + K+1)
+                  tokens over an empty cache instead: a prefill of the whole sequence, logits at
+                  its last K+1 positions
     t_step is the fixed launch/scheduling cost of one forward pass (a DFlash round launches two:
     the drafter's and the verify), t_seq the cost of one sequence in flight per step.
     prefill share = c * t_prefill(ISL) / (steps per request),  steps per request = (OSL - 1) / tau
@@ -66,6 +70,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.recipe.engine_layout import verify_cost
 from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GpuSpec
 from trtllm_dflash.recipe.models import ArchFacts
 from trtllm_dflash.recipe.planner import (
@@ -305,6 +310,7 @@ class Deployment:
     ctx_format: str  # the drafter's context cache
     block_size: int
     drafter_tp: int | None = None  # ranks the drafter is split over (recipe/planner.py drafter_placement); None = tp
+    verify_recomputes: bool = False  # a verify round re-prefills its sequence (recipe/engine_layout.py verify_cost)
 
     @classmethod
     def from_recipe(cls, r: Recipe) -> Deployment:
@@ -318,7 +324,7 @@ class Deployment:
             gemm_format=q.activations, head_format=head, kv_format=q.kv_cache, drafter_format=q.drafter,
             drafter_gemm_format=_compute_format(q.drafter, q.checkpoint_dtype("drafter")),
             ctx_format=context_cache_format(r), block_size=r.speculative.block_size,
-            drafter_tp=drafter_placement(r).tp,
+            drafter_tp=drafter_placement(r).tp, verify_recomputes=verify_cost(r).recomputes,
         )
 
 
@@ -404,6 +410,13 @@ class StepModel:
         att_flops = 4 * n * (ctx + q) * f.num_attention_heads * f.head_dim * f.num_layers / tp
         return self._cost(wbytes, ctx_bytes, gemm, d.drafter_gemm_format, head_flops, att_flops, f.num_layers, n, h, tp)
 
+    def verify_pass(self, seqs: int, q: int, ctx: int) -> PassCost:
+        """The target's verify of q = K+1 tokens per sequence: over the cached context, or over the
+        whole sequence again where the deployment's verify recomputes it."""
+        if self.dep.verify_recomputes:
+            return self.target_pass(seqs, ctx + q, 0, logits_per_seq=q)
+        return self.target_pass(seqs, q, ctx)
+
     def prefill(self, prompt_len: int) -> float:
         """Seconds of one request's prompt pass (logits at its last position only)."""
         return self.target_pass(1, prompt_len, 0, logits_per_seq=1).seconds
@@ -411,9 +424,11 @@ class StepModel:
     # ---- steps
 
     def step(self, concurrency: int, draft_len: int, tau: float, ctx: int,
-             prompt_len: int = 0, output_len: int = 0) -> StepCost:
+             prompt_len: int = 0, output_len: int = 0, *, plain: bool = True) -> StepCost:
         """One AR step (draft_len 0, tau 1) or DFlash round of `concurrency` sequences at context
-        `ctx`; prompt_len/output_len > 0 add the share of the prompt passes of new requests."""
+        `ctx`; prompt_len/output_len > 0 add the share of the prompt passes of new requests.
+        plain=False: a draft_len 0 round of the DFlash server instead of the stock engine's AR step
+        (they differ only where verify recomputes its sequence: its rounds are context requests)."""
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if draft_len < 0 or draft_len >= max(2, self.dep.block_size):
@@ -421,9 +436,10 @@ class StepModel:
                             f"{self.dep.block_size})")
         c = concurrency
         if draft_len == 0:
-            target, drafter, tau = self.target_pass(c, 1, ctx), ZERO, 1.0
+            target = self.target_pass(c, 1, ctx) if plain else self.verify_pass(c, 1, ctx)
+            drafter, tau = ZERO, 1.0
         else:
-            target = self.target_pass(c, draft_len + 1, ctx)
+            target = self.verify_pass(c, draft_len + 1, ctx)
             drafter = self.drafter_pass(c, draft_len, ctx, tau)
         passes = 1 if draft_len == 0 else 2  # a DFlash round launches two passes: drafter, then verify
         overhead = passes * self.rates.step_s + c * self.rates.seq_s

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtllm_dflash.recipe.schema import Recipe
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # A checkpoint's quantization.quant_algo per weight format (convert / quantize write it).
@@ -136,3 +137,44 @@ def kv_reuse_decision(recipe: Recipe) -> tuple[bool, str]:
 def kv_block_reuse(recipe: Recipe) -> bool:
     """Whether the target Executor reuses KV blocks across verify rounds (kv_reuse_decision)."""
     return kv_reuse_decision(recipe)[0]
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """What one verify round of the engine backend's design C costs the target, in tokens per
+    sequence: each round is a fresh context request holding the whole sequence, so without KV
+    block reuse the target runs the committed context again (a prefill per round), with it only
+    the anchor and the drafts. External draft tokens (`draft_tokens_external`) do not change
+    this: 1.2.1 also verifies them in the context phase of a fresh request per round and refuses
+    to start without block reuse (cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp:
+    "KV cache block reuse must be enabled for speculative decoding target model")."""
+
+    recomputes: bool
+    why: str
+    context: int  # the sweep's mid-decode context: input_len + output_len / 2
+    block: int  # anchor + max_draft_len
+
+    @property
+    def tokens(self) -> int:
+        """Target tokens one verify round runs per sequence at `context`."""
+        return self.context + self.block if self.recomputes else self.block
+
+    def describe(self) -> str:
+        """The one line check, plan, build --dry-run and project print."""
+        if not self.recomputes:
+            return f"verify: {self.why}: a round runs its {self.block} new tokens per sequence"
+        return (f"verify: {self.why}: every round recomputes its whole sequence, "
+                f"{self.tokens} target tokens per sequence at the sweep's mid-decode context of {self.context} "
+                f"against {self.block} with reuse ({self.tokens / self.block:.0f}x)")
+
+
+def verify_cost(recipe: Recipe) -> VerifyCost:
+    """The engine backend's verify cost for a recipe (kv_reuse_decision); other backends verify
+    inside the sequence's own generation step (recomputes False)."""
+    context = recipe.sweep.input_len + recipe.sweep.output_len // 2
+    block = max_draft_len(recipe) + 1
+    if not backend_spec(recipe.backend.name).builds_engines:
+        return VerifyCost(False, f"the {recipe.backend.name} backend verifies in each sequence's generation step",
+                          context, block)
+    on, why = kv_reuse_decision(recipe)
+    return VerifyCost(not on, f"KV block reuse {'on' if on else 'off'} ({why})", context, block)

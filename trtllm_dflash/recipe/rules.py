@@ -17,6 +17,7 @@ from trtllm_dflash.recipe.engine_layout import (
     runtime_max_input_len,
     target_attention,
     target_seq_len,
+    verify_cost,
 )
 from trtllm_dflash.recipe.placement import span_problem
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
@@ -98,20 +99,19 @@ def _engine_layout(recipe: Recipe) -> list[Issue]:
         return []
     q, flags, issues = recipe.quantization, target_attention(recipe), []
     on, why = kv_reuse_decision(recipe)
-    if not flags.paged_context_fmha:
+    cost = verify_cost(recipe)
+    if not flags.paged_context_fmha and b.kv_cache_reuse:
         dtype = q.checkpoint_dtype("target")
         layout = (f"quantization.target_weights {q.target_weights}"
                   + (f" (checkpoint dtype {dtype})" if dtype != q.target_weights else "")
                   + f" with quantization.kv_cache {q.kv_cache}")
-        if b.kv_cache_reuse:
-            issues.append(Issue("error", "build.kv_cache_reuse", f"true, but {layout} builds a target engine without paged "
-                                f"context FMHA ({why}), and the 1.2.1 Executor then switches block reuse off; set "
-                                "build.kv_cache_reuse to false or change those fields"))
-        elif b.kv_cache_reuse is None:
-            issues.append(Issue("warning", "build.kv_cache_reuse", f"off: {layout} builds no paged context FMHA ({why}); "
-                                "every verify round recomputes its whole sequence"))
-    elif q.kv_cache == "fp8" and b.kv_cache_reuse is not False:
-        issues.append(Issue("warning", "build.kv_cache_reuse", f"{'on' if on else 'off'}: {why}"))
+        issues.append(Issue("error", "build.kv_cache_reuse", f"true, but {layout} builds a target engine without paged "
+                            f"context FMHA ({why}), and the 1.2.1 Executor then switches block reuse off; set "
+                            "build.kv_cache_reuse to false or change those fields"))
+    elif cost.recomputes:
+        issues.append(Issue("warning", "build.kv_cache_reuse", cost.describe()))
+    elif q.kv_cache == "fp8":
+        issues.append(Issue("warning", "build.kv_cache_reuse", f"on: {why}"))
     seq = target_seq_len(recipe)
     cap = runtime_max_input_len(max_seq_len=seq, max_input_len=seq - 1, max_num_tokens=b.max_num_tokens,
                                 context_fmha=flags.context_fmha)

@@ -1,0 +1,103 @@
+"""What an engine-backend verify round costs the target (recipe/engine_layout.py verify_cost):
+without KV block reuse each round is a context request that recomputes the whole sequence. The
+shipped engine recipes never do that; where a recipe does, `check`, `plan`, `build --dry-run`
+and `project` say the same line and the step model prices the round as a prefill."""
+
+from pathlib import Path
+
+import pytest
+
+from trtllm_dflash.build.plan import make_plan
+from trtllm_dflash.cli import main
+from trtllm_dflash.project.acceptance import resolve as resolve_profile
+from trtllm_dflash.project.projection import AR, BANDS, project
+from trtllm_dflash.project.stepmodel import Deployment, StepModel
+from trtllm_dflash.recipe import load_recipe
+from trtllm_dflash.recipe.engine_layout import verify_cost
+from trtllm_dflash.recipe.rules import check
+from trtllm_dflash.recipe.support import backend as backend_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml"
+TP8 = ["parallel.tp=8", "hardware.count=8"]
+FP8_KV = "quantization.kv_cache=fp8"
+
+
+def shipped_engine_recipes() -> list[Path]:
+    out = []
+    for path in sorted(ROOT.glob("recipes/*/*.yaml")):
+        r = load_recipe(path, [], check_rules=False)
+        if backend_spec(r.backend.name).builds_engines and not r.gpu.is_cpu:
+            out.append(path)
+    return out
+
+
+def test_every_shipped_gpu_engine_recipe_verifies_only_its_new_tokens():
+    paths = shipped_engine_recipes()
+    assert len(paths) == 4  # h100 qwen3 / llama FP8, b200 llama / b300 qwen3 NVFP4
+    for path in paths:
+        cost = verify_cost(load_recipe(path))
+        assert not cost.recomputes, f"{path.name}: {cost.describe()}"
+        assert cost.tokens == cost.block
+
+
+def test_an_fp8_kv_cache_recomputes_and_says_so_with_its_cost():
+    r = load_recipe(H100, [FP8_KV])
+    cost = verify_cost(r)
+    assert cost.recomputes and cost.context == r.sweep.input_len + r.sweep.output_len // 2
+    assert cost.tokens == cost.context + cost.block
+    line = cost.describe()
+    assert "NVIDIA/TensorRT-LLM/issues/2699" in line and f"{cost.tokens} target tokens per sequence" in line
+    assert f"({cost.tokens / cost.block:.0f}x)" in line
+    # Reuse asked off recomputes on any KV dtype.
+    assert verify_cost(load_recipe(H100, ["build.kv_cache_reuse=false"])).recomputes
+    # Other backends verify in each sequence's generation step.
+    assert not verify_cost(load_recipe(ROOT / "recipes/cpu/tiny-pystd.yaml")).recomputes
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    rc = main(list(map(str, args)))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("overrides", [[], [FP8_KV]], ids=["bf16-kv", "fp8-kv"])
+def test_check_plan_build_and_project_say_the_same_verify_cost(overrides, capsys, tmp_path):
+    r = load_recipe(H100, [*TP8, *overrides])
+    want = verify_cost(r).describe()
+    warnings = [i.message for i in check(r) if i.field == "build.kv_cache_reuse"]
+    assert warnings == ([want] if overrides else [])
+    sets = [a for o in [*TP8, *overrides] for a in ("--set", o)]
+    rc, out, _ = run_cli(capsys, "plan", H100, *sets)
+    assert rc == 0 and " ".join(want.split()) in " ".join(out.split())
+    assert want in make_plan(r, None, tmp_path / "b").notes
+    proj = project(r, resolve_profile(r, None), levels=[1])
+    assert proj.verify == want and proj.context == verify_cost(r).context
+
+
+def test_the_step_model_prices_a_recomputing_verify_as_a_prefill_of_the_sequence():
+    reuse = load_recipe(H100, TP8)
+    again = load_recipe(H100, [*TP8, FP8_KV])
+    m = StepModel(Deployment.from_recipe(again))
+    assert m.dep.verify_recomputes and not Deployment.from_recipe(reuse).verify_recomputes
+    cost = verify_cost(again)
+    v = m.verify_pass(4, cost.block, cost.context)
+    prefill = m.target_pass(4, cost.tokens, 0, logits_per_seq=cost.block)
+    assert v.seconds == pytest.approx(prefill.seconds) and v.gemm_flops == prefill.gemm_flops
+    # Against the same deployment with reuse (same KV dtype, so only the verify design differs).
+    with_reuse = StepModel(Deployment.from_recipe(load_recipe(H100, [*TP8, FP8_KV, "build.kv_cache_reuse=true"])))
+    assert v.seconds > 10 * with_reuse.verify_pass(4, cost.block, cost.context).seconds
+    # A round of 0 drafts on the DFlash server is a context request too; the AR step is the stock engine's.
+    assert m.step(4, 0, 1.0, cost.context, plain=False).seconds > 10 * m.step(4, 0, 1.0, cost.context).seconds
+
+
+def test_project_shows_what_recompute_does_to_the_h100_tp8_recipe():
+    """At c = 64 a recomputing verify makes DFlash slower than AR; with reuse it is faster."""
+    ratios = {}
+    for name, overrides in {"reuse": TP8, "recompute": [*TP8, FP8_KV]}.items():
+        r = load_recipe(H100, overrides)
+        proj = project(r, resolve_profile(r, None), levels=[1, 64])
+        ar, dfl = proj.curves[AR], proj.curves[BANDS]
+        ratios[name] = [d.tok_s_user.p50 / a.tok_s_user.p50 for a, d in zip(ar, dfl)]
+    assert all(x > 1.5 for x in ratios["reuse"])
+    assert ratios["recompute"][1] < 1.0 < ratios["recompute"][0] < ratios["reuse"][0]
