@@ -27,6 +27,7 @@ COMMANDS = [
     "build",
     "deploy",
     "serve",
+    "doctor",
     "sweep",
     "project",
     "profile",

@@ -51,6 +51,7 @@ class Backend:
     image_apis: tuple[str, ...]  # the APIs that image serves the backend through
     drafters: tuple[str, ...] = ("dflash", "dflash2", "laguna")  # the drafter variants (DRAFTERS) it runs
     drafter_gaps: tuple[tuple[str, str], ...] = ()  # (variant, why it does not run it yet) per missing variant
+    tensorrt_lines: tuple[str, ...] = ()  # the TensorRT release lines its engines need (() = it builds none)
 
     def drafter_gap(self, variant: str) -> str:
         """Why this backend does not run drafter `variant` yet ('' when it does)."""
@@ -75,7 +76,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton",
             image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai"),
-            drafters=("dflash",), drafter_gaps=(
+            tensorrt_lines=("10.14",), drafters=("dflash",), drafter_gaps=(
                 ("dflash2", "the TensorRT drafter engine has neither DFlash2's convolutions and selector nor the "
                  "logit scalars yet (build/plan.py DFLASH2_ENGINE_NOTE)"),
                 ("laguna", "the TensorRT drafter engine has no feature norms or head gates yet")),
