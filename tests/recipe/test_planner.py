@@ -8,7 +8,7 @@ import pytest
 from trtllm_dflash.recipe.hardware import GiB
 from trtllm_dflash.recipe.models import catalog_facts
 from trtllm_dflash.recipe.planner import drafter_placement, plan
-from trtllm_dflash.recipe import load_recipe
+from trtllm_dflash.recipe import RecipeError, load_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 LLAMA_H100 = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
@@ -143,3 +143,15 @@ def test_only_the_engine_backend_places_its_drafter():
     for backend in ("reference", "pytorch"):
         p = drafter_placement(_qwen(2, f"backend.name={backend}"))
         assert (p.mode, p.tp) == ("split", 2)
+
+
+def test_parallel_drafter_overrides_the_rule_on_the_engine_backend_only():
+    """tp 2 puts Qwen3-8B's drafter on rank 0 by the rule; `parallel.drafter: split` splits it
+    (the first-GPU check of a split drafter on two GPUs), `rank0` keeps it whole at tp 8."""
+    assert drafter_placement(_qwen(2)).mode == "rank0"
+    split = drafter_placement(_qwen(2, "parallel.drafter=split"))
+    assert (split.mode, split.tp) == ("split", 2) and "parallel.drafter" in split.why
+    assert (drafter_placement(_qwen(8, "parallel.drafter=rank0")).mode, drafter_placement(_qwen(8)).mode) == (
+        "rank0", "split")
+    with pytest.raises(RecipeError, match="parallel.drafter: split: only the engine backend places its drafter"):
+        load_recipe(QWEN_H100, ["parallel.tp=2", "hardware.count=2", "backend.name=reference", "parallel.drafter=split"])

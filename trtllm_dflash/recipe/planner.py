@@ -379,6 +379,7 @@ def drafter_placement(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | N
         return DrafterPlacement("split", tp, who)
     b = recipe.build.max_batch_size
     one, split = plan(recipe, tp=tp, gpu=gpu, dtp=1), plan(recipe, tp=tp, gpu=gpu, dtp=tp)
+    asked = recipe.parallel.drafter if tp == recipe.parallel.tp else "auto"
     rows = lambda p, *names: sum(r.bytes * (b if r.per_sequence else 1) for r in p.rows if r.component in names)  # noqa: E731
     whole = rows(one, "drafter weights", "drafter context cache")
     share = rows(one, "target weights", "target KV cache")
@@ -387,6 +388,8 @@ def drafter_placement(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | N
                    target_share_bytes=share, rank0_fits=one.fits, exchange_split_bytes=exchange,
                    split_collectives=collectives)
     gib = lambda x: f"{x / GiB:.2f} GiB"  # noqa: E731
+    if asked != "auto":
+        return DrafterPlacement(asked, 1 if asked == "rank0" else tp, "parallel.drafter asks for it", **numbers)
     if one.fits and whole <= share:
         why = (f"the whole drafter ({gib(whole)}) is no larger than a rank's share of the target ({gib(share)}) and "
                f"rank 0 fits {b} sequences with it; split would add {gib(exchange)} and {collectives} collectives "

@@ -171,6 +171,9 @@ def _parallel_issues(recipe: Recipe) -> list[Issue]:
         out.err("parallel.tp", f"tp*pp = {recipe.world_size} > hardware.count {recipe.hardware.count}")
     if par.pp != 1:
         out.err("parallel.pp", "pipeline parallelism is not supported with speculative decoding (use tp); allowed: 1")
+    if par.drafter != "auto" and backend_spec(recipe.backend.name).drafter_placement != "rule":
+        out.err("parallel.drafter", f"{par.drafter}: only the engine backend places its drafter; the "
+                f"{recipe.backend.name} backend splits it like the target (remove it or set auto)")
     return out + _split_issues(recipe)
 
 

@@ -111,6 +111,9 @@ class Quantization(_Section):
 class Parallel(_Section):
     tp: int = Field(default=1, ge=1, description="tensor parallel ranks (on cpu: worker processes)")
     pp: int = Field(default=1, ge=1, description="pipeline parallel stages")
+    drafter: Literal["auto", "rank0", "split"] = Field(
+        default="auto", description="engine backend at tp > 1: where the drafter runs; auto = the placement rule "
+        "(docs/engine-tp.md), rank0 = the whole drafter on rank 0's GPU, split = tensor-parallel like the target")
 
 
 class Backend(_Section):
