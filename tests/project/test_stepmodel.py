@@ -162,3 +162,31 @@ def test_the_drafter_pass_runs_where_the_placement_rule_puts_it():
     assert p2.weight_bytes == p1.weight_bytes and p2.t_allreduce == 0.0
     assert p4.weight_bytes == pytest.approx(p1.weight_bytes / 4) and p4.t_allreduce > 0.0
     assert two.target_pass(8, 10, 1000).t_allreduce > 0.0  # the target is split either way
+
+
+GPT_OSS_2x8 = ["parallel.tp=16", "hardware.count=16"]
+
+
+def test_tp_across_nvlink_domains_all_reduces_over_the_fabric():
+    """tp 16 on two 8-GPU B300 nodes: the NVLink ring inside each node plus each GPU's 1/8 shard
+    all-reduced between the two nodes over its 100 GB/s ConnectX-8 share (catalog fabric_gbs)."""
+    _, eight = model(GPT_OSS, ["parallel.tp=8"])
+    _, sixteen = model(GPT_OSS, GPT_OSS_2x8)
+    r, a = sixteen.rates, sixteen.a
+    assert (r.domain, r.fabric_bps) == (8, 100e9 * a.fabric_efficiency) and r.fabric_latency_s == pytest.approx(20e-6)
+    layers, n, hidden = 36, 64, 2880
+    size = n * hidden * 2
+    nvl = a.allreduce_latency_us * 1e-6 + 2 * 7 / 8 * size / r.link_bps
+    fabric = r.fabric_latency_s + 2 * 1 / 2 * (size / 8) / r.fabric_bps
+    assert sixteen._allreduce(layers, n, hidden) == pytest.approx(2 * layers * (nvl + fabric))
+    assert eight._allreduce(layers, n, hidden) == pytest.approx(2 * layers * nvl)
+    # Per user, tp 16 across two nodes is slower than tp 8 on one at batch 1 (it used to look faster).
+    assert sixteen.step(1, 0, 1.0, 1536).seconds > eight.step(1, 0, 1.0, 1536).seconds
+
+
+def test_a_gpu_without_a_fabric_cannot_project_tp_across_nodes():
+    r = load_recipe(GPT_OSS, GPT_OSS_2x8, check_rules=False)
+    dep = Deployment.from_recipe(r)
+    gpu = dep.gpu.model_copy(update={"fabric_gbs": None})
+    with pytest.raises(UserError, match="spans NVLink domains of 8 GPUs, and the catalog has no inter-node fabric"):
+        StepModel(replace(dep, gpu=gpu))

@@ -101,3 +101,18 @@ def test_project_shows_what_recompute_does_to_the_h100_tp8_recipe():
         ratios[name] = [d.tok_s_user.p50 / a.tok_s_user.p50 for a, d in zip(ar, dfl)]
     assert all(x > 1.5 for x in ratios["reuse"])
     assert ratios["recompute"][1] < 1.0 < ratios["recompute"][0] < ratios["reuse"][0]
+
+
+def test_replicas_serve_the_endpoints_concurrency_split_between_them():
+    """Two replicas of tp 8 at endpoint concurrency 64: each server runs 32 (bands and step time
+    at 32), tokens/s per GPU over all 16 GPUs; the same as one tp 8 copy at 32 per GPU."""
+    gpt_oss = ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"
+    one = load_recipe(gpt_oss, check_rules=False)
+    two = load_recipe(gpt_oss, ["parallel.replicas=2", "hardware.count=16"], check_rules=False)
+    p1 = project(one, resolve_profile(one, None), levels=[32])
+    p2 = project(two, resolve_profile(two, None), levels=[64])
+    for name in (AR, BANDS):
+        a, b = p1.curves[name][0], p2.curves[name][0]
+        assert b.concurrency == 64 and b.tok_s_user.p50 == pytest.approx(a.tok_s_user.p50)
+        assert b.output_tok_s_per_gpu == pytest.approx(a.output_tok_s_per_gpu)
+    assert p2.layout == "layout: 2 replica(s) of tp 8 on 2 node(s) of 8 b300: every all-reduce stays on NVLink"

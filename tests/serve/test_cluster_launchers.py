@@ -349,3 +349,26 @@ def test_run_stops_before_a_multi_node_serve_with_the_launcher_to_write():
     assert "serves on 8x b300" in one and "--run --api openai" in one
     assert "serves on 2 nodes of 8x b300" in two and "--launcher srun` (or `--launcher k8s`)" in two
     assert "--run" not in two
+
+
+def test_replicas_scale_a_copy_that_fits_one_node_and_check_says_when_tp_spans_nodes_needlessly():
+    from trtllm_dflash.recipe.rules import check
+    from trtllm_dflash.recipe.schema import RecipeError
+
+    engine = load_recipe(QWEN_ENGINE, ["parallel.tp=8", "parallel.replicas=2", "hardware.count=16"])
+    assert placement(engine) == placement(engine).__class__(nodes=1, tasks_per_node=1, gpus_per_node=8, node_gpus=8,
+                                                            replicas=2)
+    with pytest.raises(RecipeError, match="only the pytorch backend spans nodes"):
+        load_recipe(QWEN_ENGINE, ["parallel.tp=16", "hardware.count=16"])
+    two = load_recipe(GPT_OSS, ["parallel.replicas=2", "hardware.count=16"])
+    assert (placement(two).nodes, placement(two).replicas) == (1, 2)
+    assert not [i for i in check(two) if i.field in ("parallel.tp", "hardware.count")]
+    wide = [i.message for i in check(load_recipe(GPT_OSS, ["parallel.tp=16", "hardware.count=16"]))
+            if i.field == "parallel.tp" and "NVLink" in i.message]
+    assert wide == ["1 replica(s) of tp 16: tp 16 spans 2 NVLink domains of 8 b300, its all-reduces cross the "
+                    "inter-node fabric, though one copy fits one domain (from tp 1): parallel.tp 8 with "
+                    "parallel.replicas 2 keeps them on NVLink"]
+    idle = [i.message for i in check(load_recipe(GPT_OSS, ["hardware.count=16"])) if i.field == "hardware.count"]
+    assert idle == ["16 GPUs, 8 used (tp*pp 8 x parallel.replicas 1); more replicas would use the rest"]
+    with pytest.raises(RecipeError, match=r"parallel.tp: tp\*pp = 8 x parallel.replicas 3 = 24 > hardware.count 16"):
+        load_recipe(GPT_OSS, ["parallel.replicas=3", "hardware.count=16"])

@@ -120,4 +120,9 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     print_memory(console, recipe)
     console.print(verify_line(recipe))
+    if not recipe.gpu.is_cpu:
+        from trtllm_dflash.recipe.placement import scale_out
+        from trtllm_dflash.recipe.planner import smallest_tp
+
+        console.print("layout: " + scale_out(recipe, smallest_tp(recipe, recipe.gpu).tp))
     return 0

@@ -119,5 +119,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"acceptance: {profile.source}")
     console.print(f"rates: {proj.rates_source}")
     console.print(proj.verify)
+    if proj.layout:
+        console.print(proj.layout)
     console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")
     return 0

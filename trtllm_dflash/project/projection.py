@@ -15,13 +15,14 @@ tokens/s per GPU = c * output_len / E2E / GPUs. Distributions of a projection ar
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.project.acceptance import AcceptanceProfile
 from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepCost, StepModel
 from trtllm_dflash.recipe.engine_layout import verify_cost
-from trtllm_dflash.recipe.planner import plan
+from trtllm_dflash.recipe.placement import scale_out
+from trtllm_dflash.recipe.planner import plan, smallest_tp
 from trtllm_dflash.recipe.schema import Recipe
 from trtllm_dflash.sweep.fronts import Comparison, Curve, compare
 from trtllm_dflash.sweep.metrics import Distribution, LevelSummary, curve_of
@@ -72,6 +73,7 @@ class Projection:
     steps: dict[str, list[dict]]  # curve -> per-level breakdown (bytes, FLOPs, ms per part)
     suggested_bands: list[dict]
     verify: str  # what a verify round costs the target (engine_layout.verify_cost)
+    layout: str  # how the GPUs serve: replicas and tp, and why (recipe/placement.py scale_out)
     comparisons: dict[str, Comparison] = field(default_factory=dict)
 
     def curve(self, name: str) -> Curve:
@@ -86,18 +88,31 @@ class Projection:
             "skipped_levels": {str(k): v for k, v in self.skipped.items()},
             "curves": {name: [asdict(r) for r in rows] for name, rows in self.curves.items()},
             "draft_lens": self.draft_lens, "steps": self.steps, "suggested_bands": self.suggested_bands,
-            "verify": self.verify, "headline": {name: c.to_json() for name, c in self.comparisons.items()},
+            "verify": self.verify, "layout": self.layout, "headline": {name: c.to_json() for name, c in self.comparisons.items()},
         }
+
+
+def layout_line(recipe: Recipe) -> str:
+    """How the recipe's GPUs serve and why (recipe/placement.py scale_out); '' on cpu."""
+    if recipe.gpu.is_cpu:
+        return ""
+    return "layout: " + scale_out(recipe, smallest_tp(recipe, recipe.gpu).tp)
+
+
+def per_replica(concurrency: int, replicas: int) -> int:
+    """The requests in flight on the busiest of `replicas` data-parallel copies behind one endpoint."""
+    return -(-concurrency // replicas)
 
 
 def feasible_levels(recipe: Recipe, levels: list[int]) -> tuple[list[int], dict[int, str]]:
     """The levels the deployment can hold (max_batch_size, memory plan), and why others cannot."""
-    p = plan(recipe)
+    p, replicas = plan(recipe), recipe.parallel.replicas
     keep, skipped = [], {}
     for c in sorted(set(levels)):
-        if c > recipe.build.max_batch_size:
-            skipped[c] = f"above build.max_batch_size {recipe.build.max_batch_size}"
-        elif c > p.max_concurrency:
+        each = f" over {replicas} replicas" if replicas > 1 else ""
+        if per_replica(c, replicas) > recipe.build.max_batch_size:
+            skipped[c] = f"above build.max_batch_size {recipe.build.max_batch_size}{each}"
+        elif per_replica(c, replicas) > p.max_concurrency:
             skipped[c] = f"the memory plan holds at most {p.max_concurrency} sequences of build.max_seq_len"
         else:
             keep.append(c)
@@ -119,8 +134,13 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
     levels, skipped = feasible_levels(recipe, levels or sw.concurrency)
     k_max = min(recipe.speculative.block_size - 1, profile.max_draft_len)
 
-    def step(c: int, k: int) -> StepCost:
-        return model.step(c, k, profile.tau(k), ctx, isl, osl)
+    replicas = recipe.parallel.replicas
+    gpus = dep.gpus * replicas
+
+    def step(c: int, k: int, plain: bool = True) -> StepCost:
+        """A step of the busiest replica at endpoint concurrency c, counted for all c requests."""
+        s = model.step(per_replica(c, replicas), k, profile.tau(k) if k else 1.0, ctx, isl, osl, plain=plain)
+        return replace(s, concurrency=c)
 
     grid = {k: [step(c, k) for c in levels] for k in range(k_max + 1)}
     curves: dict[str, list[LevelSummary]] = {}
@@ -128,7 +148,7 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
     steps: dict[str, list[dict]] = {}
 
     def add(name: str, chosen: list[StepCost]) -> None:
-        curves[name] = [level_row(s, dep.gpus) for s in chosen]
+        curves[name] = [level_row(s, gpus) for s in chosen]
         used[name] = [s.draft_len for s in chosen]
         steps[name] = [{"concurrency": s.concurrency, "draft_len": s.draft_len, "tau": s.tau, **s.breakdown_ms()}
                        for s in chosen]
@@ -138,23 +158,23 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
         add(dflash_name(k), grid[k])
     best = [max((grid[k][i] for k in range(1, k_max + 1)), key=lambda s: s.tok_s_user) for i in range(len(levels))]
     # Speculation off (0) on the DFlash server: the AR step, except where verify recomputes its sequence.
-    off = grid[0] if not dep.verify_recomputes else [model.step(c, 0, 1.0, ctx, isl, osl, plain=False) for c in levels]
+    off = grid[0] if not dep.verify_recomputes else [step(c, 0, plain=False) for c in levels]
     # What a deployment should set per level: speculation off where it is faster than every draft length.
     best_or_off = [max(o, s, key=lambda s: s.tok_s_user) for o, s in zip(off, best)]
     if recipe.speculative.auto:  # `auto` is modelled by what it aims for: the best length per level, 0 included
         add(BANDS, best_or_off)
     else:
-        ks = [min(recipe.speculative.draft_len_at(c), k_max) for c in levels]
+        ks = [min(recipe.speculative.draft_len_at(per_replica(c, replicas)), k_max) for c in levels]  # each server's
         add(BANDS, [grid[k][i] if k else off[i] for i, k in enumerate(ks)])
     add(BEST, best)
 
     suggested = best_bands({c: s.draft_len for c, s in zip(levels, best_or_off)})
 
     proj = Projection(
-        recipe=recipe.name, device=f"{recipe.hardware.count}x {recipe.hardware.gpu}", gpus=dep.gpus, tp=dep.tp,
+        recipe=recipe.name, device=f"{recipe.hardware.count}x {recipe.hardware.gpu}", gpus=gpus, tp=dep.tp,
         input_len=isl, output_len=osl, context=ctx, assumptions=model.a, rates_source=model.rates.source,
         acceptance=profile, levels=levels, skipped=skipped, curves=curves, draft_lens=used, steps=steps,
-        suggested_bands=suggested, verify=verify_cost(recipe).describe(),
+        suggested_bands=suggested, verify=verify_cost(recipe).describe(), layout=layout_line(recipe),
     )
     ar = proj.curve(AR)
     # Every DFlash point of every draft length: the front NVIDIA's plots take over configurations.

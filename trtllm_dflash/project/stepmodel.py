@@ -35,6 +35,12 @@ A pass over n tokens (q tokens per sequence, n = c * q)
     attention FLOPs   = 4 * n * visible ctx * heads * head_dim * L / tp           (QK^T and PV)
     all-reduce        = 2 per layer * (t_ar + 2 (tp - 1) / tp * n * hidden * 2 B / (B_link * e_link))
                         (ring all-reduce of BF16 activations; B_link = one direction of NVLink)
+                        tp over m NVLink domains of g GPUs (tp = g * m, e.g. two 8-GPU nodes): a
+                        hierarchical all-reduce, the NVLink ring inside each domain plus each GPU's
+                        1/g shard all-reduced across the domains over the fabric,
+                        2 per layer * (t_ar + 2 (g - 1) / g * S / (B_link * e_link)
+                                       + t_fab + 2 (m - 1) / m * (S / g) / (B_fab * e_fab)),
+                        S = n * hidden * 2 B, B_fab = the inter-node fabric per GPU (catalog fabric_gbs)
 
     t_pass = W / (B_hbm * e_hbm) + F / (P_fmt * e_tensor)                          weights and GEMMs
            + A / (B_hbm * e_att) + attention FLOPs / (P_bf16 * e_att)              attention kernel
@@ -101,6 +107,8 @@ class Assumptions:
       records one.
     - nvlink_efficiency 0.70 and allreduce_latency_us 6: NCCL/custom one-shot all-reduce bus
       bandwidth reaches 60-80% of one NVLink direction; a small-message all-reduce costs a few us.
+    - fabric_efficiency 0.80: NCCL over InfiniBand / RoCE reaches about 80% of the NIC's line rate
+      on large messages (its latency is the catalog's fabric_latency_us).
     - layer_overhead_us 16: kernel boundaries per decoder layer per pass (12-16 kernels with launch
       gaps, ramp-up and tail under CUDA graphs, about 1 us each).
     - step_overhead_ms 0.5: host scheduling, input preparation, CUDA-graph launch and sampling of
@@ -114,6 +122,7 @@ class Assumptions:
     attention_efficiency: float = 0.50
     nvlink_efficiency: float = 0.70
     allreduce_latency_us: float = 6.0
+    fabric_efficiency: float = 0.80
     layer_overhead_us: float = 16.0
     step_overhead_ms: float = 0.5
     seq_overhead_us: float = 30.0
@@ -131,6 +140,9 @@ class Rates:
     attention_flops: float  # attention kernel FLOP/s
     link_bps: float | None  # all-reduce bus bandwidth (one direction x efficiency), B/s
     allreduce_latency_s: float
+    fabric_bps: float | None  # inter-node all-reduce bandwidth per GPU (x efficiency), B/s
+    fabric_latency_s: float | None
+    domain: int  # GPUs on one NVLink domain
     layer_s: float
     step_s: float
     seq_s: float
@@ -201,6 +213,8 @@ def rates_for(gpu: GpuSpec, a: Assumptions) -> Rates:
     return Rates(
         memory_bps=mem, attention_bps=att_bps, attention_flops=att_flops, link_bps=link,
         allreduce_latency_s=a.allreduce_latency_us * 1e-6,
+        fabric_bps=gpu.fabric_gbs * 1e9 * a.fabric_efficiency if gpu.fabric_gbs else None,
+        fabric_latency_s=gpu.fabric_latency_us * 1e-6 if gpu.fabric_latency_us else None, domain=gpu.domain,
         layer_s=pick("layer_overhead_us", a.layer_overhead_us) * 1e-6,
         step_s=pick("step_overhead_ms", a.step_overhead_ms) * 1e-3,
         seq_s=pick("seq_overhead_us", a.seq_overhead_us) * 1e-6,
@@ -337,14 +351,23 @@ class StepModel:
         if dep.tp > 1 and self.rates.link_bps is None:
             raise UserError(f"hardware.gpu {dep.gpu.name}: no interconnect bandwidth in the catalog to project "
                             f"parallel.tp={dep.tp}")
+        if dep.tp > self.rates.domain and (self.rates.fabric_bps is None or self.rates.fabric_latency_s is None):
+            raise UserError(f"hardware.gpu {dep.gpu.name}: parallel.tp={dep.tp} spans NVLink domains of "
+                            f"{self.rates.domain} GPUs, and the catalog has no inter-node fabric (fabric_gbs, "
+                            "fabric_latency_us) to project its all-reduces")
 
     # ---- pieces
 
     def _allreduce(self, layers: int, n: int, hidden: int, tp: int | None = None) -> float:
-        tp = self.dep.tp if tp is None else tp
+        tp, r = self.dep.tp if tp is None else tp, self.rates
         if tp == 1:
             return 0.0
-        per = self.rates.allreduce_latency_s + 2 * (tp - 1) / tp * n * hidden * ACT_BYTES / self.rates.link_bps
+        size = n * hidden * ACT_BYTES  # [B] of one all-reduce
+        g = min(tp, r.domain)
+        per = r.allreduce_latency_s + 2 * (g - 1) / g * size / r.link_bps
+        if tp > g:  # the domains' shards over the fabric
+            m = tp // g
+            per += r.fabric_latency_s + 2 * (m - 1) / m * (size / g) / r.fabric_bps
         return 2 * layers * per
 
     def _attention(self, kv_bytes: float, flops: float) -> float:

@@ -60,6 +60,12 @@ class GpuSpec(BaseModel):
     fp8_tflops: float | None
     fp4_tflops: float | None
     nvlink_gbs: float | None = Field(description="NVLink bandwidth per GPU, both directions together, GB/s")
+    nvlink_domain: int | None = Field(default=None, gt=0, description="GPUs that share one NVLink domain (None: "
+                                      "one node's max_per_node; 72 on a GB300 NVL72 rack)")
+    fabric_gbs: float | None = Field(default=None, gt=0, description="inter-node fabric (InfiniBand / RoCE) "
+                                     "bandwidth per GPU, one direction, GB/s: the node's NIC share of one GPU")
+    fabric_latency_us: float | None = Field(default=None, gt=0, description="latency of a small all-reduce "
+                                            "across nodes over that fabric, us")
     formats: list[Format]
     max_per_node: int = Field(gt=0)
     measured: Measured | None = None
@@ -84,6 +90,11 @@ class GpuSpec(BaseModel):
 
     def supports(self, fmt: str) -> bool:
         return fmt in self.formats
+
+    @property
+    def domain(self) -> int:
+        """GPUs one NVLink domain holds: tp above it all-reduces over the inter-node fabric."""
+        return self.nvlink_domain or self.max_per_node
 
 
 @lru_cache(maxsize=1)

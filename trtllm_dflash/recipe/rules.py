@@ -19,7 +19,7 @@ from trtllm_dflash.recipe.engine_layout import (
     target_seq_len,
     verify_cost,
 )
-from trtllm_dflash.recipe.placement import span_problem
+from trtllm_dflash.recipe.placement import scale_out, span_problem
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
 from trtllm_dflash.recipe.support import (
     ARCHITECTURES, BACKENDS, NATIVE_ONLY, architectures_of, backend as backend_spec, trtllm_line, trtllm_version_problem,
@@ -167,14 +167,37 @@ def _format_issues(recipe: Recipe) -> list[Issue]:
 
 def _parallel_issues(recipe: Recipe) -> list[Issue]:
     out, par = _Issues(), recipe.parallel
-    if not recipe.gpu.is_cpu and recipe.world_size > recipe.hardware.count:
-        out.err("parallel.tp", f"tp*pp = {recipe.world_size} > hardware.count {recipe.hardware.count}")
+    gpus = recipe.world_size * par.replicas
+    if not recipe.gpu.is_cpu and gpus > recipe.hardware.count:
+        what = f"tp*pp = {recipe.world_size}" + (f" x parallel.replicas {par.replicas} = {gpus}" if par.replicas > 1
+                                                  else "")
+        out.err("parallel.tp", f"{what} > hardware.count {recipe.hardware.count}")
+    if recipe.gpu.is_cpu and par.replicas > 1:
+        out.err("parallel.replicas", f"{par.replicas}: replicas are servers on GPUs of their own; a cpu recipe serves "
+                "one copy from this machine")
     if par.pp != 1:
         out.err("parallel.pp", "pipeline parallelism is not supported with speculative decoding (use tp); allowed: 1")
     if par.drafter != "auto" and backend_spec(recipe.backend.name).drafter_placement != "rule":
         out.err("parallel.drafter", f"{par.drafter}: only the engine backend places its drafter; the "
                 f"{recipe.backend.name} backend splits it like the target (remove it or set auto)")
-    return out + _split_issues(recipe)
+    return out + _split_issues(recipe) + _scale_out_issues(recipe)
+
+
+def _scale_out_issues(recipe: Recipe) -> list[Issue]:
+    """Beyond one node: tp across NVLink domains where replicas would do, GPUs left idle."""
+    gpu, par = recipe.gpu, recipe.parallel
+    if gpu.is_cpu:
+        return []
+    out = []
+    if par.tp > gpu.domain:
+        fits = smallest_tp(recipe, gpu).tp
+        if fits is not None and fits <= gpu.domain:
+            out.append(Issue("warning", "parallel.tp", scale_out(recipe, fits)))
+    used = recipe.world_size * par.replicas
+    if recipe.hardware.count > used:
+        out.append(Issue("warning", "hardware.count", f"{recipe.hardware.count} GPUs, {used} used (tp*pp "
+                         f"{recipe.world_size} x parallel.replicas {par.replicas}); more replicas would use the rest"))
+    return out
 
 
 def _drafter_issues(recipe: Recipe) -> list[Issue]:

@@ -111,6 +111,9 @@ class Quantization(_Section):
 class Parallel(_Section):
     tp: int = Field(default=1, ge=1, description="tensor parallel ranks (on cpu: worker processes)")
     pp: int = Field(default=1, ge=1, description="pipeline parallel stages")
+    replicas: int = Field(
+        default=1, ge=1, description="data-parallel copies of the tp x pp model, each its own server on its own "
+        "GPUs, behind one endpoint (hardware.count = replicas x tp x pp): how a model that fits one node scales out")
     drafter: Literal["auto", "rank0", "split"] = Field(
         default="auto", description="engine backend at tp > 1: where the drafter runs; auto = the placement rule "
         "(docs/engine-tp.md), rank0 = the whole drafter on rank 0's GPU, split = tensor-parallel like the target")
@@ -275,6 +278,7 @@ class Recipe(_Section):
 
     @property
     def world_size(self) -> int:
+        """The ranks of one model copy (tp x pp); `parallel.replicas` copies serve side by side."""
         return self.parallel.tp * self.parallel.pp
 
     def sha256(self) -> str:

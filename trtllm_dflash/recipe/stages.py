@@ -25,7 +25,7 @@ STAGES = ("convert", "quantize", "build", "deploy", "serve", "sweep")
 
 # The fields each stage adds to what the stages before it depend on (dotted prefixes).
 OWN_FIELDS: dict[str, tuple[str, ...]] = {
-    "convert": ("target.source", "drafter.source", "backend.name", "parallel.tp", "checkpoint_dtype"),
+    "convert": ("target.source", "drafter.source", "backend.name", "parallel.tp", "parallel.drafter", "checkpoint_dtype"),
     "quantize": ("quantization",),
     "build": ("hardware", "build", "speculative", "backend", "parallel"),
     "deploy": ("name", "target.arch", "drafter.arch", "serve"),

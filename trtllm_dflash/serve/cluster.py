@@ -107,6 +107,9 @@ def source_checkout() -> Path | None:
 def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, paths: list[Path]) -> Job:
     """The job for `recipe` (a one-line UserError for a recipe no cluster launcher expresses)."""
     where = placement(recipe)
+    if where.replicas > 1:  # NOT IMPLEMENTED yet: one job per copy, or a job of every copy behind one endpoint
+        raise UserError(f"parallel.replicas {where.replicas}: the srun / k8s launchers launch one model copy; "
+                        "launching replicas behind one endpoint is not implemented yet (launch one job per copy)")
     source = source_checkout() if _ours_in_container(recipe.backend.name) else None
     return Job(recipe.name, dns_label(recipe.name), recipe.backend.name, api, recipe.backend.trtllm_version,
                recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source)
