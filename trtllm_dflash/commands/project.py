@@ -109,6 +109,15 @@ def run(args: argparse.Namespace) -> int:
         data = json.loads(paths["json"].read_text())
         print(json.dumps(data, indent=2))
         return 0
+    print_projection(console, proj, recipe, comparison)
+    console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")
+    return 0
+
+
+def print_projection(console, proj, recipe, comparison) -> None:
+    """The tables, then where the acceptance and rates came from, the verify cost and the layout."""
+    from trtllm_dflash.project import report
+
     console.print(report.levels_table(proj))
     console.print(report.headline_table(proj))
     if comparison is not None:
@@ -116,10 +125,8 @@ def run(args: argparse.Namespace) -> int:
         t.caption = (f"{report.served_curve(recipe)[1]}; tokens/s/user pooled over a level's requests (1 / mean TPOT), "
                      "the sweep's median request beside it")
         console.print(t)
-    console.print(f"acceptance: {profile.source}")
+    console.print(f"acceptance: {proj.acceptance.source}")
     console.print(f"rates: {proj.rates_source}")
     console.print(proj.verify)
     if proj.layout:
         console.print(proj.layout)
-    console.print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")
-    return 0

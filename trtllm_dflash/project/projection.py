@@ -133,7 +133,6 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
     ctx = isl + osl // 2
     levels, skipped = feasible_levels(recipe, levels or sw.concurrency)
     k_max = min(recipe.speculative.block_size - 1, profile.max_draft_len)
-
     replicas = recipe.parallel.replicas
     gpus = dep.gpus * replicas
 
@@ -176,13 +175,18 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
         acceptance=profile, levels=levels, skipped=skipped, curves=curves, draft_lens=used, steps=steps,
         suggested_bands=suggested, verify=verify_cost(recipe).describe(), layout=layout_line(recipe),
     )
+    proj.comparisons = _comparisons(proj, k_max, bands)
+    return proj
+
+
+def _comparisons(proj: Projection, k_max: int, bands) -> dict[str, Comparison]:
+    """The headline ratios of the DFlash curves against AR."""
     ar = proj.curve(AR)
     # Every DFlash point of every draft length: the front NVIDIA's plots take over configurations.
     all_dfl = Curve("DFlash (all draft lengths)",
                     [p for k in range(1, k_max + 1) for p in proj.curve(dflash_name(k)).points])
-    proj.comparisons = {
+    return {
         "bands_vs_ar": compare(proj.curve(BANDS), ar, bands),
         "best_vs_ar": compare(proj.curve(BEST), ar, bands),
         "all_draft_lens_vs_ar": compare(all_dfl, ar, bands),
     }
-    return proj
