@@ -107,7 +107,7 @@ def test_sbatch_one_node_x_8_runs_every_rank_under_trtllm_llmapi_launch(capsys, 
     cmd = rank(srun)
     assert cmd[:2] == ["trtllm-llmapi-launch", "trtllm-serve"]
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd[cmd.index("--port") + 1] == str(recipe.serve.http_port)
-    assert cmd[cmd.index("--extra_llm_api_options") + 1] == str(
+    assert cmd[cmd.index("--config") + 1] == str(
         deployed["one-node"].resolve() / "trtllm_serve/extra_llm_api_options.yaml")
 
 
@@ -283,7 +283,7 @@ def test_shell_in_the_pods_parses(capsys, deployed):
 @pytest.mark.parametrize("args, message", [
     (("--launcher", "srun"), "--image: no published Triton image carries TensorRT-LLM >= 1.3"),
     (("--launcher", "srun", "--api", "openai", "--registry", ""),
-     "--registry: nvidia/tensorrt-llm/release:1.3.0 is on NGC"),
+     "--registry: nvidia/tensorrt-llm/release:1.3.0rc27 is on NGC"),
     (("--launcher", "k8s", "--image", "i:1", "--container", "x:1"), "--container: docker run is for one node"),
 ])
 def test_what_a_launcher_needs_is_asked_for_in_one_line(capsys, deployed, args, message):

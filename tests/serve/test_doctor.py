@@ -14,6 +14,7 @@ from trtllm_dflash.recipe.hardware import GiB
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.serve.doctor import (
     Gpu,
+    check_attention,
     check_files_chain,
     check_gpus,
     check_parallel,
@@ -42,6 +43,7 @@ class FakeBox:
     nccl: str | None = "2.27.7"
     registered: tuple = (["tensorrt", "tensorrt_llm", "trtllm_dflash"], OURS)
     raises: Exception | None = None
+    modules: set = field(default_factory=lambda: {"flash_attn", "flash_attn.cute", "flashinfer"})
 
     def version(self, package):
         return self.versions.get(package)
@@ -57,6 +59,9 @@ class FakeBox:
 
     def nccl_version(self):
         return self.nccl
+
+    def importable(self, module):
+        return module in self.modules
 
     def plugins(self):
         if self.raises is not None:
@@ -78,6 +83,7 @@ def test_a_box_with_everything_passes_every_machine_check():
     box = FakeBox()
     checks = [*check_versions(r, box), *check_gpus(r, box), *check_plugins(r, box), *check_parallel(r, box)]
     assert ready(checks) and {c.status for c in checks} == {"ok"}
+    assert check_attention(r, box)[0].status == "n/a"  # the engine backend's drafter attention is our plugin
     assert {c.name for c in checks} == {"versions", "gpus", "plugins", "mpi", "nccl", "peer"}
 
 
@@ -124,6 +130,18 @@ def test_plugins_fail_when_the_library_or_ours_do_not_register():
     assert one.status == "FAIL" and one.detail.startswith("trtllm_dflash::kv_append")
     assert the(check_plugins(r, FakeBox(versions={})), "plugins").status == "cannot check"
     assert the(check_plugins(load_recipe(None), FakeBox()), "plugins").status == "n/a"
+
+
+def test_the_pytorch_backends_drafter_attention_needs_its_packages():
+    coder = load_recipe(ROOT / "recipes/hopper/h200-qwen3-coder-30b-a3b-fp8.yaml")
+    assert the(check_attention(coder, FakeBox()), "attention").status == "ok"
+    bare = the(check_attention(coder, FakeBox(modules=set())), "attention")
+    assert bare.status == "FAIL" and "VANILLA imports flash_attn" in bare.detail
+    fa4 = load_recipe(coder.file, ["backend.drafter_attention=FA4"])
+    assert "FA4 imports flash_attn.cute" in the(check_attention(fa4, FakeBox(modules={"flash_attn"})), "attention").detail
+    gpt_oss = load_recipe(ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml")
+    assert "TRTLLM imports flashinfer" in the(check_attention(gpt_oss, FakeBox(modules=set())), "attention").detail
+    assert the(check_attention(load_recipe(H100), FakeBox(modules=set())), "attention").status == "n/a"
 
 
 def test_mpi_nccl_and_peer_access_at_tp8():

@@ -3,9 +3,9 @@
 What `deploy` writes for TensorRT-LLM >= 1.3 (native DFlash, PyTorch backend):
 - the LLM(...) arguments: Triton's LLM-API model reads them from `model.yaml`
   (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py: every key but `triton_config`
-  goes through `update_llm_args_with_extra_dict`), and `trtllm-serve --extra_llm_api_options`
-  reads the same keys from a YAML that overrides its command line
-  (tensorrt_llm/commands/serve.py `serve`, option `--config` / `--extra_llm_api_options`);
+  goes through `update_llm_args_with_extra_dict`), and `trtllm-serve --config` reads the same
+  keys from a YAML that overrides its command line (tensorrt_llm/commands/serve.py `serve`;
+  `--config` is the documented name since PR #9104, `--extra_llm_api_options` its alias);
 - `speculative_config`: a `DFlashDecodingConfig` (tensorrt_llm/llmapi/llm_args.py, a strict
   pydantic model: an unknown key is an error at start-up, on the GPU, after the container
   pulled). Its fields differ between releases, so the recipe's `backend.trtllm_version` picks
@@ -52,8 +52,14 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.placement import placement
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
-from trtllm_dflash.recipe.rules import MIN_RUNTIME_DRAFT_LEN, PYTORCH_TRTLLM_LINES, pytorch_draft_len_schedule
+from trtllm_dflash.recipe.rules import (
+    MIN_RUNTIME_DRAFT_LEN,
+    PYTORCH_TRTLLM_LINES,
+    pytorch_draft_len_schedule,
+    recompute_tail,
+)
 from trtllm_dflash.recipe.support import backend as backend_spec, trtllm_line
+from trtllm_dflash.recipe.trtllm_api import drafter_attention, has
 
 # Prompt tokens recomputed after a prefix-cache hit on 1.4 (the drafter's context then starts
 # there). A few KV blocks: enough recent context for drafting, most of a long shared prefix reused.
@@ -84,8 +90,7 @@ class DFlashFields:
     line: str  # "1.3": every 1.3.x
     source: str  # where the fields were read
     fields: frozenset[str]
-    attention_backends: tuple[str, ...]  # the values we may write (see the module docstring)
-    recompute_tail: bool  # has `context_recompute_tail`
+    attention_backends: tuple[str, ...]  # the values its Literal has (recipe/trtllm_api.py: since which release)
 
 
 DFLASH_FIELDS: dict[str, DFlashFields] = {
@@ -93,8 +98,7 @@ DFLASH_FIELDS: dict[str, DFlashFields] = {
         "1.3",
         "tensorrt_llm/llmapi/llm_args.py DFlashDecodingConfig (API reference 1.3.0rc27)",
         _DECODING_BASE | {"mask_token_id", "target_layer_ids", "decoding_type", "attention_backend"},
-        ("VANILLA", "TRTLLM"),
-        recompute_tail=False,
+        ("VANILLA", "TRTLLM", "FA4"),
     ),
     "1.4": DFlashFields(
         "1.4",
@@ -102,7 +106,6 @@ DFLASH_FIELDS: dict[str, DFlashFields] = {
         _DECODING_BASE | {"mask_token_id", "target_layer_ids", "decoding_type", "attention_backend", "moe_backend",
                           "spec_dec_variant", "context_recompute_tail", "skip_ctx_buffer_budget_check"},
         ("VANILLA", "TRTLLM", "FA4"),
-        recompute_tail=True,
     ),
 }
 assert set(DFLASH_FIELDS) == set(PYTORCH_TRTLLM_LINES), "one field table per TensorRT-LLM line the rules accept"
@@ -110,7 +113,7 @@ assert set(DFLASH_FIELDS) == set(PYTORCH_TRTLLM_LINES), "one field table per Ten
 
 def dflash_fields(recipe: Recipe) -> DFlashFields:
     """The field table for the recipe's TensorRT-LLM version (default: DEFAULT_TRTLLM_VERSION)."""
-    version = recipe.backend.trtllm_version or backend_spec(recipe.backend.name).default_trtllm_version
+    version = _version(recipe)
     line = trtllm_line(version)
     if line not in DFLASH_FIELDS:
         known = ", ".join(f"{v}.x" for v in DFLASH_FIELDS)
@@ -118,9 +121,13 @@ def dflash_fields(recipe: Recipe) -> DFlashFields:
     return DFLASH_FIELDS[line]
 
 
-def _prefix_reuse(recipe: Recipe, table: DFlashFields) -> bool:
+def _version(recipe: Recipe) -> str:
+    return recipe.backend.trtllm_version or backend_spec(recipe.backend.name).default_trtllm_version
+
+
+def _prefix_reuse(recipe: Recipe) -> bool:
     """Prefix-cache reuse keeps the drafter's context only where a recompute tail exists and applies."""
-    return table.recompute_tail and not recipe.target_facts.sliding_layers
+    return recompute_tail(recipe, _version(recipe))
 
 
 def speculative_config(recipe: Recipe, artifact: Path) -> dict:
@@ -128,10 +135,7 @@ def speculative_config(recipe: Recipe, artifact: Path) -> dict:
     table = dflash_fields(recipe)
     spec, d = recipe.speculative, recipe.drafter_facts
     bands = spec.bands
-    if recipe.gpu.is_blackwell:
-        attention = "TRTLLM"
-    else:
-        attention = "FA4" if "FA4" in table.attention_backends else "VANILLA"
+    attention = drafter_attention(recipe.backend.drafter_attention, recipe.gpu.is_blackwell)
     out = {
         "decoding_type": "DFlash",
         # The first band is the longest draft (rule): the schedule's smallest key maps to it.
@@ -140,15 +144,22 @@ def speculative_config(recipe: Recipe, artifact: Path) -> dict:
         # anyway (with a hub id nothing would capture the target's hidden states).
         "speculative_model": str(Path(artifact).resolve() / "drafter"),
         "target_layer_ids": list(d.target_layer_ids or []),
-        "attention_backend": attention,
     }
+    # VANILLA is DFlashDecodingConfig's default: not written, so releases before the field (PR
+    # #16914) take the config too (recipe/trtllm_api.py; check refuses what a version lacks).
+    if attention != "VANILLA":
+        out["attention_backend"] = attention
+    trained = d.block_size or spec.block_size
+    if out["max_draft_len"] + 1 > trained:  # TensorRT-LLM raises at start-up since PR #17935
+        raise UserError(f"speculative.draft_len: max_draft_len {out['max_draft_len']} needs a block of "
+                        f"{out['max_draft_len'] + 1}; the drafter was trained with block_size {trained}")
     if d.mask_token_id is not None:
         out["mask_token_id"] = d.mask_token_id
     if bands:
         # Never `max_concurrency`, never a 0: both turn drafting off, which PR #16888 shows
         # collapses DFlash acceptance (rules.pytorch_draft_len_schedule).
         out["draft_len_schedule"] = pytorch_draft_len_schedule(recipe)
-    if _prefix_reuse(recipe, table):
+    if _prefix_reuse(recipe):
         out["context_recompute_tail"] = RECOMPUTE_TAIL
     _check_keys(out, table.fields, f"speculative_config ({table.source})")
     assert attention in table.attention_backends
@@ -158,8 +169,7 @@ def speculative_config(recipe: Recipe, artifact: Path) -> dict:
 def llm_args(recipe: Recipe, artifact: Path) -> dict:
     """LLM(...) arguments serving `artifact` (a convert or quantize output in the HF layout:
     target/ and drafter/), without Triton's `triton_config`."""
-    table = dflash_fields(recipe)
-    reuse = _prefix_reuse(recipe, table)
+    reuse = _prefix_reuse(recipe)
     kv_dtype = {"fp8": "fp8", "nvfp4": "nvfp4"}.get(recipe.quantization.kv_cache, "auto")
     b = recipe.build
     out = {
@@ -193,7 +203,7 @@ def model_yaml(recipe: Recipe, artifact: Path) -> dict:
 
 
 def extra_llm_api_options(recipe: Recipe, artifact: Path) -> dict:
-    """The YAML for `trtllm-serve MODEL --extra_llm_api_options FILE`: the LLM arguments without
+    """The YAML for `trtllm-serve MODEL --config FILE`: the LLM arguments without
     the two the command line carries (MODEL and --backend), plus iteration stats for /metrics."""
     args = {k: v for k, v in llm_args(recipe, artifact).items() if k not in ("model", "backend")}
     args["enable_iter_perf_stats"] = True
@@ -213,7 +223,7 @@ def trtllm_serve_commands(recipe: Recipe, artifact: Path, options: Path) -> dict
     """
     s = recipe.serve
     serve = ["trtllm-serve", str(Path(artifact).resolve() / "target"), "--host", s.host, "--port", str(s.http_port),
-             "--backend", "pytorch", "--extra_llm_api_options", str(options)]
+             "--backend", "pytorch", _config_flag(recipe), str(options)]
     world = recipe.world_size
     where = placement(recipe)
     return {
@@ -222,6 +232,11 @@ def trtllm_serve_commands(recipe: Recipe, artifact: Path, options: Path) -> dict
         "srun": ["srun", "-N", str(where.nodes), f"--ntasks-per-node={where.tasks_per_node}", "--mpi=pmix",
                  "trtllm-llmapi-launch", *serve],
     }
+
+
+def _config_flag(recipe: Recipe) -> str:
+    """trtllm-serve's option for the LLM-API YAML in the recipe's release (recipe/trtllm_api.py)."""
+    return "--config" if has(_version(recipe), "trtllm-serve --config") else "--extra_llm_api_options"
 
 
 def _check_keys(d: dict, allowed: frozenset[str], what: str) -> None:

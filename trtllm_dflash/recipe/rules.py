@@ -19,7 +19,9 @@ from trtllm_dflash.recipe.engine_layout import (
     target_seq_len,
     verify_cost,
 )
+from trtllm_dflash.recipe import trtllm_api
 from trtllm_dflash.recipe.placement import scale_out, span_problem
+from trtllm_dflash.recipe.trtllm_api import drafter_attention
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
 from trtllm_dflash.recipe.support import (
     ARCHITECTURES, BACKENDS, NATIVE_ONLY, architectures_of, backend as backend_spec, trtllm_line, trtllm_version_problem,
@@ -183,6 +185,32 @@ def _parallel_issues(recipe: Recipe) -> list[Issue]:
     return out + _split_issues(recipe) + _scale_out_issues(recipe)
 
 
+def _llm_api_issues(recipe: Recipe) -> list[Issue]:
+    """The pytorch backend: the fields its deployment writes against the TensorRT-LLM version's
+    (recipe/trtllm_api.py), the drafter attention against the GPU, the fixes it lacks."""
+    out, version = _Issues(), recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION[recipe.backend.name]
+    attention = drafter_attention(recipe.backend.drafter_attention, recipe.gpu.is_blackwell)
+    if attention == "TRTLLM" and not recipe.gpu.is_blackwell and not recipe.gpu.is_cpu:
+        out.err("backend.drafter_attention", f"TRTLLM runs FlashInfer's trtllm-gen kernels, Blackwell only "
+                f"(SM100 / SM103); {recipe.gpu.name} is sm {recipe.gpu.sm}: use VANILLA or FA4")
+    if trtllm_api.parse(version) is None:
+        return out
+    for name in trtllm_api.missing(version, trtllm_api.fields_needed(attention, recompute_tail(recipe, version))):
+        out.err("backend.trtllm_version", trtllm_api.needs_message(version, name))
+    for key, fix in trtllm_api.FIXES.items():
+        if not trtllm_api.has(version, key, trtllm_api.FIXES):
+            out.warn("backend.trtllm_version", f"{version} predates PR {fix.pr} ({fix.what}, TensorRT-LLM >= "
+                     f"{fix.version})")
+    return out
+
+
+def recompute_tail(recipe: Recipe, version: str) -> bool:
+    """Prefix-cache reuse keeps the drafter's context only where TensorRT-LLM recomputes a tail of
+    the reused prompt (context_recompute_tail) and applies it: not for targets with sliding-window
+    layers (deploy/llmapi.py)."""
+    return trtllm_api.has(version, "speculative_config.context_recompute_tail") and not recipe.target_facts.sliding_layers
+
+
 def _scale_out_issues(recipe: Recipe) -> list[Issue]:
     """Beyond one node: tp across NVLink domains where replicas would do, GPUs left idle."""
     gpu, par = recipe.gpu, recipe.parallel
@@ -251,6 +279,11 @@ def _backend_issues(recipe: Recipe) -> list[Issue]:
         problem = trtllm_version_problem(spec, version)
         if problem:
             out.err("backend.trtllm_version", problem)
+    if spec.static_schedule:
+        out.extend(_llm_api_issues(recipe))
+    elif recipe.backend.drafter_attention != "auto":
+        out.err("backend.drafter_attention", f"the {name} backend's drafter attention is ours, not TensorRT-LLM's "
+                "DFlash attention_backend; remove it")
     if spec.needs_gpu and gpu.is_cpu:
         if spec.cpu_runs:  # e.g. the engine path's plan (build --dry-run), deploy and emulated serving
             out.warn("backend", f"{name} on cpu: {spec.cpu_runs}")

@@ -124,6 +124,9 @@ class Backend(_Section):
     trtllm_version: str | None = Field(
         default=None, description="TensorRT-LLM version in the container (engine: 1.2.x; pytorch: >= 1.3)"
     )
+    drafter_attention: Literal["auto", "VANILLA", "TRTLLM", "FA4"] = Field(
+        default="auto", description="pytorch backend: the drafter's attention_backend; auto = TRTLLM on Blackwell, "
+        "VANILLA elsewhere (FA4 only when asked: it needs the flash-attn-4 package in the container)")
 
     @model_validator(mode="before")
     @classmethod

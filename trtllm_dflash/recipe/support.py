@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trtllm_dflash.recipe.trtllm_api import PINNED
+
 BackendName = Literal["reference", "engine", "pytorch"]
 
 
@@ -85,7 +87,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             round_loop=False, ddtree=False, builds_engines=False, triton_model="llmapi", default_runners=None,
             needs_gpu=True, cpu_runs=None, cpu_runners=None, emulates_quantization=False,
             container="TensorRT-LLM >= 1.3", trtllm_lines=("1.3", "1.4"),
-            trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version="1.3.0", kv_pool=True,
+            trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version=PINNED, kv_pool=True,
             context_cache="bf16", drafter_head=False, drafter_placement="split", drafter_dummy_slot=True,
             drafter_formats=("bf16",), static_schedule=True, spans_nodes=True, dialect_models=False,
             serving_api="openai", image="nvidia/tensorrt-llm/release:{version}", image_apis=("openai",),

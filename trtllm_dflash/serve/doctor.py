@@ -10,6 +10,9 @@ failure with a stand-in; `LocalBox` reads the real one.
   gpus       count, compute capability and free memory against the recipe and its memory plan
   plugins    the engine backend: TensorRT-LLM's plugin library loads (importing tensorrt_llm
              registers its creators in the `tensorrt_llm` namespace) and our AOT plugins register
+  attention  the pytorch backend: the packages its drafter attention imports (DFlash's
+             dflash_attention.py: VANILLA flash_attn, FA4 flash_attn.cute and flashinfer,
+             TRTLLM flashinfer), which TensorRT-LLM's requirements do not all list
   mpi, nccl  tp x pp > 1: `mpirun` on PATH (TensorRT-LLM 1.2.x's leader mode and
              trtllm-llmapi-launch start ranks with it) and NCCL in torch
   peer       tp > 1: every pair of the ranks' GPUs can access each other's memory (the custom
@@ -65,6 +68,7 @@ class Box(Protocol):
     def which(self, program: str) -> str | None: ...
     def nccl_version(self) -> str | None: ...
     def plugins(self) -> tuple[list[str], list[str]]: ...  # (namespaces of registered creators, our plugin ids)
+    def importable(self, module: str) -> bool: ...
 
 
 class LocalBox:
@@ -103,6 +107,14 @@ class LocalBox:
             return None
         v = torch.cuda.nccl.version()
         return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+    def importable(self, module: str) -> bool:
+        import importlib.util
+
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing
+            return False
 
     def plugins(self) -> tuple[list[str], list[str]]:
         import tensorrt as trt
@@ -187,6 +199,24 @@ def check_plugins(recipe: Recipe, box: Box) -> list[Check]:
     return [Check("plugins", "ok", f"TensorRT-LLM's plugin library and {', '.join(ours)}")]
 
 
+# The modules each drafter attention backend of TensorRT-LLM's DFlash imports at model build
+# (tensorrt_llm/_torch/speculative/dflash_attention.py).
+ATTENTION_MODULES = {"VANILLA": ("flash_attn",), "FA4": ("flash_attn.cute", "flashinfer"), "TRTLLM": ("flashinfer",)}
+
+
+def check_attention(recipe: Recipe, box: Box) -> list[Check]:
+    from trtllm_dflash.recipe.trtllm_api import drafter_attention
+
+    if not backend_spec(recipe.backend.name).static_schedule:
+        return [Check("attention", "n/a", f"the {recipe.backend.name} backend's drafter attention is ours")]
+    attention = drafter_attention(recipe.backend.drafter_attention, recipe.gpu.is_blackwell)
+    absent = [m for m in ATTENTION_MODULES[attention] if not box.importable(m)]
+    if absent:
+        return [Check("attention", "FAIL", f"the drafter's attention_backend {attention} imports {absent[0]}, which "
+                      "is not installed here; install it in the container or set backend.drafter_attention")]
+    return [Check("attention", "ok", f"{attention}: {', '.join(ATTENTION_MODULES[attention])} importable")]
+
+
 def check_parallel(recipe: Recipe, box: Box) -> list[Check]:
     world, tp = recipe.world_size, recipe.parallel.tp
     if world == 1:
@@ -249,7 +279,7 @@ def doctor(recipe: Recipe, deploy_dir: Path, box: Box | None = None) -> list[Che
     """Every check of the module docstring for serving `deploy_dir` (a deploy output of `recipe`) here."""
     box = box or LocalBox()
     return [*check_versions(recipe, box), *check_gpus(recipe, box), *check_plugins(recipe, box),
-            *check_parallel(recipe, box), *check_files_chain(recipe, deploy_dir)]
+            *check_attention(recipe, box), *check_parallel(recipe, box), *check_files_chain(recipe, deploy_dir)]
 
 
 def ready(checks: list[Check]) -> bool:

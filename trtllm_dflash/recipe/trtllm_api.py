@@ -1,0 +1,96 @@
+"""What each TensorRT-LLM release of the pytorch backend accepts and fixes: the first release that
+has each LLM-API field or value a deployment may write, and the upstream fixes a deployment leans
+on. `check` refuses a recipe whose `backend.trtllm_version` lacks a field it needs; deploy
+(deploy/llmapi.py) writes only what the version has; `doctor` and the sweep read the fixes.
+
+Release dates (NVIDIA/TensorRT-LLM version bumps on main): 1.3.0rc21 2026-06-30 (#15742), rc23
+07-22 (#16758), rc24 07-30 (#17070), rc25 08-10 (#17481), rc28 09-17 (#19346); API references
+exist for 1.3.0rc27 and 1.4.0rc1. A PR merged between two bumps is first in the later release;
+a PR merged on a bump day is taken to be in the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+
+@dataclass(frozen=True)
+class Since:
+    version: str  # the first TensorRT-LLM release that has it
+    pr: str  # the upstream pull request
+    what: str
+
+
+# LLM-API fields and values, named as written (`speculative_config` is a DFlashDecodingConfig).
+FIELDS: dict[str, Since] = {
+    # DFlash in the PyTorch backend came with PR #12794 (merged about 2026-04-27); 1.3.0rc20 is the
+    # oldest release whose DFlash we read (PR #15666 ran Laguna drafters on it).
+    "speculative_config.decoding_type=DFlash": Since("1.3.0rc20", "#12794", "DFlash in the PyTorch backend"),
+    # PR #16914 (merged about 2026-07-27): RoPE / SWA / TRTLLM-gen attention for the drafter.
+    "speculative_config.attention_backend": Since("1.3.0rc24", "#16914", "the drafter's attention backend field"),
+    # PR #18553 (September 2026): FA4 selectable on SM90; in the 1.3.0rc27 API reference.
+    "speculative_config.attention_backend=FA4": Since("1.3.0rc27", "#18553", "FA4 drafter attention"),
+    "speculative_config.context_recompute_tail": Since("1.4.0rc1", "1.4.0rc1 API reference",
+                                                       "prompt tokens recomputed after a prefix-cache hit"),
+    # PR #9104 (November 2025): `--config` as an alias of `--extra_llm_api_options`.
+    "trtllm-serve --config": Since("1.2.0rc1", "#9104", "trtllm-serve's --config option"),
+}
+
+# Upstream fixes a deployment relies on.
+FIXES: dict[str, Since] = {
+    # PR #17082 (merged about 2026-07-30, after the rc24 bump): one-engine speculative decoding fills
+    # request_perf_metrics.speculative_decoding; before it DFlash's per-request acceptance reads 0.
+    "per_request_acceptance": Since("1.3.0rc25", "#17082", "per-request DFlash acceptance in the perf metrics"),
+    # PR #17935 (merged 2026-08-18): max_draft_len + 1 > the drafter's block_size raises.
+    "block_size_guard": Since("1.3.0rc26", "#17935", "max_draft_len + 1 <= block_size enforced"),
+}
+
+# What the shipped pytorch recipes pin: a published release carrying every fix above, whose
+# DFlashDecodingConfig the field table was read from (its API reference).
+PINNED = "1.3.0rc27"
+
+
+def parse(version: str) -> Version | None:
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return None
+
+
+def has(version: str, name: str, table: dict[str, Since] = FIELDS) -> bool:
+    """Whether TensorRT-LLM `version` has `name` (a FIELDS or FIXES key)."""
+    v, since = parse(version), parse(table[name].version)
+    return v is not None and v >= since
+
+
+def missing(version: str, names: list[str]) -> list[str]:
+    """The FIELDS among `names` that `version` lacks, in order."""
+    return [n for n in names if not has(version, n)]
+
+
+def needs_message(version: str, name: str) -> str:
+    s = FIELDS[name]
+    return f"{version} has no {name} ({s.what}): it needs TensorRT-LLM >= {s.version} (PR {s.pr})"
+
+
+def drafter_attention(asked: str, blackwell: bool) -> str:
+    """The drafter's attention backend: what the recipe asks for, else TRTLLM on Blackwell (the
+    FlashInfer trtllm-gen kernels, SM100 / SM103) and VANILLA elsewhere. FA4 only when asked: it
+    imports the flash-attn-4 CuTe package, which TensorRT-LLM's requirements do not list."""
+    if asked != "auto":
+        return asked
+    return "TRTLLM" if blackwell else "VANILLA"
+
+
+def fields_needed(attention: str, recompute_tail: bool) -> list[str]:
+    """The FIELDS a pytorch deployment writes (VANILLA is the default and is not written)."""
+    out = ["speculative_config.decoding_type=DFlash"]
+    if attention != "VANILLA":
+        out.append("speculative_config.attention_backend")
+    if attention == "FA4":
+        out.append("speculative_config.attention_backend=FA4")
+    if recompute_tail:
+        out.append("speculative_config.context_recompute_tail")
+    return out
