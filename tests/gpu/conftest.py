@@ -14,3 +14,30 @@ without CUDA). docs/gpu.md gives the one command that runs them all on a lent GP
 The KV-injection problem generator lives beside the CPU kernel tests
 (tests/helpers/kv_inject_cases.py); the AOT launch helpers in tests/helpers/aot_launch.py.
 """
+
+
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """(checkpoint info, convert output, build output) of the checklist's tiny engine recipe with its
+    engines built (tests/helpers/checklist.py), once per session."""
+    from checklist import checklist_recipe, record
+
+    from trtllm_dflash.build.stage import build
+    from trtllm_dflash.convert.convert import convert
+    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint
+
+    root = tmp_path_factory.mktemp("engines")
+    recipe = checklist_recipe()
+    conv = convert(recipe, root / "convert", progress=False)
+    t0 = time.perf_counter()
+    result = build(recipe, conv, root / "build")
+    record("build_s", time.perf_counter() - t0)
+    assert result.built and result.plan.kv_block_reuse
+    assert (result.out / "target" / "timing.cache").is_file() and not Path("model.cache").exists()
+    return read_checkpoint(conv), conv, result.out

@@ -11,16 +11,12 @@ kernel-level checks are the other files here). Item 5 is design A's, which has n
 Timings go to $OUT/checklist.json when OUT is set (docs/gpu.md).
 """
 
-import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from checklist import checklist_recipe
-
-from trtllm_dflash.build.stage import cannot_build_here
+from checklist import drafts_like_the_torch_network, needs_trtllm, record
 
 pytestmark = pytest.mark.gpu
 
@@ -28,35 +24,6 @@ pytestmark = pytest.mark.gpu
 # bits (2^-8 ~ 4e-3 relative per rounding) through every layer of the target, so rows of O(1)
 # drift by a few 1e-2; 1e-1 bounds that and still fails on a wrong row, which differs by O(1).
 BF16_TOL = dict(atol=1e-1, rtol=1e-1)
-WHY_NOT = cannot_build_here()
-needs_trtllm = pytest.mark.skipif(
-    WHY_NOT is not None, reason=f"{WHY_NOT}: engine-path.md §10 items 1-4 build and run TensorRT-LLM 1.2.x engines; run "
-                                "them inside NVIDIA's Triton 25.12 trtllm-python-py3 container (docs/gpu.md)")
-TIMINGS: dict = {}
-
-
-def record(key, value):
-    TIMINGS[key] = value
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "checklist.json").write_text(json.dumps(TIMINGS, indent=1))
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """(checkpoint info, convert output, build output) of the tiny engine recipe, engines built."""
-    from trtllm_dflash.build.stage import build
-    from trtllm_dflash.convert.convert import convert
-    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint
-
-    root = tmp_path_factory.mktemp("engines")
-    recipe = checklist_recipe()
-    conv = convert(recipe, root / "convert", progress=False)
-    t0 = time.perf_counter()
-    result = build(recipe, conv, root / "build")
-    record("build_s", time.perf_counter() - t0)
-    assert result.built and result.plan.kv_block_reuse
-    assert (result.out / "target" / "timing.cache").is_file() and not Path("model.cache").exists()
-    return read_checkpoint(conv), conv, result.out
 
 
 def cpu_engine(info):
@@ -179,34 +146,10 @@ def test_3_costs_per_round(built):
 def test_4_drafter_engine_with_the_aot_plugins_loads_and_drafts_like_the_torch_network(built):
     """The drafter engine deserializes in the plain TensorRT runtime (the plugins' PTX is in the
     engine), binds present = past, and drafts what the torch drafter network drafts."""
-    from trtllm_dflash.build.networks import DrafterSpec
-    from trtllm_dflash.reference.runners import PAD
-    from trtllm_dflash.reference.target import Rope
-    from trtllm_dflash.serve.checkpoint_runner import read_rank
-    from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
-    from trtllm_dflash.serve.trt_runners import TrtSession
-
     info, _, out = built
-    t0 = time.perf_counter()
-    session = TrtSession(out / "drafter" / "engines", "cuda")
-    record("drafter_engine_load_s", time.perf_counter() - t0)
-    d = info.drafter_cfg
-    torch_session = TorchDrafterSession(read_rank(info, "drafter", 0, torch.float32, "cuda"), DrafterSpec.from_config(d),
-                                        Rope(d.rope, d.head_dim).to("cuda"), max_len=128)
-    kw = dict(block_size=d.block_size, mask_token_id=d.mask_token_id, target_layer_ids=tuple(d.target_layer_ids),
-              max_len=128)
-    runners = [ArenaDrafter(session, **kw), ArenaDrafter(torch_session, **kw)]
-    for r in runners:
-        r.join(2)
-    g = torch.Generator().manual_seed(3)
-    ctx = torch.randn(2, 20, d.hidden_size, generator=g)
-    pos = torch.tensor([list(range(20)), list(range(7)) + [PAD] * 13])
-    outs = [r.draft(torch.tensor([3, 4]), torch.tensor([20, 7]), ctx, pos, d.block_size) for r in runners]
-    torch.testing.assert_close(outs[0].float(), outs[1].float(), **BF16_TOL)  # bf16 engine, fp32 torch network
-    agree = (outs[0].argmax(-1) == outs[1].argmax(-1)).float().mean().item()
+    agree = drafts_like_the_torch_network(info, out, BF16_TOL)
     record("drafter_engine_argmax_agreement", agree)
     assert agree >= 0.9
-    assert runners[0].arena.lens.tolist() == [20, 7]
 
 
 def test_5_design_a_checks_wait_for_design_a():
