@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trtllm-dflash {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"trtllm_dflash.commands.{name.replace('-', '_')}").register(sub)
+        module = importlib.import_module(f"trtllm_dflash.commands.{name.replace('-', '_')}")
+        module.register(sub)
+        p = sub.choices[name]
+        if not p.description:  # `NAME --help` opens with what the command does: its module's first paragraph
+            p.description = (module.__doc__ or p.format_usage()).split("\n\n")[0].strip()
     return parser
 
 

@@ -70,3 +70,30 @@ def test_output_that_is_not_a_terminal_gets_the_tables_100_columns(monkeypatch):
     assert LOG_COLUMNS == 100 and make_console(file=io.StringIO()).width == 100
     monkeypatch.setenv("COLUMNS", "120")
     assert make_console(file=io.StringIO()).width == 120
+
+
+def test_every_command_has_a_description_in_its_help():
+    import argparse
+
+    from trtllm_dflash.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [name for name, p in sub.choices.items() if not (p.description or "").strip()]
+    assert not missing, f"`--help` without a description: {missing}"
+
+
+def test_recipes_prints_every_path_in_full(capsys):
+    from trtllm_dflash.cli import main
+
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    for path in sorted(RECIPES.glob("*/*.yaml")):
+        assert f": {path}" in out or any(line.endswith(str(path.relative_to(RECIPES))) for line in out.splitlines())
+
+
+def test_a_yaml_syntax_error_names_its_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nhardware: {gpu: h100-sxm\n  count: 1\n")
+    r = cli("check", str(bad))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"error: {bad}: not valid YAML: line 3, column 8: expected ',' or '}}'")

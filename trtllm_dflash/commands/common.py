@@ -7,7 +7,24 @@ import os
 from pathlib import Path
 
 
+class _ModelsRoot(argparse.Action):
+    """--models DIR: where HF-id sources were downloaded (recipe/schema.py hub_download), for this
+    process and the stages it starts."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        from trtllm_dflash.recipe.schema import MODELS_ROOT_ENV
+
+        if not Path(value).expanduser().is_dir():
+            parser.error(f"--models {value}: no such directory")
+        os.environ[MODELS_ROOT_ENV] = str(Path(value).expanduser().resolve())
+        setattr(namespace, self.dest, value)
+
+
 def add_recipe_argument(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument(
+        "--models", action=_ModelsRoot, metavar="DIR", default=None,
+        help="where the recipe's Hugging Face ids were downloaded (DIR/ORG/NAME, as `huggingface-cli download ORG/NAME "
+        "--local-dir DIR/ORG/NAME` writes them; default $TRTLLM_DFLASH_MODELS, then the local Hugging Face cache)")
     p.add_argument(
         "recipe",
         nargs=None if required else "?",

@@ -83,17 +83,21 @@ def run(args: argparse.Namespace) -> int:
     for path in list_recipes():
         r = load_recipe(path, check_rules=False)
         rows.append(dict(
-            recipe=str(path.relative_to(recipes_root())), name=r.name, hardware=f"{r.hardware.count}x {r.hardware.gpu}",
+            recipe=str(path.relative_to(recipes_root())), path=str(path), name=r.name,
+            hardware=f"{r.hardware.count}x {r.hardware.gpu}",
             target=r.target.source, drafter=r.drafter.source, weights=r.quantization.target_weights,
             tp=r.parallel.tp, backend=r.backend.name,
         ))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    t = Table(title=f"recipes ({recipes_root()})")
-    for col in ("recipe", "hardware", "target", "weights", "tp", "backend"):
-        t.add_column(col)
+    t = Table(title="recipes")
+    for col in ("name", "hardware", "target", "weights", "tp", "backend"):
+        t.add_column(col, overflow="fold")
     for row in rows:
-        t.add_row(row["recipe"], row["hardware"], row["target"], row["weights"], str(row["tp"]), row["backend"])
+        t.add_row(row["name"], row["hardware"], row["target"], row["weights"], str(row["tp"]), row["backend"])
     console.print(t)
+    # The paths in full, one per line (a table column would cut them): what to pass as RECIPE.
+    for row in rows:
+        print(f"{row['name']}: {row['path']}")
     return 0

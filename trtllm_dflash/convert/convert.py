@@ -149,8 +149,9 @@ def _local_dir(src, field: str) -> Path:
     path = src.path
     if path is None:
         raise UserError(
-            f"{field}.source: {src.source!r} is not a local directory; download the checkpoint "
-            f"(e.g. huggingface-cli download {src.source} --local-dir DIR) and set {field}.source to DIR"
+            f"{field}.source: {src.source!r} is neither a local directory nor downloaded: "
+            f"`huggingface-cli download {src.source} --local-dir MODELS/{src.source}`, then pass --models MODELS "
+            f"(or set $TRTLLM_DFLASH_MODELS) to every stage, or set {field}.source to the directory"
         )
     if not (path / "config.json").is_file():
         raise UserError(f"{field}.source: {path} has no config.json")

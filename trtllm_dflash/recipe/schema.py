@@ -10,9 +10,11 @@ dotted field, the bad value and what is allowed.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
+import os
 import random
 from importlib import resources
 from pathlib import Path
@@ -62,13 +64,42 @@ class ModelSource(_Section):
 
     @property
     def path(self) -> Path | None:
-        """The resolved local directory, or None when the source is an HF id."""
+        """The resolved local directory; for an HF id its download under the models root or in the
+        local Hugging Face cache (hub_download), None when neither has it."""
         s = self.source
         if s.startswith(BUILTIN_PREFIX):
             return Path(str(resources.files("trtllm_dflash").joinpath("assets", s[len(BUILTIN_PREFIX) :])))
         if not self.is_local:
-            return None
+            return hub_download(s)
         return (self._base_dir / Path(s).expanduser()).resolve()
+
+
+# The directory a deployment's checkpoints were downloaded into, one per HF id
+# (`huggingface-cli download ORG/NAME --local-dir $TRTLLM_DFLASH_MODELS/ORG/NAME`); every stage
+# command's `--models DIR` sets it.
+MODELS_ROOT_ENV = "TRTLLM_DFLASH_MODELS"
+
+
+def hub_download(repo_id: str) -> Path | None:
+    """Where an HF id's checkpoint is on this machine: $TRTLLM_DFLASH_MODELS/ORG/NAME (or /NAME),
+    else the snapshot in the local Hugging Face cache (huggingface_hub, no network); None if
+    neither holds a config.json."""
+    return _hub_download(repo_id, os.environ.get(MODELS_ROOT_ENV), os.environ.get("HF_HUB_CACHE"))
+
+
+@functools.lru_cache(maxsize=64)
+def _hub_download(repo_id: str, root: str | None, hub_cache: str | None) -> Path | None:
+    if root:
+        for d in (Path(root).expanduser() / repo_id, Path(root).expanduser() / repo_id.split("/")[-1]):
+            if (d / "config.json").is_file():
+                return d.resolve()
+    try:
+        from huggingface_hub import snapshot_download
+
+        cached = Path(snapshot_download(repo_id, local_files_only=True, cache_dir=hub_cache))
+    except Exception:  # not in the cache (or not a valid id): the caller says what to download
+        return None
+    return cached if (cached / "config.json").is_file() else None
 
 
 FLOAT_FORMATS = ("fp32", "bf16", "fp16")
@@ -391,9 +422,19 @@ def _resolve_facts(src: ModelSource, field: str, file: str) -> ArchFacts:
         raise RecipeError(
             f"{file}: {field}.arch: required when {field}.source ({src.source!r}) is not a local "
             "directory with config.json; give a catalog name (see `trtllm-dflash recipes --models`) "
-            "or inline facts"
+            f"or inline facts, or download it (`huggingface-cli download {src.source} --local-dir "
+            f"MODELS/{src.source}`, then --models MODELS)"
         )
     return facts_from_config(path / "config.json")
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: where (line and column, 1-based) and what."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{what}" + (f" ({context})" if context else "")
 
 
 def parse_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
@@ -410,7 +451,7 @@ def parse_recipe(path: str | Path | None = None, overrides: list[str] | None = N
     except UnicodeDecodeError as e:
         raise RecipeError(f"{file}: not a text file (byte {e.start} is not UTF-8); expected a recipe YAML file") from None
     except yaml.YAMLError as e:
-        raise RecipeError(f"{file}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise RecipeError(f"{file}: not valid YAML: {yaml_error_line(e)}") from None
     if not isinstance(raw, dict):
         raise RecipeError(f"{file}: expected a mapping of sections at the top level")
     raw = apply_overrides(raw, overrides or [], file)
