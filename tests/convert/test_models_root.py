@@ -27,7 +27,7 @@ def hub_recipe(tmp_path, models):
 
 
 def test_every_stage_finds_hf_ids_under_the_models_root(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("TRTLLM_DFLASH_MODELS", raising=False)
+    monkeypatch.setenv("TRTLLM_DFLASH_MODELS", "")  # recorded, so the value --models sets is undone too
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     models = tmp_path / "models"
     recipe = hub_recipe(tmp_path, models)
@@ -46,7 +46,7 @@ def test_every_stage_finds_hf_ids_under_the_models_root(tmp_path, capsys, monkey
 
 def test_hf_ids_resolve_from_the_local_hugging_face_cache(tmp_path, monkeypatch):
     """huggingface_hub's cache layout: models--ORG--NAME/refs/main -> snapshots/<commit>/."""
-    monkeypatch.delenv("TRTLLM_DFLASH_MODELS", raising=False)
+    monkeypatch.setenv("TRTLLM_DFLASH_MODELS", "")  # recorded, so the value --models sets is undone too
     cache = tmp_path / "hub"
     downloads = tmp_path / "downloads"
     recipe = hub_recipe(tmp_path, downloads)
