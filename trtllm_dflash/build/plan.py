@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from trtllm_dflash.build import engine_io
 from trtllm_dflash.build.upstream import (
     BUILD_CONFIG_FIELDS,
     CONTAINER,
@@ -140,6 +141,7 @@ class EnginePlan:
     outputs: list[Tensor]
     command: list[str]
     mpi_command: list[str] | None
+    dim_ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # the profile's (min, opt, max)
 
 
 @dataclass
@@ -343,8 +345,9 @@ def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tenso
     tp = drafter_placement(recipe).tp
     act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("drafter")]
     kv = _kv_dtype(recipe, "drafter")
+    ranges = engine_io.drafter_dim_ranges(cfg["max_batch_size"], cfg["max_input_len"], cfg["max_seq_len"], block)
     dims = {
-        "batch": cfg["max_batch_size"], "new_ctx": cfg["max_input_len"], "max_seq_len": cfg["max_seq_len"],
+        **{name: hi for name, (_, _, hi) in ranges.items() if name != "block"},
         "hidden": d.hidden_size, "kv_heads": max(1, d.num_kv_heads // tp), "head_dim": d.head_dim,
         "num_layers": d.num_layers, "block": block, "drafts": block - 1, "vocab": recipe.target_facts.vocab_size,
     }
@@ -462,9 +465,11 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         command = _command(paths[0], paths[1], cls, paths[2], n)
         mpi = ["mpirun", "-n", str(n), "--allow-run-as-root", *_command(paths[0], paths[1], cls, paths[2], 1)] \
             if n > 1 else None
+        ranges = (engine_io.drafter_dim_ranges(cfg["max_batch_size"], cfg["max_input_len"], cfg["max_seq_len"], block)
+                  if role == "drafter" else {})
         engines.append(EnginePlan(role, cls, paths[0], paths[1], paths[2], cfg, _kv_dtype(recipe, role),
                                   _attention(recipe, role), _plugins(recipe, role, cfg), dims, inputs, outputs,
-                                  command, mpi))
+                                  command, mpi, ranges))
     inp = input_stage(recipe, "build")
     launch = {
         "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
