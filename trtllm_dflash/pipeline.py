@@ -188,7 +188,10 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
     elif stage == "deploy":
         from trtllm_dflash.deploy.repository import deploy
 
-        deploy(recipe, input_dir, out, overwrite=True)
+        # A dry-run build (no TensorRT-LLM here) is deployed as a plan: the CPU runners serve it
+        # here, and `serve` says what to build where before the GPU runners would.
+        plan_only = bool(Manifest.read(input_dir).extra.get("dry_run"))
+        deploy(recipe, input_dir, out, overwrite=True, plan_only=plan_only)
     elif stage == "sweep":
         import tempfile
 

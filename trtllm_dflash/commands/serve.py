@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from trtllm_dflash.artifacts import verify_input
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.repository import REPOSITORY, plan_only_problem
     from trtllm_dflash.deploy.settings import CPU_RUNNERS
     from trtllm_dflash.recipe.support import backend as backend_spec
     from trtllm_dflash.errors import UserError
@@ -179,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
     verify_input(args.from_dir, ("deploy",), recipe)
     repository = (args.from_dir / REPOSITORY).resolve()
     local = not backend_spec(recipe.backend.name).needs_gpu or args.runners in CPU_RUNNERS
+    if not local or args.launcher in CLUSTER:
+        problem = plan_only_problem(recipe, args.from_dir)
+        if problem:
+            raise UserError(problem)
     if args.launcher in CLUSTER:
         if args.runners in CPU_RUNNERS:
             raise UserError(f"--runners {args.runners}: serves on this machine; --launcher {args.launcher} launches "

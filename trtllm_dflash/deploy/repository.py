@@ -94,13 +94,19 @@ def model_inputs(recipe: Recipe) -> list[str]:
     return [t.name for t in (LLMAPI_INPUTS if llmapi else DFLASH_INPUTS)]
 
 
-def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
+def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = False, plan_only: bool = False) -> Path:
     """Write the model repository for `recipe`, serving the artifact in `from_dir`, into out_dir
-    (atomically, with a manifest)."""
+    (atomically, with a manifest). A dry-run build (a plan, no engines) is refused unless
+    `plan_only`: such a deployment serves only with the CPU runners (serve refuses the GPU ones)."""
     backend, spec = recipe.backend.name, backend_spec(recipe.backend.name)
     from_dir = Path(from_dir)
     want = input_stage(recipe, "deploy")
     m = verify_input(from_dir, (want,), recipe)
+    dry_run = spec.builds_engines and bool(m.extra.get("dry_run"))
+    if dry_run and not plan_only:
+        raise UserError(f"--from {from_dir}: a dry-run build (plan.json, no engines); build the engines inside "
+                        f"{spec.container}: {build_command(recipe, m, from_dir)}; or deploy the plan alone with "
+                        "--plan-only (served only by --runners reference or emulated)")
     layout = None if spec.builds_engines else spec.layout  # a checkpoint's layout (its manifest records it)
     if layout is not None and m.extra.get("layout") != layout:
         raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {backend} backend "
@@ -112,7 +118,8 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
                         f"({', '.join(DIALECT_MODELS)}); choose another name")
     manifest = Manifest.for_stage("deploy", recipe, from_dir, extra={"backend": backend, "model_name": name,
                                                                       "artifact": str(artifact),
-                                                                      "inputs": model_inputs(recipe)})
+                                                                      "inputs": model_inputs(recipe),
+                                                                      "plan_only": dry_run})
     with atomic_stage_dir(out_dir, manifest, overwrite=overwrite) as tmp:
         model_dir = tmp / REPOSITORY / name
         version = model_dir / "1"
@@ -141,6 +148,24 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             (version / "recipe.yaml").write_text(yaml.safe_dump(deployed_recipe(recipe), sort_keys=False))
             _write_dialect_models(tmp / REPOSITORY, recipe, header)
     return out_dir
+
+
+def build_command(recipe: Recipe, build: Manifest, build_dir: Path) -> str:
+    """The command that builds a dry-run build's engines in place, from the checkpoint it planned."""
+    src = build.input["path"] if build.input else "CHECKPOINT_DIR"
+    return f"trtllm-dflash build {recipe.file or 'RECIPE'} --from {src} --out {build_dir} --overwrite"
+
+
+def plan_only_problem(recipe: Recipe, deploy_dir: Path) -> str | None:
+    """Why the deployment in `deploy_dir` cannot serve with TensorRT engines (a --plan-only
+    deployment of a dry-run build: one line saying what to build where), or None."""
+    m = Manifest.read(deploy_dir)
+    if not m.extra.get("plan_only"):
+        return None
+    build_dir = Path(m.input["path"])
+    return (f"{deploy_dir}: a plan-only deployment ({build_dir} is a dry-run build: no engines); inside "
+            f"{backend_spec(recipe.backend.name).container}, run {build_command(recipe, Manifest.read(build_dir), build_dir)}"
+            f" and deploy again without --plan-only (or serve it here with --runners reference or emulated)")
 
 
 def _write_dialect_models(repository: Path, recipe: Recipe, header: str) -> None:

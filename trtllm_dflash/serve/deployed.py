@@ -76,10 +76,7 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
         raise UserError(f"{checkpoint}: manifest.json changed since deploy; deploy again")
     info = read_checkpoint(checkpoint)
     if runners == "tensorrt":
-        from trtllm_dflash.artifacts import Manifest
-
-        engines = Path(s.engine_dir)
-        check_files(engines, Manifest.read(engines))
+        _check_engines(recipe, Path(s.engine_dir))
     else:
         check_files(checkpoint, info.manifest)
     if info.tokenizer_dir is None:
@@ -106,6 +103,20 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
     )
     return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
                     checkpoint, info.tp, info.manifest.stage)
+
+
+def _check_engines(recipe, engines: Path) -> None:
+    """The build output the tensorrt runners open: engines built (not a dry run), files unchanged."""
+    from trtllm_dflash.artifacts import Manifest, check_files
+    from trtllm_dflash.deploy.repository import build_command
+    from trtllm_dflash.recipe.support import backend as backend_spec
+
+    built = Manifest.read(engines)
+    if built.extra.get("dry_run"):
+        raise UserError(f"{engines}: a dry-run build (no engines) cannot serve with the tensorrt runners; inside "
+                        f"{backend_spec(recipe.backend.name).container} run {build_command(recipe, built, engines)} "
+                        "and deploy again")
+    check_files(engines, built)
 
 
 def default_torch_threads(recipe) -> int:
