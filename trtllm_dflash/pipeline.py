@@ -63,7 +63,7 @@ def staleness(stage: str, out: Path, recipe: Recipe, input_dir: Path | None, ext
     if diff:
         return "recipe changed: " + ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
     if input_dir is not None:
-        if m.input is None or m.input.get("path") != str(input_dir.resolve()) or not (input_dir / MANIFEST).is_file() \
+        if m.input is None or m.input_dir(out) != input_dir.resolve() or not (input_dir / MANIFEST).is_file() \
                 or m.input.get("manifest_sha256") != manifest_sha256(input_dir):
             return f"its input {input_dir} changed"
     for key, value in (extra or {}).items():

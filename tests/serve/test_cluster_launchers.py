@@ -101,7 +101,7 @@ def test_sbatch_one_node_x_8_runs_every_rank_under_trtllm_llmapi_launch(capsys, 
     assert "--mpi=pmix" in srun and "--gpu-bind=none" in srun
     manifest = Manifest.read(deployed["one-node"])
     mounts = flag(srun, "--container-mounts").split(",")
-    for p in (deployed["one-node"].resolve(), Path(manifest.extra["artifact"])):
+    for p in (deployed["one-node"].resolve(), manifest.input_dir(deployed["one-node"])):
         assert f"{p}:{p}:ro" in mounts
     assert flag(srun, "--container-workdir") == str(deployed["one-node"].resolve())
     cmd = rank(srun)

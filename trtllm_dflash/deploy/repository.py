@@ -2,8 +2,12 @@
 
 `deploy --from DIR` takes the output of the stage before it (recipe/stages.py): the quantize
 output when the recipe quantizes, else the convert output; the build output on the engine
-backend. The repository serves exactly that artifact: it names its absolute path, and the
-manifest records its manifest checksum (the reference model re-checks both when it loads).
+backend. The repository serves exactly that artifact: it names its path relative to the deploy
+output (a run directory moved as a whole still serves), and the manifest records its manifest
+checksum (the reference model re-checks both when it loads). The pytorch backend's files
+(model.yaml, extra_llm_api_options.yaml, launch.json) name it by absolute path: TensorRT-LLM's
+own model.py and trtllm-serve hand `model:` to LLM(), which resolves it against the server's
+working directory, not the file's.
 
 Layouts (all under OUT/model_repository/, plus OUT/manifest.json):
 
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, verify_input
+from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, relative_to, verify_input
 from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtllm_serve_commands
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
 from trtllm_dflash.deploy.settings import ModelSettings
@@ -117,7 +121,7 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
         raise UserError(f"serve.model_name: {name!r} is the name of a model deploy writes beside it "
                         f"({', '.join(DIALECT_MODELS)}); choose another name")
     manifest = Manifest.for_stage("deploy", recipe, from_dir, extra={"backend": backend, "model_name": name,
-                                                                      "artifact": str(artifact),
+                                                                      "artifact": relative_to(artifact, out_dir),
                                                                       "inputs": model_inputs(recipe),
                                                                       "plan_only": dry_run})
     with atomic_stage_dir(out_dir, manifest, overwrite=overwrite) as tmp:
@@ -137,12 +141,7 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             commands = trtllm_serve_commands(recipe, artifact, Path(out_dir).resolve() / TRTLLM_SERVE / OPTIONS)
             (serve_dir / LAUNCH).write_text(json.dumps(commands, indent=2) + "\n")
         else:
-            # the checkpoint served; for engines, the one they were built from when known (CPU runners serve it)
-            source = (m.input or {}) if spec.builds_engines else {"path": str(artifact),
-                                                                  "manifest_sha256": manifest_sha256(artifact)}
-            settings = ModelSettings(runners=spec.default_runners, checkpoint=source.get("path"),
-                                     checkpoint_manifest_sha256=source.get("manifest_sha256"),
-                                     engine_dir=str(artifact) if spec.builds_engines else None)
+            settings = _settings(spec, m, from_dir, artifact, Path(out_dir))
             (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, settings.to_params()), header))
             (version / "model.py").write_text(MODEL_PY)
             (version / "recipe.yaml").write_text(yaml.safe_dump(deployed_recipe(recipe), sort_keys=False))
@@ -150,9 +149,23 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
     return out_dir
 
 
+def _settings(spec, m: Manifest, from_dir: Path, artifact: Path, out_dir: Path) -> ModelSettings:
+    """The dflash model's settings: the checkpoint served (for engines, the one they were built
+    from, when known: the CPU runners serve it) and the engines, by paths relative to the deploy
+    output (deploy/settings.py)."""
+    if spec.builds_engines:
+        checkpoint = m.input_dir(from_dir) if m.input else None
+        sha = m.input["manifest_sha256"] if m.input else None
+    else:
+        checkpoint, sha = artifact, manifest_sha256(artifact)
+    return ModelSettings(runners=spec.default_runners, checkpoint_manifest_sha256=sha,
+                         checkpoint=relative_to(checkpoint, out_dir) if checkpoint else None,
+                         engine_dir=relative_to(artifact, out_dir) if spec.builds_engines else None)
+
+
 def build_command(recipe: Recipe, build: Manifest, build_dir: Path) -> str:
     """The command that builds a dry-run build's engines in place, from the checkpoint it planned."""
-    src = build.input["path"] if build.input else "CHECKPOINT_DIR"
+    src = build.input_dir(build_dir) if build.input else "CHECKPOINT_DIR"
     return f"trtllm-dflash build {recipe.file or 'RECIPE'} --from {src} --out {build_dir} --overwrite"
 
 
@@ -162,7 +175,7 @@ def plan_only_problem(recipe: Recipe, deploy_dir: Path) -> str | None:
     m = Manifest.read(deploy_dir)
     if not m.extra.get("plan_only"):
         return None
-    build_dir = Path(m.input["path"])
+    build_dir = m.input_dir(deploy_dir)
     return (f"{deploy_dir}: a plan-only deployment ({build_dir} is a dry-run build: no engines); inside "
             f"{backend_spec(recipe.backend.name).container}, run {build_command(recipe, Manifest.read(build_dir), build_dir)}"
             f" and deploy again without --plan-only (or serve it here with --runners reference or emulated)")

@@ -60,7 +60,7 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
     from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
     from trtllm_dflash.serve.trace import from_env
 
-    s = settings
+    s = settings.resolved(deploy_dir_of(version_dir))
     recipe = load_recipe(Path(version_dir) / s.recipe, check_rules=False)
     threads = s.torch_threads or default_torch_threads(recipe)
     if threads:
@@ -158,8 +158,14 @@ def draft_policy(recipe, model):
     return AutoDraftLength(spec.block_size, cost, tree_budgets=tree_budget_menu(spec.ddtree_budget))
 
 
+def deploy_dir_of(version_dir: Path) -> Path:
+    """The deploy output of a model's version directory (DEPLOY/model_repository/NAME/1): what
+    the settings' paths are relative to."""
+    return Path(version_dir).resolve().parents[2]
+
+
 def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSettings]:
-    """(version directory, settings) of the dflash model in a deploy output."""
+    """(version directory, settings with absolute paths) of the dflash model in a deploy output."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
@@ -174,4 +180,4 @@ def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSett
                                          str(model_dir / "config.pbtxt"))
     if settings.checkpoint is None:
         raise UserError(f"{model_dir / 'config.pbtxt'}: no checkpoint parameter: not a reference-backend deployment")
-    return model_dir / "1", settings
+    return model_dir / "1", settings.resolved(deploy_dir)

@@ -389,7 +389,7 @@ def served_paths(deploy_dir: Path) -> list[Path]:
     from trtllm_dflash.artifacts import Manifest
 
     artifact = Manifest.read(deploy_dir).extra.get("artifact")
-    paths = [Path(deploy_dir).resolve()] + ([Path(artifact).resolve()] if artifact else [])
+    paths = [Path(deploy_dir).resolve()] + ([(Path(deploy_dir) / artifact).resolve()] if artifact else [])
     return list(dict.fromkeys(paths))
 
 
