@@ -298,11 +298,6 @@ def test_run_submits_only_where_the_schedulers_tool_is(capsys, deployed):
     assert rc == 2 and out.startswith("wrote ") and "sbatch: not found on PATH; run `sbatch " in err
 
 
-def test_engine_on_kubernetes_needs_an_image_with_trtllm_dflash(capsys, deployed):
-    rc, _, err = serve(capsys, "engine", deployed, "--launcher", "k8s", "--registry", REGISTRY)
-    assert rc == 2 and "--image: the engine backend's Triton model imports trtllm_dflash" in err
-
-
 def test_a_world_no_node_layout_expresses_is_refused(tmp_path):
     """12 ranks on 8-GPU nodes: one node cannot hold them and two would hold 6 each, which
     TensorRT-LLM's global_rank % device_count GPU choice does not allow. check refuses the recipe;

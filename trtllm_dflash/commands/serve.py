@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "ports), which deploy's output does not depend on")
     p.add_argument("--container", metavar="IMAGE", default=None,
                    help="GPU backends: run inside `docker run IMAGE` (NVIDIA's TensorRT-LLM container of the "
-                   "recipe's version)")
+                   "recipe's version) with every directory the deployment opens mounted; engine backend: the "
+                   "command first installs this source checkout into it (pip, offline: --no-index --no-deps)")
     _cluster_arguments(p)
     p.set_defaults(run=run)
 
@@ -68,8 +69,8 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
                    "NAME-lws.yaml)")
     g.add_argument("--image", default=None,
                    help="the container image (default: the backend's NVIDIA image, recipe/containers.py, on "
-                   "--registry); engine backend: an image with trtllm_dflash installed (without it a Slurm job "
-                   "installs this source checkout into NVIDIA's image)")
+                   "--registry); engine backend: an image with trtllm_dflash installed (without it the job "
+                   "installs this source checkout into NVIDIA's image, offline: pip --no-index --no-deps)")
     g.add_argument("--registry", default=os.environ.get("NGC") or None, metavar="HOST",
                    help="the registry of NVIDIA's images (default: $NGC)")
     g.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
@@ -191,7 +192,10 @@ def run(args: argparse.Namespace) -> int:
     if not local:
         cmd = _gpu_command(args, recipe, repository, endpoints)
         if args.container:
-            cmd = in_container(cmd, args.container, served_paths(args.from_dir))
+            from trtllm_dflash.serve.cluster import checkout_to_install
+
+            cmd = in_container(cmd, args.container, served_paths(args.from_dir),
+                               source=checkout_to_install(recipe.backend.name))
         print(shlex.join(cmd))
         if not args.execute:
             return 0
