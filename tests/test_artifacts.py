@@ -30,7 +30,9 @@ def test_complete_write_has_manifest_with_fields_checksums_and_input(tmp_path, r
     m = verify_input(dep, ("deploy",), recipe)
     assert set(m.files) == {"model_repository/x"} and m.created_at and "torch" in m.tools
     assert m.recipe_fields["backend.name"] == "reference" and "sweep.concurrency" not in m.recipe_fields
-    assert m.input == {"stage": "convert", "path": str(conv.resolve()), "manifest_sha256": manifest_sha256(conv)}
+    # input.path is relative to the output (the pair moves as a whole); input_dir resolves it
+    assert m.input == {"stage": "convert", "path": "../convert", "manifest_sha256": manifest_sha256(conv)}
+    assert m.input_dir(dep) == conv.resolve()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary directory left behind"
 
 

@@ -5,7 +5,7 @@ Every stage writes `out_dir/` containing its files plus `manifest.json`:
 
     {"stage": "quantize", "recipe": "<name>",
      "recipe_fields": {"quantization.drafter": "fp8", ...}, "recipe_fields_sha256": "...",
-     "input": {"stage": "convert", "path": "/abs/runs/x/convert", "manifest_sha256": "..."},
+     "input": {"stage": "convert", "path": "../convert", "manifest_sha256": "..."},
      "sources": [{"role": "target", "path": "...", "sha256": "...", "size": 123, "mtime_ns": 0}],
      "files": {"target/rank0.safetensors": "<sha256>", ...},
      "tools": {"trtllm_dflash": "0.1.0", ...}, "created_at": "...", "extra": {...}}
@@ -13,6 +13,8 @@ Every stage writes `out_dir/` containing its files plus `manifest.json`:
 `recipe_fields` are the recipe fields the output depends on (recipe/stages.py), `input` the
 previous stage's output it was made from (its manifest's checksum makes the chain provable),
 `sources` the files read from outside the pipeline (convert: the HF / z-lab checkpoints).
+`input.path` is relative to the output directory (`Manifest.input_dir` resolves it), so a run
+directory moved as a whole keeps its chain; `sources` stay absolute: they are outside it.
 
 Writes go to a temporary sibling directory that is renamed into place only when complete,
 so an interrupted stage never leaves a directory that looks finished; leftovers of a killed
@@ -91,6 +93,11 @@ class Manifest:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
+    def input_dir(self, directory: Path) -> Path:
+        """The input's directory, for the manifest of the output in `directory` (a relative
+        input.path is relative to it; an absolute one, written by older versions, is taken as is)."""
+        return (Path(directory) / self.input["path"]).resolve()
+
     @classmethod
     def read(cls, directory: Path) -> "Manifest":
         path = Path(directory) / MANIFEST
@@ -101,6 +108,12 @@ class Manifest:
             return cls(**json.loads(path.read_text()))
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
             raise UserError(f"{path}: unreadable manifest ({str(e).splitlines()[0]})") from None
+
+
+def relative_to(path: str | Path, base: Path) -> str:
+    """`path` relative to the directory `base` (both resolved), for a file that names another
+    stage output: the pair then moves as a whole (a run directory renamed or copied to a GPU box)."""
+    return os.path.relpath(Path(path).resolve(), Path(base).resolve())
 
 
 def manifest_sha256(directory: Path) -> str:
@@ -231,6 +244,8 @@ def atomic_stage_dir(out_dir: Path, manifest: Manifest, overwrite: bool = False)
         manifest.files = {
             str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()
         }
+        if manifest.input is not None:  # relative to the output: tmp is renamed to out_dir, its sibling
+            manifest.input["path"] = relative_to(manifest.input["path"], out_dir)
         manifest.tools = manifest.tools or tool_versions()
         manifest.created_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         (tmp / MANIFEST).write_text(manifest.to_json())

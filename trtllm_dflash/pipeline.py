@@ -63,7 +63,7 @@ def staleness(stage: str, out: Path, recipe: Recipe, input_dir: Path | None, ext
     if diff:
         return "recipe changed: " + ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
     if input_dir is not None:
-        if m.input is None or m.input.get("path") != str(input_dir.resolve()) or not (input_dir / MANIFEST).is_file() \
+        if m.input is None or m.input_dir(out) != input_dir.resolve() or not (input_dir / MANIFEST).is_file() \
                 or m.input.get("manifest_sha256") != manifest_sha256(input_dir):
             return f"its input {input_dir} changed"
     for key, value in (extra or {}).items():
@@ -188,7 +188,10 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
     elif stage == "deploy":
         from trtllm_dflash.deploy.repository import deploy
 
-        deploy(recipe, input_dir, out, overwrite=True)
+        # A dry-run build (no TensorRT-LLM here) is deployed as a plan: the CPU runners serve it
+        # here, and `serve` says what to build where before the GPU runners would.
+        plan_only = bool(Manifest.read(input_dir).extra.get("dry_run"))
+        deploy(recipe, input_dir, out, overwrite=True, plan_only=plan_only)
     elif stage == "sweep":
         import tempfile
 

@@ -83,11 +83,13 @@ def test_build_config_holds_only_upstream_fields_and_every_required_key(path, tm
         assert plugins["nccl_plugin"] == ("auto" if recipe.world_size > 1 else None)
         assert plugins["use_fp8_context_fmha"] == (role == "target" and recipe.quantization.kv_cache == "fp8"
                                                    and recipe.quantization.target_weights in ("fp8", "nvfp4"))
-        # The TensorRT timing cache goes into the engine's own stage directory, never the working directory.
-        assert cfg["output_timing_cache"] == str(out.resolve() / role / "timing.cache") and cfg["input_timing_cache"] is None
+        # The TensorRT timing cache goes into the engine's own directory: paths are relative to the
+        # build directory, where the commands run.
+        assert cfg["output_timing_cache"] == f"{role}/timing.cache" and cfg["input_timing_cache"] is None
         engine = next(e for e in plan["engines"] if e["role"] == role)
         assert engine["build_config"] == cfg
-        assert engine["command"][engine["command"].index("--build_config") + 1] == str(out.resolve() / role / "build_config.json")
+        assert engine["command"][engine["command"].index("--build_config") + 1] == f"{role}/build_config.json"
+        assert (out / engine["command"][engine["command"].index("--model_cls_file") + 1]).is_file()
     target = json.loads((out / "target" / "build_config.json").read_text())
     drafter = json.loads((out / "drafter" / "build_config.json").read_text())
     # The target verifies drafts as prompt tokens: no speculative decoding inputs, whole-sequence requests.
@@ -115,7 +117,7 @@ def test_tp_plan_builds_the_drafter_where_the_placement_rule_puts_it(tmp_path, t
     n = {"target": tp, "drafter": tp if placement == "split" else 1}
     for e in plan.engines:
         assert e.command[-2:] == ["--workers", str(n[e.role])]
-        assert e.checkpoint_dir == str((tmp_path / "quantize" / e.role).resolve())
+        assert e.checkpoint_dir == f"../quantize/{e.role}"  # relative to the build directory
         if n[e.role] > 1:
             assert e.mpi_command[:3] == ["mpirun", "-n", str(n[e.role])] and e.mpi_command[-2:] == ["--workers", "1"]
         else:
@@ -250,20 +252,23 @@ def test_the_gpu_checklist_builds_bf16_engines_with_kv_reuse(tmp_path):
 
 def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted, monkeypatch):
     """trtllm-build writes build_config's output_timing_cache (upstream default 'model.cache': the
-    working directory). A stand-in of it does the same, from the --build_config file it is given."""
+    working directory). A stand-in of it does the same, from the --build_config file it is given,
+    opening every path as trtllm-build does: relative to its working directory."""
     import subprocess
 
     from trtllm_dflash.build import stage
 
     ran = []
 
-    def trtllm_build(cmd):
+    def trtllm_build(cmd, cwd=None):
+        here = Path(cwd or ".")
         args = dict(zip(cmd[1::2], cmd[2::2]))
-        cfg = json.loads(Path(args["--build_config"]).read_text())
+        cfg = json.loads((here / args["--build_config"]).read_text())
         ran.append(cfg)
-        Path(cfg.get("output_timing_cache") or "model.cache").write_bytes(b"cache")
-        Path(args["--output_dir"]).mkdir(parents=True)
-        (Path(args["--output_dir"]) / "rank0.engine").write_bytes(b"engine")
+        assert (here / args["--model_cls_file"]).is_file() and (here / args["--checkpoint_dir"] / "config.json").is_file()
+        (here / (cfg.get("output_timing_cache") or "model.cache")).write_bytes(b"cache")
+        (here / args["--output_dir"]).mkdir(parents=True)
+        (here / args["--output_dir"] / "rank0.engine").write_bytes(b"engine")
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.chdir(tmp_path)
@@ -274,9 +279,7 @@ def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted
     assert result.built and len(ran) == 2 and not (tmp_path / "model.cache").exists()
     for role in ("target", "drafter"):
         assert (out / role / "timing.cache").read_bytes() == b"cache"
-        assert json.loads((out / role / "build_config.json").read_text())["output_timing_cache"] == \
-            str(out.resolve() / role / "timing.cache")
-    assert not list(out.rglob("*.running.json"))
+        assert json.loads((out / role / "build_config.json").read_text())["output_timing_cache"] == f"{role}/timing.cache"
     assert "timing.cache" in json.dumps(Manifest.read(out).files)
 
 
@@ -365,7 +368,7 @@ def test_without_tensorrt_llm_the_plan_is_written_then_one_line_names_the_contai
     m = verify_input(out, ("build",), load_recipe(TINY))
     assert m.extra["dry_run"] is True and m.input["stage"] == "convert"
     plan = json.loads((out / "plan.json").read_text())
-    assert plan["engines"][0]["checkpoint_dir"] == str(converted.resolve() / "target")
+    assert (out / plan["engines"][0]["checkpoint_dir"]).resolve() == converted.resolve() / "target"
     assert not list(out.rglob("*.engine"))
     # A dry-run output is replaced by the next build without --overwrite; --from without weights is required.
     assert cli("build", TINY, "--from", converted, "--out", out, "--dry-run")[0] == 0
@@ -377,8 +380,9 @@ def test_without_tensorrt_llm_the_plan_is_written_then_one_line_names_the_contai
 def test_dry_run_cli_prints_the_commands_without_weights(tmp_path):
     rc, stdout, _ = cli("build", ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml", "--out", tmp_path / "b", "--dry-run")
     assert rc == 0
-    assert f"trtllm-build --checkpoint_dir {FROM_PLACEHOLDER}/target --build_config {tmp_path.resolve()}/b/target/" \
-           "build_config.json" in stdout
+    assert f"commands run in {tmp_path / 'b'} (their paths are relative to it)" in stdout
+    assert f"trtllm-build --checkpoint_dir {FROM_PLACEHOLDER}/target --build_config target/build_config.json " \
+           "--model_cls_file trtllm_models.py" in stdout
     assert "--model_cls_name DFlashQwen3Target" in stdout and "--model_cls_name DFlashDrafter" in stdout
     assert stdout.strip().endswith("(plan only (dry run): plan.json, target/ and drafter/build_config.json)")
 
@@ -403,11 +407,12 @@ def test_run_takes_the_cpu_engine_recipe_through_convert_build_and_deploy(tmp_pa
     assert [(s.stage, s.status) for s in stages] == [("convert", "ran"), ("build", "ran"), ("deploy", "ran")]
     assert any(line.startswith("build: TensorRT-LLM is not installed here: writing the dry-run plan") for line in said)
     built = verify_input(tmp_path / "build", ("build",), recipe)
-    assert built.extra["dry_run"] is True and built.input["path"] == str((tmp_path / "convert").resolve())
+    assert built.extra["dry_run"] is True and built.input["path"] == "../convert"
+    assert built.input_dir(tmp_path / "build") == (tmp_path / "convert").resolve()
     deployed = Manifest.read(tmp_path / "deploy")
-    assert deployed.input["stage"] == "build" and deployed.extra["artifact"] == str((tmp_path / "build").resolve())
+    assert deployed.input["stage"] == "build" and deployed.extra["artifact"] == "../build"  # relative to deploy/
     config = (tmp_path / "deploy/model_repository/dflash/config.pbtxt").read_text()
-    assert str((tmp_path / "build").resolve()) in config
+    assert 'string_value: "../build"' in config and str(tmp_path) not in config
     # Make-like: everything is current the second time.
     again = run(recipe, tmp_path, until="deploy", progress=False, say=said.append)
     assert [s.status for s in again] == ["skipped"] * 3

@@ -94,7 +94,7 @@ def test_tap_weights_come_from_the_drafter_beside_the_target(tmp_path):
 
 
 def test_the_tap_of_a_whole_drafter_is_each_target_rank_s_columns(tmp_path, tiny_pair):
-    """At tp 2 the engine backend keeps the tiny drafter whole (placement rank0: one rank file,
+    """At tp 2 the engine backend keeps the tiny bf16 drafter whole (placement rank0: one rank file,
     mapping tp 1) where the reference backend splits it; either way target rank r's tap is
     the same fc columns and hidden_norm, bit for bit."""
     from checkpoints import write_recipe
@@ -102,7 +102,8 @@ def test_the_tap_of_a_whole_drafter_is_each_target_rank_s_columns(tmp_path, tiny
     from trtllm_dflash.convert.convert import convert
 
     def converted(backend):
-        recipe = load_recipe(write_recipe(tmp_path / f"{backend}.yaml", *tiny_pair, tp=2, backend=backend))
+        recipe = load_recipe(write_recipe(tmp_path / f"{backend}.yaml", *tiny_pair, tp=2, backend=backend,
+                                          drafter_fmt="bf16"))
         return convert(recipe, tmp_path / backend, progress=False)
 
     whole, split = converted("engine"), converted("reference")

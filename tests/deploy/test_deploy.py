@@ -79,8 +79,9 @@ def test_repository_layout_and_manifest(tmp_path):
         *(f"model_repository/{m}/{f}" for m in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")
           for f in ("config.pbtxt", "1/model.py")),
     }
-    assert m.input == {"stage": "convert", "path": str(src.resolve()), "manifest_sha256": manifest_sha256(src)}
-    assert m.extra["artifact"] == str(src.resolve())
+    # The artifact by its path relative to the deploy output: the pair moves as a whole.
+    assert m.input == {"stage": "convert", "path": "../convert", "manifest_sha256": manifest_sha256(src)}
+    assert m.extra["artifact"] == "../convert" and m.input_dir(out) == src.resolve()
     # The deployed recipe is a valid recipe in its own right (it is what the server loads).
     deployed = out / "model_repository/dflash/1/recipe.yaml"
     assert load_recipe(deployed).sha256() == recipe.sha256()

@@ -38,18 +38,33 @@ def test_llama_fp8_h100_plan_by_hand():
     assert row(p, "target weights") == linear * 1 + 2 * 128256 * 4096 * 2
     # KV per sequence: 32 layers x (4096 + block 10) tokens x K,V x 8 heads x 128 x 1 byte.
     assert row(p, "target KV cache") == 32 * 4106 * 2 * 8 * 128 * 1
-    # Engine backend keeps the drafter context in FP8 when the KV cache is FP8.
-    assert row(p, "drafter context cache") == 5 * 4106 * 2 * 8 * 128 * 1
-    assert row(p, "verify logits") == 10 * 128256 * 4
-    # Start-up memory (weights, activations, reserve, logits at the batch), then the KV pool takes
-    # 0.8 of what is free and the drafter arena comes out of the other 0.2 (planner docstring).
-    kv, ctx, lg = 32 * 4106 * 2 * 8 * 128, 5 * 4106 * 2 * 8 * 128, 10 * 128256 * 4
+    # The engine backend keeps the drafter context in FP8 when the KV cache is FP8; its arena holds
+    # the engine's max_seq_len rows: 4096 + max_draft_len 9.
+    assert row(p, "drafter context cache") == 5 * 4105 * 2 * 8 * 128 * 1
+    # The engines' tensors (recipe/engine_memory.py): the Executor's logits [64, V] fp32 and its
+    # buffers of dflash_ctx [H], dflash_tail [10, H] (bf16) and dflash_argmax [10] for 8192 tokens;
+    # the bf16 tail logits of 64 x 10 rows; dflash_logits' fp32 rows per sequence.
+    V = 128256
+    assert row(p, "target output buffers") == 64 * V * 4 + 8192 * (4096 * 2 + 10 * 4096 * 2 + 10 * 4)
+    assert row(p, "verify logits") == 64 * 10 * V * 2
+    assert row(p, "verify logits output") == 10 * V * 4
+    # Drafter engine at its profile's largest shapes: 64 sequences x 2048 new context rows, block 10;
+    # K/V widths 8 x 128, q 32 x 128, ffn 12288; 9 mask slots' logits.
+    assert row(p, "drafter engine activations") == (64 * 2048 * 4 * 1024 + 64 * 10 * (2 * 4096 + 4096 + 2 * 1024
+                                                     + 3 * 12288) + 64 * 9 * V) * 2
+    io = (2 * 10 + 2048 + 2 + 9) * 4 + 2048 * 4096 * 2 + 9 * V * 2
+    assert row(p, "drafter engine I/O") == io
+    # Start-up memory (weights, activations, reserve, the engines' fixed tensors), then the KV pool
+    # takes 0.8 of what is free and the drafter's arena and I/O come out of the other 0.2.
+    kv, after = 32 * 4106 * 2 * 8 * 128, 5 * 4105 * 2 * 8 * 128 + io + 10 * V * 4
     fixed = p.fixed_bytes
     assert p.capacity_bytes == 80e9
-    assert p.need_bytes == pytest.approx(fixed + 64 * lg + max(64 * kv / 0.8, 64 * ctx / 0.2), rel=1e-12)
-    # Every term is linear in the batch, so the largest batch has a closed form (the planner bisects).
-    assert p.max_concurrency == math.floor((80e9 - fixed) / (lg + max(kv / 0.8, ctx / 0.2)))
+    assert p.need_bytes == pytest.approx(fixed + max(64 * kv / 0.8, 64 * after / 0.2), rel=1e-12)
     assert p.fits and p.total_bytes == pytest.approx(fixed + 64 * p.per_sequence_bytes, rel=1e-12)
+    # The fixed part grows with the batch the engines are built for; every term is linear in it, so
+    # the largest batch has a closed form (the planner bisects).
+    grow = (fixed - plan(load_recipe(LLAMA_H100, ["build.max_batch_size=1"], check_rules=False)).fixed_bytes) / 63
+    assert p.max_concurrency == math.floor((80e9 - (fixed - 64 * grow)) / (grow + max(kv / 0.8, after / 0.2)))
     # Batch-1 bandwidth floor: 8.03 GB read per step at 3.35 TB/s = 2.40 ms (perf-anchors 4.2).
     assert p.bandwidth_floor_ms == pytest.approx(2.40, abs=0.01)
 
@@ -113,7 +128,7 @@ def test_drafter_placement_rule_by_hand():
     """Qwen3-8B FP8, H100, 64 sequences of 4096 + 16 tokens. Whole drafter: bf16 weights with
     their embedding / LM-head copies + an FP8 context cache of 5 layers x 8 KV heads. A rank's
     target share: FP8 linears + bf16 embedding / head over tp, + the FP8 KV cache of its heads."""
-    whole = (5 * QWEN_LAYER + 5 * 4096**2) * 2 + COPIES + 64 * 5 * 4112 * 2 * 8 * 128 * 1
+    whole = (5 * QWEN_LAYER + 5 * 4096**2) * 2 + COPIES + 64 * 5 * 4111 * 2 * 8 * 128 * 1  # arena: 4096 + 15 rows
 
     def share(tp):
         return (36 * QWEN_LAYER * 1 + COPIES) / tp + 64 * 36 * 4112 * 2 * (8 // tp) * 128 * 1
@@ -132,10 +147,15 @@ def test_drafter_placement_rule_by_hand():
 
 
 def test_a_drafter_that_does_not_fit_beside_rank_0_is_split():
-    """330 sequences fit only when the drafter is split (rank 0 with the whole drafter: 321)."""
-    p = drafter_placement(_qwen(2, "build.max_batch_size=330"))
+    """Past the largest batch rank 0 holds with the whole drafter, the drafter is split, and the
+    split plan fits up to its own largest batch."""
+    whole = plan(_qwen(2, "build.max_batch_size=2"), dtp=1).max_concurrency
+    split = plan(_qwen(2, "build.max_batch_size=2"), dtp=2).max_concurrency
+    assert whole < split
+    p = drafter_placement(_qwen(2, f"build.max_batch_size={whole + 1}"))
     assert not p.rank0_fits and p.mode == "split" and "cannot hold the whole drafter" in p.why
-    assert plan(_qwen(2, "build.max_batch_size=330")).fits
+    assert plan(_qwen(2, f"build.max_batch_size={split}")).fits
+    assert drafter_placement(_qwen(2, f"build.max_batch_size={whole}")).rank0_fits
 
 
 def test_only_the_engine_backend_places_its_drafter():

@@ -78,12 +78,13 @@ def test_each_rank_holds_only_its_shard(tmp_path, tiny_pair):
 
 
 def test_a_drafter_kept_whole_is_whole_on_every_rank(tmp_path, tiny_pair):
-    """The engine backend keeps the tiny drafter whole at tp 2 (placement rank0); the reference
-    runners then load all of it on each rank (no drafter collectives) beside the target's shard."""
+    """The engine backend keeps the tiny drafter whole at tp 2 (placement rank0: in bf16, weights and
+    arena, it is no larger than a rank's share of the fp32 target); the reference runners then load
+    all of it on each rank (no drafter collectives) beside the target's shard."""
     import json
 
-    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=2, backend="engine")), tmp_path / "ckpt",
-                  progress=False)
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=2, backend="engine", drafter_fmt="bf16"))
+    out = convert(recipe, tmp_path / "ckpt", progress=False)
     info = read_checkpoint(out)
     assert info.drafter_tp == 1 and info.drafter_whole
     target, drafter = load_rank(info, Comm(rank=1, world=2))

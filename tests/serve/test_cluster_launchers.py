@@ -101,7 +101,7 @@ def test_sbatch_one_node_x_8_runs_every_rank_under_trtllm_llmapi_launch(capsys, 
     assert "--mpi=pmix" in srun and "--gpu-bind=none" in srun
     manifest = Manifest.read(deployed["one-node"])
     mounts = flag(srun, "--container-mounts").split(",")
-    for p in (deployed["one-node"].resolve(), Path(manifest.extra["artifact"])):
+    for p in (deployed["one-node"].resolve(), manifest.input_dir(deployed["one-node"])):
         assert f"{p}:{p}:ro" in mounts
     assert flag(srun, "--container-workdir") == str(deployed["one-node"].resolve())
     cmd = rank(srun)
@@ -296,11 +296,6 @@ def test_run_submits_only_where_the_schedulers_tool_is(capsys, deployed):
     rc, out, err = serve(capsys, "one-gpu", deployed, "--launcher", "srun", "--api", "openai", "--registry", REGISTRY,
                          "--run")
     assert rc == 2 and out.startswith("wrote ") and "sbatch: not found on PATH; run `sbatch " in err
-
-
-def test_engine_on_kubernetes_needs_an_image_with_trtllm_dflash(capsys, deployed):
-    rc, _, err = serve(capsys, "engine", deployed, "--launcher", "k8s", "--registry", REGISTRY)
-    assert rc == 2 and "--image: the engine backend's Triton model imports trtllm_dflash" in err
 
 
 def test_a_world_no_node_layout_expresses_is_refused(tmp_path):

@@ -2,8 +2,10 @@
 and `--runners emulated` run the very model file the GPU deployment runs (serve/triton_model.py),
 over the checkpoint the (dry-run) engines were built from. The reference model's streaming,
 bad-input, cancel and concurrency tests (tests/serve/test_server.py) run unchanged against
-them, greedy text equal to the reference backend's `generate`."""
+them, greedy text equal to the reference backend's `generate`. The run directory is moved
+before it is served: its outputs name each other by relative paths (tests/deploy/test_moved_run.py)."""
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +39,8 @@ def served(request, tmp_path_factory):
     make_pair(root)
     ports = free_ports(3)
     recipe = load_recipe(write_recipe(root, ports), ["backend=engine"])
-    out = deployed(recipe, root / "pipeline")  # convert, build (dry run: no TensorRT-LLM here), deploy
+    deployed(recipe, root / "pipeline")  # convert, build (dry run: no TensorRT-LLM here), deploy
+    out = Path(shutil.move(root / "pipeline", root / "moved" / "pipeline")) / "deploy"
     work = tempfile.TemporaryDirectory()
     repository = with_runners(out / REPOSITORY, recipe.serve.model_name, request.param, Path(work.name))
     server = TritonServer(repository, Endpoints("127.0.0.1", *ports)).start()
@@ -49,7 +52,7 @@ def served(request, tmp_path_factory):
 @pytest.mark.slow  # the streaming test above already compares with the reference's `generate`
 def test_served_text_equals_generate(served):
     recipe, server = served
-    ckpt = Path(recipe.file).parent / "pipeline" / "convert"
+    ckpt = Path(recipe.file).parent / "moved" / "pipeline" / "convert"
     proc = subprocess.run([sys.executable, "-m", "trtllm_dflash", "generate", "--checkpoint", str(ckpt), "--prompt",
                            "def area(r):\n    return", "--max-new-tokens", "24"], capture_output=True, text=True,
                           timeout=120)

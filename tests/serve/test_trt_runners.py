@@ -31,7 +31,7 @@ def test_executor_config_binds_the_dflash_outputs_and_runs_tp_in_leader_mode():
     cfg = trt_runners.executor_config(1, bindings=b)
     assert cfg.kv_cache_config.enable_block_reuse and not cfg.enable_chunked_context and cfg.max_beam_width == 1
     assert [(o.name, o.gather_context) for o in cfg.additional_model_outputs] == [
-        ("dflash_ctx", True), ("dflash_tail", False), ("dflash_logits", False), ("dflash_argmax", False)]
+        ("dflash_ctx", True), ("dflash_tail", False), ("dflash_argmax", False)]  # not dflash_logits: engine_memory.py
     assert cfg.parallel_config is None
     for tp in (2, 4):  # one process per rank under mpirun: every rank a participant, rank r on GPU r
         p = trt_runners.executor_config(tp, bindings=b).parallel_config
@@ -117,6 +117,15 @@ def test_bindings_stand_in_clamps_max_tokens_and_refuses_long_prompts(pair):
     assert not resp.has_error() and ex.ex.requests[-1].max_tokens == 12 - 8  # clamped, as LlmRequest::validate does
     (resp,) = ex.await_responses(ex.enqueue_request(Request(list(range(1, 12)), 1, tail)))
     assert resp.error_msg == "Prompt length (11) exceeds maximum input length (10)."  # min(max_seq_len - 1, max_num_tokens)
+
+
+def test_a_sampling_request_is_refused_in_one_line(pair):
+    """dflash_logits is not registered with the Executor (recipe/engine_memory.py: it would be
+    pre-allocated at max_num_tokens x block x vocab fp32): a request for it is refused by name."""
+    _, ex = _tap_executor(*pair)
+    logits = OutputConfig([AdditionalModelOutput("dflash_tail", False), AdditionalModelOutput("dflash_logits", False)])
+    with pytest.raises(RuntimeError, match=r"^dflash_logits: not registered with the Executor.*greedily on GPU"):
+        ex.enqueue_request(Request([1, 2, 3], 1, logits))
 
 
 def test_engine_kv_reuse_reads_the_plan_and_the_engine(tmp_path):

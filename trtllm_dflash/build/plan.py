@@ -25,10 +25,18 @@ checkpoint says the same. The attention flags in build_config.json are the ones 
 resolve them to (recipe/engine_layout.py target_attention), so the file says what the engine
 gets; the plan says whether the Executor can then reuse KV blocks (`kv_block_reuse`).
 
+Paths: every path in the plan, its commands and build_config.json is relative to the build
+output directory, and the commands run there (`cd BUILD_DIR`), so a run directory moved as a
+whole still holds a plan that builds: the checkpoints as `../convert/target` (the --from
+directory relative to the output), `--model_cls_file trtllm_models.py` (the stage copies the
+installed build/trtllm_models.py beside plan.json: the classes the engines were built with),
+`--output_dir target/engines`. TensorRT-LLM opens each of them relative to its working
+directory (commands/build.py: SourceFileLoader, BuildConfig.from_json_file, os.makedirs).
+
 The TensorRT timing cache: build() writes it to `output_timing_cache`, whose default
 ('model.cache') is relative, i.e. trtllm-build's working directory; with `--build_config` the
 command-line flags are not read (commands/build.py main), so build_config.json names a file in
-the engine's own stage directory (TIMING_CACHE).
+the engine's own directory, relative like the rest (`target/timing.cache`).
 
 Tensor parallelism: one target engine per rank from the per-rank checkpoints
 (`rank{r}.safetensors`) convert writes; `trtllm-build --workers N` or `mpirun -n N
@@ -46,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from trtllm_dflash.build import engine_io
 from trtllm_dflash.build.upstream import (
     BUILD_CONFIG_FIELDS,
     CONTAINER,
@@ -54,6 +63,7 @@ from trtllm_dflash.build.upstream import (
     SPECULATIVE_DECODING_MODE,
     TRTLLM_BUILD,
 )
+from trtllm_dflash.artifacts import relative_to
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.engine_layout import (
@@ -140,6 +150,7 @@ class EnginePlan:
     outputs: list[Tensor]
     command: list[str]
     mpi_command: list[str] | None
+    dim_ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # the profile's (min, opt, max)
 
 
 @dataclass
@@ -239,15 +250,15 @@ def _plugin_config(recipe: Recipe, role: Role) -> dict:
     }
 
 
-def build_config(recipe: Recipe, role: Role, out: Path) -> dict:
-    """The build_config.json of one engine whose stage output is `out`: TensorRT-LLM 1.2.x
-    BuildConfig fields only, in upstream's declaration order."""
-    cfg = _build_config(recipe, role, Path(out))
+def build_config(recipe: Recipe, role: Role) -> dict:
+    """The build_config.json of one engine: TensorRT-LLM 1.2.x BuildConfig fields only, in
+    upstream's declaration order."""
+    cfg = _build_config(recipe, role)
     cfg["plugin_config"] = {k: cfg["plugin_config"][k] for k in PLUGIN_CONFIG_FIELDS if k in cfg["plugin_config"]}
     return {k: cfg[k] for k in BUILD_CONFIG_FIELDS if k in cfg}
 
 
-def _build_config(recipe: Recipe, role: Role, out: Path) -> dict:
+def _build_config(recipe: Recipe, role: Role) -> dict:
     b = recipe.build
     common = {
         "max_batch_size": b.max_batch_size,
@@ -261,7 +272,7 @@ def _build_config(recipe: Recipe, role: Role, out: Path) -> dict:
         "gather_generation_logits": False,
         "strongly_typed": True,
         "input_timing_cache": None,  # a fresh cache: create_builder_config only warns about a missing file
-        "output_timing_cache": str(out.resolve() / role / TIMING_CACHE),
+        "output_timing_cache": f"{role}/{TIMING_CACHE}",  # relative to the build directory, trtllm-build's cwd
     }
     if role == "target":
         return {
@@ -343,8 +354,9 @@ def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tenso
     tp = drafter_placement(recipe).tp
     act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("drafter")]
     kv = _kv_dtype(recipe, "drafter")
+    ranges = engine_io.drafter_dim_ranges(cfg["max_batch_size"], cfg["max_input_len"], cfg["max_seq_len"], block)
     dims = {
-        "batch": cfg["max_batch_size"], "new_ctx": cfg["max_input_len"], "max_seq_len": cfg["max_seq_len"],
+        **{name: hi for name, (_, _, hi) in ranges.items() if name != "block"},
         "hidden": d.hidden_size, "kv_heads": max(1, d.num_kv_heads // tp), "head_dim": d.head_dim,
         "num_layers": d.num_layers, "block": block, "drafts": block - 1, "vocab": recipe.target_facts.vocab_size,
     }
@@ -434,34 +446,37 @@ def _reuse_note(recipe: Recipe) -> str:
 
 
 def _command(checkpoint: str, config: str, cls: str, output: str, workers: int) -> list[str]:
+    """trtllm-build's command line, run in the build directory (every path relative to it)."""
     return [TRTLLM_BUILD, "--checkpoint_dir", checkpoint, "--build_config", config, "--model_cls_file",
-            str(models_file()), "--model_cls_name", cls, "--output_dir", output, "--workers", str(workers)]
+            MODELS_FILE, "--model_cls_name", cls, "--output_dir", output, "--workers", str(workers)]
 
 
 def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
-    """The whole plan for `recipe`; `from_dir` None (a plan before any weights) puts FROM_DIR in
-    the commands. Raises UserError for a recipe that cannot be built (check_buildable)."""
+    """The whole plan for `recipe` built into `out`, its paths relative to `out`; `from_dir` None
+    (a plan before any weights) puts FROM_DIR in the commands. Raises UserError for a recipe that
+    cannot be built (check_buildable)."""
     check_buildable(recipe)
-    out = Path(out).resolve()
-    src = str(Path(from_dir).resolve()) if from_dir is not None else FROM_PLACEHOLDER
+    src = relative_to(from_dir, out) if from_dir is not None else FROM_PLACEHOLDER
     draft = max_draft_len(recipe)
     block = draft + 1
     placement = drafter_placement(recipe)
     ws = recipe.world_size
     engines = []
     for role in ROLES:
-        cfg = build_config(recipe, role, out)
+        cfg = build_config(recipe, role)
         assert cfg["kv_cache_type"] in KV_CACHE_TYPES
         dims, inputs, outputs = (_target_io if role == "target" else _drafter_io)(recipe, cfg, block)
         cls = TARGET_CLASSES[recipe.target_facts.family] if role == "target" else DRAFTER_CLASS
-        paths = (f"{src}/{role}", str(out / role / "build_config.json"), str(out / role / "engines"))
+        paths = (f"{src}/{role}", f"{role}/build_config.json", f"{role}/engines")
         n = engine_world(recipe, role)
         command = _command(paths[0], paths[1], cls, paths[2], n)
         mpi = ["mpirun", "-n", str(n), "--allow-run-as-root", *_command(paths[0], paths[1], cls, paths[2], 1)] \
             if n > 1 else None
+        ranges = (engine_io.drafter_dim_ranges(cfg["max_batch_size"], cfg["max_input_len"], cfg["max_seq_len"], block)
+                  if role == "drafter" else {})
         engines.append(EnginePlan(role, cls, paths[0], paths[1], paths[2], cfg, _kv_dtype(recipe, role),
                                   _attention(recipe, role), _plugins(recipe, role, cfg), dims, inputs, outputs,
-                                  command, mpi))
+                                  command, mpi, ranges))
     inp = input_stage(recipe, "build")
     launch = {
         "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
@@ -479,6 +494,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
     notes = [
         f"FROM_DIR: the {inp} output of this recipe (trtllm-dflash {inp} RECIPE ... --out FROM_DIR)"
         if from_dir is None else f"checkpoints: the {inp} output {src}",
+        "paths are relative to the build directory (plan.json's own): run the commands there",
         f"the target's KV cache dtype ({_kv_dtype(recipe, 'target')}) comes from the checkpoint's "
         "quantization.kv_cache_quant_algo, not from build_config.json",
         "target max_input_len = max_seq_len - 1: a verify round is a context request of the whole sequence; "
@@ -488,7 +504,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
     return BuildPlan(
         recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version or backend_spec(recipe.backend.name).default_trtllm_version,
         container=CONTAINER, tp=recipe.parallel.tp, pp=recipe.parallel.pp, world_size=ws, max_draft_len=draft,
-        block=block, from_dir=None if from_dir is None else src, models_file=str(models_file()), engines=engines,
+        block=block, from_dir=None if from_dir is None else src, models_file=MODELS_FILE, engines=engines,
         drafter_parallelism=_drafter_parallelism(placement, recipe.parallel.tp),
         launch=launch, kv_block_reuse=kv_block_reuse(recipe), notes=notes,
     )
@@ -509,10 +525,13 @@ def _shape(shape: tuple) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def render(plan: BuildPlan, *, io: bool = True) -> str:
-    """The plan as the CLI prints it: per engine its command, plugins and (io=True) I/O tensors."""
+def render(plan: BuildPlan, *, io: bool = True, where: Path | None = None) -> str:
+    """The plan as the CLI prints it: per engine its command, plugins and (io=True) I/O tensors;
+    `where`: the build directory the commands run in."""
     lines = [f"build plan: {plan.recipe} -> TensorRT-LLM {plan.trtllm_version} engines, world size "
-             f"{plan.world_size} (tp {plan.tp} x pp {plan.pp}), max_draft_len {plan.max_draft_len} (block {plan.block})"]
+             f"{plan.world_size} (tp {plan.tp} x pp {plan.pp}), max_draft_len {plan.max_draft_len} (block {plan.block})",
+             f"commands run in {shlex.quote(str(where)) if where else 'the build directory'} (their paths are relative "
+             "to it)"]
     for e in plan.engines:
         lines.append(f"{e.role}: {e.model_cls}, KV cache {e.kv_cache_dtype}")
         lines.append("  " + shlex.join(e.command))

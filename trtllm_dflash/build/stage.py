@@ -3,7 +3,9 @@
 
 Output (atomic, with a manifest; `extra.dry_run` says whether engines were built):
 
-    OUT/plan.json                    commands, plugins, I/O tensors, launch, parallelism
+    OUT/plan.json                    commands, plugins, I/O tensors, launch, parallelism (paths
+                                     relative to OUT, where the commands run)
+    OUT/trtllm_models.py             the model classes the commands load (a copy of the package's)
     OUT/target/build_config.json     TensorRT-LLM 1.2.x BuildConfig fields (upstream.py)
     OUT/target/engines/              config.json + rank{r}.engine (not with --dry-run)
     OUT/target/timing.cache          TensorRT's timing cache (build_config output_timing_cache)
@@ -36,6 +38,7 @@ from trtllm_dflash.build.plan import (
     CHECKPOINT_ARCHITECTURES,
     ROLES,
     BuildPlan,
+    MODELS_FILE,
     EnginePlan,
     check_buildable,
     make_plan,
@@ -47,9 +50,6 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.planner import drafter_placement
 from trtllm_dflash.recipe.stages import input_stage
-
-
-RUNNING_CONFIG = ".build_config.running.json"  # _run's copy with the temporary directory's paths
 
 
 class NotBuiltHere(UserError):
@@ -148,19 +148,11 @@ def _replaces_dry_run(out: Path, recipe: Recipe) -> bool:
 
 
 def _run(engine: EnginePlan, out: Path, tmp: Path, say: Callable[[str], None]) -> None:
-    """Run one engine's trtllm-build writing under tmp instead of out: its command's paths and its
-    build_config's (the timing cache) point into tmp while it runs, through a copy of
-    build_config.json that is removed afterwards (the stage then renames tmp to out)."""
-    def here(v):
-        return v.replace(str(out.resolve()), str(tmp)) if isinstance(v, str) else v
-
-    running = tmp / engine.role / RUNNING_CONFIG
-    running.write_text(json.dumps({k: here(v) for k, v in engine.build_config.items()}, indent=2) + "\n")
-    cmd = [here(a) for a in engine.command]
-    cmd[cmd.index("--build_config") + 1] = str(running)
-    say("running: " + shlex.join(cmd))
-    rc = subprocess.run(cmd).returncode
-    running.unlink()
+    """Run one engine's trtllm-build in tmp, the build directory until the stage renames it to
+    out: the plan's paths are relative to it, and tmp is out's sibling, so the checkpoint's
+    relative path is the same from either."""
+    say(f"running in {tmp}: " + shlex.join(engine.command))
+    rc = subprocess.run(engine.command, cwd=tmp).returncode
     if rc != 0:
         raise UserError(f"{TRTLLM_BUILD} exited with {rc} (its output is above); nothing was written to {out}")
 
@@ -191,6 +183,8 @@ def build(recipe: Recipe, from_dir: Path | None, out: Path, *, dry_run: bool = F
     check_out_dir(out, manifest, overwrite)
     with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
         (tmp / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+        if models_file().is_file():  # the model classes the commands load (--model_cls_file, relative)
+            shutil.copyfile(models_file(), tmp / MODELS_FILE)
         for e in plan.engines:
             (tmp / e.role).mkdir()
             (tmp / e.role / "build_config.json").write_text(json.dumps(e.build_config, indent=2) + "\n")

@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = build(recipe, args.from_dir, args.out, dry_run=args.dry_run, overwrite=args.overwrite)
     except NotBuiltHere as e:
-        print(render(e.plan))  # the plan is written; the error line says where to build it
+        print(render(e.plan, where=args.out))  # the plan is written; the error line says where to build it
         raise
-    print(render(result.plan))
+    print(render(result.plan, where=result.out))
     what = "engines" if result.built else "plan only (dry run): plan.json, target/ and drafter/build_config.json"
     print(f"built {recipe.name}: {result.out} ({what})")
     return 0

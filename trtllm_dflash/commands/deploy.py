@@ -16,6 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "the build output on the engine backend")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier deploy of the same recipe")
+    p.add_argument("--plan-only", action="store_true",
+                   help="engine backend: deploy a dry-run build (no engines); it serves only with --runners reference "
+                   "or emulated until the engines are built and it is deployed again")
     p.set_defaults(run=run)
 
 
@@ -24,6 +27,6 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
-    out = deploy(recipe, args.from_dir, args.out, overwrite=args.overwrite)
+    out = deploy(recipe, args.from_dir, args.out, overwrite=args.overwrite, plan_only=args.plan_only)
     print(f"deployed {recipe.name} ({recipe.backend.name} backend): {out / REPOSITORY / recipe.serve.model_name}")
     return 0

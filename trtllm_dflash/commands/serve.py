@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "ports), which deploy's output does not depend on")
     p.add_argument("--container", metavar="IMAGE", default=None,
                    help="GPU backends: run inside `docker run IMAGE` (NVIDIA's TensorRT-LLM container of the "
-                   "recipe's version)")
+                   "recipe's version) with every directory the deployment opens mounted; engine backend: the "
+                   "command first installs this source checkout into it (pip, offline: --no-index --no-deps)")
     _cluster_arguments(p)
     p.set_defaults(run=run)
 
@@ -68,8 +69,8 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
                    "NAME-lws.yaml)")
     g.add_argument("--image", default=None,
                    help="the container image (default: the backend's NVIDIA image, recipe/containers.py, on "
-                   "--registry); engine backend: an image with trtllm_dflash installed (without it a Slurm job "
-                   "installs this source checkout into NVIDIA's image)")
+                   "--registry); engine backend: an image with trtllm_dflash installed (without it the job "
+                   "installs this source checkout into NVIDIA's image, offline: pip --no-index --no-deps)")
     g.add_argument("--registry", default=os.environ.get("NGC") or None, metavar="HOST",
                    help="the registry of NVIDIA's images (default: $NGC)")
     g.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from trtllm_dflash.artifacts import verify_input
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.repository import REPOSITORY, plan_only_problem
     from trtllm_dflash.deploy.settings import CPU_RUNNERS
     from trtllm_dflash.recipe.support import backend as backend_spec
     from trtllm_dflash.errors import UserError
@@ -179,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
     verify_input(args.from_dir, ("deploy",), recipe)
     repository = (args.from_dir / REPOSITORY).resolve()
     local = not backend_spec(recipe.backend.name).needs_gpu or args.runners in CPU_RUNNERS
+    if not local or args.launcher in CLUSTER:
+        problem = plan_only_problem(recipe, args.from_dir)
+        if problem:
+            raise UserError(problem)
     if args.launcher in CLUSTER:
         if args.runners in CPU_RUNNERS:
             raise UserError(f"--runners {args.runners}: serves on this machine; --launcher {args.launcher} launches "
@@ -187,7 +192,10 @@ def run(args: argparse.Namespace) -> int:
     if not local:
         cmd = _gpu_command(args, recipe, repository, endpoints)
         if args.container:
-            cmd = in_container(cmd, args.container, served_paths(args.from_dir))
+            from trtllm_dflash.serve.cluster import checkout_to_install
+
+            cmd = in_container(cmd, args.container, served_paths(args.from_dir),
+                               source=checkout_to_install(recipe.backend.name))
         print(shlex.join(cmd))
         if not args.execute:
             return 0

@@ -2,8 +2,12 @@
 
 `deploy --from DIR` takes the output of the stage before it (recipe/stages.py): the quantize
 output when the recipe quantizes, else the convert output; the build output on the engine
-backend. The repository serves exactly that artifact: it names its absolute path, and the
-manifest records its manifest checksum (the reference model re-checks both when it loads).
+backend. The repository serves exactly that artifact: it names its path relative to the deploy
+output (a run directory moved as a whole still serves), and the manifest records its manifest
+checksum (the reference model re-checks both when it loads). The pytorch backend's files
+(model.yaml, extra_llm_api_options.yaml, launch.json) name it by absolute path: TensorRT-LLM's
+own model.py and trtllm-serve hand `model:` to LLM(), which resolves it against the server's
+working directory, not the file's.
 
 Layouts (all under OUT/model_repository/, plus OUT/manifest.json):
 
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, verify_input
+from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, relative_to, verify_input
 from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtllm_serve_commands
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
 from trtllm_dflash.deploy.settings import ModelSettings
@@ -94,13 +98,19 @@ def model_inputs(recipe: Recipe) -> list[str]:
     return [t.name for t in (LLMAPI_INPUTS if llmapi else DFLASH_INPUTS)]
 
 
-def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = False) -> Path:
+def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = False, plan_only: bool = False) -> Path:
     """Write the model repository for `recipe`, serving the artifact in `from_dir`, into out_dir
-    (atomically, with a manifest)."""
+    (atomically, with a manifest). A dry-run build (a plan, no engines) is refused unless
+    `plan_only`: such a deployment serves only with the CPU runners (serve refuses the GPU ones)."""
     backend, spec = recipe.backend.name, backend_spec(recipe.backend.name)
     from_dir = Path(from_dir)
     want = input_stage(recipe, "deploy")
     m = verify_input(from_dir, (want,), recipe)
+    dry_run = spec.builds_engines and bool(m.extra.get("dry_run"))
+    if dry_run and not plan_only:
+        raise UserError(f"--from {from_dir}: a dry-run build (plan.json, no engines); build the engines inside "
+                        f"{spec.container}: {build_command(recipe, m, from_dir)}; or deploy the plan alone with "
+                        "--plan-only (served only by --runners reference or emulated)")
     layout = None if spec.builds_engines else spec.layout  # a checkpoint's layout (its manifest records it)
     if layout is not None and m.extra.get("layout") != layout:
         raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {backend} backend "
@@ -111,8 +121,9 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
         raise UserError(f"serve.model_name: {name!r} is the name of a model deploy writes beside it "
                         f"({', '.join(DIALECT_MODELS)}); choose another name")
     manifest = Manifest.for_stage("deploy", recipe, from_dir, extra={"backend": backend, "model_name": name,
-                                                                      "artifact": str(artifact),
-                                                                      "inputs": model_inputs(recipe)})
+                                                                      "artifact": relative_to(artifact, out_dir),
+                                                                      "inputs": model_inputs(recipe),
+                                                                      "plan_only": dry_run})
     with atomic_stage_dir(out_dir, manifest, overwrite=overwrite) as tmp:
         model_dir = tmp / REPOSITORY / name
         version = model_dir / "1"
@@ -130,17 +141,44 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             commands = trtllm_serve_commands(recipe, artifact, Path(out_dir).resolve() / TRTLLM_SERVE / OPTIONS)
             (serve_dir / LAUNCH).write_text(json.dumps(commands, indent=2) + "\n")
         else:
-            # the checkpoint served; for engines, the one they were built from when known (CPU runners serve it)
-            source = (m.input or {}) if spec.builds_engines else {"path": str(artifact),
-                                                                  "manifest_sha256": manifest_sha256(artifact)}
-            settings = ModelSettings(runners=spec.default_runners, checkpoint=source.get("path"),
-                                     checkpoint_manifest_sha256=source.get("manifest_sha256"),
-                                     engine_dir=str(artifact) if spec.builds_engines else None)
+            settings = _settings(spec, m, from_dir, artifact, Path(out_dir))
             (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, settings.to_params()), header))
             (version / "model.py").write_text(MODEL_PY)
             (version / "recipe.yaml").write_text(yaml.safe_dump(deployed_recipe(recipe), sort_keys=False))
             _write_dialect_models(tmp / REPOSITORY, recipe, header)
     return out_dir
+
+
+def _settings(spec, m: Manifest, from_dir: Path, artifact: Path, out_dir: Path) -> ModelSettings:
+    """The dflash model's settings: the checkpoint served (for engines, the one they were built
+    from, when known: the CPU runners serve it) and the engines, by paths relative to the deploy
+    output (deploy/settings.py)."""
+    if spec.builds_engines:
+        checkpoint = m.input_dir(from_dir) if m.input else None
+        sha = m.input["manifest_sha256"] if m.input else None
+    else:
+        checkpoint, sha = artifact, manifest_sha256(artifact)
+    return ModelSettings(runners=spec.default_runners, checkpoint_manifest_sha256=sha,
+                         checkpoint=relative_to(checkpoint, out_dir) if checkpoint else None,
+                         engine_dir=relative_to(artifact, out_dir) if spec.builds_engines else None)
+
+
+def build_command(recipe: Recipe, build: Manifest, build_dir: Path) -> str:
+    """The command that builds a dry-run build's engines in place, from the checkpoint it planned."""
+    src = build.input_dir(build_dir) if build.input else "CHECKPOINT_DIR"
+    return f"trtllm-dflash build {recipe.file or 'RECIPE'} --from {src} --out {build_dir} --overwrite"
+
+
+def plan_only_problem(recipe: Recipe, deploy_dir: Path) -> str | None:
+    """Why the deployment in `deploy_dir` cannot serve with TensorRT engines (a --plan-only
+    deployment of a dry-run build: one line saying what to build where), or None."""
+    m = Manifest.read(deploy_dir)
+    if not m.extra.get("plan_only"):
+        return None
+    build_dir = m.input_dir(deploy_dir)
+    return (f"{deploy_dir}: a plan-only deployment ({build_dir} is a dry-run build: no engines); inside "
+            f"{backend_spec(recipe.backend.name).container}, run {build_command(recipe, Manifest.read(build_dir), build_dir)}"
+            f" and deploy again without --plan-only (or serve it here with --runners reference or emulated)")
 
 
 def _write_dialect_models(repository: Path, recipe: Recipe, header: str) -> None:

@@ -10,12 +10,16 @@ a server needs: block size, draft lengths, batch limits, tensor parallelism.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 
 RUNNERS = ("reference", "emulated", "tensorrt")
+# Settings that name directories: relative to the deploy output (the directory holding
+# model_repository/ and manifest.json), resolved by `resolved` where the deployment is opened.
+PATHS = ("checkpoint", "engine_dir")
 CPU_RUNNERS = RUNNERS[:2]  # those that decode on this machine (our torch modules; the engine stand-ins)
 
 
@@ -37,6 +41,11 @@ class ModelSettings:
             raise UserError(f"kv_cache_free_gpu_mem_fraction: {self.kv_cache_free_gpu_mem_fraction}, expected 0 < f <= 1")
         if self.torch_threads < 0:
             raise UserError(f"torch_threads: {self.torch_threads}, expected >= 0 (0: the deployment's default)")
+
+    def resolved(self, deploy_dir: Path) -> "ModelSettings":
+        """These settings with their paths made absolute against `deploy_dir` (an absolute path,
+        as older deployments wrote, stays as it is)."""
+        return replace(self, **{k: str((Path(deploy_dir) / v).resolve()) for k in PATHS if (v := getattr(self, k))})
 
     def to_params(self) -> dict[str, str]:
         """config.pbtxt parameters, as strings: every setting that is set (operators edit them there,

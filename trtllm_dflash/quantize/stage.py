@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trtllm_dflash import compat
 from trtllm_dflash.artifacts import (
-    MANIFEST, Manifest, atomic_stage_dir, check_out_dir, replace_dir, tool_versions, verify_input,
+    MANIFEST, Manifest, atomic_stage_dir, check_out_dir, relative_to, replace_dir, tool_versions, verify_input,
 )
 from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, plan_trtllm, recorded_sources
 from trtllm_dflash.errors import UserError
@@ -129,6 +129,8 @@ def _guarded(recipe: Recipe, from_dir: Path, out: Path, overwrite: bool, measure
             raise UserError(result.message())
         manifest = Manifest.read(staged)
         manifest.extra["acceptance_guard"] = result.to_json()
+        if manifest.input is not None:  # relative to the staging directory, which is not out's sibling
+            manifest.input["path"] = relative_to(manifest.input_dir(staged), out)
         (staged / MANIFEST).write_text(manifest.to_json())
         check_out_dir(out, manifest, overwrite)
         replace_dir(staged, out)

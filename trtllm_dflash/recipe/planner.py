@@ -12,13 +12,16 @@ Per rank (how tp splits each dimension, and the vocabulary rows a rank holds: re
     activations     = max_num_tokens * (n_captured * hidden * 2       # captured target features, bf16
                                         + (4 * hidden + 2 * ffn / tp) * 2)  # transient GEMM outputs, bf16
     runtime reserve = 2 GiB per GPU (CUDA context, cuBLAS / NCCL workspaces); 1 GiB on cpu
-    verify logits   = block_size * vocab rows * 4 per sequence (fp32)
+    verify logits   = block_size * vocab rows * 4 per sequence (fp32); the engine backend counts its
+                      engines' tensors instead (target output buffers, verify logits and their
+                      output, drafter engine activations and I/O, verify recompute:
+                      recipe/engine_memory.py, checked against plan.json's tensors)
     target KV / seq = sum over layers of tokens(layer) * 2 * kv_heads_per_rank * head_dim * bytes(kv_cache)
                       tokens = max_seq_len + block_size (the verify block is written before the trim),
                       capped at sliding_window + block_size on sliding-window layers
     draft ctx / seq = drafter layers * (max_seq_len + block_size) * 2 * kv_heads_per_rank(dtp) * head_dim
                       * bytes(context cache); the pytorch backend keeps it in BF16 and allocates one
-                      extra (dummy) slot
+                      extra (dummy) slot; the drafter engine's arena holds max_seq_len + max_draft_len
 
 Where each lives, in the order TensorRT-LLM allocates at start-up (both GPU backends): weights,
 activations, runtime buffers and the verify logits first ("start-up", S); then the KV cache
@@ -38,7 +41,8 @@ the Executor carves its pool; the arenas are made per decoder afterwards). With 
 
 The reference backend has no pool (torch allocates on demand): need = S + KV + arena. The runtime
 reserve is the allocator's slack there. max_concurrency = the largest max_batch_size whose need
-fits M; `smallest_tp` = the least tp that splits both models (sharding.py) and fits.
+fits M (with the engine backend's start-up rows recomputed for engines built for that batch);
+`smallest_tp` = the least tp that splits both models (sharding.py) and fits.
 
 dtp is the number of ranks the drafter is split over (`drafter_placement`, the one rule): tp
 when it is split like the target, 1 when rank 0 holds the whole drafter. The plan then describes
@@ -53,6 +57,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
+from trtllm_dflash.recipe import engine_memory as em
+from trtllm_dflash.recipe.engine_layout import max_draft_len, target_seq_len
 from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GiB, GpuSpec, hardware_catalog
 from trtllm_dflash.recipe.models import ArchFacts
 from trtllm_dflash.recipe.support import backend as backend_spec
@@ -165,8 +171,8 @@ def context_cache_format(recipe: Recipe) -> str:
     kv, rule = recipe.quantization.kv_cache, backend_spec(recipe.backend.name).context_cache
     if rule == "bf16":
         return "bf16"  # TensorRT-LLM's DFlash keeps it in the drafter fc dtype (BF16)
-    if rule == "fp8-or-bf16":
-        return "fp8" if kv in ("fp8", "nvfp4") else "bf16"  # our kernel reads BF16/FP16 or FP8
+    if rule == "fp8-or-checkpoint":  # the drafter engine's arena (build/plan.py _kv_dtype): FP8 or the model dtype
+        return "fp8" if kv == "fp8" else recipe.quantization.checkpoint_dtype("drafter")
     return kv
 
 
@@ -205,13 +211,15 @@ def _weight_rows(recipe: Recipe, tp: int, dtp: int) -> list[PlanRow]:
 def _rows(recipe: Recipe, tp: int, gpu: GpuSpec, dtp: int) -> list[PlanRow]:
     t, d, b = recipe.target_facts, recipe.drafter_facts, recipe.build
     q, block, backend = recipe.quantization, recipe.speculative.block_size, recipe.backend.name
+    engines = backend_spec(backend).builds_engines
     ffn = t.intermediate_size if not t.is_moe else t.experts_per_token * t.moe_intermediate_size
     n_feat = len(d.target_layer_ids or [])
     ctx_fmt = context_cache_format(recipe)
     act = b.max_num_tokens * (n_feat * t.hidden_size + 4 * t.hidden_size + 2 * ffn / tp) * HIGH_PRECISION
     reserve = CPU_RUNTIME_RESERVE if gpu.is_cpu else GPU_RUNTIME_RESERVE
     kv = target_kv_bytes_per_seq(t, tp, b.max_seq_len, block, BYTES_PER_ELEMENT[q.kv_cache])
-    ctx = drafter_ctx_bytes_per_seq(d, dtp, b.max_seq_len, block, BYTES_PER_ELEMENT[ctx_fmt])
+    arena_tokens = target_seq_len(recipe) if engines else b.max_seq_len + block  # the drafter engine's max_seq_len
+    ctx = drafter_ctx_bytes_per_seq(d, dtp, arena_tokens - block, block, BYTES_PER_ELEMENT[ctx_fmt])
     vocab = vocab_rows_per_rank(t.vocab_size, tp)
     tokens = f"{b.max_seq_len}+{block} tokens"
     pool, after = ("KV pool", "after pool") if kv_fraction(backend) else ("on demand", "on demand")
@@ -220,15 +228,39 @@ def _rows(recipe: Recipe, tp: int, gpu: GpuSpec, dtp: int) -> list[PlanRow]:
                 "GEMM outputs)"),
         PlanRow("runtime reserve", reserve, False, "Python + torch" if gpu.is_cpu else
                 "CUDA context, cuBLAS/NCCL workspaces"),
-        PlanRow("verify logits", block * vocab * 4, True, f"{block} x {vocab} vocab rows x fp32"),
+        *(_engine_rows(recipe, tp, dtp) if engines else
+          [PlanRow("verify logits", block * vocab * 4, True, f"{block} x {vocab} vocab rows x fp32")]),
         PlanRow("target KV cache", kv, True, f"{t.num_layers} layers x {tokens} x "
                 f"{kv_heads_per_rank(t.num_kv_heads, tp)} KV heads x {t.head_dim} x {q.kv_cache}", pool),
-        PlanRow("drafter context cache", ctx, True, f"{d.num_layers} layers x {tokens} x "
+        PlanRow("drafter context cache", ctx, True, f"{d.num_layers} layers x {arena_tokens} tokens x "
                 f"{kv_heads_per_rank(d.num_kv_heads, dtp)} KV heads x {d.head_dim} x {ctx_fmt}", after),
     ]
     if backend_spec(backend).drafter_dummy_slot:
         rows.append(PlanRow("drafter dummy slot", ctx, False, "TensorRT-LLM DFlash arena has max_batch_size+1 slots",
                             after))
+    return rows
+
+
+def _engine_rows(recipe: Recipe, tp: int, dtp: int) -> list[PlanRow]:
+    """The engine backend's engine tensors beyond weights and caches (recipe/engine_memory.py)."""
+    b, t, draft = recipe.build, recipe.target_facts, max_draft_len(recipe)
+    n, B, T, C, V = b.max_num_tokens, b.max_batch_size, draft + 1, b.max_input_len, t.vocab_size
+    gather = f" + tp slice and all-gather (tp {tp})" if tp > 1 else ""
+    rows = [
+        PlanRow("target output buffers", em.target_output_buffers(recipe), False,
+                f"Executor: logits {B} x {V} fp32 + {n} tokens x ({', '.join(em.EXECUTOR_OUTPUTS)}) rows"),
+        PlanRow("verify logits", em.verify_logit_activations(recipe, tp), False,
+                f"{B} x {T} tail rows x {V} vocab x bf16 before the fp32 cast{gather}"),
+        PlanRow("verify logits output", em.verify_logits_output_per_seq(recipe), True,
+                f"dflash_logits {T} x {V} x fp32, unregistered: a buffer per step", "after pool"),
+        PlanRow("drafter engine activations", em.drafter_activations(recipe, dtp), False,
+                f"profile max: {B} x ({C} context rows + {T}-token block) per layer + {B} x {T - 1} x {V} logits"),
+        PlanRow("drafter engine I/O", em.drafter_io_per_seq(recipe), True,
+                f"ctx_rows {C} x {recipe.drafter_facts.hidden_size} + draft_logits {T - 1} x {V}", "after pool"),
+    ]
+    if em.recomputes(recipe):
+        rows.append(PlanRow("verify recompute", 0.0, False, "re-prefills every round: activations already sized "
+                            f"for {n} tokens, no per-token verify outputs; costs time, not memory"))
     return rows
 
 
@@ -245,17 +277,25 @@ def _need(rows: list[PlanRow], batch: int, fraction: float | None) -> float:
     return at["start-up"] + max(at["KV pool"] / fraction, at["after pool"] / (1 - fraction))
 
 
-def _max_batch(rows: list[PlanRow], fraction: float | None, capacity: float) -> int:
-    """The largest batch whose need fits `capacity` (need grows with the batch: bisection)."""
-    if _need(rows, 0, fraction) > capacity:
+def _max_batch(rows_at, fraction: float | None, capacity: float) -> int:
+    """The largest batch whose need fits `capacity`, with `rows_at(n)` the rows of engines built for
+    n sequences (the engine backend's start-up rows grow with max_batch_size; need grows with the
+    batch: bisection)."""
+    fits = lambda n: _need(rows_at(n), n, fraction) <= capacity  # noqa: E731
+    if not fits(0):
         return 0
     lo, hi = 0, 1
-    while _need(rows, hi, fraction) <= capacity:
+    while fits(hi):
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _need(rows, mid, fraction) <= capacity else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def _at_batch(recipe: Recipe, n: int) -> Recipe:
+    """`recipe` with build.max_batch_size n (no validation: n may be 0)."""
+    return recipe.model_copy(update={"build": recipe.build.model_copy(update={"max_batch_size": n})})
 
 
 def _bandwidth(recipe: Recipe, tp: int, gpu: GpuSpec) -> tuple[float, float | None]:
@@ -287,7 +327,8 @@ def plan(recipe: Recipe, *, tp: int | None = None, gpu: GpuSpec | None = None, d
         per_sequence_bytes=sum(r.bytes for r in rows if r.per_sequence),
         total_bytes=_need(rows, b.max_batch_size, None), need_bytes=need,
         kv_pool_bytes=None if fraction is None else max(0.0, fraction * (capacity - startup)),
-        max_concurrency=_max_batch(rows, fraction, capacity), fits=need <= capacity,
+        max_concurrency=_max_batch(lambda n: _rows(_at_batch(recipe, n), tp, gpu, dtp), fraction, capacity),
+        fits=need <= capacity,
         weights_read_per_step_bytes=read, bandwidth_floor_ms=floor_ms, drafter_tp=dtp,
     )
 

@@ -40,7 +40,7 @@ class Backend:
     trtllm_why: str  # why those lines
     default_trtllm_version: str | None
     kv_pool: bool  # TensorRT-LLM's KV pool (a fraction of free memory) holds the target's cache
-    context_cache: Literal["recipe", "fp8-or-bf16", "bf16"]  # the drafter's context cache format
+    context_cache: Literal["recipe", "fp8-or-checkpoint", "bf16"]  # the drafter's context cache format
     drafter_head: bool  # the drafter carries its own embedding and LM head copy (the drafter engine)
     drafter_dummy_slot: bool  # TensorRT-LLM's DFlash arena has max_batch_size + 1 slots
     drafter_placement: Literal["rule", "split"]  # tp > 1: our placement rule, or split like the target
@@ -74,7 +74,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             cpu_runners="emulated", emulates_quantization=False,
             container="Triton 25.12 trtllm-python-py3 (TensorRT-LLM 1.2.x)",
             trtllm_lines=("1.2",), trtllm_why="the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last "
-            "release with trtllm-build", default_trtllm_version="1.2.1", kv_pool=True, context_cache="fp8-or-bf16",
+            "release with trtllm-build", default_trtllm_version="1.2.1", kv_pool=True,
+            context_cache="fp8-or-checkpoint",
             drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton",
             image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai"),

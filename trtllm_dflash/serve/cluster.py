@@ -48,7 +48,7 @@ from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.containers import backend_image
 from trtllm_dflash.recipe.placement import Placement, placement
 from trtllm_dflash.recipe.support import backend as backend_spec
-from trtllm_dflash.serve.launch import Endpoints, leader_ranks_command, mpi_world
+from trtllm_dflash.serve.launch import Endpoints, installed_first, leader_ranks_command, mpi_world
 
 LAUNCH_DIR = "launch"  # under the deploy output
 SSH_PORT = 2222  # unprivileged: the worker's sshd needs no root to bind it
@@ -110,9 +110,15 @@ def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, 
     if where.replicas > 1:  # NOT IMPLEMENTED yet: one job per copy, or a job of every copy behind one endpoint
         raise UserError(f"parallel.replicas {where.replicas}: the srun / k8s launchers launch one model copy; "
                         "launching replicas behind one endpoint is not implemented yet (launch one job per copy)")
-    source = source_checkout() if _ours_in_container(recipe.backend.name) else None
+    source = checkout_to_install(recipe.backend.name)
     return Job(recipe.name, dns_label(recipe.name), recipe.backend.name, api, recipe.backend.trtllm_version,
                recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source)
+
+
+def checkout_to_install(backend: str) -> Path | None:
+    """The source checkout a container of `backend` installs (its Triton model imports
+    trtllm_dflash), None when it needs none or this trtllm_dflash is not a checkout."""
+    return source_checkout() if _ours_in_container(backend) else None
 
 
 def _ours_in_container(backend: str) -> bool:
@@ -137,10 +143,16 @@ def rank_command(job: Job, slurm: bool) -> list[str]:
 
 
 def installs_source(job: Job, opts: ClusterOptions) -> bool:
-    """The engine backend's Triton model imports trtllm_dflash, which NVIDIA's image lacks: a Slurm
-    job on NVIDIA's image installs it from this source checkout (shared file system, no network:
-    `pip install --no-deps`, the container's pins satisfy its requirements, docs/compat.md)."""
+    """The engine backend's Triton model imports trtllm_dflash, which NVIDIA's image lacks: a job
+    on NVIDIA's image (no --image) installs it from this source checkout, mounted where it is
+    (the shared file system of a Slurm cluster, the claim of a Kubernetes one), with no network:
+    launch.install_command."""
     return _ours_in_container(job.backend) and not opts.image and job.source is not None
+
+
+def installing(job: Job, opts: ClusterOptions) -> Path | None:
+    """The source checkout the job installs, or None."""
+    return job.source if installs_source(job, opts) else None
 
 
 def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
@@ -148,12 +160,10 @@ def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
     image on --registry."""
     if opts.image:
         return opts.image
-    if _ours_in_container(job.backend) and not (slurm and job.source is not None):
-        where = ("this trtllm_dflash is not a source checkout the job could install" if slurm
-                 else "pods cannot install it from this machine")
+    if _ours_in_container(job.backend) and job.source is None:
         raise UserError("--image: the engine backend's Triton model imports trtllm_dflash, which NVIDIA's image "
-                        f"lacks, and {where}; pass --image, an image built FROM {backend_image(job.backend, 'triton', None)} "
-                        "with trtllm_dflash installed")
+                        "lacks, and this trtllm_dflash is not a source checkout the job could install; pass --image, an "
+                        f"image built FROM {backend_image(job.backend, 'triton', None)} with trtllm_dflash installed")
     name = backend_image(job.backend, job.api, job.trtllm_version)
     if name is None:
         raise UserError(f"--image: no published Triton image carries TensorRT-LLM >= 1.3 (Triton 25.12-26.07 carry "
@@ -203,16 +213,12 @@ def container_mounts(paths: list[Path], source: Path | None) -> str:
 
 def srun_command(job: Job, opts: ClusterOptions) -> list[str]:
     """The job step: every task in the container, the ranks one PMIx world (several ranks)."""
-    source = job.source if installs_source(job, opts) else None
+    source = installing(job, opts)
     cmd = ["srun", f"--container-image={enroot_uri(image_reference(job, opts, slurm=True))}",
            f"--container-mounts={container_mounts(job.paths, source)}", f"--container-workdir={job.paths[0]}"]
     # One task needs no PMI from Slurm (the engine's mpirun makes its own world); several form one.
     cmd += ["--mpi=pmix" if job.where.tasks > 1 else "--mpi=none", "--gpu-bind=none"]
-    rank = rank_command(job, slurm=True)
-    if source is None:
-        return [*cmd, *rank]
-    install = ["python3", "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(source)]
-    return [*cmd, "bash", "-c", f"{shlex.join(install)} && exec {shlex.join(rank)}"]
+    return [*cmd, *installed_first(rank_command(job, slurm=True), source)]
 
 
 def sbatch_script(job: Job, opts: ClusterOptions, path: Path) -> str:
@@ -253,6 +259,11 @@ def mount_root(paths: list[Path]) -> Path:
         raise UserError(f"{listed}: no common parent directory below {root}; one volume mounted at their common parent "
                         "must hold them: deploy (and convert/quantize/build) under one directory")
     return root
+
+
+def _claim_root(job: Job, opts: ClusterOptions) -> Path:
+    source = installing(job, opts)
+    return mount_root([*job.paths, *([source] if source else [])])
 
 
 def _ports(job: Job) -> list[dict]:
@@ -316,11 +327,13 @@ def worker_command() -> list[str]:
 
 def _volumes(job: Job, opts: ClusterOptions) -> tuple[list[dict], list[dict]]:
     """(volumes, mounts): shared memory for NCCL and MPI (a container's default /dev/shm is 64 MB),
-    the claim holding the served directories at their paths, and the ssh keys across nodes."""
-    root = mount_root(job.paths)
-    claim = {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": True}
+    the claim holding the served directories at their paths (and the source checkout the job
+    installs, read-write: pip writes its egg-info), and the ssh keys across nodes."""
+    source, root = installing(job, opts), _claim_root(job, opts)
+    claim = {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": source is None}
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "runs", "persistentVolumeClaim": claim}]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": str(root), "readOnly": True}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
+              {"name": "runs", "mountPath": str(root), "readOnly": source is None}]
     if job.where.nodes > 1:
         volumes.append({"name": "mpi-ssh", "secret": {"secretName": opts.ssh_secret or f"{job.name}-mpi-ssh",
                                                       "defaultMode": 0o400}})
@@ -335,7 +348,7 @@ def pod_template(job: Job, opts: ClusterOptions, leader: bool) -> dict:
     container = {
         "name": "server" if leader else "worker",
         "image": image_reference(job, opts, slurm=False),
-        "command": leader_command(job) if leader else worker_command(),
+        "command": installed_first(leader_command(job), installing(job, opts)) if leader else worker_command(),
         "resources": {"limits": {"nvidia.com/gpu": job.where.gpus_per_node}},
         "volumeMounts": mounts,
     }
@@ -393,7 +406,7 @@ def lws_manifest(job: Job, opts: ClusterOptions, path: Path) -> str:
             f"--api {job.api}).",
             f"{w.nodes} pod(s) x {w.gpus_per_node} GPU(s); needs the LeaderWorkerSet controller "
             "(leaderworkerset.x-k8s.io/v1).",
-            f"The claim {opts.pvc or job.name + '-runs'!r} must hold {mount_root(job.paths)} as it is here"
+            f"The claim {opts.pvc or job.name + '-runs'!r} must hold {_claim_root(job, opts)} as it is here"
             + (" (ReadOnlyMany or ReadWriteMany: every node's pod mounts it)." if w.nodes > 1 else "."),
             f"Apply: kubectl apply -f {shlex.quote(str(path))}"]
     if w.nodes > 1:

@@ -60,7 +60,7 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
     from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
     from trtllm_dflash.serve.trace import from_env
 
-    s = settings
+    s = settings.resolved(deploy_dir_of(version_dir))
     recipe = load_recipe(Path(version_dir) / s.recipe, check_rules=False)
     threads = s.torch_threads or default_torch_threads(recipe)
     if threads:
@@ -76,10 +76,7 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
         raise UserError(f"{checkpoint}: manifest.json changed since deploy; deploy again")
     info = read_checkpoint(checkpoint)
     if runners == "tensorrt":
-        from trtllm_dflash.artifacts import Manifest
-
-        engines = Path(s.engine_dir)
-        check_files(engines, Manifest.read(engines))
+        _check_engines(recipe, Path(s.engine_dir))
     else:
         check_files(checkpoint, info.manifest)
     if info.tokenizer_dir is None:
@@ -106,6 +103,20 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
     )
     return Deployed(recipe, model, tokenizer, engine, Limits(build.max_input_len, build.max_seq_len), mode,
                     checkpoint, info.tp, info.manifest.stage)
+
+
+def _check_engines(recipe, engines: Path) -> None:
+    """The build output the tensorrt runners open: engines built (not a dry run), files unchanged."""
+    from trtllm_dflash.artifacts import Manifest, check_files
+    from trtllm_dflash.deploy.repository import build_command
+    from trtllm_dflash.recipe.support import backend as backend_spec
+
+    built = Manifest.read(engines)
+    if built.extra.get("dry_run"):
+        raise UserError(f"{engines}: a dry-run build (no engines) cannot serve with the tensorrt runners; inside "
+                        f"{backend_spec(recipe.backend.name).container} run {build_command(recipe, built, engines)} "
+                        "and deploy again")
+    check_files(engines, built)
 
 
 def default_torch_threads(recipe) -> int:
@@ -147,8 +158,14 @@ def draft_policy(recipe, model):
     return AutoDraftLength(spec.block_size, cost, tree_budgets=tree_budget_menu(spec.ddtree_budget))
 
 
+def deploy_dir_of(version_dir: Path) -> Path:
+    """The deploy output of a model's version directory (DEPLOY/model_repository/NAME/1): what
+    the settings' paths are relative to."""
+    return Path(version_dir).resolve().parents[2]
+
+
 def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSettings]:
-    """(version directory, settings) of the dflash model in a deploy output."""
+    """(version directory, settings with absolute paths) of the dflash model in a deploy output."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
@@ -163,4 +180,4 @@ def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSett
                                          str(model_dir / "config.pbtxt"))
     if settings.checkpoint is None:
         raise UserError(f"{model_dir / 'config.pbtxt'}: no checkpoint parameter: not a reference-backend deployment")
-    return model_dir / "1", settings
+    return model_dir / "1", settings.resolved(deploy_dir)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -33,6 +34,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from trtllm_dflash import compat
+from trtllm_dflash.deploy.settings import PATHS
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.schema import same_ports
 
@@ -384,22 +386,56 @@ def mpi_world(world_size: int, rank: list[str]) -> list[str]:
 
 
 def served_paths(deploy_dir: Path) -> list[Path]:
-    """What a deployment reads, resolved: the deploy output and the artifact it serves (the
-    repository names the artifact by its absolute path, so a container mounts both where they are)."""
-    from trtllm_dflash.artifacts import Manifest
+    """Every directory a deployment opens, resolved, as its own files name them: the deploy
+    output, the stage output it serves (its manifest's input: the build on the engine backend)
+    and each directory its dflash model's settings name (deploy/settings.py PATHS: the engines and
+    the checkpoint beside them, whose tokenizer and manifest the model opens). Paths inside are
+    relative to each other, so a container mounts each where it is and they still meet."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
 
-    artifact = Manifest.read(deploy_dir).extra.get("artifact")
-    paths = [Path(deploy_dir).resolve()] + ([Path(artifact).resolve()] if artifact else [])
+    from trtllm_dflash.artifacts import Manifest
+    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import ModelSettings
+
+    deploy_dir = Path(deploy_dir).resolve()
+    m = Manifest.read(deploy_dir)
+    paths = [deploy_dir] + ([m.input_dir(deploy_dir)] if m.input else [])
+    config = deploy_dir / REPOSITORY / str(m.extra.get("model_name", "")) / "config.pbtxt"
+    if config.is_file():
+        cfg = text_format.Parse(config.read_text(), mc.ModelConfig())
+        params = {k: v.string_value for k, v in cfg.parameters.items()}
+        settings = ModelSettings.from_params(params, str(config)).resolved(deploy_dir)
+        paths += [Path(v) for k in PATHS if (v := getattr(settings, k))]
     return list(dict.fromkeys(paths))
 
 
-def in_container(cmd: list[str], image: str, paths: list[Path]) -> list[str]:
+def install_command(source: Path) -> list[str]:
+    """Install this trtllm_dflash source checkout into NVIDIA's image, where the engine backend's
+    Triton model imports it. Offline by construction: --no-index (pip reads no package index),
+    --no-deps (the image's torch, transformers and the rest satisfy the requirements without
+    moving its pins: docs/compat.md), --no-build-isolation (the image's setuptools builds it, none
+    is fetched). Editable: pip writes only the checkout's egg-info, so the checkout is mounted
+    read-write."""
+    return ["python3", "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-build-isolation", "-e",
+            str(source)]
+
+
+def installed_first(cmd: list[str], source: Path | None) -> list[str]:
+    """`cmd`, after installing `source` (install_command) when one is given."""
+    if source is None:
+        return cmd
+    return ["bash", "-c", f"{shlex.join(install_command(source))} && exec {shlex.join(cmd)}"]
+
+
+def in_container(cmd: list[str], image: str, paths: list[Path], source: Path | None = None) -> list[str]:
     """`cmd` inside the container `image` (NVIDIA's TensorRT-LLM or Triton + TensorRT-LLM image,
     the user's choice of tag): all GPUs, host IPC (NCCL, MPI shared memory), the host's network
-    (the server binds the address it was given, loopback included) and the paths the command
-    reads mounted at the same place."""
+    (the server binds the address it was given, loopback included), the paths the command reads
+    mounted at the same place and, given a `source` checkout, that checkout installed first
+    (install_command: the engine backend's model imports trtllm_dflash, NVIDIA's image lacks it)."""
     run = ["docker", "run", "--rm", "--gpus", "all", "--ipc", "host", "--network", "host", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864"]
-    for path in dict.fromkeys(str(Path(p).resolve()) for p in paths):
+    for path in dict.fromkeys(str(Path(p).resolve()) for p in [*paths, *([source] if source else [])]):
         run += ["-v", f"{path}:{path}"]
-    return [*run, image, *cmd]
+    return [*run, image, *installed_first(cmd, source)]

@@ -1,8 +1,8 @@
 """`serve --runners R`: serve a deployed repository with other runners than deploy chose.
 
 The deploy output is never edited: the repository is copied (config.pbtxt, model.py and
-recipe.yaml are small; the checkpoint and engines stay where the parameters point) into a
-work directory with the dflash model's `runners` parameter replaced. Triton then loads the
+recipe.yaml are small; the checkpoint and engines stay where the parameters point, by absolute
+path in the copy) into a work directory with the dflash model's `runners` parameter replaced. Triton then loads the
 very same model file (serve/triton_model.py) with, e.g., the reference runners over the
 checkpoint an engine deployment was built from.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtllm_dflash.deploy.settings import RUNNERS
+from trtllm_dflash.deploy.settings import PATHS, RUNNERS
 from trtllm_dflash.errors import UserError
 
 
@@ -47,6 +47,9 @@ def with_parameters(repository: Path, model_name: str, params: dict[str, str], w
     config, cfg = _model_config(repository, model_name)
     out = Path(workdir) / "model_repository"
     shutil.copytree(repository, out)
+    for key in PATHS:  # relative to the deploy output, which the copy is not in
+        if key in cfg.parameters and key not in params:
+            cfg.parameters[key].string_value = str((Path(repository).parent / cfg.parameters[key].string_value).resolve())
     for key, value in params.items():
         cfg.parameters[key].string_value = value
     header = "".join(line + "\n" for line in config.read_text().splitlines() if line.startswith("#"))

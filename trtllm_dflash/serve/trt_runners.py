@@ -24,6 +24,7 @@ import torch
 from trtllm_dflash.build import engine_io
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.engine_layout import kv_reuse_honoured
+from trtllm_dflash.recipe.engine_memory import EXECUTOR_OUTPUTS
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.serve.fake_executor import AdditionalOutput, Response, Result
 
@@ -80,7 +81,9 @@ def executor_config(world_size: int, *, kv_block_reuse: bool = True,
                     device_ids: list[int] | None = None, num_nodes: int = 1, bindings=None):
     """ExecutorConfig(max_beam_width=1, kv_cache_config=KvCacheConfig(enable_block_reuse=kv_block_reuse,
     free_gpu_memory_fraction=...), enable_chunked_context=False, additional_model_outputs=[the
-    DFlash outputs], parallel_config=parallel_config(...)): tensorrt_llm.bindings.executor
+    DFlash outputs of EXECUTOR_OUTPUTS: not dflash_logits, which the Executor would pre-allocate at
+    max_num_tokens x block x vocab fp32, recipe/engine_memory.py], parallel_config=parallel_config(...)):
+    tensorrt_llm.bindings.executor
     (cpp/tensorrt_llm/nanobind/executor/executorConfig.cpp). Chunked context stays off: a chunk
     boundary would split a verify request's tail rows across steps (engine-path.md §8.2).
     `kv_block_reuse`: what the engine can honour (engine_kv_reuse); asking more only earns
@@ -93,7 +96,7 @@ def executor_config(world_size: int, *, kv_block_reuse: bool = True,
                                         free_gpu_memory_fraction=free_gpu_memory_fraction),
         enable_chunked_context=False,
         additional_model_outputs=[b.AdditionalModelOutput(name, gather_context=g)
-                                  for name, g in engine_io.GATHER_CONTEXT.items()],
+                                  for name, g in engine_io.GATHER_CONTEXT.items() if name in EXECUTOR_OUTPUTS],
     )
     parallel = parallel_config(world_size, device_ids=device_ids, num_nodes=num_nodes, bindings=b)
     if parallel is not None:
@@ -123,6 +126,11 @@ class TrtExecutor:
         (cpp/tensorrt_llm/nanobind/executor/request.cpp: everything after max_tokens is keyword-only)."""
         b = self.b
         asked = {o.name: bool(o.gather_context) for o in request.output_config.additional_model_outputs}
+        unbound = [n for n in asked if n not in EXECUTOR_OUTPUTS]
+        if unbound:
+            raise RuntimeError(f"{unbound[0]}: not registered with the Executor, which would pre-allocate it at "
+                               "max_num_tokens x block x vocab fp32 (recipe/engine_memory.py); the engine backend "
+                               "verifies greedily on GPU (temperature 0)")
         outputs = b.OutputConfig(exclude_input_from_output=True, return_perf_metrics=any(asked.values()),
                                  additional_model_outputs=[b.AdditionalModelOutput(n, gather_context=g)
                                                            for n, g in asked.items()])
