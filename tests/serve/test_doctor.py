@@ -2,6 +2,7 @@
 failure class driven by a stand-in of the machine (FakeBox), the files by a real CPU run to deploy."""
 
 import json
+import math
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -117,7 +118,7 @@ def test_gpus_count_type_and_free_memory_against_the_plan():
     busy = [H100_GPU] * 3 + [replace(H100_GPU, free_bytes=int(need) - 1)] + [H100_GPU] * 4
     low = the(check_gpus(r, FakeBox(devices=busy)), "gpus")
     assert low.status == "FAIL" and low.detail.startswith("GPU 3") and f"{need / GiB:.1f} GiB per rank" in low.detail
-    assert the(check_gpus(r, FakeBox(devices=[replace(H100_GPU, free_bytes=int(need))] * 8)), "gpus").status == "ok"
+    assert the(check_gpus(r, FakeBox(devices=[replace(H100_GPU, free_bytes=math.ceil(need))] * 8)), "gpus").status == "ok"
 
 
 def test_plugins_fail_when_the_library_or_ours_do_not_register():
