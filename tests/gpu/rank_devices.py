@@ -16,9 +16,9 @@ SEEN: dict = {}
 class RecordingSession(TrtSession):
     """TrtSession, recording where it put its stream and all-reduce workspace."""
 
-    def _all_reduce_workspace(self, tp, rank):
+    def _all_reduce_workspace(self, tp, rank, peers):
         SEEN["workspace"] = torch.cuda.current_device()  # IpcMemory's cudaMalloc goes to the current device
-        return super()._all_reduce_workspace(tp, rank)
+        return super()._all_reduce_workspace(tp, rank, peers)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import fake_bindings
+import fake_cuda
 import pytest
 from reference_helpers import make_drafter, make_target
 
@@ -207,7 +208,7 @@ class _Session:
 
     opened: list = []
 
-    def __init__(self, engine_dir, device, rank=0):
+    def __init__(self, engine_dir, device, rank=0, peers=()):
         _Session.opened.append((Path(engine_dir).parent.name, device))
 
 
@@ -217,6 +218,7 @@ def test_open_trt_engine_places_the_drafter_on_rank_0_and_makes_the_others_worke
     assert json.loads((tp2_build / "drafter/engines/config.json").read_text())["pretrained_config"]["mapping"]["tp_size"] == 1
     for var in ("SLURM_PROCID", "PMI_RANK", "PMI_ID"):
         monkeypatch.delenv(var, raising=False)
+    cuda = fake_cuda.install(monkeypatch, 8, {}, {})  # open_trt_engine selects the rank's GPU first
     made = []
     b = fake_bindings.module()
     for rank in (1, 0):
@@ -232,6 +234,7 @@ def test_open_trt_engine_places_the_drafter_on_rank_0_and_makes_the_others_worke
         else:  # the whole drafter, on rank 0's GPU (device_ids[0]), opened before the Executor sizes its KV pool
             assert isinstance(model, EngineModel) and _Session.opened == [("drafter", "cuda:3")]
             assert model.device == "cuda:3" and isinstance(model.executor, trt_runners.TrtExecutor)
+        assert cuda.current == [3, 5][rank]
 
 
 class _StopAtOnce:
@@ -256,14 +259,16 @@ def test_open_trt_engine_opens_every_rank_s_drafter_shard_when_split(tp2_build, 
     for var in ("SLURM_PROCID", "PMI_RANK", "PMI_ID"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    fake_cuda.install(monkeypatch, 8, {}, {})
     made, groups = [], []
     b = fake_bindings.module()
     b.Executor = lambda *a, **k: made.append(fake_bindings.Executor(*a, world_rank=1, **k)) or made[-1]
     sessions = []
 
     class Session:
-        def __init__(self, engine_dir, device, rank):
+        def __init__(self, engine_dir, device, rank, peers):
             sessions.append((device, rank))
+            assert peers == (3, 5)  # the split drafter's GPUs: peer access to each before its workspace
 
     worker = trt_runners.open_trt_engine(out, device_ids=[3, 5], bindings=b, session_cls=Session,
                                          rank_group=lambda *a: groups.append(_StopAtOnce(*a)) or groups[-1])

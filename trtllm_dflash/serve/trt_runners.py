@@ -217,7 +217,7 @@ class TrtSession:
     (tensorrt_llm/plugin/plugin.py CustomAllReduceHelper.allocate_workspace, as
     tensorrt_llm/runtime/generation.py does for a tp > 1 engine)."""
 
-    def __init__(self, engine_dir: str | Path, device: str = "cuda", rank: int = 0):
+    def __init__(self, engine_dir: str | Path, device: str = "cuda", rank: int = 0, peers: tuple[int, ...] = ()):
         import tensorrt as trt
         import tensorrt_llm  # noqa: F401
 
@@ -226,11 +226,16 @@ class TrtSession:
         pretrained = cfg["pretrained_config"]
         self.device = torch.device(device)
         path = engine_dir / f"rank{rank}.engine"
-        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(path.read_bytes())
-        if self.engine is None:
-            raise RuntimeError(f"{path}: TensorRT could not deserialize it (TensorRT version?)")
-        self.context = self.engine.create_execution_context()
-        self.stream = torch.cuda.Stream(self.device)
+        # TensorRT binds the engine and its context's activation memory, torch the stream, and
+        # IpcMemory's cudaMalloc the workspace to the CURRENT device: make it this rank's first, as
+        # upstream does (commands/build.py build_and_save, runtime/generation.py).
+        with torch.cuda.device(self.device):
+            self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(path.read_bytes())
+            if self.engine is None:
+                raise RuntimeError(f"{path}: TensorRT could not deserialize it (TensorRT version?)")
+            self.context = self.engine.create_execution_context()
+            self.stream = torch.cuda.Stream(self.device)
+            self.fixed = self._all_reduce_workspace(int(pretrained["mapping"].get("tp_size", 1)), rank, peers)
         dtype = lambda name: _TORCH_DTYPES[self.engine.get_tensor_dtype(name).name]  # noqa: E731
         self.num_layers = int(pretrained["num_hidden_layers"])
         _, _, self.num_kv_heads, self.head_dim = tuple(self.engine.get_tensor_shape("k_cache_0"))
@@ -238,14 +243,15 @@ class TrtSession:
         self.dtype, self.kv_dtype = dtype("ctx_rows"), dtype("k_cache_0")
         self.max_len = int(cfg["build_config"]["max_seq_len"])
         self.config = pretrained
-        self.fixed = self._all_reduce_workspace(int(pretrained["mapping"].get("tp_size", 1)), rank)
 
-    def _all_reduce_workspace(self, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    def _all_reduce_workspace(self, tp: int, rank: int, peers: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        """Peer access to the other ranks' GPUs, then the workspace (runtime/generation.py's order)."""
         if tp == 1:
             return {}
         from tensorrt_llm.mapping import Mapping
         from tensorrt_llm.plugin.plugin import CustomAllReduceHelper
 
+        enable_peer_access(torch.cuda.current_device(), peers)
         mapping = Mapping(world_size=tp, rank=rank, tp_size=tp)
         self._ipc, workspace = CustomAllReduceHelper.allocate_workspace(
             mapping, CustomAllReduceHelper.max_workspace_size_auto(tp))
@@ -253,17 +259,39 @@ class TrtSession:
 
     def run(self, inputs, outputs):
         """IExecutionContext.set_input_shape / set_tensor_address for every input and output (the
-        arena inputs and present outputs share addresses), then execute_async_v3(stream)."""
+        arena inputs and present outputs share addresses), then execute_async_v3(stream), with the
+        engine's GPU current whichever thread calls."""
         for name, t in {**inputs, **self.fixed}.items():
             self.context.set_input_shape(name, tuple(t.shape))
             self.context.set_tensor_address(name, t.data_ptr())
         for name, t in outputs.items():
             self.context.set_tensor_address(name, t.data_ptr())
-        caller = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(caller)
-        if not self.context.execute_async_v3(self.stream.cuda_stream):
-            raise RuntimeError("the drafter engine failed to run (TensorRT execute_async_v3 returned False)")
-        caller.wait_stream(self.stream)
+        with torch.cuda.device(self.device):
+            caller = torch.cuda.current_stream(self.device)
+            self.stream.wait_stream(caller)
+            if not self.context.execute_async_v3(self.stream.cuda_stream):
+                raise RuntimeError("the drafter engine failed to run (TensorRT execute_async_v3 returned False)")
+            caller.wait_stream(self.stream)
+
+
+def enable_peer_access(device: int, peers: tuple[int, ...]) -> None:
+    """tensorrt_llm/_ipc_utils.py set_peer_access over the ranks' real GPU ids (upstream takes
+    tp ranks for device ids, which device_ids may reorder): from `device` (current) to every
+    peer GPU, through cuda-python's cudart as upstream; already enabled is fine."""
+    from cuda import cudart
+
+    ok = cudart.cudaError_t.cudaSuccess
+    for peer in peers:
+        if peer == device:
+            continue
+        error, can = cudart.cudaDeviceCanAccessPeer(device, peer)
+        if error != ok or not can:
+            raise RuntimeError(f"GPU {device} cannot access GPU {peer}'s memory: the split drafter's all-reduce needs "
+                               "peer access between the ranks' GPUs (`trtllm-dflash doctor`, `nvidia-smi topo -m`)")
+        cudart.cudaDeviceEnablePeerAccess(peer, 0)
+        error = cudart.cudaGetLastError()[0]
+        if error not in (ok, cudart.cudaError_t.cudaErrorPeerAccessAlreadyEnabled):
+            raise RuntimeError(f"enabling peer access from GPU {device} to GPU {peer}: {error}")
 
 
 def engine_kv_reuse(build_dir: Path) -> bool:
@@ -326,10 +354,14 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
     world = int(tc["mapping"].get("world_size", 1))
     split = drafter_placement_of(build_dir, world) == "split"
     rank = mpi_rank() if world > 1 else 0
+    peers: tuple[int, ...] = ()
     if world > 1:
         devices = rank_devices(world, device_ids)
         device = f"cuda:{devices[rank % len(devices)]}"  # this rank's GPU (runtime/worldConfig.cpp getDevice)
-    session = (session_cls or TrtSession)(drafter_dir, device, rank if split else 0) if split or rank == 0 else None
+        torch.cuda.set_device(device)  # everything of this rank from here on (the session, NCCL, stubs' threads)
+        peers = tuple(devices) if split else ()
+    opened = session_cls or TrtSession
+    session = opened(drafter_dir, device, rank if split else 0, peers) if split or rank == 0 else None
     executor = open_executor(target_dir, world, bindings=bindings, kv_block_reuse=engine_kv_reuse(build_dir),
                              free_gpu_memory_fraction=free_gpu_memory_fraction, device_ids=device_ids)
     group = (rank_group or TorchRankGroup.from_mpi)(rank, world, device) if split else None
