@@ -250,15 +250,11 @@ def test_the_gpu_checklist_builds_bf16_engines_with_kv_reuse(tmp_path):
     assert pc["context_fmha"] and pc["use_paged_context_fmha"] and plan.kv_block_reuse
 
 
-def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted, monkeypatch):
-    """trtllm-build writes build_config's output_timing_cache (upstream default 'model.cache': the
-    working directory). A stand-in of it does the same, from the --build_config file it is given,
-    opening every path as trtllm-build does: relative to its working directory."""
+def fake_trtllm_build(ran: list, plugin_changes: dict | None = None):
+    """A stand-in of trtllm-build run as the stage runs it: reads --build_config relative to its
+    working directory, writes the timing cache, rank0.engine and the engine's config.json
+    (build_config as it built it: the file's, with `plugin_changes[role]` applied to its plugin_config)."""
     import subprocess
-
-    from trtllm_dflash.build import stage
-
-    ran = []
 
     def trtllm_build(cmd, cwd=None):
         here = Path(cwd or ".")
@@ -269,11 +265,49 @@ def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted
         (here / (cfg.get("output_timing_cache") or "model.cache")).write_bytes(b"cache")
         (here / args["--output_dir"]).mkdir(parents=True)
         (here / args["--output_dir"] / "rank0.engine").write_bytes(b"engine")
+        changes = (plugin_changes or {}).get(args["--output_dir"].split("/")[0], {})
+        built = {**cfg, "plugin_config": {**cfg["plugin_config"], **changes}}
+        (here / args["--output_dir"] / "config.json").write_text(json.dumps({"build_config": built}))
         return subprocess.CompletedProcess(cmd, 0)
+
+    return trtllm_build
+
+
+def test_build_fails_naming_a_plugin_setting_trtllm_build_did_not_keep(tmp_path, converted, monkeypatch):
+    """commands/build.py hands BuildConfig.from_json_file the CLI's PluginConfig too: if the engine's
+    config.json disagrees with the planned build_config.json, build fails in one line naming the
+    key and both values, and writes nothing."""
+    from trtllm_dflash.build import stage
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(stage, "cannot_build_here", lambda: None)
-    monkeypatch.setattr(stage.subprocess, "run", trtllm_build)
+    monkeypatch.setattr(stage.subprocess, "run", fake_trtllm_build([], {"target": {"remove_input_padding": False}}))
+    with pytest.raises(UserError, match=r"target/engines/config.json: build_config.plugin_config.remove_input_padding "
+                                        r"is False, the plan's target/build_config.json has True"):
+        build(load_recipe(TINY), converted, tmp_path / "b", say=lambda _: None)
+    assert not (tmp_path / "b").exists()
+    # The drafter plans no attention plugin; the CLI's default would add one.
+    monkeypatch.setattr(stage.subprocess, "run", fake_trtllm_build([], {"drafter": {"gpt_attention_plugin": "auto"}}))
+    with pytest.raises(UserError, match=r"b/drafter/engines/config.json: build_config.plugin_config.gpt_attention_plugin "
+                                        r"is 'auto', the plan's drafter/build_config.json has None"):
+        build(load_recipe(TINY), converted, tmp_path / "b", say=lambda _: None)
+    # "auto" in the plan is trtllm-build's to resolve.
+    monkeypatch.setattr(stage.subprocess, "run", fake_trtllm_build([], {"target": {"gpt_attention_plugin": "float32"}}))
+    assert build(load_recipe(TINY), converted, tmp_path / "b", say=lambda _: None).built
+
+
+def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted, monkeypatch):
+    """trtllm-build writes build_config's output_timing_cache (upstream default 'model.cache': the
+    working directory). A stand-in of it does the same, from the --build_config file it is given,
+    opening every path as trtllm-build does: relative to its working directory."""
+    import subprocess
+
+    from trtllm_dflash.build import stage
+
+    ran = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(stage, "cannot_build_here", lambda: None)
+    monkeypatch.setattr(stage.subprocess, "run", fake_trtllm_build(ran))
     out = tmp_path / "b"
     result = build(load_recipe(TINY), converted, out, say=lambda _: None)
     assert result.built and len(ran) == 2 and not (tmp_path / "model.cache").exists()

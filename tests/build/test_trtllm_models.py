@@ -15,6 +15,7 @@ TensorRT-LLM's real layer internals; docs/gpu.md lists the GPU checks.
 
 from pathlib import Path
 
+import fake_graph_rewriting
 import fake_trtllm
 import pytest
 import torch
@@ -236,3 +237,22 @@ def test_classes_pickle_under_the_package_name(monkeypatch):
     for cls in (models.DFlashDrafter, models.DFlashQwen3Target, models.DFlashDrafterConfig):
         assert cls.__module__ == "trtllm_dflash.build.trtllm_models"
         assert pickle.loads(pickle.dumps(cls)) is cls
+
+
+def test_the_drafter_network_passes_the_graph_rewriting_that_build_runs(converted, monkeypatch):
+    """tensorrt_llm/builder.py build() -> graph_rewriting.optimize(network) asks every layer's
+    as_layer(); upstream's map has no PLUGIN_V3 (the AOT plugin layers' type), so the drafter's
+    network failed there until trtllm_models.py added the entry (tests/helpers/fake_graph_rewriting.py
+    mirrors the upstream file; the real module is used where it imports)."""
+    import sys
+
+    models, model = _drafter(converted, monkeypatch)  # loads build/trtllm_models.py as trtllm-build does
+    trt, rewriting = sys.modules["tensorrt"], sys.modules["tensorrt_llm.graph_rewriting"]
+    # The drafter's layers as TensorRT holds them: per draft layer the append and attention plugin
+    # layers (add_plugin(..., aot=True): IPluginV3Layer), among ordinary ones.
+    ordinary = [trt.IConstantLayer(trt.LayerType.CONSTANT), trt.IMatrixMultiplyLayer(trt.LayerType.MATRIX_MULTIPLY)]
+    plugins = [trt.IPluginV3Layer(trt.LayerType.PLUGIN_V3) for _ in range(2 * model.spec.num_layers)]
+    network = type("Network", (), {"layers": ordinary + plugins})()
+    rewriting.optimize(network)  # with trtllm_models loaded: passes
+    with pytest.raises(NotImplementedError, match="Unknown layer type: LayerType.PLUGIN_V3"):
+        fake_graph_rewriting.graph_rewriting().optimize(network)  # the map as upstream ships it

@@ -43,6 +43,7 @@ from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
+import fake_graph_rewriting
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -601,8 +602,9 @@ def install(monkeypatch) -> Net:
         mods[name] = m
         return m
 
-    mod("tensorrt", int32=torch.int32, float32=torch.float32, bfloat16=torch.bfloat16, float16=torch.float16,
-        fp8=torch.float8_e4m3fn)
+    mods["tensorrt"] = fake_graph_rewriting.tensorrt(int32=torch.int32, float32=torch.float32, bfloat16=torch.bfloat16,
+                                                     float16=torch.float16, fp8=torch.float8_e4m3fn)
+    mods["tensorrt_llm.graph_rewriting"] = fake_graph_rewriting.graph_rewriting()
     functional = {n: globals()[n] for n in ("Tensor", "constant", "cast", "concat", "shape", "slice", "split",
                                             "unsqueeze", "cos", "sin", "silu", "maximum", "index_select", "argmax")}
     mod("tensorrt_llm")

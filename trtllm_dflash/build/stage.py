@@ -155,6 +155,24 @@ def _run(engine: EnginePlan, out: Path, tmp: Path, say: Callable[[str], None]) -
     rc = subprocess.run(engine.command, cwd=tmp).returncode
     if rc != 0:
         raise UserError(f"{TRTLLM_BUILD} exited with {rc} (its output is above); nothing was written to {out}")
+    check_built_plugins(engine, tmp / engine.role / "engines" / "config.json", out / engine.role / "engines" / "config.json")
+
+
+def check_built_plugins(engine: EnginePlan, config_json: Path, shown: Path) -> None:
+    """The engine's plugin settings as trtllm-build saved them (config.json build_config.plugin_config)
+    against the plan's build_config.json: commands/build.py main hands BuildConfig.from_json_file
+    the CLI's own PluginConfig too, and whether the 1.2 line's BuildConfig keeps the file's values
+    over those defaults is not pinned down upstream; a planned value the engine lacks would silently
+    change what the runners rely on (paged context FMHA for KV reuse, the drafter's absent
+    attention plugin). Values planned as "auto" are resolved by trtllm-build and not compared."""
+    if not config_json.is_file():
+        raise UserError(f"{shown}: {TRTLLM_BUILD} exited 0 but wrote no config.json; nothing was written")
+    built = json.loads(config_json.read_text()).get("build_config", {}).get("plugin_config", {})
+    for key, want in engine.build_config["plugin_config"].items():
+        if want != "auto" and built.get(key, "<absent>") != want:
+            raise UserError(f"{shown}: build_config.plugin_config.{key} is {built.get(key, '<absent>')!r}, the "
+                            f"plan's {engine.role}/build_config.json has {want!r}: trtllm-build did not build what was "
+                            "planned (its command-line plugin defaults?); nothing was written")
 
 
 def build(recipe: Recipe, from_dir: Path | None, out: Path, *, dry_run: bool = False, overwrite: bool = False,

@@ -26,6 +26,7 @@ from collections import OrderedDict
 import numpy as np
 import tensorrt as trt
 from tensorrt_llm.functional import Tensor, argmax, concat, constant, index_select, maximum, shape, slice, unsqueeze
+from tensorrt_llm.graph_rewriting import Layer as RewriteLayer
 from tensorrt_llm.layers import ColumnLinear, Embedding, RmsNorm, RowLinear
 from tensorrt_llm.models import MODEL_MAP, LLaMAForCausalLM, QWenForCausalLM
 from tensorrt_llm.models.modeling_utils import PretrainedConfig, PretrainedModel
@@ -298,6 +299,12 @@ class DFlashDrafter(PretrainedModel):
 
 
 MODEL_MAP["DFlashDrafter"] = DFlashDrafter  # tensorrt_llm/models/__init__.py MODEL_MAP: checkpoint architecture -> class
+
+# builder.py build() runs optimize(network): its FuseAttentionWithBiasPass visits every layer and
+# calls graph_rewriting.Layer.as_layer(), which raises on a layer type missing from its map, and
+# the map has no PLUGIN_V3, the type of our AOT plugin layers. Add that one entry (the pass then
+# sees no GPTAttention plugin in them and leaves them alone).
+RewriteLayer.TRT_LAYER_TYPE_TO_LAYER.setdefault(trt.LayerType.PLUGIN_V3, trt.IPluginV3Layer)
 
 # trtllm-build imports this file as module "models"; `--workers > 1` pickles the classes into spawned
 # processes (commands/build.py parallel_build), which can import them only under the package name.
