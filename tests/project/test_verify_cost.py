@@ -116,3 +116,9 @@ def test_replicas_serve_the_endpoints_concurrency_split_between_them():
         assert b.concurrency == 64 and b.tok_s_user.p50 == pytest.approx(a.tok_s_user.p50)
         assert b.output_tok_s_per_gpu == pytest.approx(a.output_tok_s_per_gpu)
     assert p2.layout == "layout: 2 replica(s) of tp 8 on 2 node(s) of 8 b300: every all-reduce stays on NVLink"
+
+
+def test_check_says_the_gpu_engines_verify_greedily():
+    notes = [i.message for i in check(load_recipe(H100)) if i.field == "backend"]
+    assert len(notes) == 1 and notes[0].startswith("the engines verify greedily on GPU") and "74.2 GiB per rank" in notes[0]
+    assert not [i for i in check(load_recipe(ROOT / "recipes/cpu/tiny-pystd-engine.yaml")) if "greedily" in i.message]

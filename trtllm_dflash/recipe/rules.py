@@ -114,6 +114,12 @@ def _engine_layout(recipe: Recipe) -> list[Issue]:
         issues.append(Issue("warning", "build.kv_cache_reuse", cost.describe()))
     elif q.kv_cache == "fp8":
         issues.append(Issue("warning", "build.kv_cache_reuse", f"on: {why}"))
+    if not recipe.gpu.is_cpu:
+        logits = b.max_num_tokens * (max_draft_len(recipe) + 1) * recipe.target_facts.vocab_size * 4 / 2**30
+        issues.append(Issue("warning", "backend", f"the engines verify greedily on GPU: requests with temperature > 0 "
+                            "are refused (a sampling verify reads dflash_logits, which TensorRT-LLM 1.2.x's Executor "
+                            f"would pre-allocate for build.max_num_tokens rows: {logits:.1f} GiB per rank; "
+                            "recipe/engine_memory.py); sample on the pytorch or reference backend"))
     seq = target_seq_len(recipe)
     cap = runtime_max_input_len(max_seq_len=seq, max_input_len=seq - 1, max_num_tokens=b.max_num_tokens,
                                 context_fmha=flags.context_fmha)
