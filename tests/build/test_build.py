@@ -291,7 +291,10 @@ def test_build_fails_naming_a_plugin_setting_trtllm_build_did_not_keep(tmp_path,
     with pytest.raises(UserError, match=r"b/drafter/engines/config.json: build_config.plugin_config.gpt_attention_plugin "
                                         r"is 'auto', the plan's drafter/build_config.json has None"):
         build(load_recipe(TINY), converted, tmp_path / "b", say=lambda _: None)
-    # "auto" in the plan is trtllm-build's to resolve.
+    # "auto" stands for the plugin dtype, saved either way; the command line's None is a mismatch.
+    monkeypatch.setattr(stage.subprocess, "run", fake_trtllm_build([], {"target": {"gemm_plugin": None}}))
+    with pytest.raises(UserError, match=r"build_config.plugin_config.gemm_plugin is None, the plan's target"):
+        build(load_recipe(TINY), converted, tmp_path / "b", say=lambda _: None)
     monkeypatch.setattr(stage.subprocess, "run", fake_trtllm_build([], {"target": {"gpt_attention_plugin": "float32"}}))
     assert build(load_recipe(TINY), converted, tmp_path / "b", say=lambda _: None).built
 

@@ -164,13 +164,17 @@ def check_built_plugins(engine: EnginePlan, config_json: Path, shown: Path) -> N
     the CLI's own PluginConfig too, and whether the 1.2 line's BuildConfig keeps the file's values
     over those defaults is not pinned down upstream; a planned value the engine lacks would silently
     change what the runners rely on (paged context FMHA for KV reuse, the drafter's absent
-    attention plugin). Values planned as "auto" are resolved by trtllm-build and not compared."""
+    attention plugin). A value planned as "auto" stands for the plugin dtype (tensorrt_llm/plugin/
+    plugin.py PluginConfig resolves it so) and may be saved either way; anything else (e.g. None,
+    a plugin switched off) is a mismatch."""
     if not config_json.is_file():
         raise UserError(f"{shown}: {TRTLLM_BUILD} exited 0 but wrote no config.json; nothing was written")
     built = json.loads(config_json.read_text()).get("build_config", {}).get("plugin_config", {})
-    for key, want in engine.build_config["plugin_config"].items():
-        if want != "auto" and built.get(key, "<absent>") != want:
-            raise UserError(f"{shown}: build_config.plugin_config.{key} is {built.get(key, '<absent>')!r}, the "
+    planned = engine.build_config["plugin_config"]
+    for key, want in planned.items():
+        got = built.get(key, "<absent>")
+        if got != want and not (want == "auto" and got == planned.get("dtype")):
+            raise UserError(f"{shown}: build_config.plugin_config.{key} is {got!r}, the "
                             f"plan's {engine.role}/build_config.json has {want!r}: trtllm-build did not build what was "
                             "planned (its command-line plugin defaults?); nothing was written")
 

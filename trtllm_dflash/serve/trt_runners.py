@@ -276,9 +276,14 @@ class TrtSession:
 
 def enable_peer_access(device: int, peers: tuple[int, ...]) -> None:
     """tensorrt_llm/_ipc_utils.py set_peer_access over the ranks' real GPU ids (upstream takes
-    tp ranks for device ids, which device_ids may reorder): from `device` (current) to every
-    peer GPU, through cuda-python's cudart as upstream; already enabled is fine."""
-    from cuda import cudart
+    tp ranks for device ids, which device_ids may reorder): from `device` (current) to every peer
+    GPU that can be reached directly, through cuda-python's runtime as upstream; a pair that
+    cannot is left to the all-reduce's own fallback (1.2's allocate_workspace checks peer access
+    itself); already enabled is fine."""
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
+        from cuda import cudart
 
     ok = cudart.cudaError_t.cudaSuccess
     for peer in peers:
@@ -286,8 +291,7 @@ def enable_peer_access(device: int, peers: tuple[int, ...]) -> None:
             continue
         error, can = cudart.cudaDeviceCanAccessPeer(device, peer)
         if error != ok or not can:
-            raise RuntimeError(f"GPU {device} cannot access GPU {peer}'s memory: the split drafter's all-reduce needs "
-                               "peer access between the ranks' GPUs (`trtllm-dflash doctor`, `nvidia-smi topo -m`)")
+            continue
         cudart.cudaDeviceEnablePeerAccess(peer, 0)
         error = cudart.cudaGetLastError()[0]
         if error not in (ok, cudart.cudaError_t.cudaErrorPeerAccessAlreadyEnabled):
