@@ -155,6 +155,23 @@ def test_sbatch_engine_installs_this_checkout_into_nvidias_triton_image(capsys, 
     assert shlex.split(server)[0] == "/opt/tritonserver/bin/tritonserver"
 
 
+def test_nvidias_registry_is_the_default_for_both_launchers(capsys, deployed):
+    """No --registry: NVIDIA's images on nvcr.io, as enroot's `nvcr.io#nvidia/...` for Pyxis and as
+    `nvcr.io/nvidia/...` in the pods; --registry names a mirror instead (the tests above)."""
+    version = load_recipe(GPT_OSS).backend.trtllm_version
+    rc, out, err = serve(capsys, "one-node", deployed, "--launcher", "srun", "--api", "openai")
+    assert rc == 0, err
+    _, srun = parse_sbatch(written(out).read_text())
+    assert flag(srun, "--container-image") == f"nvcr.io#nvidia/tensorrt-llm/release:{version}"
+    rc, out, err = serve(capsys, "engine", deployed, "--launcher", "srun")
+    assert rc == 0, err
+    assert flag(parse_sbatch(written(out).read_text())[1], "--container-image") == f"nvcr.io#{TRITON_TRTLLM_1_2}"
+    assert TRITON_TRTLLM_1_2.startswith("nvidia/tritonserver:")
+    (set_, _) = lws(capsys, "one-node", deployed, "--api", "openai")
+    image = containers(set_["spec"]["leaderWorkerTemplate"]["workerTemplate"])["image"]
+    assert image == f"nvcr.io/nvidia/tensorrt-llm/release:{version}"
+
+
 def test_sbatch_runs_as_written(capsys, deployed, tmp_path):
     """bash runs the script: scontrol and srun are stand-ins that record what they are given."""
     rc, out, err = serve(capsys, "two-nodes", deployed, "--launcher", "srun", "--image", "img:1")
@@ -283,7 +300,7 @@ def test_shell_in_the_pods_parses(capsys, deployed):
 @pytest.mark.parametrize("args, message", [
     (("--launcher", "srun"), "--image: no published Triton image carries TensorRT-LLM >= 1.3"),
     (("--launcher", "srun", "--api", "openai", "--registry", ""),
-     "--registry: nvidia/tensorrt-llm/release:1.3.0rc27 is on NGC"),
+     "--registry: empty; nvidia/tensorrt-llm/release:"),
     (("--launcher", "k8s", "--image", "i:1", "--container", "x:1"), "--container: docker run is for one node"),
 ])
 def test_what_a_launcher_needs_is_asked_for_in_one_line(capsys, deployed, args, message):

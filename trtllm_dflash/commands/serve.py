@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cluster_arguments(p: argparse.ArgumentParser) -> None:
-    import os
+    from trtllm_dflash.recipe.containers import NVIDIA_REGISTRY
 
     g = p.add_argument_group("--launcher srun / k8s")
     g.add_argument("--out", type=Path, default=None, metavar="PATH",
@@ -71,8 +71,9 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
                    help="the container image (default: the backend's NVIDIA image, recipe/containers.py, on "
                    "--registry); engine backend: an image with trtllm_dflash installed (without it the job "
                    "installs this source checkout into NVIDIA's image, offline: pip --no-index --no-deps)")
-    g.add_argument("--registry", default=os.environ.get("NGC") or None, metavar="HOST",
-                   help="the registry of NVIDIA's images (default: $NGC)")
+    g.add_argument("--registry", default=NVIDIA_REGISTRY, metavar="HOST",
+                   help=f"the registry of NVIDIA's images (default: {NVIDIA_REGISTRY}; a mirror of it, e.g. "
+                   "a site's pull-through cache)")
     g.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
     g.add_argument("--account", default=None, help="Slurm account (default: the user's)")
     g.add_argument("--time", default=None, help="Slurm time limit, e.g. 04:00:00 (default: the partition's)")

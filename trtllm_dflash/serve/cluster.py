@@ -45,7 +45,7 @@ import yaml
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.containers import backend_image
+from trtllm_dflash.recipe.containers import NVIDIA_REGISTRY, backend_image
 from trtllm_dflash.recipe.placement import Placement, placement
 from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.serve.launch import Endpoints, installed_first, leader_ranks_command, mpi_world
@@ -61,7 +61,7 @@ class ClusterOptions:
     """What the cluster needs beyond the recipe (serve's flags)."""
 
     image: str | None = None  # a full image reference; None: the backend's NVIDIA image on `registry`
-    registry: str | None = None  # the registry holding NVIDIA's images
+    registry: str = NVIDIA_REGISTRY  # the registry holding NVIDIA's images, or a mirror of it
     partition: str | None = None  # Slurm; None: the cluster's default
     account: str | None = None  # Slurm; None: the user's default
     time: str | None = None  # Slurm; None: the partition's default limit
@@ -157,7 +157,7 @@ def installing(job: Job, opts: ClusterOptions) -> Path | None:
 
 def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
     """The image as a registry reference (`REGISTRY/NAME:TAG`): --image, else the backend's NVIDIA
-    image on --registry."""
+    image on --registry (default nvcr.io, NVIDIA's registry: the images are not on Docker Hub)."""
     if opts.image:
         return opts.image
     if _ours_in_container(job.backend) and job.source is None:
@@ -169,9 +169,9 @@ def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
         raise UserError(f"--image: no published Triton image carries TensorRT-LLM >= 1.3 (Triton 25.12-26.07 carry "
                         f"1.2.1); pass --image, a tritonserver trtllm-python-py3 image with TensorRT-LLM "
                         f"{job.trtllm_version or '>= 1.3'}, or serve through trtllm-serve with --api openai")
-    if not opts.registry:
-        raise UserError(f"--registry: {name} is on NGC, NVIDIA's registry, not on Docker Hub; pass --registry HOST "
-                        "(default: $NGC) or --image IMAGE")
+    if not opts.registry.strip("/"):
+        raise UserError(f"--registry: empty; {name} is on NVIDIA's registry: leave --registry out (nvcr.io), "
+                        "name a mirror of it, or pass --image IMAGE")
     return f"{opts.registry.rstrip('/')}/{name}"
 
 
