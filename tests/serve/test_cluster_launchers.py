@@ -88,6 +88,14 @@ def rank(argv: list[str]) -> list[str]:
     return argv[next(i for i, a in enumerate(argv[1:], 1) if not a.startswith("--")):]
 
 
+def after_prelude(cmd: list[str]) -> tuple[str, list[str]]:
+    """(the shell run first, the command it then execs) of a `bash -c '...; exec CMD'` line (the
+    pytorch backend behind Triton copies TensorRT-LLM's model.py first: serve/llmapi_model.py)."""
+    assert cmd[:2] == ["bash", "-c"]
+    prelude, _, command = cmd[2].rpartition("; exec ")
+    return prelude, shlex.split(command)
+
+
 def test_sbatch_one_node_x_8_runs_every_rank_under_trtllm_llmapi_launch(capsys, deployed):
     rc, out, err = serve(capsys, "one-node", deployed, "--launcher", "srun", "--api", "openai", "--registry", REGISTRY)
     assert rc == 0, err
@@ -125,9 +133,12 @@ def test_sbatch_two_nodes_with_the_users_partition_account_time_and_image(capsys
     assert (sbatch["--partition"], sbatch["--account"], sbatch["--time"]) == ("batch", "llm", "02:00:00")
     # A Docker-style reference becomes enroot's REGISTRY#IMAGE (Pyxis would look on Docker Hub otherwise).
     assert flag(srun, "--container-image") == "registry.example#team/tritonserver:26.09-trtllm-python-py3"
-    cmd = rank(srun)
+    prelude, cmd = after_prelude(rank(srun))
+    assert "TRTLLM_LLMAPI_MODEL_DIR" in prelude and "OMPI_COMM_WORLD_RANK" in prelude  # the clearing model.py refused
     assert cmd[:2] == ["trtllm-llmapi-launch", "/opt/tritonserver/bin/tritonserver"]
     assert f"--model-repository={deployed['two-nodes'].resolve() / 'model_repository'}" in cmd
+    d = deployed["two-nodes"].resolve()
+    assert f"{d}:{d}" in flag(srun, "--container-mounts").split(",")  # model.py is copied into it
     assert "--http-address=0.0.0.0" in cmd and "--disable-auto-complete-config" in cmd
 
 
@@ -242,18 +253,26 @@ def test_lws_two_nodes_leader_serves_workers_join(capsys, deployed):
 
 def test_lws_leader_script_starts_16_ranks_on_both_pods(capsys, deployed, tmp_path):
     """The leader's script runs here: LWS's variables set as its webhook sets them, ssh and mpirun
-    stand-ins; mpirun gets 16 ranks, 8 slots on the leader then 8 on worker 1, and rank 0 serves."""
+    stand-ins, the image's LLM-API model a model.py that keeps the MPI environment; mpirun gets 16
+    ranks, 8 slots on the leader then 8 on worker 1, and rank 0 serves."""
     (set_, _) = lws(capsys, "two-nodes", deployed, "--image", "img:1")
     script = containers(set_["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["command"][2]
     log = stub_tools(tmp_path, {"ssh": "exit 0", "mpirun": 'printf "%s\\n" "$@" > "$LOG"'})
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "id_ed25519").write_text("stand-in key\n")
+    model = tmp_path / "llmapi" / "1"
+    model.mkdir(parents=True)
+    (model / "model.py").write_text("import os\nRANK = os.environ.get('OMPI_COMM_WORLD_RANK')\n")
+    (model / "helpers.py").write_text("")
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"), "LOG": log,
-           "LWS_LEADER_ADDRESS": "dflash-0.dflash.ns", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0"}
+           "LWS_LEADER_ADDRESS": "dflash-0.dflash.ns", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0",
+           "TRTLLM_LLMAPI_MODEL_DIR": str(model.parent)}
     r = subprocess.run(["bash", "-c", script.replace(SSH_KEYS, str(keys))], env=env, capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, r.stderr
+    version = deployed["two-nodes"] / "model_repository" / "dflash" / "1"
+    assert (version / "model.py").read_text() == (model / "model.py").read_text() and (version / "helpers.py").exists()
     argv = Path(log).read_text().splitlines()
     assert argv[argv.index("-np") + 1] == "16"
     assert argv[argv.index("-H") + 1] == "dflash-0.dflash.ns:8,dflash-0-1.dflash.ns:8"

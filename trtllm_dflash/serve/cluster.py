@@ -49,6 +49,7 @@ from trtllm_dflash.recipe.containers import NVIDIA_REGISTRY, backend_image
 from trtllm_dflash.recipe.placement import Placement, placement
 from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.serve.launch import Endpoints, installed_first, leader_ranks_command, mpi_world
+from trtllm_dflash.serve.llmapi_model import LLMAPIModel
 
 LAUNCH_DIR = "launch"  # under the deploy output
 SSH_PORT = 2222  # unprivileged: the worker's sshd needs no root to bind it
@@ -85,6 +86,7 @@ class Job:
     paths: list[Path]  # what it reads, mounted where it is
     model_name: str = "dflash"  # the served model (engine ranks above 0 load only it)
     source: Path | None = None  # engine backend: the trtllm_dflash checkout the container installs
+    llmapi: LLMAPIModel | None = None  # pytorch behind Triton: where TensorRT-LLM's model.py comes from and goes
 
 
 def dns_label(text: str) -> str:
@@ -104,7 +106,8 @@ def source_checkout() -> Path | None:
     return root if (root / "pyproject.toml").is_file() and (root / "setup.py").is_file() else None
 
 
-def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, paths: list[Path]) -> Job:
+def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, paths: list[Path],
+             llmapi: LLMAPIModel | None = None) -> Job:
     """The job for `recipe` (a one-line UserError for a recipe no cluster launcher expresses)."""
     where = placement(recipe)
     if where.replicas > 1:  # NOT IMPLEMENTED yet: one job per copy, or a job of every copy behind one endpoint
@@ -112,7 +115,7 @@ def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, 
                         "launching replicas behind one endpoint is not implemented yet (launch one job per copy)")
     source = checkout_to_install(recipe.backend.name)
     return Job(recipe.name, dns_label(recipe.name), recipe.backend.name, api, recipe.backend.trtllm_version,
-               recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source)
+               recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source, llmapi)
 
 
 def checkout_to_install(backend: str) -> Path | None:
@@ -142,6 +145,24 @@ def rank_command(job: Job, slurm: bool) -> list[str]:
     return ["trtllm-llmapi-launch", *job.server]
 
 
+def prepared(job: Job, opts: ClusterOptions, cmd: list[str]) -> list[str]:
+    """`cmd` after what the container needs first: this checkout installed (engine backend on
+    NVIDIA's image), or TensorRT-LLM's model.py copied into the repository (pytorch behind Triton;
+    several ranks: refused when that model.py clears the MPI environment)."""
+    if job.llmapi is not None:
+        return job.llmapi.wrapped(cmd, multi_rank=job.world > 1)
+    return installed_first(cmd, installing(job, opts))
+
+
+def writable(job: Job, opts: ClusterOptions) -> list[Path]:
+    """The mounted directories the job writes: the source checkout it installs (pip writes its
+    egg-info) or the served directory holding the repository model.py is copied into."""
+    if job.llmapi is not None:
+        return [p for p in job.paths if p == job.llmapi.version_dir or p in job.llmapi.version_dir.parents][:1]
+    source = installing(job, opts)
+    return [source] if source else []
+
+
 def installs_source(job: Job, opts: ClusterOptions) -> bool:
     """The engine backend's Triton model imports trtllm_dflash, which NVIDIA's image lacks: a job
     on NVIDIA's image (no --image) installs it from this source checkout, mounted where it is
@@ -167,8 +188,9 @@ def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
     name = backend_image(job.backend, job.api, job.trtllm_version)
     if name is None:
         raise UserError(f"--image: no published Triton image carries TensorRT-LLM >= 1.3 (Triton 25.12-26.07 carry "
-                        f"1.2.1); pass --image, a tritonserver trtllm-python-py3 image with TensorRT-LLM "
-                        f"{job.trtllm_version or '>= 1.3'}, or serve through trtllm-serve with --api openai")
+                        f"1.2.1); pass --image, an image with tritonserver and TensorRT-LLM "
+                        f"{job.trtllm_version or '>= 1.3'} (docs/docker/triton-trtllm-llmapi.Dockerfile builds one), or serve through trtllm-serve "
+                        "with --api openai")
     if not opts.registry.strip("/"):
         raise UserError(f"--registry: empty; {name} is on NVIDIA's registry: leave --registry out (nvcr.io), "
                         "name a mirror of it, or pass --image IMAGE")
@@ -202,23 +224,24 @@ def sbatch_directives(job: Job, opts: ClusterOptions) -> list[str]:
     return [f"#SBATCH {line}" for line in lines]
 
 
-def container_mounts(paths: list[Path], source: Path | None) -> str:
+def container_mounts(paths: list[Path], writes: list[Path]) -> str:
     """Pyxis `--container-mounts`: every served path at its own place (the repository names them
-    by absolute path), read-only; a source checkout read-write (pip writes its egg-info there)."""
-    bad = next((p for p in [*paths, source] if p is not None and ("," in str(p) or ":" in str(p))), None)
+    by absolute path), read-only unless the job writes it (`writes`, read-write)."""
+    everything = list(dict.fromkeys([*paths, *writes]))
+    bad = next((p for p in everything if "," in str(p) or ":" in str(p)), None)
     if bad is not None:
         raise UserError(f"{bad}: Pyxis separates --container-mounts with ',' and ':'; move it to a path without them")
-    return ",".join([f"{p}:{p}:ro" for p in paths] + ([f"{source}:{source}"] if source else []))
+    return ",".join(f"{p}:{p}" if p in writes else f"{p}:{p}:ro" for p in everything)
 
 
 def srun_command(job: Job, opts: ClusterOptions) -> list[str]:
     """The job step: every task in the container, the ranks one PMIx world (several ranks)."""
-    source = installing(job, opts)
     cmd = ["srun", f"--container-image={enroot_uri(image_reference(job, opts, slurm=True))}",
-           f"--container-mounts={container_mounts(job.paths, source)}", f"--container-workdir={job.paths[0]}"]
+           f"--container-mounts={container_mounts(job.paths, writable(job, opts))}",
+           f"--container-workdir={job.paths[0]}"]
     # One task needs no PMI from Slurm (the engine's mpirun makes its own world); several form one.
     cmd += ["--mpi=pmix" if job.where.tasks > 1 else "--mpi=none", "--gpu-bind=none"]
-    return [*cmd, *installed_first(rank_command(job, slurm=True), source)]
+    return [*cmd, *prepared(job, opts, rank_command(job, slurm=True))]
 
 
 def sbatch_script(job: Job, opts: ClusterOptions, path: Path) -> str:
@@ -274,16 +297,17 @@ def _ports(job: Job) -> list[dict]:
     return [{"name": name, "containerPort": port} for name, port in named]
 
 
-def leader_command(job: Job) -> list[str]:
-    """The leader's process. One node: the rank command, the ranks under a local mpirun. Several:
-    wait for every worker's sshd (the pods start together, not in order), then one mpirun over
-    ssh places `gpus_per_node` ranks on each pod, filling the leader first (rank 0, the server,
-    stays where the Service and the readiness probe look)."""
+def leader_command(job: Job, opts: ClusterOptions) -> list[str]:
+    """The leader's process, after what the container needs first (`prepared`). One node: the
+    rank command, the ranks under a local mpirun. Several: wait for every worker's sshd (the pods
+    start together, not in order), then one mpirun over ssh places `gpus_per_node` ranks on each
+    pod, filling the leader first (rank 0, the server, stays where the Service and the readiness
+    probe look)."""
     rank = rank_command(job, slurm=False)
     if not backend_spec(job.backend).spans_nodes or job.world == 1:
-        return rank
+        return prepared(job, opts, rank)
     if job.where.nodes == 1:
-        return mpi_world(job.world, rank)
+        return prepared(job, opts, mpi_world(job.world, rank))
     w, key = job.where, "$HOME/.ssh/id_ed25519"
     ssh = f"-p {SSH_PORT} -i {key} -o BatchMode=yes -o StrictHostKeyChecking=no"
     # mpirun by absolute path: Open MPI then starts its remote daemons from the same prefix (ssh
@@ -293,6 +317,7 @@ def leader_command(job: Job) -> list[str]:
               "--bind-to", "none"]
     script = [
         "set -eu",
+        *(job.llmapi.prelude(multi_rank=True) if job.llmapi else []),
         'mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh"',
         f'install -m 600 {SSH_KEYS}/id_ed25519 "{key}"',
         'group="${LWS_LEADER_ADDRESS%%.*}"; domain="${LWS_LEADER_ADDRESS#*.}"',
@@ -327,13 +352,13 @@ def worker_command() -> list[str]:
 
 def _volumes(job: Job, opts: ClusterOptions) -> tuple[list[dict], list[dict]]:
     """(volumes, mounts): shared memory for NCCL and MPI (a container's default /dev/shm is 64 MB),
-    the claim holding the served directories at their paths (and the source checkout the job
-    installs, read-write: pip writes its egg-info), and the ssh keys across nodes."""
-    source, root = installing(job, opts), _claim_root(job, opts)
-    claim = {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": source is None}
+    the claim holding the served directories at their paths (read-write when the job writes
+    there: `writable`), and the ssh keys across nodes."""
+    read_only, root = not writable(job, opts), _claim_root(job, opts)
+    claim = {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": read_only}
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "runs", "persistentVolumeClaim": claim}]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
-              {"name": "runs", "mountPath": str(root), "readOnly": source is None}]
+              {"name": "runs", "mountPath": str(root), "readOnly": read_only}]
     if job.where.nodes > 1:
         volumes.append({"name": "mpi-ssh", "secret": {"secretName": opts.ssh_secret or f"{job.name}-mpi-ssh",
                                                       "defaultMode": 0o400}})
@@ -348,7 +373,7 @@ def pod_template(job: Job, opts: ClusterOptions, leader: bool) -> dict:
     container = {
         "name": "server" if leader else "worker",
         "image": image_reference(job, opts, slurm=False),
-        "command": installed_first(leader_command(job), installing(job, opts)) if leader else worker_command(),
+        "command": leader_command(job, opts) if leader else worker_command(),
         "resources": {"limits": {"nvidia.com/gpu": job.where.gpus_per_node}},
         "volumeMounts": mounts,
     }
