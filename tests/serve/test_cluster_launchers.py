@@ -33,6 +33,8 @@ CASES = {
     "two-nodes": (GPT_OSS, ["parallel.tp=16", "hardware.count=16"]),
     "one-gpu": (GPT_OSS, ["parallel.tp=1", "hardware.count=1"]),
     "engine": (QWEN_ENGINE, []),
+    "replicas": (GPT_OSS, ["parallel.replicas=2", "hardware.count=16"]),  # two copies of one node each
+    "wide-replicas": (GPT_OSS, ["parallel.tp=16", "parallel.replicas=2", "hardware.count=32"]),  # of two nodes each
 }
 REGISTRY = "registry.example"
 
@@ -69,13 +71,14 @@ def written(out: str) -> Path:
 
 
 def parse_sbatch(text: str) -> tuple[dict, list[str]]:
-    """(#SBATCH options, the srun line's argv) of a batch script."""
+    """(#SBATCH options, the argv of the srun step that serves a model copy) of a batch script."""
     directives = {}
     for line in text.splitlines():
         if line.startswith("#SBATCH "):
             key, _, value = line.removeprefix("#SBATCH ").partition("=")
             directives[key] = value
-    srun = text[text.index("\nsrun ") + 1:].replace("\\\n", " ")
+    start = text.index("\n  srun ") + 1
+    srun = text[start:text.index("\n}", start)].replace("\\\n", " ")
     return directives, shlex.split(srun)
 
 
@@ -192,8 +195,58 @@ def test_sbatch_runs_as_written(capsys, deployed, tmp_path):
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]", "LOG": log}
     r = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert "starts on node-a, HTTP port 8000" in r.stdout
-    assert Path(log).read_text().splitlines() == parse_sbatch(path.read_text())[1][1:]
+    assert "copy 0 (rank 0 on node-a) serves http://node-a:8000" in r.stdout
+    step = [a.replace("$nodes", "node-a,node-b") for a in parse_sbatch(path.read_text())[1][1:]]
+    assert Path(log).read_text().splitlines() == step
+
+
+def run_sbatch(path: Path, tmp_path: Path, nodes: list[str], srun: str) -> tuple[subprocess.CompletedProcess, list]:
+    """Run the batch script on stand-ins of scontrol (the job's nodes) and srun (`srun`: its body);
+    return the run and every srun call's arguments."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    stub_tools(tmp_path, {"scontrol": f"printf '%s\\n' {' '.join(nodes)}",
+                          "srun": f'printf "%s\\n" "$@" > "$(mktemp -p {calls})"\n{srun}'})
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "stand-in"}
+    r = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30)
+    return r, [p.read_text().splitlines() for p in calls.iterdir()]
+
+
+@pytest.mark.parametrize("name, per_copy", [("replicas", 1), ("wide-replicas", 2)])
+def test_sbatch_starts_every_replica_on_nodes_of_its_own_and_prints_each_endpoint(capsys, deployed, tmp_path, name,
+                                                                                   per_copy):
+    rc, out, err = serve(capsys, name, deployed, "--launcher", "srun", "--api", "openai")
+    assert rc == 0, err
+    path = written(out)
+    sbatch, srun = parse_sbatch(path.read_text())
+    assert (sbatch["--nodes"], sbatch["--ntasks-per-node"]) == (str(2 * per_copy), "8")
+    assert (flag(srun, "--nodes"), flag(srun, "--ntasks-per-node")) == (str(per_copy), "8")
+    assert "sweep --url` at each" in path.read_text()  # how to put one endpoint in front
+    nodes = [f"node-{i}" for i in range(2 * per_copy)]
+    r, calls = run_sbatch(path, tmp_path, nodes, "exit 0")
+    assert r.returncode == 0, r.stderr
+    used = sorted(flag(c, "--nodelist") for c in calls if any(a.startswith("--container-image") for a in c))
+    assert used == sorted(",".join(nodes[i:i + per_copy]) for i in range(0, len(nodes), per_copy))
+    for first in nodes[::per_copy]:
+        assert f"serves http://{first}:8000" in r.stdout
+
+
+def test_sbatch_fails_when_a_replica_fails(capsys, deployed, tmp_path):
+    rc, out, err = serve(capsys, "replicas", deployed, "--launcher", "srun", "--api", "openai")
+    assert rc == 0, err
+    r, _ = run_sbatch(written(out), tmp_path, ["node-0", "node-1"],
+                      'for a in "$@"; do [ "$a" = --nodelist=node-1 ] && exit 3; done; exit 0')
+    assert r.returncode == 3
+
+
+def test_lws_replicas_are_groups_behind_the_one_service(capsys, deployed):
+    (set_, service) = lws(capsys, "wide-replicas", deployed, "--api", "openai")
+    assert set_["spec"]["replicas"] == 2 and set_["spec"]["leaderWorkerTemplate"]["size"] == 2
+    # The Service selects every group's leader (worker index 0), so it balances over the copies.
+    assert service["spec"]["selector"] == {"leaderworkerset.sigs.k8s.io/name": set_["metadata"]["name"],
+                                           "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    (set_, _) = lws(capsys, "replicas", deployed, "--api", "openai")
+    assert set_["spec"]["replicas"] == 2 and set_["spec"]["leaderWorkerTemplate"]["size"] == 1
 
 
 def stub_tools(directory: Path, scripts: dict[str, str]) -> str:
@@ -294,11 +347,12 @@ def test_lws_one_node_and_one_gpu_are_a_group_of_one(capsys, deployed):
     assert server["command"][0] == "trtllm-serve" and server["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
-def test_manifest_pods_and_service_pass_kubernetes_strict_schemas(capsys, deployed):
+@pytest.mark.parametrize("name", ["two-nodes", "wide-replicas"])
+def test_manifest_pods_and_service_pass_kubernetes_strict_schemas(capsys, deployed, name):
     """Every pod template (as a core PodTemplate) and the Service validate against Kubernetes'
     own JSON schemas with unknown fields refused (kubernetes-validate, 1.32)."""
     kv = pytest.importorskip("kubernetes_validate")
-    (set_, service) = lws(capsys, "two-nodes", deployed, "--image", "img:1")
+    (set_, service) = lws(capsys, name, deployed, "--image", "img:1")
     template = set_["spec"]["leaderWorkerTemplate"]
     for pod in (template["leaderTemplate"], template["workerTemplate"]):
         kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": pod}, "1.32.0",
@@ -380,6 +434,8 @@ def test_run_stops_before_a_multi_node_serve_with_the_launcher_to_write():
     assert "serves on 8x b300" in one and "--run --api openai" in one
     assert "serves on 2 nodes of 8x b300" in two and "--launcher srun` (or `--launcher k8s`)" in two
     assert "--run" not in two
+    copies = _where(load_recipe(GPT_OSS, CASES["replicas"][1]), "serve", Path("runs/x"), "R")
+    assert "serves 2 copies (parallel.replicas), each on 8x b300" in copies and "--launcher srun" in copies
 
 
 def test_replicas_scale_a_copy_that_fits_one_node_and_check_says_when_tp_spans_nodes_needlessly():

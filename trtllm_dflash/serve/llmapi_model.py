@@ -47,7 +47,7 @@ def clears_mpi_test(model_py: str) -> str:
 
 def _refusal(model_py: str) -> str:
     return (f"{model_py}: this TensorRT-LLM model.py deletes the MPI environment at import (OMPI_COMM_WORLD_*, "
-            "PMIX_*, PMI_*), so ranks started by trtllm-llmapi-launch never join the server's; " + ALTERNATIVES)
+            "PMIX_*, PMI_*), so ranks started by trtllm-llmapi-launch never join rank 0; " + ALTERNATIVES)
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,8 @@ class LLMAPIModel:
         src = shlex.quote(str(self.source)) if self.source else f'"${{{MODEL_DIR_ENV}:-}}"'
         where = f"--llmapi-model {self.source}" if self.source else f"${MODEL_DIR_ENV}"
         missing = (f"trtllm-dflash: no TensorRT-LLM LLM-API model in {where} (it needs 1/model.py and 1/helpers.py); "
-                   f"pass serve --llmapi-model DIR (triton_backend/all_models/llmapi/tensorrt_llm of the image's "
-                   f"TensorRT-LLM) or set {MODEL_DIR_ENV} (docs/docker/triton-trtllm-llmapi.Dockerfile does)")
+                   f"pass serve --llmapi-model DIR (triton_backend/all_models/llmapi/tensorrt_llm of the TensorRT-LLM "
+                   f"in the image) or set {MODEL_DIR_ENV} (docs/docker/triton-trtllm-llmapi.Dockerfile does)")
         lines = [f"src={src}",
                  '[ -n "$src" ] && [ -f "$src/1/model.py" ] && [ -f "$src/1/helpers.py" ] || '
                  f"{{ echo {shlex.quote(missing)} >&2; exit 1; }}",
