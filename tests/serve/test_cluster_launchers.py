@@ -204,7 +204,7 @@ def run_sbatch(path: Path, tmp_path: Path, nodes: list[str], srun: str) -> tuple
     """Run the batch script on stand-ins of scontrol (the job's nodes) and srun (`srun`: its body);
     return the run and every srun call's arguments."""
     calls = tmp_path / "calls"
-    calls.mkdir()
+    calls.mkdir(parents=True)
     stub_tools(tmp_path, {"scontrol": f"printf '%s\\n' {' '.join(nodes)}",
                           "srun": f'printf "%s\\n" "$@" > "$(mktemp -p {calls})"\n{srun}'})
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "stand-in"}
@@ -237,6 +237,47 @@ def test_sbatch_fails_when_a_replica_fails(capsys, deployed, tmp_path):
     r, _ = run_sbatch(written(out), tmp_path, ["node-0", "node-1"],
                       'for a in "$@"; do [ "$a" = --nodelist=node-1 ] && exit 3; done; exit 0')
     assert r.returncode == 3
+
+
+def test_sbatch_checks_every_node_sees_every_mount_before_any_server_starts(capsys, deployed, tmp_path):
+    """The stand-in srun runs the storage check itself (here every "node" is this machine): with
+    every mounted directory present the copies start; with one gone the job stops naming it, and
+    no server step runs."""
+    model = tmp_path / "llmapi"
+    (model / "1").mkdir(parents=True)
+    for f in ("model.py", "helpers.py"):
+        (model / "1" / f).write_text("")
+    rc, out, err = serve(capsys, "replicas", deployed, "--launcher", "srun", "--image", "i:1", "--llmapi-model", model)
+    assert rc == 0, err
+    note = out.splitlines()[2]
+    assert note.startswith("shared storage: every path the job mounts (") and str(model) in note
+    text = written(out).read_text()
+    assert "# Shared storage: every path the job mounts" in text and "must be on storage every node sees" in text
+    check = 'for a in "$@"; do [ "$a" = --ntasks-per-node=1 ] && exec "${@: -3}"; done; exit 0'
+    r, calls = run_sbatch(written(out), tmp_path / "ok", ["node-0", "node-1"], check)
+    assert r.returncode == 0, r.stderr
+    (step,) = [c for c in calls if "--ntasks-per-node=1" in c]
+    assert step[:2] == ["--nodes=2", "--ntasks-per-node=1"] and step[2] == "bash"
+    assert len([c for c in calls if any(a.startswith("--container-image") for a in c)]) == 2
+    shutil.rmtree(model)
+    r, calls = run_sbatch(written(out), tmp_path / "gone", ["node-0", "node-1"], check)
+    assert r.returncode == 1 and f"does not see {model}: every path the job mounts must be on storage" in r.stderr
+    assert not [c for c in calls if any(a.startswith("--container-image") for a in c)]
+
+
+@pytest.mark.parametrize("name, args, mode", [
+    ("one-gpu", ["--api", "openai"], "any access mode"),
+    ("replicas", ["--api", "openai"], "ReadOnlyMany or ReadWriteMany"),
+    ("two-nodes", ["--image", "i:1"], "ReadWriteMany (the pods write there)"),  # model.py is copied in
+])
+def test_lws_states_what_its_claim_must_be(capsys, deployed, name, args, mode):
+    rc, out, err = serve(capsys, name, deployed, "--launcher", "k8s", *args)
+    assert rc == 0, err
+    assert out.splitlines()[2].startswith("shared storage: the claim ") and out.splitlines()[2].endswith(mode)
+    text = written(out).read_text()
+    set_ = next(yaml.safe_load_all(text))
+    note = set_["metadata"]["annotations"]["trtllm-dflash/shared-storage"]
+    assert "on storage every node sees" in note and note.endswith(mode) and f"# Shared storage: {note}." in text
 
 
 def test_lws_replicas_are_groups_behind_the_one_service(capsys, deployed):

@@ -180,7 +180,7 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     import subprocess
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.serve.cluster import ClusterOptions, make_job, write_launcher
+    from trtllm_dflash.serve.cluster import ClusterOptions, make_job, storage_note, write_launcher
     from trtllm_dflash.serve.launch import served_paths, server_command
 
     if args.container:
@@ -199,6 +199,7 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     path, submit = write_launcher(args.launcher, job, opts, args.out, args.from_dir)
     print(f"wrote {path}")
     print(f"submit: {submit}")
+    print(f"shared storage: {storage_note(args.launcher, job, opts)}")
     if not args.execute:
         return 0
     tool = shlex.split(submit)[0]

@@ -54,6 +54,7 @@ from trtllm_dflash.serve.llmapi_model import LLMAPIModel
 LAUNCH_DIR = "launch"  # under the deploy output
 SSH_PORT = 2222  # unprivileged: the worker's sshd needs no root to bind it
 SSH_KEYS = "/etc/trtllm-dflash/mpi-ssh"  # the Secret's mount: id_ed25519, id_ed25519.pub
+STORAGE_ANNOTATION = "trtllm-dflash/shared-storage"  # on the LeaderWorkerSet: what its claim must be
 READY_PATH = {"triton": "/v2/health/ready", "openai": "/health"}  # Triton's and trtllm-serve's readiness
 
 
@@ -206,6 +207,27 @@ def enroot_uri(reference: str) -> str:
     return reference
 
 
+def mounted(job: Job, opts: ClusterOptions) -> list[Path]:
+    """Every host directory the job's containers mount, where it is."""
+    return list(dict.fromkeys([*job.paths, *writable(job, opts)]))
+
+
+def storage_note(kind: str, job: Job, opts: ClusterOptions) -> str:
+    """What the cluster's storage must provide, one sentence (the script header, the manifest's
+    comment and annotation, and serve's message say it): the nodes mount these paths where they
+    are here, so they must be on storage every node sees."""
+    if kind == "srun":
+        return (f"every path the job mounts ({', '.join(map(str, mounted(job, opts)))}) must be on storage every node "
+                "sees (a shared filesystem, at the same path); the job checks it on every node before starting")
+    w, writes = job.where, bool(writable(job, opts))
+    if w.nodes > 1 or w.replicas > 1:  # pods on several nodes mount the claim at once
+        mode = "ReadWriteMany" if writes else "ReadOnlyMany or ReadWriteMany"
+    else:
+        mode = "ReadWriteOnce or ReadWriteMany" if writes else "any access mode"
+    return (f"the claim {opts.pvc or job.name + '-runs'!r} must hold {_claim_root(job, opts)} as it is here, on storage "
+            f"every node sees, bound {mode}" + (" (the pods write there)" if writes else ""))
+
+
 # ----------------------------------------------------------------------------- Slurm
 
 
@@ -257,10 +279,21 @@ def _sbatch_header(job: Job, opts: ClusterOptions, path: Path) -> list[str]:
         lines.append(f"Every copy serves on its first node (HTTP port {e.http_port}); the job prints each endpoint. "
                      "One endpoint in front: point `trtllm-dflash sweep --url` at each, or put any HTTP load balancer "
                      "(nginx, HAProxy, a Kubernetes Service) over the printed HOST:PORT list.")
+    lines.append(f"Shared storage: {storage_note('srun', job, opts)}.")
     if unset:
         lines.append(f"{', '.join(unset)}: the cluster's default (serve --{' / --'.join(unset)} sets it).")
     lines.append(f"Submit: sbatch {shlex.quote(str(path))}")
     return ["#!/bin/bash", *(f"# {line}" for line in lines), *sbatch_directives(job, opts)]
+
+
+def _storage_check(job: Job, opts: ClusterOptions) -> list[str]:
+    """Shell: one task on every node of the job (outside the container) tests that each mounted
+    directory is there, before any server starts; the job stops naming the node that lacks one."""
+    paths = " ".join(shlex.quote(str(p)) for p in mounted(job, opts))
+    test = (f'for p in {paths}; do [ -d "$p" ] || {{ echo "trtllm-dflash: $(hostname) does not see $p: every '
+            'path the job mounts must be on storage every node sees (a shared filesystem)" >&2; exit 1; }; done')
+    return ["# Every node sees every mounted directory (shared storage), or nothing starts.",
+            f'srun --nodes="${{#hosts[@]}}" --ntasks-per-node=1 bash -c {shlex.quote(test)} || exit 1']
 
 
 def sbatch_script(job: Job, opts: ClusterOptions, path: Path) -> str:
@@ -277,6 +310,7 @@ def sbatch_script(job: Job, opts: ClusterOptions, path: Path) -> str:
         "",
         "set -euo pipefail",
         'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        *_storage_check(job, opts),
         "",
         f"serve_copy() {{  # serve_copy I: model copy I on job nodes I*{w.nodes} .. I*{w.nodes}+{w.nodes - 1}",
         f"  local first=$(( $1 * {w.nodes} )) nodes",
@@ -430,7 +464,8 @@ def leader_worker_set(job: Job, opts: ClusterOptions) -> dict:
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": {"name": job.name, "labels": {"app.kubernetes.io/name": "trtllm-dflash"}},
+        "metadata": {"name": job.name, "labels": {"app.kubernetes.io/name": "trtllm-dflash"},
+                     "annotations": {STORAGE_ANNOTATION: storage_note("k8s", job, opts)}},
         "spec": {"replicas": job.where.replicas, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template},
     }
 
@@ -457,8 +492,7 @@ def lws_manifest(job: Job, opts: ClusterOptions, path: Path) -> str:
             f"{w.replicas} group(s) (parallel.replicas), each one model copy of {w.nodes} pod(s) x {w.gpus_per_node} "
             "GPU(s); needs the LeaderWorkerSet controller (leaderworkerset.x-k8s.io/v1).",
             f"The Service {job.name}-api is the one endpoint: it spreads connections over every group's leader.",
-            f"The claim {opts.pvc or job.name + '-runs'!r} must hold {_claim_root(job, opts)} as it is here"
-            + (" (ReadOnlyMany or ReadWriteMany: every node's pod mounts it)." if w.nodes > 1 else "."),
+            f"Shared storage: {storage_note('k8s', job, opts)}.",
             f"Apply: kubectl apply -f {shlex.quote(str(path))}"]
     if w.nodes > 1:
         secret = opts.ssh_secret or f"{job.name}-mpi-ssh"
