@@ -3,7 +3,12 @@ Kubernetes LeaderWorkerSet manifest, both around the server command one node wou
 
 `serve --launcher srun` and `serve --launcher k8s` write them (default: DEPLOY_DIR/launch/);
 nodes, processes and GPUs per node come from recipe/placement.py, the images from
-recipe/containers.py. Upstream facts they follow (read, not copied):
+recipe/containers.py. `parallel.replicas` copies of the model are launched side by side: one
+sbatch job of every copy's nodes with one srun step per copy (each its own endpoint, printed by
+the job), or LWS `spec.replicas` groups behind the one Service. Both mount the deployment's
+directories where they are, so they must be on storage every node sees: both say so, and the
+batch script tests it on every node before any server starts. Upstream facts they follow
+(read, not copied):
 
 Slurm (sbatch and srun manual pages; Pyxis wiki "Usage"): `#SBATCH --nodes/--ntasks-per-node/
 --gpus-per-node/--exclusive/--partition/--account/--time`; Pyxis adds `--container-image`
