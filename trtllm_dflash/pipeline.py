@@ -88,10 +88,13 @@ def _where(recipe: Recipe, stage: str, out: Path, recipe_arg: str) -> str:
     # The pytorch backend is swept through trtllm-serve's OpenAI endpoint (sweep --api openai).
     api, port = (" --api openai", recipe.serve.http_port) if spec.serving_api == "openai" else ("", recipe.serve.grpc_port)
     sweep = f"`trtllm-dflash sweep {recipe_arg}{api} --url HOST:{port} --from {out / 'deploy'} --out {out / 'sweep'}`"
-    nodes = placement(recipe).nodes
-    if nodes > 1:  # a scheduler starts it: the launcher is a file to submit
-        return (f"serve: the {recipe.backend.name} backend serves on {nodes} nodes of {recipe.world_size // nodes}x "
-                f"{recipe.gpu.name}: write its Slurm batch script or Kubernetes manifest with `trtllm-dflash serve "
+    where = placement(recipe)
+    nodes = where.nodes
+    if nodes > 1 or where.replicas > 1:  # a scheduler starts it: the launcher is a file to submit
+        copies = f"{where.replicas} copies (parallel.replicas), each " if where.replicas > 1 else ""
+        span = f"on {nodes} nodes of {where.gpus_per_node}x" if nodes > 1 else f"on {where.gpus_per_node}x"
+        return (f"serve: the {recipe.backend.name} backend serves {copies}{span} {recipe.gpu.name}: write its Slurm "
+                f"batch script or Kubernetes manifest with `trtllm-dflash serve "
                 f"{recipe_arg} --from {out / 'deploy'}{api} --launcher srun` (or `--launcher k8s`), submit it, then "
                 f"{sweep}")
     return (f"serve: the {recipe.backend.name} backend serves on {recipe.world_size}x {recipe.gpu.name}: there, inside "

@@ -31,7 +31,8 @@ ENV PATH=/opt/tritonserver/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/tritonserver/lib:${LD_LIBRARY_PATH}
 
 # The LLM-API model (model.py, helpers.py, config.pbtxt) of the same release: its model.py must
-# match the installed tensorrt_llm. `trtllm-dflash deploy` points model.yaml's repository at it.
+# match the installed tensorrt_llm. `trtllm-dflash serve --api triton` launch lines copy its
+# 1/model.py and 1/helpers.py into the deployed repository before tritonserver starts.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN git clone --depth 1 --filter=blob:none --sparse --branch "v${TRTLLM_VERSION}" \
         https://github.com/NVIDIA/TensorRT-LLM.git /opt/tensorrt_llm_src \

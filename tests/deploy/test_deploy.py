@@ -283,6 +283,18 @@ def test_trtllm_serve_files(tmp_path, key):
             "trtllm_serve/extra_llm_api_options.yaml"} <= set(Manifest.read(out).files)
 
 
+def test_trtllm_serve_commands_launch_one_model_copy_of_several(tmp_path):
+    """parallel.replicas 2 of tp 8 on 16 GPUs: every launch.json command is one copy (8 ranks, one
+    node); `serve --launcher srun` runs one such step per copy (tests/serve/test_cluster_launchers.py)."""
+    import json
+
+    recipe = load_recipe(ROOT / PYTORCH_RECIPES["gptoss"], ["parallel.replicas=2", "hardware.count=16"])
+    out = deploy(recipe, artifact(recipe, tmp_path), tmp_path / "out")
+    launch = json.loads((out / "trtllm_serve/launch.json").read_text())
+    assert launch["mpirun"][launch["mpirun"].index("-n") + 1] == "8"
+    assert launch["srun"][:4] == ["srun", "-N", "1", "--ntasks-per-node=8"]
+
+
 def test_pytorch_model_is_the_quantize_output_in_a_pipeline_run(tmp_path, tiny_pair):
     """A real run (convert, quantize FP8 through ModelOpt on CPU, deploy) of a pytorch recipe:
     model.yaml and trtllm-serve's options serve the quantize output, not the source."""

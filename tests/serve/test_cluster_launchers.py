@@ -33,6 +33,8 @@ CASES = {
     "two-nodes": (GPT_OSS, ["parallel.tp=16", "hardware.count=16"]),
     "one-gpu": (GPT_OSS, ["parallel.tp=1", "hardware.count=1"]),
     "engine": (QWEN_ENGINE, []),
+    "replicas": (GPT_OSS, ["parallel.replicas=2", "hardware.count=16"]),  # two copies of one node each
+    "wide-replicas": (GPT_OSS, ["parallel.tp=16", "parallel.replicas=2", "hardware.count=32"]),  # of two nodes each
 }
 REGISTRY = "registry.example"
 
@@ -69,13 +71,14 @@ def written(out: str) -> Path:
 
 
 def parse_sbatch(text: str) -> tuple[dict, list[str]]:
-    """(#SBATCH options, the srun line's argv) of a batch script."""
+    """(#SBATCH options, the argv of the srun step that serves a model copy) of a batch script."""
     directives = {}
     for line in text.splitlines():
         if line.startswith("#SBATCH "):
             key, _, value = line.removeprefix("#SBATCH ").partition("=")
             directives[key] = value
-    srun = text[text.index("\nsrun ") + 1:].replace("\\\n", " ")
+    start = text.index("\n  srun ") + 1
+    srun = text[start:text.index("\n}", start)].replace("\\\n", " ")
     return directives, shlex.split(srun)
 
 
@@ -86,6 +89,14 @@ def flag(argv: list[str], name: str) -> str:
 def rank(argv: list[str]) -> list[str]:
     """The srun line's command: what follows its own --flags."""
     return argv[next(i for i, a in enumerate(argv[1:], 1) if not a.startswith("--")):]
+
+
+def after_prelude(cmd: list[str]) -> tuple[str, list[str]]:
+    """(the shell run first, the command it then execs) of a `bash -c '...; exec CMD'` line (the
+    pytorch backend behind Triton copies TensorRT-LLM's model.py first: serve/llmapi_model.py)."""
+    assert cmd[:2] == ["bash", "-c"]
+    prelude, _, command = cmd[2].rpartition("; exec ")
+    return prelude, shlex.split(command)
 
 
 def test_sbatch_one_node_x_8_runs_every_rank_under_trtllm_llmapi_launch(capsys, deployed):
@@ -125,9 +136,12 @@ def test_sbatch_two_nodes_with_the_users_partition_account_time_and_image(capsys
     assert (sbatch["--partition"], sbatch["--account"], sbatch["--time"]) == ("batch", "llm", "02:00:00")
     # A Docker-style reference becomes enroot's REGISTRY#IMAGE (Pyxis would look on Docker Hub otherwise).
     assert flag(srun, "--container-image") == "registry.example#team/tritonserver:26.09-trtllm-python-py3"
-    cmd = rank(srun)
+    prelude, cmd = after_prelude(rank(srun))
+    assert "TRTLLM_LLMAPI_MODEL_DIR" in prelude and "OMPI_COMM_WORLD_RANK" in prelude  # the clearing model.py refused
     assert cmd[:2] == ["trtllm-llmapi-launch", "/opt/tritonserver/bin/tritonserver"]
     assert f"--model-repository={deployed['two-nodes'].resolve() / 'model_repository'}" in cmd
+    d = deployed["two-nodes"].resolve()
+    assert f"{d}:{d}" in flag(srun, "--container-mounts").split(",")  # model.py is copied into it
     assert "--http-address=0.0.0.0" in cmd and "--disable-auto-complete-config" in cmd
 
 
@@ -155,6 +169,23 @@ def test_sbatch_engine_installs_this_checkout_into_nvidias_triton_image(capsys, 
     assert shlex.split(server)[0] == "/opt/tritonserver/bin/tritonserver"
 
 
+def test_nvidias_registry_is_the_default_for_both_launchers(capsys, deployed):
+    """No --registry: NVIDIA's images on nvcr.io, as enroot's `nvcr.io#nvidia/...` for Pyxis and as
+    `nvcr.io/nvidia/...` in the pods; --registry names a mirror instead (the tests above)."""
+    version = load_recipe(GPT_OSS).backend.trtllm_version
+    rc, out, err = serve(capsys, "one-node", deployed, "--launcher", "srun", "--api", "openai")
+    assert rc == 0, err
+    _, srun = parse_sbatch(written(out).read_text())
+    assert flag(srun, "--container-image") == f"nvcr.io#nvidia/tensorrt-llm/release:{version}"
+    rc, out, err = serve(capsys, "engine", deployed, "--launcher", "srun")
+    assert rc == 0, err
+    assert flag(parse_sbatch(written(out).read_text())[1], "--container-image") == f"nvcr.io#{TRITON_TRTLLM_1_2}"
+    assert TRITON_TRTLLM_1_2.startswith("nvidia/tritonserver:")
+    (set_, _) = lws(capsys, "one-node", deployed, "--api", "openai")
+    image = containers(set_["spec"]["leaderWorkerTemplate"]["workerTemplate"])["image"]
+    assert image == f"nvcr.io/nvidia/tensorrt-llm/release:{version}"
+
+
 def test_sbatch_runs_as_written(capsys, deployed, tmp_path):
     """bash runs the script: scontrol and srun are stand-ins that record what they are given."""
     rc, out, err = serve(capsys, "two-nodes", deployed, "--launcher", "srun", "--image", "img:1")
@@ -164,8 +195,99 @@ def test_sbatch_runs_as_written(capsys, deployed, tmp_path):
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]", "LOG": log}
     r = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert "starts on node-a, HTTP port 8000" in r.stdout
-    assert Path(log).read_text().splitlines() == parse_sbatch(path.read_text())[1][1:]
+    assert "copy 0 (rank 0 on node-a) serves http://node-a:8000" in r.stdout
+    step = [a.replace("$nodes", "node-a,node-b") for a in parse_sbatch(path.read_text())[1][1:]]
+    assert Path(log).read_text().splitlines() == step
+
+
+def run_sbatch(path: Path, tmp_path: Path, nodes: list[str], srun: str) -> tuple[subprocess.CompletedProcess, list]:
+    """Run the batch script on stand-ins of scontrol (the job's nodes) and srun (`srun`: its body);
+    return the run and every srun call's arguments."""
+    calls = tmp_path / "calls"
+    calls.mkdir(parents=True)
+    stub_tools(tmp_path, {"scontrol": f"printf '%s\\n' {' '.join(nodes)}",
+                          "srun": f'printf "%s\\n" "$@" > "$(mktemp -p {calls})"\n{srun}'})
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "stand-in"}
+    r = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30)
+    return r, [p.read_text().splitlines() for p in calls.iterdir()]
+
+
+@pytest.mark.parametrize("name, per_copy", [("replicas", 1), ("wide-replicas", 2)])
+def test_sbatch_starts_every_replica_on_nodes_of_its_own_and_prints_each_endpoint(capsys, deployed, tmp_path, name,
+                                                                                   per_copy):
+    rc, out, err = serve(capsys, name, deployed, "--launcher", "srun", "--api", "openai")
+    assert rc == 0, err
+    path = written(out)
+    sbatch, srun = parse_sbatch(path.read_text())
+    assert (sbatch["--nodes"], sbatch["--ntasks-per-node"]) == (str(2 * per_copy), "8")
+    assert (flag(srun, "--nodes"), flag(srun, "--ntasks-per-node")) == (str(per_copy), "8")
+    assert "sweep --url` at each" in path.read_text()  # how to put one endpoint in front
+    nodes = [f"node-{i}" for i in range(2 * per_copy)]
+    r, calls = run_sbatch(path, tmp_path, nodes, "exit 0")
+    assert r.returncode == 0, r.stderr
+    used = sorted(flag(c, "--nodelist") for c in calls if any(a.startswith("--container-image") for a in c))
+    assert used == sorted(",".join(nodes[i:i + per_copy]) for i in range(0, len(nodes), per_copy))
+    for first in nodes[::per_copy]:
+        assert f"serves http://{first}:8000" in r.stdout
+
+
+def test_sbatch_fails_when_a_replica_fails(capsys, deployed, tmp_path):
+    rc, out, err = serve(capsys, "replicas", deployed, "--launcher", "srun", "--api", "openai")
+    assert rc == 0, err
+    r, _ = run_sbatch(written(out), tmp_path, ["node-0", "node-1"],
+                      'for a in "$@"; do [ "$a" = --nodelist=node-1 ] && exit 3; done; exit 0')
+    assert r.returncode == 3
+
+
+def test_sbatch_checks_every_node_sees_every_mount_before_any_server_starts(capsys, deployed, tmp_path):
+    """The stand-in srun runs the storage check itself (here every "node" is this machine): with
+    every mounted directory present the copies start; with one gone the job stops naming it, and
+    no server step runs."""
+    model = tmp_path / "llmapi"
+    (model / "1").mkdir(parents=True)
+    for f in ("model.py", "helpers.py"):
+        (model / "1" / f).write_text("")
+    rc, out, err = serve(capsys, "replicas", deployed, "--launcher", "srun", "--image", "i:1", "--llmapi-model", model)
+    assert rc == 0, err
+    note = out.splitlines()[2]
+    assert note.startswith("shared storage: every path the job mounts (") and str(model) in note
+    text = written(out).read_text()
+    assert "# Shared storage: every path the job mounts" in text and "must be on storage every node sees" in text
+    check = 'for a in "$@"; do [ "$a" = --ntasks-per-node=1 ] && exec "${@: -3}"; done; exit 0'
+    r, calls = run_sbatch(written(out), tmp_path / "ok", ["node-0", "node-1"], check)
+    assert r.returncode == 0, r.stderr
+    (step,) = [c for c in calls if "--ntasks-per-node=1" in c]
+    assert step[:2] == ["--nodes=2", "--ntasks-per-node=1"] and step[2] == "bash"
+    assert len([c for c in calls if any(a.startswith("--container-image") for a in c)]) == 2
+    shutil.rmtree(model)
+    r, calls = run_sbatch(written(out), tmp_path / "gone", ["node-0", "node-1"], check)
+    assert r.returncode == 1 and f"does not see {model}: every path the job mounts must be on storage" in r.stderr
+    assert not [c for c in calls if any(a.startswith("--container-image") for a in c)]
+
+
+@pytest.mark.parametrize("name, args, mode", [
+    ("one-gpu", ["--api", "openai"], "any access mode"),
+    ("replicas", ["--api", "openai"], "ReadOnlyMany or ReadWriteMany"),
+    ("two-nodes", ["--image", "i:1"], "ReadWriteMany (the pods write there)"),  # model.py is copied in
+])
+def test_lws_states_what_its_claim_must_be(capsys, deployed, name, args, mode):
+    rc, out, err = serve(capsys, name, deployed, "--launcher", "k8s", *args)
+    assert rc == 0, err
+    assert out.splitlines()[2].startswith("shared storage: the claim ") and out.splitlines()[2].endswith(mode)
+    text = written(out).read_text()
+    set_ = next(yaml.safe_load_all(text))
+    note = set_["metadata"]["annotations"]["trtllm-dflash/shared-storage"]
+    assert "on storage every node sees" in note and note.endswith(mode) and f"# Shared storage: {note}." in text
+
+
+def test_lws_replicas_are_groups_behind_the_one_service(capsys, deployed):
+    (set_, service) = lws(capsys, "wide-replicas", deployed, "--api", "openai")
+    assert set_["spec"]["replicas"] == 2 and set_["spec"]["leaderWorkerTemplate"]["size"] == 2
+    # The Service selects every group's leader (worker index 0), so it balances over the copies.
+    assert service["spec"]["selector"] == {"leaderworkerset.sigs.k8s.io/name": set_["metadata"]["name"],
+                                           "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    (set_, _) = lws(capsys, "replicas", deployed, "--api", "openai")
+    assert set_["spec"]["replicas"] == 2 and set_["spec"]["leaderWorkerTemplate"]["size"] == 1
 
 
 def stub_tools(directory: Path, scripts: dict[str, str]) -> str:
@@ -225,18 +347,26 @@ def test_lws_two_nodes_leader_serves_workers_join(capsys, deployed):
 
 def test_lws_leader_script_starts_16_ranks_on_both_pods(capsys, deployed, tmp_path):
     """The leader's script runs here: LWS's variables set as its webhook sets them, ssh and mpirun
-    stand-ins; mpirun gets 16 ranks, 8 slots on the leader then 8 on worker 1, and rank 0 serves."""
+    stand-ins, the image's LLM-API model a model.py that keeps the MPI environment; mpirun gets 16
+    ranks, 8 slots on the leader then 8 on worker 1, and rank 0 serves."""
     (set_, _) = lws(capsys, "two-nodes", deployed, "--image", "img:1")
     script = containers(set_["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["command"][2]
     log = stub_tools(tmp_path, {"ssh": "exit 0", "mpirun": 'printf "%s\\n" "$@" > "$LOG"'})
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "id_ed25519").write_text("stand-in key\n")
+    model = tmp_path / "llmapi" / "1"
+    model.mkdir(parents=True)
+    (model / "model.py").write_text("import os\nRANK = os.environ.get('OMPI_COMM_WORLD_RANK')\n")
+    (model / "helpers.py").write_text("")
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"), "LOG": log,
-           "LWS_LEADER_ADDRESS": "dflash-0.dflash.ns", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0"}
+           "LWS_LEADER_ADDRESS": "dflash-0.dflash.ns", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0",
+           "TRTLLM_LLMAPI_MODEL_DIR": str(model.parent)}
     r = subprocess.run(["bash", "-c", script.replace(SSH_KEYS, str(keys))], env=env, capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, r.stderr
+    version = deployed["two-nodes"] / "model_repository" / "dflash" / "1"
+    assert (version / "model.py").read_text() == (model / "model.py").read_text() and (version / "helpers.py").exists()
     argv = Path(log).read_text().splitlines()
     assert argv[argv.index("-np") + 1] == "16"
     assert argv[argv.index("-H") + 1] == "dflash-0.dflash.ns:8,dflash-0-1.dflash.ns:8"
@@ -258,11 +388,12 @@ def test_lws_one_node_and_one_gpu_are_a_group_of_one(capsys, deployed):
     assert server["command"][0] == "trtllm-serve" and server["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
-def test_manifest_pods_and_service_pass_kubernetes_strict_schemas(capsys, deployed):
+@pytest.mark.parametrize("name", ["two-nodes", "wide-replicas"])
+def test_manifest_pods_and_service_pass_kubernetes_strict_schemas(capsys, deployed, name):
     """Every pod template (as a core PodTemplate) and the Service validate against Kubernetes'
     own JSON schemas with unknown fields refused (kubernetes-validate, 1.32)."""
     kv = pytest.importorskip("kubernetes_validate")
-    (set_, service) = lws(capsys, "two-nodes", deployed, "--image", "img:1")
+    (set_, service) = lws(capsys, name, deployed, "--image", "img:1")
     template = set_["spec"]["leaderWorkerTemplate"]
     for pod in (template["leaderTemplate"], template["workerTemplate"]):
         kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": pod}, "1.32.0",
@@ -283,7 +414,7 @@ def test_shell_in_the_pods_parses(capsys, deployed):
 @pytest.mark.parametrize("args, message", [
     (("--launcher", "srun"), "--image: no published Triton image carries TensorRT-LLM >= 1.3"),
     (("--launcher", "srun", "--api", "openai", "--registry", ""),
-     "--registry: nvidia/tensorrt-llm/release:1.3.0rc27 is on NGC"),
+     "--registry: empty; nvidia/tensorrt-llm/release:"),
     (("--launcher", "k8s", "--image", "i:1", "--container", "x:1"), "--container: docker run is for one node"),
 ])
 def test_what_a_launcher_needs_is_asked_for_in_one_line(capsys, deployed, args, message):
@@ -344,6 +475,8 @@ def test_run_stops_before_a_multi_node_serve_with_the_launcher_to_write():
     assert "serves on 8x b300" in one and "--run --api openai" in one
     assert "serves on 2 nodes of 8x b300" in two and "--launcher srun` (or `--launcher k8s`)" in two
     assert "--run" not in two
+    copies = _where(load_recipe(GPT_OSS, CASES["replicas"][1]), "serve", Path("runs/x"), "R")
+    assert "serves 2 copies (parallel.replicas), each on 8x b300" in copies and "--launcher srun" in copies
 
 
 def test_replicas_scale_a_copy_that_fits_one_node_and_check_says_when_tp_spans_nodes_needlessly():

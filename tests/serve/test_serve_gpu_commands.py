@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from test_cluster_launchers import after_prelude
+
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.deploy.repository import deploy
 from trtllm_dflash.recipe import load_recipe
@@ -60,12 +62,15 @@ def test_container_wraps_the_command_and_mounts_what_it_reads(deployed_pytorch):
 
 def test_triton_api_runs_one_tritonserver_on_a_node(deployed_pytorch):
     out, _ = deployed_pytorch
-    cmd = shlex.split(serve("--from", out).stdout.strip())
-    # The LLM-API model spawns its tp workers itself: one server, auto-complete off, no mpirun.
+    prelude, cmd = after_prelude(shlex.split(serve("--from", out).stdout.strip()))
+    # The LLM-API model spawns its tp workers itself: one server, auto-complete off, no mpirun;
+    # TensorRT-LLM's model.py is copied in first (serve/llmapi_model.py), its MPI clearing is harmless here.
     assert cmd[0] == "/opt/tritonserver/bin/tritonserver" and "--disable-auto-complete-config" in cmd
     assert f"--model-repository={(out / 'model_repository').resolve()}" in cmd
-    cmd = shlex.split(serve("--from", out, "--launcher", "mpirun").stdout.strip())
+    assert "$TRTLLM_LLMAPI_MODEL_DIR" in prelude and "OMPI_COMM_WORLD_RANK" not in prelude
+    prelude, cmd = after_prelude(shlex.split(serve("--from", out, "--launcher", "mpirun").stdout.strip()))
     assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "8", "trtllm-llmapi-launch"] and cmd.count("-n") == 1
+    assert "OMPI_COMM_WORLD_RANK" in prelude  # several ranks: a model.py that clears their environment is refused
 
 
 def test_run_outside_the_container_says_where_to_run(deployed_pytorch):

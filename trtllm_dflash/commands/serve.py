@@ -56,12 +56,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="GPU backends: run inside `docker run IMAGE` (NVIDIA's TensorRT-LLM container of the "
                    "recipe's version) with every directory the deployment opens mounted; engine backend: the "
                    "command first installs this source checkout into it (pip, offline: --no-index --no-deps)")
+    p.add_argument("--llmapi-model", type=Path, default=None, metavar="DIR",
+                   help="pytorch backend, --api triton: TensorRT-LLM's LLM-API model directory (triton_backend/"
+                   "all_models/llmapi/tensorrt_llm of the image's TensorRT-LLM, holding 1/model.py and 1/helpers.py); "
+                   "the launch copies them into the deployed repository (default: $TRTLLM_LLMAPI_MODEL_DIR in the "
+                   "container, set by docs/docker/triton-trtllm-llmapi.Dockerfile)")
     _cluster_arguments(p)
     p.set_defaults(run=run)
 
 
 def _cluster_arguments(p: argparse.ArgumentParser) -> None:
-    import os
+    from trtllm_dflash.recipe.containers import NVIDIA_REGISTRY
 
     g = p.add_argument_group("--launcher srun / k8s")
     g.add_argument("--out", type=Path, default=None, metavar="PATH",
@@ -71,8 +76,9 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
                    help="the container image (default: the backend's NVIDIA image, recipe/containers.py, on "
                    "--registry); engine backend: an image with trtllm_dflash installed (without it the job "
                    "installs this source checkout into NVIDIA's image, offline: pip --no-index --no-deps)")
-    g.add_argument("--registry", default=os.environ.get("NGC") or None, metavar="HOST",
-                   help="the registry of NVIDIA's images (default: $NGC)")
+    g.add_argument("--registry", default=NVIDIA_REGISTRY, metavar="HOST",
+                   help=f"the registry of NVIDIA's images (default: {NVIDIA_REGISTRY}; a mirror of it, e.g. "
+                   "a site's pull-through cache)")
     g.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
     g.add_argument("--account", default=None, help="Slurm account (default: the user's)")
     g.add_argument("--time", default=None, help="Slurm time limit, e.g. 04:00:00 (default: the partition's)")
@@ -110,16 +116,59 @@ def _deployed_trtllm_serve(args, recipe, launcher: str) -> list[str]:
     return json.loads(launch.read_text())[launcher]
 
 
-def _gpu_command(args, recipe, repository: Path, endpoints) -> list[str]:
+def _llmapi_model(args, recipe, repository: Path, multi_rank: bool):
+    """Where TensorRT-LLM's model.py comes from and goes (serve/llmapi_model.py): the pytorch
+    backend behind Triton only; --llmapi-model DIR is checked here."""
     from trtllm_dflash.recipe.support import backend as backend_spec
+    from trtllm_dflash.serve.llmapi_model import LLMAPIModel
+
+    if args.api != "triton" or backend_spec(recipe.backend.name).triton_model != "llmapi":
+        return None
+    source = args.llmapi_model.resolve() if args.llmapi_model is not None else None
+    model = LLMAPIModel(repository / recipe.serve.model_name / "1", source)
+    model.check_here(multi_rank)
+    return model
+
+
+def _gpu_command(args, recipe, repository: Path, endpoints) -> tuple[list[str], list[str]]:
+    """(the launch command on one node, the server command it ends in)."""
     from trtllm_dflash.serve.launch import launch_command
 
     if args.api == "triton":
-        llmapi = backend_spec(recipe.backend.name).triton_model == "llmapi"
-        return launch_command(repository, endpoints, recipe.world_size, recipe.serve.model_name,
-                              llmapi=llmapi, launcher=args.launcher)
+        multi_rank = args.launcher == "mpirun" and recipe.world_size > 1
+        llmapi = _llmapi_model(args, recipe, repository, multi_rank)
+        cmd = launch_command(repository, endpoints, recipe.world_size, recipe.serve.model_name,
+                             llmapi=llmapi is not None, launcher=args.launcher)
+        return (llmapi.wrapped(cmd, multi_rank) if llmapi else cmd), cmd
     cmd = _deployed_trtllm_serve(args, recipe, args.launcher)
-    return _override(_override(cmd, "--host", args.host), "--port", args.http_port)
+    cmd = _override(_override(cmd, "--host", args.host), "--port", args.http_port)
+    return cmd, cmd
+
+
+def _one_node(args, recipe, repository: Path, endpoints) -> int:
+    """GPU backends on one node: print the launch command (in `docker run` with --container), and
+    with --run run it here."""
+    import shlex
+    import shutil
+    import subprocess
+
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.serve.cluster import checkout_to_install
+    from trtllm_dflash.serve.launch import in_container, served_paths
+
+    cmd, server = _gpu_command(args, recipe, repository, endpoints)
+    if args.container:
+        llmapi = [args.llmapi_model.resolve()] if args.llmapi_model is not None else []
+        cmd = in_container(cmd, args.container, served_paths(args.from_dir) + llmapi,
+                           source=checkout_to_install(recipe.backend.name))
+    print(shlex.join(cmd))
+    if not args.execute:
+        return 0
+    tool = cmd[0] if args.container else server[0]
+    if shutil.which(tool) is None:
+        raise UserError(f"{tool}: not found on PATH; run this inside NVIDIA's TensorRT-LLM container of version "
+                        f"{recipe.backend.trtllm_version or 'the recipe names'}, or pass --container IMAGE")
+    return subprocess.call(cmd)
 
 
 def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
@@ -131,7 +180,7 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     import subprocess
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.serve.cluster import ClusterOptions, make_job, write_launcher
+    from trtllm_dflash.serve.cluster import ClusterOptions, make_job, storage_note, write_launcher
     from trtllm_dflash.serve.launch import served_paths, server_command
 
     if args.container:
@@ -142,12 +191,15 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     else:
         server = _override(_override(_deployed_trtllm_serve(args, recipe, "single_node"), "--host", endpoints.host),
                            "--port", endpoints.http_port)
-    job = make_job(recipe, args.api, server, endpoints, served_paths(args.from_dir))
+    llmapi = _llmapi_model(args, recipe, repository, multi_rank=recipe.world_size > 1)
+    paths = served_paths(args.from_dir) + ([llmapi.source] if llmapi and llmapi.source else [])
+    job = make_job(recipe, args.api, server, endpoints, paths, llmapi)
     opts = ClusterOptions(image=args.image, registry=args.registry, partition=args.partition, account=args.account,
                           time=args.time, pvc=args.pvc, ssh_secret=args.ssh_secret)
     path, submit = write_launcher(args.launcher, job, opts, args.out, args.from_dir)
     print(f"wrote {path}")
     print(f"submit: {submit}")
+    print(f"shared storage: {storage_note(args.launcher, job, opts)}")
     if not args.execute:
         return 0
     tool = shlex.split(submit)[0]
@@ -157,10 +209,7 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import shlex
-    import shutil
     import signal
-    import subprocess
     import tempfile
     import threading
 
@@ -170,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.recipe.support import backend as backend_spec
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.launch import Endpoints, in_container, served_paths
+    from trtllm_dflash.serve.launch import Endpoints
     from trtllm_dflash.serve.overlay import with_runners
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -178,6 +227,10 @@ def run(args: argparse.Namespace) -> int:
     endpoints = Endpoints(args.host or s.host, args.http_port or s.http_port, args.grpc_port or s.grpc_port,
                           args.metrics_port or s.metrics_port)
     verify_input(args.from_dir, ("deploy",), recipe)
+    if args.llmapi_model is not None and (args.api, backend_spec(recipe.backend.name).triton_model) != ("triton",
+                                                                                                     "llmapi"):
+        raise UserError("--llmapi-model: only the pytorch backend served by Triton (--api triton) runs TensorRT-LLM's "
+                        "LLM-API model")
     repository = (args.from_dir / REPOSITORY).resolve()
     local = not backend_spec(recipe.backend.name).needs_gpu or args.runners in CPU_RUNNERS
     if not local or args.launcher in CLUSTER:
@@ -190,19 +243,7 @@ def run(args: argparse.Namespace) -> int:
                             "the deployment's GPU runners on a cluster")
         return _cluster_launcher(args, recipe, repository, endpoints)
     if not local:
-        cmd = _gpu_command(args, recipe, repository, endpoints)
-        if args.container:
-            from trtllm_dflash.serve.cluster import checkout_to_install
-
-            cmd = in_container(cmd, args.container, served_paths(args.from_dir),
-                               source=checkout_to_install(recipe.backend.name))
-        print(shlex.join(cmd))
-        if not args.execute:
-            return 0
-        if shutil.which(cmd[0]) is None:
-            raise UserError(f"{cmd[0]}: not found on PATH; run this inside NVIDIA's TensorRT-LLM container of version "
-                            f"{recipe.backend.trtllm_version or 'the recipe names'}, or pass --container IMAGE")
-        return subprocess.call(cmd)
+        return _one_node(args, recipe, repository, endpoints)
 
     if args.api == "openai":
         return _serve_openai(args, recipe, endpoints)

@@ -219,7 +219,9 @@ def trtllm_serve_commands(recipe: Recipe, artifact: Path, options: Path) -> dict
                  runs the server, the others run tensorrt_llm.llmapi.mgmn_worker_node:
                  tensorrt_llm/llmapi/trtllm-llmapi-launch)
     srun         the same under Slurm (--mpi=pmix), on the nodes recipe/placement.py lays out
-                 (`serve --launcher srun` writes the whole sbatch script around it)
+                 for one model copy (`serve --launcher srun` writes the whole sbatch script around
+                 it: one such step per copy of parallel.replicas, each on nodes of its own)
+    Every command serves one model copy: replicas are as many of them, each its own endpoint.
     """
     s = recipe.serve
     serve = ["trtllm-serve", str(Path(artifact).resolve() / "target"), "--host", s.host, "--port", str(s.http_port),

@@ -1,7 +1,8 @@
 """NVIDIA's container images each GPU backend runs in: the one place that names them.
 
-Names without a registry: they live on NGC, NVIDIA's registry (not Docker Hub); the cluster
-launchers put the registry the user names in front (serve/cluster.py). Facts from
+Names without a registry: they live on NVIDIA's registry NGC, `nvcr.io` (not Docker Hub); the
+cluster launchers put NVIDIA_REGISTRY in front, or the mirror `serve --registry` names
+(serve/cluster.py). Facts from
 reference/trtllm-triton.md §5 and §7.3 and reference/ecosystem-2026-11.md "Triton images":
 - engine backend: Triton 25.12 `trtllm-python-py3` (TensorRT-LLM 1.2.1, TensorRT 10.14; the
   Triton image line 25.12-26.07 all carry 1.2.1, the last TensorRT-LLM with `trtllm-build`);
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from trtllm_dflash.recipe.support import BACKENDS, backend as backend_spec
 
+NVIDIA_REGISTRY = "nvcr.io"  # NGC's container registry: `nvcr.io/nvidia/...`
 TRITON_TRTLLM_1_2 = next(b.image for b in BACKENDS.values() if b.builds_engines)
 TRTLLM_RELEASE = next(b.image for b in BACKENDS.values() if b.static_schedule).split(":")[0]
 

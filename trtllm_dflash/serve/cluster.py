@@ -3,7 +3,12 @@ Kubernetes LeaderWorkerSet manifest, both around the server command one node wou
 
 `serve --launcher srun` and `serve --launcher k8s` write them (default: DEPLOY_DIR/launch/);
 nodes, processes and GPUs per node come from recipe/placement.py, the images from
-recipe/containers.py. Upstream facts they follow (read, not copied):
+recipe/containers.py. `parallel.replicas` copies of the model are launched side by side: one
+sbatch job of every copy's nodes with one srun step per copy (each its own endpoint, printed by
+the job), or LWS `spec.replicas` groups behind the one Service. Both mount the deployment's
+directories where they are, so they must be on storage every node sees: both say so, and the
+batch script tests it on every node before any server starts. Upstream facts they follow
+(read, not copied):
 
 Slurm (sbatch and srun manual pages; Pyxis wiki "Usage"): `#SBATCH --nodes/--ntasks-per-node/
 --gpus-per-node/--exclusive/--partition/--account/--time`; Pyxis adds `--container-image`
@@ -45,14 +50,16 @@ import yaml
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.containers import backend_image
+from trtllm_dflash.recipe.containers import NVIDIA_REGISTRY, backend_image
 from trtllm_dflash.recipe.placement import Placement, placement
 from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.serve.launch import Endpoints, installed_first, leader_ranks_command, mpi_world
+from trtllm_dflash.serve.llmapi_model import LLMAPIModel
 
 LAUNCH_DIR = "launch"  # under the deploy output
 SSH_PORT = 2222  # unprivileged: the worker's sshd needs no root to bind it
 SSH_KEYS = "/etc/trtllm-dflash/mpi-ssh"  # the Secret's mount: id_ed25519, id_ed25519.pub
+STORAGE_ANNOTATION = "trtllm-dflash/shared-storage"  # on the LeaderWorkerSet: what its claim must be
 READY_PATH = {"triton": "/v2/health/ready", "openai": "/health"}  # Triton's and trtllm-serve's readiness
 
 
@@ -61,7 +68,7 @@ class ClusterOptions:
     """What the cluster needs beyond the recipe (serve's flags)."""
 
     image: str | None = None  # a full image reference; None: the backend's NVIDIA image on `registry`
-    registry: str | None = None  # the registry holding NVIDIA's images
+    registry: str = NVIDIA_REGISTRY  # the registry holding NVIDIA's images, or a mirror of it
     partition: str | None = None  # Slurm; None: the cluster's default
     account: str | None = None  # Slurm; None: the user's default
     time: str | None = None  # Slurm; None: the partition's default limit
@@ -85,6 +92,7 @@ class Job:
     paths: list[Path]  # what it reads, mounted where it is
     model_name: str = "dflash"  # the served model (engine ranks above 0 load only it)
     source: Path | None = None  # engine backend: the trtllm_dflash checkout the container installs
+    llmapi: LLMAPIModel | None = None  # pytorch behind Triton: where TensorRT-LLM's model.py comes from and goes
 
 
 def dns_label(text: str) -> str:
@@ -104,15 +112,14 @@ def source_checkout() -> Path | None:
     return root if (root / "pyproject.toml").is_file() and (root / "setup.py").is_file() else None
 
 
-def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, paths: list[Path]) -> Job:
-    """The job for `recipe` (a one-line UserError for a recipe no cluster launcher expresses)."""
+def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, paths: list[Path],
+             llmapi: LLMAPIModel | None = None) -> Job:
+    """The job for `recipe`, every one of its `parallel.replicas` model copies (a one-line
+    UserError for a recipe no cluster launcher expresses)."""
     where = placement(recipe)
-    if where.replicas > 1:  # NOT IMPLEMENTED yet: one job per copy, or a job of every copy behind one endpoint
-        raise UserError(f"parallel.replicas {where.replicas}: the srun / k8s launchers launch one model copy; "
-                        "launching replicas behind one endpoint is not implemented yet (launch one job per copy)")
     source = checkout_to_install(recipe.backend.name)
     return Job(recipe.name, dns_label(recipe.name), recipe.backend.name, api, recipe.backend.trtllm_version,
-               recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source)
+               recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source, llmapi)
 
 
 def checkout_to_install(backend: str) -> Path | None:
@@ -142,6 +149,24 @@ def rank_command(job: Job, slurm: bool) -> list[str]:
     return ["trtllm-llmapi-launch", *job.server]
 
 
+def prepared(job: Job, opts: ClusterOptions, cmd: list[str]) -> list[str]:
+    """`cmd` after what the container needs first: this checkout installed (engine backend on
+    NVIDIA's image), or TensorRT-LLM's model.py copied into the repository (pytorch behind Triton;
+    several ranks: refused when that model.py clears the MPI environment)."""
+    if job.llmapi is not None:
+        return job.llmapi.wrapped(cmd, multi_rank=job.world > 1)
+    return installed_first(cmd, installing(job, opts))
+
+
+def writable(job: Job, opts: ClusterOptions) -> list[Path]:
+    """The mounted directories the job writes: the source checkout it installs (pip writes its
+    egg-info) or the served directory holding the repository model.py is copied into."""
+    if job.llmapi is not None:
+        return [p for p in job.paths if p == job.llmapi.version_dir or p in job.llmapi.version_dir.parents][:1]
+    source = installing(job, opts)
+    return [source] if source else []
+
+
 def installs_source(job: Job, opts: ClusterOptions) -> bool:
     """The engine backend's Triton model imports trtllm_dflash, which NVIDIA's image lacks: a job
     on NVIDIA's image (no --image) installs it from this source checkout, mounted where it is
@@ -157,7 +182,7 @@ def installing(job: Job, opts: ClusterOptions) -> Path | None:
 
 def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
     """The image as a registry reference (`REGISTRY/NAME:TAG`): --image, else the backend's NVIDIA
-    image on --registry."""
+    image on --registry (default nvcr.io, NVIDIA's registry: the images are not on Docker Hub)."""
     if opts.image:
         return opts.image
     if _ours_in_container(job.backend) and job.source is None:
@@ -167,11 +192,12 @@ def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
     name = backend_image(job.backend, job.api, job.trtllm_version)
     if name is None:
         raise UserError(f"--image: no published Triton image carries TensorRT-LLM >= 1.3 (Triton 25.12-26.07 carry "
-                        f"1.2.1); pass --image, a tritonserver trtllm-python-py3 image with TensorRT-LLM "
-                        f"{job.trtllm_version or '>= 1.3'}, or serve through trtllm-serve with --api openai")
-    if not opts.registry:
-        raise UserError(f"--registry: {name} is on NGC, NVIDIA's registry, not on Docker Hub; pass --registry HOST "
-                        "(default: $NGC) or --image IMAGE")
+                        f"1.2.1); pass --image, an image with tritonserver and TensorRT-LLM "
+                        f"{job.trtllm_version or '>= 1.3'} (docs/docker/triton-trtllm-llmapi.Dockerfile builds one), or serve through trtllm-serve "
+                        "with --api openai")
+    if not opts.registry.strip("/"):
+        raise UserError(f"--registry: empty; {name} is on NVIDIA's registry: leave --registry out (nvcr.io), "
+                        "name a mirror of it, or pass --image IMAGE")
     return f"{opts.registry.rstrip('/')}/{name}"
 
 
@@ -186,65 +212,124 @@ def enroot_uri(reference: str) -> str:
     return reference
 
 
+def mounted(job: Job, opts: ClusterOptions) -> list[Path]:
+    """Every host directory the job's containers mount, where it is."""
+    return list(dict.fromkeys([*job.paths, *writable(job, opts)]))
+
+
+def storage_note(kind: str, job: Job, opts: ClusterOptions) -> str:
+    """What the cluster's storage must provide, one sentence (the script header, the manifest's
+    comment and annotation, and serve's message say it): the nodes mount these paths where they
+    are here, so they must be on storage every node sees."""
+    if kind == "srun":
+        return (f"every path the job mounts ({', '.join(map(str, mounted(job, opts)))}) must be on storage every node "
+                "sees (a shared filesystem, at the same path); the job checks it on every node before starting")
+    w, writes = job.where, bool(writable(job, opts))
+    if w.nodes > 1 or w.replicas > 1:  # pods on several nodes mount the claim at once
+        mode = "ReadWriteMany" if writes else "ReadOnlyMany or ReadWriteMany"
+    else:
+        mode = "ReadWriteOnce or ReadWriteMany" if writes else "any access mode"
+    return (f"the claim {opts.pvc or job.name + '-runs'!r} must hold {_claim_root(job, opts)} as it is here, on storage "
+            f"every node sees, bound {mode}" + (" (the pods write there)" if writes else ""))
+
+
 # ----------------------------------------------------------------------------- Slurm
 
 
 def sbatch_directives(job: Job, opts: ClusterOptions) -> list[str]:
-    """The `#SBATCH` lines: nodes, one task per rank (engine: one process), the GPUs, --exclusive
-    when the deployment takes whole nodes (its ranks own the node's GPUs and NVLink; a smaller one
-    shares its node), and the user's partition, account and time limit when given (else the
-    cluster's defaults apply)."""
+    """The `#SBATCH` lines: the nodes of every model copy (each copy on nodes of its own), one task
+    per rank (engine: one process), the GPUs, --exclusive when a copy takes whole nodes (its ranks
+    own the node's GPUs and NVLink; a smaller one shares its node), and the user's partition,
+    account and time limit when given (else the cluster's defaults apply)."""
     w = job.where
-    lines = [f"--job-name=dflash-{job.recipe}", f"--nodes={w.nodes}", f"--ntasks-per-node={w.tasks_per_node}",
-             f"--gpus-per-node={w.gpus_per_node}", *(["--exclusive"] if w.whole_nodes else []), "--output=%x-%j.out"]
+    lines = [f"--job-name=dflash-{job.recipe}", f"--nodes={w.replicas * w.nodes}",
+             f"--ntasks-per-node={w.tasks_per_node}", f"--gpus-per-node={w.gpus_per_node}",
+             *(["--exclusive"] if w.whole_nodes else []), "--output=%x-%j.out"]
     lines += [f"--{flag}={value}" for flag, value in
               (("partition", opts.partition), ("account", opts.account), ("time", opts.time)) if value]
     return [f"#SBATCH {line}" for line in lines]
 
 
-def container_mounts(paths: list[Path], source: Path | None) -> str:
+def container_mounts(paths: list[Path], writes: list[Path]) -> str:
     """Pyxis `--container-mounts`: every served path at its own place (the repository names them
-    by absolute path), read-only; a source checkout read-write (pip writes its egg-info there)."""
-    bad = next((p for p in [*paths, source] if p is not None and ("," in str(p) or ":" in str(p))), None)
+    by absolute path), read-only unless the job writes it (`writes`, read-write)."""
+    everything = list(dict.fromkeys([*paths, *writes]))
+    bad = next((p for p in everything if "," in str(p) or ":" in str(p)), None)
     if bad is not None:
         raise UserError(f"{bad}: Pyxis separates --container-mounts with ',' and ':'; move it to a path without them")
-    return ",".join([f"{p}:{p}:ro" for p in paths] + ([f"{source}:{source}"] if source else []))
+    return ",".join(f"{p}:{p}" if p in writes else f"{p}:{p}:ro" for p in everything)
 
 
 def srun_command(job: Job, opts: ClusterOptions) -> list[str]:
     """The job step: every task in the container, the ranks one PMIx world (several ranks)."""
-    source = installing(job, opts)
     cmd = ["srun", f"--container-image={enroot_uri(image_reference(job, opts, slurm=True))}",
-           f"--container-mounts={container_mounts(job.paths, source)}", f"--container-workdir={job.paths[0]}"]
+           f"--container-mounts={container_mounts(job.paths, writable(job, opts))}",
+           f"--container-workdir={job.paths[0]}"]
     # One task needs no PMI from Slurm (the engine's mpirun makes its own world); several form one.
     cmd += ["--mpi=pmix" if job.where.tasks > 1 else "--mpi=none", "--gpu-bind=none"]
-    return [*cmd, *installed_first(rank_command(job, slurm=True), source)]
+    return [*cmd, *prepared(job, opts, rank_command(job, slurm=True))]
+
+
+def _sbatch_header(job: Job, opts: ClusterOptions, path: Path) -> list[str]:
+    w, e = job.where, job.endpoints
+    unset = [f for f, v in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)) if not v]
+    lines = [
+        f"Generated by `trtllm-dflash serve --launcher srun` from recipe {job.recipe!r} ({job.backend} backend, "
+        f"--api {job.api}).",
+        f"{w.replicas} model copy(ies) (parallel.replicas), each on {w.nodes} node(s) of its own x {w.tasks_per_node} "
+        f"task(s), {w.gpus_per_node} GPU(s) per node; every task sees all GPUs of its node (--gpu-bind=none): "
+        "TensorRT-LLM picks GPU global_rank % device_count.",
+    ]
+    if w.replicas > 1:
+        lines.append(f"Every copy serves on its first node (HTTP port {e.http_port}); the job prints each endpoint. "
+                     "One endpoint in front: point `trtllm-dflash sweep --url` at each, or put any HTTP load balancer "
+                     "(nginx, HAProxy, a Kubernetes Service) over the printed HOST:PORT list.")
+    lines.append(f"Shared storage: {storage_note('srun', job, opts)}.")
+    if unset:
+        lines.append(f"{', '.join(unset)}: the cluster's default (serve --{' / --'.join(unset)} sets it).")
+    lines.append(f"Submit: sbatch {shlex.quote(str(path))}")
+    return ["#!/bin/bash", *(f"# {line}" for line in lines), *sbatch_directives(job, opts)]
+
+
+def _storage_check(job: Job, opts: ClusterOptions) -> list[str]:
+    """Shell: one task on every node of the job (outside the container) tests that each mounted
+    directory is there, before any server starts; the job stops naming the node that lacks one."""
+    paths = " ".join(shlex.quote(str(p)) for p in mounted(job, opts))
+    test = (f'for p in {paths}; do [ -d "$p" ] || {{ echo "trtllm-dflash: $(hostname) does not see $p: every '
+            'path the job mounts must be on storage every node sees (a shared filesystem)" >&2; exit 1; }; done')
+    return ["# Every node sees every mounted directory (shared storage), or nothing starts.",
+            f'srun --nodes="${{#hosts[@]}}" --ntasks-per-node=1 bash -c {shlex.quote(test)} || exit 1']
 
 
 def sbatch_script(job: Job, opts: ClusterOptions, path: Path) -> str:
-    """The whole batch script, to be submitted with `sbatch PATH`."""
+    """The whole batch script, to be submitted with `sbatch PATH`: one srun step per model copy,
+    on nodes of its own (`--nodelist`: the job's nodes in order, `nodes` per copy), in the
+    background; the job ends with the last copy and fails when any did."""
     w, e = job.where, job.endpoints
-    unset = [f for f, v in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)) if not v]
-    head = [
-        "#!/bin/bash",
-        f"# Generated by `trtllm-dflash serve --launcher srun` from recipe {job.recipe!r} ({job.backend} backend, "
-        f"--api {job.api}).",
-        f"# {w.nodes} node(s) x {w.tasks_per_node} task(s), {w.gpus_per_node} GPU(s) per node; every task sees all "
-        "GPUs of its node (--gpu-bind=none): TensorRT-LLM picks GPU global_rank % device_count.",
-        *([f"# {', '.join(unset)}: the cluster's default (serve --{' / --'.join(unset)} sets it)."] if unset else []),
-        f"# Submit: sbatch {shlex.quote(str(path))}",
-        *sbatch_directives(job, opts),
-        "",
-        "set -euo pipefail",
-        # sed reads every line: `head -n 1` could leave scontrol a SIGPIPE that pipefail turns fatal.
-        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
-        f'echo "trtllm-dflash: the server (rank 0) starts on $first, HTTP port {e.http_port}"',
-    ]
     step = srun_command(job, opts)
     n = 1 + next(i for i, a in enumerate(step[1:]) if not a.startswith("--"))
     flags, command = step[1:n], step[n:]
-    lines = ["srun", *(shlex.quote(f) for f in flags), shlex.join(command)]
-    return "\n".join(head) + "\n" + " \\\n    ".join(lines) + "\n"
+    srun = ["srun", f"--nodes={w.nodes}", f"--ntasks-per-node={w.tasks_per_node}", '--nodelist="$nodes"',
+            *(shlex.quote(f) for f in flags), shlex.join(command)]
+    body = [
+        "",
+        "set -euo pipefail",
+        'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        *_storage_check(job, opts),
+        "",
+        f"serve_copy() {{  # serve_copy I: model copy I on job nodes I*{w.nodes} .. I*{w.nodes}+{w.nodes - 1}",
+        f"  local first=$(( $1 * {w.nodes} )) nodes",
+        f'  nodes=$(IFS=,; echo "${{hosts[*]:first:{w.nodes}}}")',
+        f'  echo "trtllm-dflash: copy $1 (rank 0 on ${{hosts[first]}}) serves http://${{hosts[first]}}:{e.http_port}"',
+        "  " + " \\\n      ".join(srun),
+        "}",
+        "",
+        "pids=()",
+        f'for i in $(seq 0 {w.replicas - 1}); do serve_copy "$i" & pids+=("$!"); done',
+        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done',
+        'exit "$status"',
+    ]
+    return "\n".join(_sbatch_header(job, opts, path) + body) + "\n"
 
 
 # ----------------------------------------------------------------------------- Kubernetes
@@ -274,16 +359,17 @@ def _ports(job: Job) -> list[dict]:
     return [{"name": name, "containerPort": port} for name, port in named]
 
 
-def leader_command(job: Job) -> list[str]:
-    """The leader's process. One node: the rank command, the ranks under a local mpirun. Several:
-    wait for every worker's sshd (the pods start together, not in order), then one mpirun over
-    ssh places `gpus_per_node` ranks on each pod, filling the leader first (rank 0, the server,
-    stays where the Service and the readiness probe look)."""
+def leader_command(job: Job, opts: ClusterOptions) -> list[str]:
+    """The leader's process, after what the container needs first (`prepared`). One node: the
+    rank command, the ranks under a local mpirun. Several: wait for every worker's sshd (the pods
+    start together, not in order), then one mpirun over ssh places `gpus_per_node` ranks on each
+    pod, filling the leader first (rank 0, the server, stays where the Service and the readiness
+    probe look)."""
     rank = rank_command(job, slurm=False)
     if not backend_spec(job.backend).spans_nodes or job.world == 1:
-        return rank
+        return prepared(job, opts, rank)
     if job.where.nodes == 1:
-        return mpi_world(job.world, rank)
+        return prepared(job, opts, mpi_world(job.world, rank))
     w, key = job.where, "$HOME/.ssh/id_ed25519"
     ssh = f"-p {SSH_PORT} -i {key} -o BatchMode=yes -o StrictHostKeyChecking=no"
     # mpirun by absolute path: Open MPI then starts its remote daemons from the same prefix (ssh
@@ -293,6 +379,7 @@ def leader_command(job: Job) -> list[str]:
               "--bind-to", "none"]
     script = [
         "set -eu",
+        *(job.llmapi.prelude(multi_rank=True) if job.llmapi else []),
         'mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh"',
         f'install -m 600 {SSH_KEYS}/id_ed25519 "{key}"',
         'group="${LWS_LEADER_ADDRESS%%.*}"; domain="${LWS_LEADER_ADDRESS#*.}"',
@@ -327,13 +414,13 @@ def worker_command() -> list[str]:
 
 def _volumes(job: Job, opts: ClusterOptions) -> tuple[list[dict], list[dict]]:
     """(volumes, mounts): shared memory for NCCL and MPI (a container's default /dev/shm is 64 MB),
-    the claim holding the served directories at their paths (and the source checkout the job
-    installs, read-write: pip writes its egg-info), and the ssh keys across nodes."""
-    source, root = installing(job, opts), _claim_root(job, opts)
-    claim = {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": source is None}
+    the claim holding the served directories at their paths (read-write when the job writes
+    there: `writable`), and the ssh keys across nodes."""
+    read_only, root = not writable(job, opts), _claim_root(job, opts)
+    claim = {"claimName": opts.pvc or f"{job.name}-runs", "readOnly": read_only}
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "runs", "persistentVolumeClaim": claim}]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
-              {"name": "runs", "mountPath": str(root), "readOnly": source is None}]
+              {"name": "runs", "mountPath": str(root), "readOnly": read_only}]
     if job.where.nodes > 1:
         volumes.append({"name": "mpi-ssh", "secret": {"secretName": opts.ssh_secret or f"{job.name}-mpi-ssh",
                                                       "defaultMode": 0o400}})
@@ -348,7 +435,7 @@ def pod_template(job: Job, opts: ClusterOptions, leader: bool) -> dict:
     container = {
         "name": "server" if leader else "worker",
         "image": image_reference(job, opts, slurm=False),
-        "command": installed_first(leader_command(job), installing(job, opts)) if leader else worker_command(),
+        "command": leader_command(job, opts) if leader else worker_command(),
         "resources": {"limits": {"nvidia.com/gpu": job.where.gpus_per_node}},
         "volumeMounts": mounts,
     }
@@ -370,8 +457,9 @@ def pod_template(job: Job, opts: ClusterOptions, leader: bool) -> dict:
 
 
 def leader_worker_set(job: Job, opts: ClusterOptions) -> dict:
-    """One group of `nodes` pods; with one node the leader is the whole group (LWS requires a
-    workerTemplate and uses it for the leader when no leaderTemplate is given)."""
+    """One group of `nodes` pods per model copy (`spec.replicas`: parallel.replicas); with one node
+    the leader is the whole group (LWS requires a workerTemplate and uses it for the leader when
+    no leaderTemplate is given)."""
     template: dict = {"size": job.where.nodes, "restartPolicy": "RecreateGroupOnPodRestart"}
     if job.where.nodes > 1:
         template["leaderTemplate"] = pod_template(job, opts, leader=True)
@@ -381,13 +469,15 @@ def leader_worker_set(job: Job, opts: ClusterOptions) -> dict:
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": {"name": job.name, "labels": {"app.kubernetes.io/name": "trtllm-dflash"}},
-        "spec": {"replicas": 1, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template},
+        "metadata": {"name": job.name, "labels": {"app.kubernetes.io/name": "trtllm-dflash"},
+                     "annotations": {STORAGE_ANNOTATION: storage_note("k8s", job, opts)}},
+        "spec": {"replicas": job.where.replicas, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template},
     }
 
 
 def leader_service(job: Job) -> dict:
-    """The leader's ports: LWS's own labels pick the leader (worker index 0) of this set."""
+    """The leader's ports: LWS's own labels pick the leader (worker index 0) of every group of this
+    set, so with replicas the Service spreads connections over the copies."""
     ports = [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"]} for p in _ports(job)]
     return {
         "apiVersion": "v1",
@@ -404,10 +494,10 @@ def lws_manifest(job: Job, opts: ClusterOptions, path: Path) -> str:
     w = job.where
     head = [f"Generated by `trtllm-dflash serve --launcher k8s` from recipe {job.recipe!r} ({job.backend} backend, "
             f"--api {job.api}).",
-            f"{w.nodes} pod(s) x {w.gpus_per_node} GPU(s); needs the LeaderWorkerSet controller "
-            "(leaderworkerset.x-k8s.io/v1).",
-            f"The claim {opts.pvc or job.name + '-runs'!r} must hold {_claim_root(job, opts)} as it is here"
-            + (" (ReadOnlyMany or ReadWriteMany: every node's pod mounts it)." if w.nodes > 1 else "."),
+            f"{w.replicas} group(s) (parallel.replicas), each one model copy of {w.nodes} pod(s) x {w.gpus_per_node} "
+            "GPU(s); needs the LeaderWorkerSet controller (leaderworkerset.x-k8s.io/v1).",
+            f"The Service {job.name}-api is the one endpoint: it spreads connections over every group's leader.",
+            f"Shared storage: {storage_note('k8s', job, opts)}.",
             f"Apply: kubectl apply -f {shlex.quote(str(path))}"]
     if w.nodes > 1:
         secret = opts.ssh_secret or f"{job.name}-mpi-ssh"
