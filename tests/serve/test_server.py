@@ -62,7 +62,8 @@ async def stream(url, inputs, cancel_after=None):
             resp = result.get_response()
             if resp.outputs:
                 deltas.append(result.as_numpy("text_output")[0].decode())
-                last = {o.name: result.as_numpy(o.name)[0] for o in resp.outputs}
+                last = {o.name: result.as_numpy(o.name) if o.name == "acceptance_histogram" else result.as_numpy(o.name)[0]
+                        for o in resp.outputs}
                 if cancel_after is not None and len(deltas) >= cancel_after:
                     it.cancel()
                     break
@@ -83,12 +84,17 @@ def request(prompt=b"def area(r):\n    return", max_tokens=24, **extra):
 
 def test_streaming_deltas_concatenate_to_the_reference_completion(served):
     recipe, server = served
-    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url, request()))
+    # return_perf_metrics: tensorrtllm_backend's flag, answered with upstream's acceptance_rate and our histogram
+    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url, request(return_perf_metrics=(True, "BOOL"))))
     assert error is None and len(deltas) > 1
     assert "".join(deltas) == reference_text(recipe, "def area(r):\n    return", 24)
     assert last["finish_reason"] in (b"length", b"stop")
     assert last["rounds"] >= 1 and last["total_accepted_draft_tokens"] <= last["total_draft_tokens"]
     assert last["acceptance_length"] >= 1.0
+    hist, accepted = last["acceptance_histogram"].tolist(), last["total_accepted_draft_tokens"]
+    assert len(hist) == recipe.speculative.block_size and sum(hist) == last["rounds"]
+    assert sum(j * n for j, n in enumerate(hist)) == accepted
+    assert last["acceptance_rate"] == pytest.approx(accepted / last["total_draft_tokens"])
 
 
 def test_non_streaming_gives_one_response(served):

@@ -86,7 +86,8 @@ DFLASH_OUTPUTS = ("text_output", "output_token_count", "total_output_tokens", "r
 STATS = DFLASH_OUTPUTS[1:]  # sent as they are (batch-first)
 MAPPED = ("seed", "random_seed", "stop_words", "exclude_input_in_output", "input_lengths", "return_perf_metrics",
           "return_num_input_tokens", "return_num_output_tokens")  # read by to_dflash itself
-PERF = ("acceptance_rate", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns")  # return_perf_metrics
+PERF = ("acceptance_rate", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns",
+        "acceptance_histogram")  # return_perf_metrics (the histogram is ours: verify passes by drafts accepted)
 
 
 # What the mapped inputs become (docs/migrate-from-tensorrtllm-backend.md's table is `describe`'s).
@@ -107,7 +108,8 @@ MAPPED_AS = {
     "stop_words": "dflash `stop_words`: the output ends before the first stop word",
     "exclude_input_in_output": "unset or false: a non-streamed answer starts with the prompt (text or ids); "
                                "streamed answers never do",
-    "return_perf_metrics": "adds acceptance_rate, arrival_time_ns, first_token_time_ns, last_token_time_ns",
+    "return_perf_metrics": "adds acceptance_rate, arrival_time_ns, first_token_time_ns, last_token_time_ns and "
+                           "acceptance_histogram (ours: verify passes by the drafts each accepted)",
     "return_num_output_tokens": "adds num_output_tokens",
     "return_num_input_tokens": "tensorrt_llm: adds num_input_tokens; text models: refused",
     "draft_len": "ours: drafts per verify round for this request (0: speculation off)",
@@ -150,7 +152,7 @@ class Forward:
 
     @property
     def dflash_outputs(self) -> list[str]:
-        return list(DFLASH_OUTPUTS) + (["output_ids"] if self.kind == "ids" else [])
+        return list(DFLASH_OUTPUTS) + ["acceptance_histogram"] + (["output_ids"] if self.kind == "ids" else [])
 
 
 def _flat(inputs: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -282,14 +284,23 @@ def is_last(outs: dict[str, np.ndarray]) -> bool:
     return reason is not None and bool(np.asarray(reason).reshape(-1)[0])
 
 
+def _acceptance(one: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A request's acceptance so far: upstream's acceptance_rate (accepted / drafted, FP32) and our
+    acceptance_histogram [max drafts + 1] (INT32), from a dflash response."""
+    drafted, accepted = int(one["total_draft_tokens"][0]), int(one["total_accepted_draft_tokens"][0])
+    out = {"acceptance_rate": np.array([accepted / drafted if drafted else 0.0], dtype=np.float32)}
+    if "acceptance_histogram" in one:
+        out["acceptance_histogram"] = one["acceptance_histogram"].astype(np.int32)
+    return out
+
+
 def to_dialect(fwd: Forward, outs: dict[str, np.ndarray], now_ns: int = 0) -> dict[str, np.ndarray]:
     """One dflash response (1-D tensors) as the dialect's batch-first outputs of `fwd`, sent at `now_ns`."""
     one = {n: np.asarray(v).reshape(-1) for n, v in outs.items()}
     fwd.first_ns = fwd.first_ns or now_ns
     total = int(one["total_output_tokens"][0])
-    drafted, accepted = int(one["total_draft_tokens"][0]), int(one["total_accepted_draft_tokens"][0])
     values = {n: one[n][:1] for n in STATS}
-    values["acceptance_rate"] = np.array([accepted / drafted if drafted else 0.0], dtype=np.float32)
+    values.update(_acceptance(one))
     values["num_output_tokens"] = np.array([total], dtype=np.int32)
     for name, ns in (("arrival_time_ns", fwd.arrival_ns), ("first_token_time_ns", fwd.first_ns),
                      ("last_token_time_ns", now_ns)):
