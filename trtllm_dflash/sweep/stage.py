@@ -68,24 +68,29 @@ def sweep_variants(recipe: Recipe, modes: list[str] | None = None, protocol: str
     return [Variant(m, None if protocol == "openai" and m == served else m) for m in modes]
 
 
-def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -> bool:
+def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -> tuple[bool, tuple[str, ...]]:
     """The Triton model takes the per-request inputs the curves send (a deployment made before
     they existed does not); the server answers at all. Returns whether the model is batch-first
-    (max_batch_size > 0: tensorrtllm_backend's text models, which then get [1, 1] requests)."""
+    (max_batch_size > 0: tensorrtllm_backend's text models, which then get [1, 1] requests) and
+    which of the outputs the load generator reads it has (loadgen.OUTPUTS)."""
+    from trtllm_dflash.sweep.loadgen import OUTPUTS
+
     import json
     import urllib.request
 
     try:
         if protocol == "http":
             with urllib.request.urlopen(f"http://{url}/v2/models/{model}", timeout=10) as r:
-                inputs = {i["name"] for i in json.loads(r.read())["inputs"]}
+                meta = json.loads(r.read())
+                inputs, outputs = {i["name"] for i in meta["inputs"]}, {o["name"] for o in meta["outputs"]}
             with urllib.request.urlopen(f"http://{url}/v2/models/{model}/config", timeout=10) as r:
                 batched = json.loads(r.read()).get("max_batch_size", 0) > 0
         else:
             import tritonclient.grpc as grpcclient
 
             with grpcclient.InferenceServerClient(url) as client:
-                inputs = {i.name for i in client.get_model_metadata(model).inputs}
+                meta = client.get_model_metadata(model)
+                inputs, outputs = {i.name for i in meta.inputs}, {o.name for o in meta.outputs}
                 batched = client.get_model_config(model).config.max_batch_size > 0
     except Exception as e:  # noqa: BLE001 - any transport or protocol failure is the same one line
         raise UserError(f"--url {url}: no Triton server serves model {model!r} there ({str(e).splitlines()[0][:200]})") \
@@ -97,7 +102,7 @@ def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -
     if "text_input" not in inputs:
         raise UserError(f"--model {model}: it takes no text_input (a token-id model); sweep drives text models "
                         "(dflash, ensemble, tensorrt_llm_bls)")
-    return batched
+    return batched, tuple(n for n in OUTPUTS if n in outputs)
 
 
 def metrics_url_for(recipe: Recipe, url: str, protocol: str) -> str:
@@ -129,11 +134,11 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
         raise UserError(f"--repeats: {repeats}, expected >= 1")
     variants = sweep_variants(recipe, modes, protocol, tune)
     name = model or recipe.serve.model_name
-    batched = False
+    batched, outputs = False, None
     if protocol == "openai":
         name = openai_model(url, name) if model is None else name
     else:
-        batched = _check_model(url, name, protocol, variants)
+        batched, outputs = _check_model(url, name, protocol, variants)
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
     metrics_url = metrics_url or metrics_url_for(recipe, url, protocol)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
@@ -144,7 +149,7 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
         result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_lens(len(prompts)), gpus=gpus,
                            seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
-                           repeats=repeats, metrics_url=metrics_url, batched=batched)
+                           repeats=repeats, metrics_url=metrics_url, batched=batched, outputs=outputs)
         tuned = None
         if tune is not None:
             from trtllm_dflash.sweep.tune import tune_summary, write_snippet
