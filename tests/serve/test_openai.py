@@ -294,3 +294,32 @@ def test_metrics_count_drafted_and_accepted_tokens(server, client):
     assert grew.drafted == sum(s["total_draft_tokens"] for s in stats)
     assert 0 < grew.accepted == sum(s["total_accepted_draft_tokens"] for s in stats) <= grew.drafted
     assert grew.tau == pytest.approx(1 + grew.accepted / grew.rounds) and grew.tau > 1
+
+
+def test_a_sweeps_per_request_acceptance_adds_up_to_the_servers_counters(server):
+    """`sweep` over the OpenAI endpoint records each request's speculative_decoding; summed over the
+    sweep (warm-up requests too) they are the growth of /metrics' counters over the same sweep, and
+    each level reports the per-request tau's p10 / p50 / p90 beside the server's own tau."""
+    from trtllm_dflash.sweep.loadgen import Variant, run_sweep
+    from trtllm_dflash.sweep.server_metrics import scrape, totals
+
+    url = server[0]
+    deadline = time.monotonic() + 30
+    while (h := health(url))["running"] or h["queued"]:
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    before = totals(scrape(url + "/metrics"), "dflash")
+    result = run_sweep(url, "dflash", [1, 2], lambda c: 3, 1, [PROMPT, "import os\n", "class A:\n"], 12, gpus=1,
+                       protocol="openai", variants=[Variant("ddtree"), Variant("dflash", "dflash")],
+                       metrics_url=url + "/metrics")
+    grew = totals(scrape(url + "/metrics"), "dflash").minus(before)
+    recs = result.records
+    assert len(recs) == 2 * (3 + 1) * 2 and all(r.ok and r.acceptance_source == "response" for r in recs)
+    assert all(sum(r.acceptance_histogram) == r.rounds for r in recs)
+    assert (sum(r.rounds for r in recs), sum(r.drafted for r in recs), sum(r.accepted for r in recs)) == (
+        grew.rounds, grew.drafted, grew.accepted)
+    assert grew.accepted > 0
+    for row in result.levels:
+        t = row.tau_request
+        assert t.n == row.requests == 3 and 1.0 <= t.p10 <= t.p50 <= t.p90 and row.server_tau is not None
+        assert row.acceptance_source == "response"

@@ -206,12 +206,17 @@ def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
 @pytest.mark.parametrize("http", [False, True], ids=["grpc", "http"])
 def test_sweep_command_against_the_server(served, tmp_path, http):
     recipe, server = served
+    from trtllm_dflash.sweep.server_metrics import settled, totals
+
     url = server.endpoints.http_url if http else server.endpoints.grpc_url
+    metrics = f"http://127.0.0.1:{server.endpoints.metrics_port}/metrics"
+    before = totals(settled(metrics, "dflash"), "dflash")
     # gRPC: the default curves (AR beside DFlash, each request naming its mode); HTTP: DFlash only.
     cmd = [sys.executable, "-m", "trtllm_dflash", "sweep", str(recipe.file), "--url", url, "--out", str(tmp_path),
            "--levels", "1,2", "--json"] + (["--http", "--modes", "dflash"] if http else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+    grew = totals(settled(metrics, "dflash"), "dflash").minus(before)
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     curves = {}
     for lv in summary["levels"]:
@@ -225,6 +230,12 @@ def test_sweep_command_against_the_server(served, tmp_path, http):
     assert ("dflash_vs_ar" in summary["headline"]) != http
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert {row["curve"] for row in rows} == set(curves) and all(row["mode"] == row["curve"] for row in rows)
+    # Per-request acceptance (warm-up requests too) adds up to the server's counters' growth over the sweep.
+    assert all(row["acceptance_source"] == "response" and sum(row["acceptance_histogram"]) == row["rounds"]
+               for row in rows)
+    assert (sum(row["rounds"] for row in rows), sum(row["drafted"] for row in rows),
+            sum(row["accepted"] for row in rows)) == (grew.rounds, grew.drafted, grew.accepted)
+    assert grew.drafted > 0 and all(lv["tau_request"]["n"] == lv["requests"] for lv in summary["levels"])
     measured = [row for row in rows if not row["warmup"]]
     prompts = {row["request_id"]: row_prompt(recipe, row) for row in measured}
     expected = {p: reference_text(recipe, p, recipe.sweep.output_len) for p in set(prompts.values())}

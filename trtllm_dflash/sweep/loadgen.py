@@ -45,6 +45,15 @@ OUTPUTS = ("text_output", "output_token_count", "rounds", "total_draft_tokens", 
 
 
 @dataclass(frozen=True)
+class ModelIO:
+    """What the Triton model takes and answers, as far as the load generator cares."""
+
+    batched: bool = False  # batch-first (max_batch_size > 0): [1, 1] inputs (`_inputs`)
+    outputs: tuple[str, ...] = OUTPUTS  # those of OUTPUTS it has (asked for by name over gRPC)
+    perf_metrics: bool = False  # it takes tensorrtllm_backend's return_perf_metrics: sent true
+
+
+@dataclass(frozen=True)
 class Variant:
     """One curve of a sweep: its name and what each of its requests asks the server for."""
 
@@ -57,13 +66,13 @@ class Variant:
 
 
 def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None,
-            batched: bool = False):
-    """The request's inputs; `batched`: batch-first [1, 1] tensors, for a model with max_batch_size > 0
+            io: ModelIO = ModelIO()):
+    """The request's inputs; `io.batched`: batch-first [1, 1] tensors, for a model with max_batch_size > 0
     (tensorrtllm_backend's `ensemble` and `tensorrt_llm_bls`, ours or upstream's: same input names)."""
     import tritonclient.grpc.aio as grpcclient
 
     def tensor(name, dtype, value):
-        arr = np.array([[value]] if batched else [value], dtype=object if dtype == "BYTES" else None)
+        arr = np.array([[value]] if io.batched else [value], dtype=object if dtype == "BYTES" else None)
         t = grpcclient.InferInput(name, list(arr.shape), dtype)
         t.set_data_from_numpy(arr)
         return t
@@ -75,20 +84,19 @@ def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, setting
         tensor("temperature", "FP32", np.float32(temperature)),
         tensor("seed", "UINT64", np.uint64(seed)),
     ] + ([tensor("mode", "BYTES", settings["mode"].encode())] if "mode" in (settings or {}) else []) \
-      + ([tensor("draft_len", "INT32", np.int32(settings["draft_len"]))] if "draft_len" in (settings or {}) else [])
+      + ([tensor("draft_len", "INT32", np.int32(settings["draft_len"]))] if "draft_len" in (settings or {}) else []) \
+      + ([tensor("return_perf_metrics", "BOOL", True)] if io.perf_metrics else [])
 
 
 async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
-                       temperature: float, settings: dict | None = None, batched: bool = False,
-                       outputs: Sequence[str] = OUTPUTS):
-    """Responses of one gRPC streaming request, as dicts of the dflash model's outputs (`outputs`:
-    those of OUTPUTS the model has)."""
+                       temperature: float, settings: dict | None = None, io: ModelIO = ModelIO()):
+    """Responses of one gRPC streaming request, as dicts of the dflash model's outputs."""
     import tritonclient.grpc.aio as grpcclient
 
     request = {
         "model_name": model,
-        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, batched),
-        "outputs": [grpcclient.InferRequestedOutput(name) for name in outputs],
+        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, io),
+        "outputs": [grpcclient.InferRequestedOutput(name) for name in io.outputs],
         "request_id": str(record.request_id),
     }
 
@@ -113,10 +121,10 @@ def _grpc_values(result) -> dict:
 
 
 async def _http_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float,
-                       settings: dict | None = None):
+                       settings: dict | None = None, perf_metrics: bool = False):
     """Responses of one HTTP generate_stream request (server-sent events, one `data:` line each)."""
     body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "seed": seed, "temperature": temperature,
-            **(settings or {})}
+            **(settings or {}), **({"return_perf_metrics": True} if perf_metrics else {})}
     async with session.post(f"http://{url}/v2/models/{model}/generate_stream", json=body) as resp:
         async for raw in resp.content:
             line = raw.decode().strip()
@@ -282,8 +290,7 @@ def _acceptance(record: RequestRecord, event: dict) -> None:
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
                     max_tokens: int | Sequence[int], seed: int, temperature: float, on_done=None, protocol: str = "grpc",
-                    variant: Variant = Variant("dflash"), repeat: int = 0, batched: bool = False,
-                    outputs: Sequence[str] | None = None) -> list[RequestRecord]:
+                    variant: Variant = Variant("dflash"), repeat: int = 0, io: ModelIO = ModelIO()) -> list[RequestRecord]:
     """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
     time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve, and asks for
     max_tokens tokens (an int), or max_tokens[i] (mod its length: recipe Sweep.output_lens)."""
@@ -293,10 +300,12 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         import aiohttp
 
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        events = _http_events if protocol == "http" else _openai_events
-
         async def send(rec, prompt, s, max_tokens):
-            return await _consume(rec, events(session, url, model, prompt, max_tokens, s, temperature, settings))
+            if protocol == "http":
+                events = _http_events(session, url, model, prompt, max_tokens, s, temperature, settings, io.perf_metrics)
+            else:
+                events = _openai_events(session, url, model, prompt, max_tokens, s, temperature, settings)
+            return await _consume(rec, events)
 
         async def close():
             await session.close()
@@ -307,7 +316,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
 
         async def send(rec, prompt, s, max_tokens):
             return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings,
-                                                    batched, outputs or OUTPUTS))
+                                                    io))
 
         async def close():
             await client.close()
@@ -354,12 +363,12 @@ class SweepResult:
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int | Sequence[int], gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
               variants: list[Variant] = (Variant("dflash"),), repeats: int = 1,
-              metrics_url: str | None = None, batched: bool = False, outputs: Sequence[str] | None = None) -> SweepResult:
+              metrics_url: str | None = None, io: ModelIO = ModelIO()) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
     inside a repeat the curves (so slow drift of the machine hits every curve alike). A curve's
     row at a level is its repeat of median throughput. metrics_url: the server's Prometheus
-    /metrics, read before and after each run for its own tau (`server_tau`). `batched`: the model
-    is batch-first (`_inputs`); `outputs`: the OUTPUTS it has (default all)."""
+    /metrics, read before and after each run for its own tau (`server_tau`). `io`: the Triton model's
+    shape and what it answers (`ModelIO`)."""
     from dataclasses import replace
 
     from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
@@ -384,7 +393,7 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                     before = scrape(metrics_url) if metrics_url else None
                     recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
                                                  on_done=lambda _: progress.advance(task), protocol=protocol,
-                                                 variant=v, repeat=r, batched=batched, outputs=outputs))
+                                                 variant=v, repeat=r, io=io))
                     row = summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len)
                     after = settled(metrics_url, model) if before is not None else None
                     if after is not None:

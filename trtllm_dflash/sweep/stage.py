@@ -24,7 +24,7 @@ from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.reference.generate import MODES
 from trtllm_dflash.sweep import summary as files
-from trtllm_dflash.sweep.loadgen import SweepResult, Variant, openai_model, run_sweep
+from trtllm_dflash.sweep.loadgen import OUTPUTS, ModelIO, SweepResult, Variant, openai_model, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
 from trtllm_dflash.sweep.tune import fixed_curve
 
@@ -68,12 +68,11 @@ def sweep_variants(recipe: Recipe, modes: list[str] | None = None, protocol: str
     return [Variant(m, None if protocol == "openai" and m == served else m) for m in modes]
 
 
-def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -> tuple[bool, tuple[str, ...]]:
+def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -> ModelIO:
     """The Triton model takes the per-request inputs the curves send (a deployment made before
     they existed does not); the server answers at all. Returns whether the model is batch-first
-    (max_batch_size > 0: tensorrtllm_backend's text models, which then get [1, 1] requests) and
-    which of the outputs the load generator reads it has (loadgen.OUTPUTS)."""
-    from trtllm_dflash.sweep.loadgen import OUTPUTS
+    (max_batch_size > 0: tensorrtllm_backend's text models, which then get [1, 1] requests),
+    which of the outputs the load generator reads it has, and whether it takes return_perf_metrics."""
 
     import json
     import urllib.request
@@ -102,7 +101,7 @@ def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -
     if "text_input" not in inputs:
         raise UserError(f"--model {model}: it takes no text_input (a token-id model); sweep drives text models "
                         "(dflash, ensemble, tensorrt_llm_bls)")
-    return batched, tuple(n for n in OUTPUTS if n in outputs)
+    return ModelIO(batched, tuple(n for n in OUTPUTS if n in outputs), "return_perf_metrics" in inputs)
 
 
 def metrics_url_for(recipe: Recipe, url: str, protocol: str) -> str:
@@ -134,11 +133,11 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
         raise UserError(f"--repeats: {repeats}, expected >= 1")
     variants = sweep_variants(recipe, modes, protocol, tune)
     name = model or recipe.serve.model_name
-    batched, outputs = False, None
+    io = ModelIO()
     if protocol == "openai":
         name = openai_model(url, name) if model is None else name
     else:
-        batched, outputs = _check_model(url, name, protocol, variants)
+        io = _check_model(url, name, protocol, variants)
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
     metrics_url = metrics_url or metrics_url_for(recipe, url, protocol)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
@@ -149,7 +148,7 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
         result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_lens(len(prompts)), gpus=gpus,
                            seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
-                           repeats=repeats, metrics_url=metrics_url, batched=batched, outputs=outputs)
+                           repeats=repeats, metrics_url=metrics_url, io=io)
         tuned = None
         if tune is not None:
             from trtllm_dflash.sweep.tune import tune_summary, write_snippet
