@@ -363,12 +363,15 @@ class SweepResult:
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int | Sequence[int], gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
               variants: list[Variant] = (Variant("dflash"),), repeats: int = 1,
-              metrics_url: str | None = None, io: ModelIO = ModelIO()) -> SweepResult:
+              metrics_url: str | None = None, io: ModelIO = ModelIO(), server=None) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
     inside a repeat the curves (so slow drift of the machine hits every curve alike). A curve's
     row at a level is its repeat of median throughput. metrics_url: the server's Prometheus
     /metrics, read before and after each run for its own tau (`server_tau`). `io`: the Triton model's
-    shape and what it answers (`ModelIO`)."""
+    shape and what it answers (`ModelIO`). `server`: a sweep/trtllm_acceptance.py ServerAcceptance,
+    read around each run for the requests' acceptance where the responses carry none."""
+    from trtllm_dflash.sweep.trtllm_acceptance import with_server_requests
+
     from dataclasses import replace
 
     from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
@@ -391,10 +394,14 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                     label = f"{v.name:<{width}} c={c:<4}" + (f" repeat {r + 1}" if repeats > 1 else "")
                     task = progress.add_task(label, total=n)
                     before = scrape(metrics_url) if metrics_url else None
+                    if server is not None:
+                        server.start()
                     recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
                                                  on_done=lambda _: progress.advance(task), protocol=protocol,
                                                  variant=v, repeat=r, io=io))
                     row = summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len)
+                    if server is not None:
+                        row = with_server_requests(row, server.level(), server.source)
                     after = settled(metrics_url, model) if before is not None else None
                     if after is not None:
                         grew = totals(after, model).minus(totals(before, model))

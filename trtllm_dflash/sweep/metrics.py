@@ -42,10 +42,9 @@ class RequestRecord:
     draft_len: int | None = None  # drafts per round the request asked for; None: the server's policy
     drafted: int = 0  # draft tokens the server verified for it (total_draft_tokens)
     repeat: int = 0
-    # Its acceptance as the server counted it: accepted drafts (total_accepted_draft_tokens) and
-    # verify passes by drafts accepted; None where the server did not say. acceptance_source:
-    # "response" (the server's per-request metrics), "accept_stats" (TensorRT-LLM's acceptance
-    # histogram files, sweep/trtllm_acceptance.py), None (no per-request acceptance)
+    # Its acceptance as the server's responses counted it: accepted drafts (total_accepted_draft_tokens)
+    # and verify passes by drafts accepted; None where they did not say. acceptance_source: "response"
+    # when they did, else None
     accepted: int | None = None
     acceptance_histogram: list[int] | None = None
     acceptance_source: str | None = None
@@ -179,8 +178,9 @@ class LevelSummary:
     # counters, keys as strings for JSON); None when they were not read
     server_draft_lens: dict[str, float] | None = None
     # tau of each request (request_tau), its spread over the level's measured requests; None when no
-    # request reported verify passes. acceptance_source: where the requests' acceptance came from
-    # (RequestRecord.acceptance_source, the most common one), None when from nowhere
+    # request reported verify passes. acceptance_source: where the requests' acceptance came from:
+    # "response" (their own responses), "perf_metrics" / "accept_stats" (a TensorRT-LLM server's
+    # per-request metrics / acceptance histograms, sweep/trtllm_acceptance.py), None when from nowhere
     tau_request: Spread | None = None
     acceptance_source: str | None = None
 

@@ -92,8 +92,9 @@ def _spread(t) -> str:
 
 def _sources(summaries: list[LevelSummary]) -> str:
     """Where the per-request acceptance came from, when any level has it."""
-    names = {"response": "the server's per-request metrics", "accept_stats": "TensorRT-LLM's acceptance histograms"}
-    used = sorted({names.get(s.acceptance_source, s.acceptance_source) for s in summaries if s.acceptance_source})
+    from trtllm_dflash.sweep.trtllm_acceptance import SOURCES
+
+    used = sorted({SOURCES.get(s.acceptance_source, s.acceptance_source) for s in summaries if s.acceptance_source})
     return f"; per-request acceptance from {' and '.join(used)}" if used else ""
 
 

@@ -104,6 +104,26 @@ def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -
     return ModelIO(batched, tuple(n for n in OUTPUTS if n in outputs), "return_perf_metrics" in inputs)
 
 
+def server_acceptance(recipe: Recipe, url: str, protocol: str, from_dir: Path | None):
+    """Where a TensorRT-LLM deployment's per-request acceptance is read (pytorch backend, swept over
+    trtllm-serve): its per-request metrics where the deployed version fills them, else TensorRT-LLM's
+    acceptance histograms, which deploy's launch lines write under DEPLOY_DIR/trtllm_serve/accept_stats
+    (sweep/trtllm_acceptance.py). None for our own servers (their responses carry it) and where the
+    histograms' directory is unknown (no --from)."""
+    from trtllm_dflash.deploy.llmapi import ACCEPT_STATS_DIR
+    from trtllm_dflash.deploy.repository import TRTLLM_SERVE
+    from trtllm_dflash.recipe.trtllm_api import acceptance_source
+    from trtllm_dflash.sweep.loadgen import openai_base
+    from trtllm_dflash.sweep.trtllm_acceptance import ServerAcceptance
+
+    if recipe.backend.name != "pytorch" or protocol != "openai":
+        return None
+    source = acceptance_source(recipe.backend.trtllm_version or backend_spec("pytorch").default_trtllm_version)
+    if source == "perf_metrics":
+        return ServerAcceptance(source, base_url=openai_base(url))
+    return ServerAcceptance(source, stats_dir=Path(from_dir) / TRTLLM_SERVE / ACCEPT_STATS_DIR) if from_dir else None
+
+
 def metrics_url_for(recipe: Recipe, url: str, protocol: str) -> str:
     """Where the server at `url` exports its speculative-decoding counters (serve/metrics.py): the
     OpenAI server on its own /metrics, Triton on the recipe's serve.metrics_port of the same host."""
@@ -140,7 +160,9 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
         io = _check_model(url, name, protocol, variants)
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
     metrics_url = metrics_url or metrics_url_for(recipe, url, protocol)
+    server = server_acceptance(recipe, url, protocol, from_dir)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
+        "server_acceptance": server.source if server else None,
         "url": url, "protocol": protocol, "metrics_url": metrics_url, "levels": levels, "temperature": temperature, "model": name,
         "curves": [v.name for v in variants], "repeats": repeats, **(note or {})})
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
@@ -148,7 +170,7 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
         result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_lens(len(prompts)), gpus=gpus,
                            seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
-                           repeats=repeats, metrics_url=metrics_url, io=io)
+                           repeats=repeats, metrics_url=metrics_url, io=io, server=server)
         tuned = None
         if tune is not None:
             from trtllm_dflash.sweep.tune import tune_summary, write_snippet
