@@ -323,3 +323,36 @@ def test_a_sweeps_per_request_acceptance_adds_up_to_the_servers_counters(server)
         t = row.tau_request
         assert t.n == row.requests == 3 and 1.0 <= t.p10 <= t.p50 <= t.p90 and row.server_tau is not None
         assert row.acceptance_source == "response"
+
+
+def test_every_dashboard_panel_has_a_live_series_after_ddtree_and_dflash_requests(server, client):
+    """The served deployment's /metrics after real requests in its own mode (DDTree, the embedded
+    default's) and in DFlash: each panel of docs/grafana-dflash.json has, for each mode, a query all
+    of whose series are in the exposition with that mode (per-position acceptance included: DDTree
+    counts it along the accepted path), and every series a panel names is exported."""
+    import re
+
+    from trtllm_dflash.sweep.server_metrics import parse
+
+    url = server[0]
+    for ext in (None, {"mode": "dflash"}):
+        for n in (12, 20):
+            client.completions.create(model="dflash", prompt=PROMPT, max_tokens=n, temperature=0,
+                                      extra_body={"dflash": ext} if ext else None)
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        samples = parse(r.read().decode())
+    dash = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dflash.json").read_text())
+
+    def live(expr: str, mode: str) -> bool:
+        names = set(re.findall(r"\bdflash_[a-z_]+", expr))
+        return all(any(lab.get("mode") == mode for lab, _ in samples.get(name, [])) for name in names)
+
+    for panel in dash["panels"]:
+        exprs = [t["expr"] for t in panel["targets"]]
+        for mode in ("ddtree", "dflash"):
+            assert any(live(e, mode) for e in exprs), f"panel {panel['title']!r}: no live series for mode {mode}"
+        for name in {n for e in exprs for n in re.findall(r"\bdflash_[a-z_]+", e)}:
+            assert name in samples, f"panel {panel['title']!r} queries {name}, which /metrics does not export"
+    positions = {lab["position"] for lab, _ in samples["dflash_spec_decode_draft_tokens_per_pos_total"]
+                 if lab["mode"] == "ddtree"}
+    assert "1" in positions

@@ -292,7 +292,10 @@ class ServingEngine:
         """Hand each request its tokens. `mode`: how a verify round was decoded (None for the prefill);
         the server's metrics count every round."""
         if rec.round > 0 and self.metrics is not None:
-            self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify)
+            # a tree of n nodes over the drafter's block_size - 1 slots is at most min(n, slots) deep
+            cap = self.histogram_len - 1 or max(rec.drafted, default=0)
+            depths = [min(d, cap) for d in rec.drafted] if mode == "ddtree" else None
+            self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify, depths)
         for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
             job = jobs[rid]
             job.tokens.extend(toks)
