@@ -152,3 +152,23 @@ def test_perf_metrics_are_upstreams_names_dtypes_and_shapes(model):
     assert out["acceptance_rate"].tolist() == [[pytest.approx(5 / 12)]]
     assert out["total_accepted_draft_tokens"].tolist() == [[5]] and out["total_draft_tokens"].tolist() == [[12]]
     assert out["acceptance_histogram"].tolist() == [[3, 1, 2, 0]]
+
+
+def test_every_declared_output_is_in_the_table_the_models_pick_outputs_from():
+    """serve/dialect.py OUTPUTS_AS covers exactly the outputs the three models declare (the
+    migration doc's output table is it), and a request naming no outputs gets what it says: the
+    kind's own and every "always" output, plus those its return_* flags ask for, never a "never"."""
+    from trtllm_dflash.serve.dialect import OUTPUTS_AS
+
+    declared = {t.name for _, _, outputs in DIALECT_MODELS.values() for t in outputs}
+    assert set(OUTPUTS_AS) == declared
+    always = {n for n, (sent, _) in OUTPUTS_AS.items() if sent == "always"}
+    plain = to_dflash("text", text())
+    assert set(plain.outputs) == always | {"text_output"}
+    flagged = to_dflash("ids", {"input_ids": np.array([[5, 6]], np.int32), "input_lengths": one(2, np.int32),
+                                "request_output_len": one(4, np.int32), "return_perf_metrics": one(True, bool),
+                                "return_num_input_tokens": one(True, bool)})
+    assert set(flagged.outputs) == always | {"output_ids", "sequence_length", "num_input_tokens", "acceptance_rate",
+                                             "acceptance_histogram", "arrival_time_ns", "first_token_time_ns",
+                                             "last_token_time_ns"}
+    assert not {n for n, (sent, _) in OUTPUTS_AS.items() if sent == "never"} & set(flagged.outputs)

@@ -86,8 +86,40 @@ DFLASH_OUTPUTS = ("text_output", "output_token_count", "total_output_tokens", "r
 STATS = DFLASH_OUTPUTS[1:]  # sent as they are (batch-first)
 MAPPED = ("seed", "random_seed", "stop_words", "exclude_input_in_output", "input_lengths", "return_perf_metrics",
           "return_num_input_tokens", "return_num_output_tokens")  # read by to_dflash itself
-PERF = ("acceptance_rate", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns",
-        "acceptance_histogram")  # return_perf_metrics (the histogram is ours: verify passes by drafts accepted)
+
+# Every output the dialect models declare (deploy/dialect.py): when a response carries it
+# (`_outputs`: "always", the kind's own "text" / "ids", the return_* flag of the request that
+# adds it, or "never") and what it is. docs/migrate-from-tensorrtllm-backend.md's output table is
+# this table (tests/test_docs.py).
+OUTPUTS_AS = {
+    "text_output": ("text", "the text of this response: streamed, the new text only; not streamed, all of it "
+                            "(after the prompt unless `exclude_input_in_output`)"),
+    "output_ids": ("ids", "`[1, 1, n]`: streamed, the new tokens; not streamed, prompt (unless excluded) and output"),
+    "sequence_length": ("ids", "`[1, 1]`: the number of tokens in `output_ids`"),
+    "total_draft_tokens": ("always", "the request's draft tokens verified so far (upstream: with return_perf_metrics)"),
+    "total_accepted_draft_tokens": ("always", "the request's draft tokens accepted so far (upstream: with "
+                                              "return_perf_metrics)"),
+    "acceptance_rate": ("return_perf_metrics", "accepted / drafted draft tokens so far"),
+    "acceptance_histogram": ("return_perf_metrics", "ours: `[1, n]` verify passes by the drafts each accepted "
+                                                    "(entry j: passes that accepted exactly j)"),
+    **dict.fromkeys(("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"),
+                    ("return_perf_metrics", "wall clock at the model")),
+    "num_output_tokens": ("return_num_output_tokens", "tokens generated so far"),
+    "num_input_tokens": ("return_num_input_tokens", "prompt tokens (tensorrt_llm; the text models refuse the flag)"),
+    "output_token_count": ("always", "ours: tokens committed in this response"),
+    "total_output_tokens": ("always", "ours: tokens generated so far"),
+    "rounds": ("always", "ours: target verify passes so far"),
+    "acceptance_length": ("always", "ours: tokens committed per verify pass so far (tau)"),
+    "finish_reason": ("always", "ours: `length` / `stop` on the last response, empty before"),
+    **dict.fromkeys(("cum_log_probs", "output_log_probs", "context_logits", "generation_logits"),
+                    ("never", "the inputs that ask for them are refused")),
+    **dict.fromkeys(("batch_index", "sequence_index"),
+                    ("never", "one sequence per request: index 0, what clients assume when it is absent")),
+    **dict.fromkeys(("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+                     "first_scheduled_time_ns"), ("never", "the dflash engine does not report them")),
+    "context_phase_params": ("never", "no disaggregated serving"),
+}
+PERF = tuple(n for n, (sent, _) in OUTPUTS_AS.items() if sent == "return_perf_metrics")
 
 
 # What the mapped inputs become (docs/migrate-from-tensorrtllm-backend.md's table is `describe`'s).
@@ -115,6 +147,25 @@ MAPPED_AS = {
     "draft_len": "ours: drafts per verify round for this request (0: speculation off)",
     "mode": "ours: `ar`, `dflash` or `ddtree` for this request",
 }
+
+
+def describe_output(name: str) -> str:
+    """When a dialect model sends output `name`, and what it is, in a phrase."""
+    sent, what = OUTPUTS_AS[name]
+    when = {"always": "every response", "text": "every response", "ids": "every response",
+            "never": "never sent"}.get(sent, f"with `{sent}`")
+    return f"{when}: {what}"
+
+
+def verdict(name: str) -> str:
+    """Input `name`: honoured, accepted without effect, or refused (with a value that changes something)."""
+    if name in UNSUPPORTED:
+        return "refused"
+    if name in NEUTRAL:
+        return f"refused unless {NEUTRAL[name][0]}"
+    if name in IGNORED:
+        return "accepted, no effect"
+    return "ours" if name in ("draft_len", "mode") else "honoured"
 
 
 def describe(name: str) -> str:
@@ -267,15 +318,8 @@ def _outputs(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | No
     template outputs its return_* flags ask for."""
     if requested:
         return list(requested)
-    main = ["text_output"] if kind == "text" else ["output_ids", "sequence_length"]
-    extra = ["total_draft_tokens", "total_accepted_draft_tokens"]
-    if _flag(inputs, "return_perf_metrics", False):
-        extra += PERF
-    if _flag(inputs, "return_num_output_tokens", False):
-        extra.append("num_output_tokens")
-    if _flag(inputs, "return_num_input_tokens", False):
-        extra.append("num_input_tokens")
-    return main + [n for n in STATS if n not in extra] + extra
+    return [n for n, (sent, _) in OUTPUTS_AS.items()
+            if sent in ("always", kind) or (sent.startswith("return_") and _flag(inputs, sent, False))]
 
 
 def is_last(outs: dict[str, np.ndarray]) -> bool:
