@@ -138,6 +138,11 @@ def test_perf_metrics_are_upstreams_names_dtypes_and_shapes(model):
     histogram beside them; every output sent has the dtype and rank its config.pbtxt declares."""
     kind, _, outputs = DIALECT_MODELS[model]
     declared = {t.name: t for t in outputs}
+    # as tensorrtllm_backend's ensemble, tensorrt_llm_bls and tensorrt_llm config.pbtxt declare them
+    # (all_models/inflight_batcher_llm/, read at the parent of commit 6a749f5, the last with all_models/)
+    for name, dtype in (("acceptance_rate", mc.TYPE_FP32), ("total_accepted_draft_tokens", mc.TYPE_INT32),
+                        ("total_draft_tokens", mc.TYPE_INT32)):
+        assert (declared[name].dtype, declared[name].dims) == (dtype, (1,)), name
     inputs = (text() if kind == "text" else {"input_ids": np.array([[5, 6]], np.int32),
                                              "input_lengths": one(2, np.int32), "request_output_len": one(4, np.int32)})
     fwd = to_dflash(kind, {**inputs, "return_perf_metrics": one(True, bool)})
