@@ -82,26 +82,42 @@ def test_engine_tp_placement_table_is_the_rule_s():
         "docs/engine-tp.md's placement table is stale: paste `python tests/test_docs.py placement-table`")
 
 
-def dialect_table() -> str:
-    """docs/migrate-from-tensorrtllm-backend.md's input table: every input the three dialect models
-    declare (deploy/dialect.py) and what they do with it (serve/dialect.py describe)."""
+def _dialect_rows(which: int, first: str, heads: list[str], cells) -> str:
+    """One row per tensor the three dialect models declare (deploy/dialect.py DIALECT_MODELS: inputs
+    `which` 1, outputs 2): which models have it, its type and dims, then `cells(name)` under
+    `heads` (from serve/dialect.py's tables, which the models consult)."""
     from tritonclient.grpc import model_config_pb2 as mc
 
     from trtllm_dflash.deploy.dialect import DIALECT_MODELS
-    from trtllm_dflash.serve.dialect import describe
 
     models = list(DIALECT_MODELS)
     names: dict[str, object] = {}
     for m in models:
-        for t in DIALECT_MODELS[m][1]:
+        for t in DIALECT_MODELS[m][which]:
             names.setdefault(t.name, t)
-    rows = ["| input | " + " | ".join(f"`{m}`" for m in models) + " | type, dims | here |",
-            "|---|" + "---|" * len(models) + "---|---|"]
+    cols = [first, *(f"`{m}`" for m in models), "type, dims", *heads]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, t in names.items():
-        has = ["yes" if any(i.name == name for i in DIALECT_MODELS[m][1]) else "" for m in models]
+        has = ["yes" if any(i.name == name for i in DIALECT_MODELS[m][which]) else "" for m in models]
         kind = mc.DataType.Name(t.dtype).removeprefix("TYPE_")
-        rows.append(f"| `{name}` | " + " | ".join(has) + f" | {kind} {list(t.dims)} | {describe(name)} |")
+        rows.append(" | ".join([f"| `{name}`", *has, f"{kind} {list(t.dims)}", *cells(name)]) + " |")
     return "\n".join(rows)
+
+
+def dialect_table() -> str:
+    """docs/migrate-from-tensorrtllm-backend.md's input table: every input the three dialect models
+    declare and what they do with it (serve/dialect.py verdict, describe: the tables refusal reads)."""
+    from trtllm_dflash.serve.dialect import describe, verdict
+
+    return _dialect_rows(1, "input", ["honoured?", "here"], lambda n: [verdict(n), describe(n)])
+
+
+def dialect_output_table() -> str:
+    """The same doc's output table: every output the dialect models declare, when a response carries
+    it and what it is (serve/dialect.py OUTPUTS_AS, which picks a request's outputs)."""
+    from trtllm_dflash.serve.dialect import describe_output
+
+    return _dialect_rows(2, "output", ["sent: what"], lambda n: [describe_output(n)])
 
 
 def test_migration_doc_input_table_is_the_code_s():
@@ -109,6 +125,8 @@ def test_migration_doc_input_table_is_the_code_s():
     assert generated_block(doc, "dialect-table") == dialect_table(), (
         "the migration doc's input table is stale: paste `python tests/test_docs.py dialect-table`")
     assert "docs/migrate-from-tensorrtllm-backend.md" in (ROOT / "README.md").read_text()
+    assert generated_block(doc, "dialect-outputs") == dialect_output_table(), (
+        "the migration doc's output table is stale: paste `python tests/test_docs.py dialect-outputs`")
 
 
 
@@ -127,3 +145,5 @@ if __name__ == "__main__":
         print(placement_table())
     if sys.argv[1:] == ["dialect-table"]:
         print(dialect_table())
+    if sys.argv[1:] == ["dialect-outputs"]:
+        print(dialect_output_table())

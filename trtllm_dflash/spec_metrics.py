@@ -30,11 +30,11 @@ ACCEPTED_TOKENS = MetricDef("dflash_spec_decode_accepted_tokens_total", COUNTER,
 ROUNDS = MetricDef("dflash_spec_decode_rounds_total", COUNTER,
                    "Target verify passes, counted per request (the prefill is not a round).")
 DRAFT_PER_POS = MetricDef("dflash_spec_decode_draft_tokens_per_pos_total", COUNTER,
-                          "Rounds that drafted a token at this 1-based position (chain rounds).",
-                          LABELS + ("position",))
+                          "Rounds that drafted a token at this 1-based position (DDTree: whose tree could "
+                          "reach this depth).", LABELS + ("position",))
 ACCEPTED_PER_POS = MetricDef("dflash_spec_decode_accepted_tokens_per_pos_total", COUNTER,
-                             "Rounds whose draft at this 1-based position was accepted (chain rounds).",
-                             LABELS + ("position",))
+                             "Rounds whose draft at this 1-based position was accepted (DDTree: whose accepted "
+                             "path reached this depth).", LABELS + ("position",))
 REQUEST_DRAFT_LEN = MetricDef("dflash_spec_decode_request_rounds_total", COUNTER,
                               "Verify passes of one request, by the draft length that request ran (0: plain "
                               "decoding for it in that pass; `draft_len: auto` chooses one per request).",
@@ -52,3 +52,4 @@ VERIFY_TIME = MetricDef("dflash_verify_time_seconds", HISTOGRAM, "Target verify 
 METRICS = (DRAFT_TOKENS, ACCEPTED_TOKENS, ROUNDS, DRAFT_PER_POS, ACCEPTED_PER_POS, REQUEST_DRAFT_LEN, DRAFT_LEN,
            VERIFY_BATCH, DRAFT_TIME, VERIFY_TIME)
 CHAIN_MODES = ("dflash",)  # modes whose drafts have positions
+POSITION_MODES = ("dflash", "ddtree")  # modes with per-position series (DDTree: along the accepted path)

@@ -271,7 +271,7 @@ def test_trtllm_serve_files(tmp_path, key):
     extra = yaml.safe_load(options.read_text())
     # The same LLM arguments as the Triton model, less what trtllm-serve's command line carries.
     assert {k: v for k, v in model.items() if k not in ("model", "backend", "triton_config")} == \
-        {k: v for k, v in extra.items() if k != "enable_iter_perf_stats"}
+        {k: v for k, v in extra.items() if k not in ("enable_iter_perf_stats", "perf_metrics_max_requests")}
     single = launch["single_node"]
     assert single[:2] == ["trtllm-serve", str(src.resolve() / "target")]
     assert single[single.index("--config") + 1] == str(options.resolve())  # PR #9104's name, in every 1.3

@@ -113,8 +113,13 @@ def test_engine_serves_concurrent_jobs_with_solo_outputs(pair):
         assert "".join(u.text for u in updates) == tokenizer.decode(expected)
         assert updates[-1].finish_reason in ("length", "stop")
         assert updates[-1].rounds >= 1 and 0 <= updates[-1].accepted <= updates[-1].drafted
+        # the per-request histogram: passes by drafts accepted, summing to the request's totals
+        hist = updates[-1].histogram
+        assert sum(hist) == updates[-1].rounds and sum(j * n for j, n in enumerate(hist)) == updates[-1].accepted
+        assert updates[-1].acceptance_rate == pytest.approx(updates[-1].accepted / max(1, updates[-1].drafted))
     assert results[1][-1].drafted == 0 and results[1][-1].rounds == LIMITS[1] - 1  # AR: one token per pass
-    assert results[3][-1].drafted <= 2 * results[3][-1].rounds
+    assert results[1][-1].histogram[0] == results[1][-1].rounds and results[1][-1].acceptance_rate == 0.0
+    assert results[3][-1].drafted <= 2 * results[3][-1].rounds and not any(results[3][-1].histogram[3:])
 
 
 def test_a_mode_the_runners_cannot_decode_fails_only_its_requests(pair):

@@ -117,3 +117,63 @@ def test_the_dflash_model_still_needs_a_prompt():
     with pytest.raises(RequestError, match="give text_input or input_ids, not both"):
         parse_request({"text_input": np.array([b"a"], object), "input_ids": np.array([1], np.int32),
                        "max_tokens": np.array([3], np.int32)})
+
+
+DTYPES = {mc.TYPE_FP32: np.float32, mc.TYPE_INT32: np.int32, mc.TYPE_INT64: np.int64, mc.TYPE_STRING: np.object_}
+
+
+def dflash_response(hist=(3, 1, 2, 0)):
+    """A dflash model's final response: 6 passes, 5 drafts accepted of 12 (and the histogram saying so)."""
+    return {"text_output": np.array([b" x"], object), "output_token_count": np.array([2], np.int32),
+            "total_output_tokens": np.array([12], np.int32), "rounds": np.array([6], np.int32),
+            "total_draft_tokens": np.array([12], np.int32), "total_accepted_draft_tokens": np.array([5], np.int32),
+            "acceptance_length": np.array([11 / 6], np.float32), "finish_reason": np.array([b"length"], object),
+            "acceptance_histogram": np.array(hist, np.int32), "output_ids": np.array([9, 10], np.int32)}
+
+
+@pytest.mark.parametrize("model", sorted(DIALECT_MODELS))
+def test_perf_metrics_are_upstreams_names_dtypes_and_shapes(model):
+    """return_perf_metrics: acceptance_rate, total_accepted_draft_tokens, total_draft_tokens as
+    tensorrtllm_backend's models declare them (FP32 / INT32, dims [1], batch first), and our
+    histogram beside them; every output sent has the dtype and rank its config.pbtxt declares."""
+    kind, _, outputs = DIALECT_MODELS[model]
+    declared = {t.name: t for t in outputs}
+    # as tensorrtllm_backend's ensemble, tensorrt_llm_bls and tensorrt_llm config.pbtxt declare them
+    # (all_models/inflight_batcher_llm/, read at the parent of commit 6a749f5, the last with all_models/)
+    for name, dtype in (("acceptance_rate", mc.TYPE_FP32), ("total_accepted_draft_tokens", mc.TYPE_INT32),
+                        ("total_draft_tokens", mc.TYPE_INT32)):
+        assert (declared[name].dtype, declared[name].dims) == (dtype, (1,)), name
+    inputs = (text() if kind == "text" else {"input_ids": np.array([[5, 6]], np.int32),
+                                             "input_lengths": one(2, np.int32), "request_output_len": one(4, np.int32)})
+    fwd = to_dflash(kind, {**inputs, "return_perf_metrics": one(True, bool)})
+    assert "acceptance_histogram" in fwd.dflash_outputs  # asked of the dflash model
+    out = to_dialect(fwd, dflash_response())
+    assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "acceptance_histogram",
+            "rounds"} <= set(out)
+    for name, arr in out.items():
+        t = declared[name]
+        assert arr.dtype == DTYPES[t.dtype] and arr.ndim == 1 + len(t.dims), name
+        assert all(d == -1 or d == n for d, n in zip(t.dims, arr.shape[1:])) and arr.shape[0] == 1, name
+    assert out["acceptance_rate"].tolist() == [[pytest.approx(5 / 12)]]
+    assert out["total_accepted_draft_tokens"].tolist() == [[5]] and out["total_draft_tokens"].tolist() == [[12]]
+    assert out["acceptance_histogram"].tolist() == [[3, 1, 2, 0]]
+
+
+def test_every_declared_output_is_in_the_table_the_models_pick_outputs_from():
+    """serve/dialect.py OUTPUTS_AS covers exactly the outputs the three models declare (the
+    migration doc's output table is it), and a request naming no outputs gets what it says: the
+    kind's own and every "always" output, plus those its return_* flags ask for, never a "never"."""
+    from trtllm_dflash.serve.dialect import OUTPUTS_AS
+
+    declared = {t.name for _, _, outputs in DIALECT_MODELS.values() for t in outputs}
+    assert set(OUTPUTS_AS) == declared
+    always = {n for n, (sent, _) in OUTPUTS_AS.items() if sent == "always"}
+    plain = to_dflash("text", text())
+    assert set(plain.outputs) == always | {"text_output"}
+    flagged = to_dflash("ids", {"input_ids": np.array([[5, 6]], np.int32), "input_lengths": one(2, np.int32),
+                                "request_output_len": one(4, np.int32), "return_perf_metrics": one(True, bool),
+                                "return_num_input_tokens": one(True, bool)})
+    assert set(flagged.outputs) == always | {"output_ids", "sequence_length", "num_input_tokens", "acceptance_rate",
+                                             "acceptance_histogram", "arrival_time_ns", "first_token_time_ns",
+                                             "last_token_time_ns"}
+    assert not {n for n, (sent, _) in OUTPUTS_AS.items() if sent == "never"} & set(flagged.outputs)

@@ -277,3 +277,28 @@ def test_the_forwarding_stubs_outlive_many_finished_streams(served):
     assert [error for _, error in results if error is not None] == []
     assert all(got for got, _ in results)
     assert stub_pids() == before
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"])
+def test_return_perf_metrics_answers_upstreams_acceptance_names(served, model):
+    """tensorrtllm_backend's flag on every dialect model: acceptance_rate FP32, total_accepted_draft_tokens
+    and total_draft_tokens INT32, batch-first [1, 1] as upstream's models send them, with our
+    histogram ([1, block_size] verify passes by drafts accepted) agreeing with them."""
+    recipe, server = served
+    flag = {"return_perf_metrics": (True, "BOOL")}
+    if model == "tensorrt_llm":
+        inputs = ids_request(tokenizer(recipe)(PROMPT)["input_ids"], 12, False)
+        inputs.append(batch_first("return_perf_metrics", True, "BOOL"))
+    else:
+        inputs = text_request(max_tokens=12, stream=False, **flag)
+    got, error = stream(server.endpoints.grpc_url, model, inputs)
+    assert error is None and len(got) == 1
+    out = got[0]
+    assert (out["acceptance_rate"].dtype, out["acceptance_rate"].shape) == (np.float32, (1, 1))
+    for name in ("total_accepted_draft_tokens", "total_draft_tokens"):
+        assert (out[name].dtype, out[name].shape) == (np.int32, (1, 1)), name
+    hist = out["acceptance_histogram"]
+    assert hist.dtype == np.int32 and hist.shape == (1, recipe.speculative.block_size)
+    accepted, drafted = int(out["total_accepted_draft_tokens"][0, 0]), int(out["total_draft_tokens"][0, 0])
+    assert hist[0].sum() == out["rounds"][0, 0] and sum(j * n for j, n in enumerate(hist[0].tolist())) == accepted
+    assert out["acceptance_rate"][0, 0] == pytest.approx(accepted / drafted if drafted else 0.0)

@@ -67,6 +67,22 @@ def health(url: str) -> dict:
         return json.loads(r.read())
 
 
+def check_speculative_decoding(spec: dict) -> None:
+    """A choice's speculative_decoding object: TensorRT-LLM PR #19311's fields and types, and its
+    identities (the histogram sums to the steps and, weighted, to the accepted drafts)."""
+    assert set(spec) == {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_spec_steps",
+                         "acceptance_histogram", "num_spec_tokens"}
+    ints = ("total_accepted_draft_tokens", "total_draft_tokens", "num_spec_steps")
+    assert all(type(spec[k]) is int for k in ints) and type(spec["acceptance_rate"]) is float
+    assert spec["num_spec_tokens"] is None or type(spec["num_spec_tokens"]) is int
+    hist = spec["acceptance_histogram"]
+    assert isinstance(hist, list) and all(type(n) is int for n in hist) and len(hist) >= 1
+    assert sum(hist) == spec["num_spec_steps"] >= 1
+    assert sum(j * n for j, n in enumerate(hist)) == spec["total_accepted_draft_tokens"] <= spec["total_draft_tokens"]
+    drafted = spec["total_draft_tokens"]
+    assert spec["acceptance_rate"] == pytest.approx(spec["total_accepted_draft_tokens"] / drafted if drafted else 0.0)
+
+
 def test_models_lists_the_served_model(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["dflash"]
@@ -83,10 +99,11 @@ def test_streamed_greedy_completion_equals_generate(server, client):
     assert len(finals) == 1 and finals[0].choices[0].finish_reason in ("length", "stop")
     usage = chunks[-1].usage
     assert usage is not None and usage.prompt_tokens > 0 and 0 < usage.completion_tokens <= 48
-    stats = chunks[-1].model_extra["dflash"]
-    assert stats["tokens"] == usage.completion_tokens and stats["rounds"] >= 1
-    assert stats["acceptance_length"] == pytest.approx((stats["tokens"] - 1) / stats["rounds"])
-    assert stats["accepted_draft_tokens"] <= stats["draft_tokens"]
+    # speculative_decoding: on the final chunk's choice only (TensorRT-LLM PR #19311's placement)
+    assert [c for c in chunks if c.choices and "speculative_decoding" in c.choices[0].model_extra] == finals
+    spec = finals[0].choices[0].model_extra["speculative_decoding"]
+    check_speculative_decoding(spec)
+    assert spec["num_spec_steps"] == usage.completion_tokens - 1 - spec["total_accepted_draft_tokens"]
 
 
 def test_request_extension_picks_the_mode_and_the_response_says_which(client):
@@ -96,12 +113,16 @@ def test_request_extension_picks_the_mode_and_the_response_says_which(client):
     for ext in ({"mode": "ar"}, {"mode": "dflash", "draft_len": 3}, {}):
         r = client.completions.create(model="dflash", prompt=PROMPT, max_tokens=24, temperature=0,
                                       extra_body={"dflash": ext} if ext else None)
-        stats = r.model_extra["dflash"]
-        texts[stats["mode"]] = r.choices[0].text
+        decoded, spec = r.model_extra["dflash"], r.choices[0].model_extra["speculative_decoding"]
+        assert decoded == {"mode": ext.get("mode", "ddtree"), "draft_len": ext.get("draft_len")}
+        texts[decoded["mode"]] = r.choices[0].text
+        check_speculative_decoding(spec)
         if ext.get("mode") == "ar":
-            assert stats["draft_tokens"] == 0 and stats["acceptance_length"] == 1.0
+            assert spec["total_draft_tokens"] == 0 and spec["acceptance_rate"] == 0.0 and spec["num_spec_tokens"] == 0
+            assert spec["acceptance_histogram"][0] == spec["num_spec_steps"] == 23  # one token per pass
         if "draft_len" in ext:
-            assert stats["draft_tokens"] <= 3 * stats["rounds"]
+            assert spec["total_draft_tokens"] <= 3 * spec["num_spec_steps"] and spec["num_spec_tokens"] == 3
+            assert not any(spec["acceptance_histogram"][4:])
     assert sorted(texts) == ["ar", "ddtree", "dflash"] and len(set(texts.values())) == 1
 
 
@@ -109,7 +130,9 @@ def test_non_streaming_completion(server, client):
     _, root, _ = server
     r = client.completions.create(model="dflash", prompt=PROMPT, max_tokens=20, temperature=0)
     assert r.choices[0].text == generate_text(root / "convert", PROMPT, 20)
-    assert r.usage.completion_tokens == r.model_extra["dflash"]["tokens"] <= 20
+    spec = r.choices[0].model_extra["speculative_decoding"]
+    check_speculative_decoding(spec)
+    assert r.usage.completion_tokens == 1 + spec["num_spec_steps"] + spec["total_accepted_draft_tokens"] <= 20
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
@@ -262,11 +285,74 @@ def test_metrics_count_drafted_and_accepted_tokens(server, client):
         assert time.monotonic() < deadline, h
         time.sleep(0.1)
     before = totals(scrape(url), "dflash")  # every mode: the embedded default decodes ddtree
-    stats = [client.completions.create(model="dflash", prompt=PROMPT, max_tokens=n, temperature=0).model_extra["dflash"]
-             for n in (12, 20)]
+    responses = [client.completions.create(model="dflash", prompt=PROMPT, max_tokens=n, temperature=0) for n in (12, 20)]
+    stats = [r.choices[0].model_extra["speculative_decoding"] for r in responses]
     after = scrape(url)
     grew = totals(after, "dflash").minus(before)
-    assert totals(after, "dflash", stats[0]["mode"]).rounds >= grew.rounds  # labelled with the decoding mode
-    assert grew.rounds == sum(s["rounds"] for s in stats) and grew.drafted == sum(s["draft_tokens"] for s in stats)
-    assert 0 < grew.accepted == sum(s["accepted_draft_tokens"] for s in stats) <= grew.drafted
+    assert totals(after, "dflash", responses[0].model_extra["dflash"]["mode"]).rounds >= grew.rounds  # labelled by mode
+    assert grew.rounds == sum(s["num_spec_steps"] for s in stats)
+    assert grew.drafted == sum(s["total_draft_tokens"] for s in stats)
+    assert 0 < grew.accepted == sum(s["total_accepted_draft_tokens"] for s in stats) <= grew.drafted
     assert grew.tau == pytest.approx(1 + grew.accepted / grew.rounds) and grew.tau > 1
+
+
+def test_a_sweeps_per_request_acceptance_adds_up_to_the_servers_counters(server):
+    """`sweep` over the OpenAI endpoint records each request's speculative_decoding; summed over the
+    sweep (warm-up requests too) they are the growth of /metrics' counters over the same sweep, and
+    each level reports the per-request tau's p10 / p50 / p90 beside the server's own tau."""
+    from trtllm_dflash.sweep.loadgen import Variant, run_sweep
+    from trtllm_dflash.sweep.server_metrics import scrape, totals
+
+    url = server[0]
+    deadline = time.monotonic() + 30
+    while (h := health(url))["running"] or h["queued"]:
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    before = totals(scrape(url + "/metrics"), "dflash")
+    result = run_sweep(url, "dflash", [1, 2], lambda c: 3, 1, [PROMPT, "import os\n", "class A:\n"], 12, gpus=1,
+                       protocol="openai", variants=[Variant("ddtree"), Variant("dflash", "dflash")],
+                       metrics_url=url + "/metrics")
+    grew = totals(scrape(url + "/metrics"), "dflash").minus(before)
+    recs = result.records
+    assert len(recs) == 2 * (3 + 1) * 2 and all(r.ok and r.acceptance_source == "response" for r in recs)
+    assert all(sum(r.acceptance_histogram) == r.rounds for r in recs)
+    assert (sum(r.rounds for r in recs), sum(r.drafted for r in recs), sum(r.accepted for r in recs)) == (
+        grew.rounds, grew.drafted, grew.accepted)
+    assert grew.accepted > 0
+    for row in result.levels:
+        t = row.tau_request
+        assert t.n == row.requests == 3 and 1.0 <= t.p10 <= t.p50 <= t.p90 and row.server_tau is not None
+        assert row.acceptance_source == "response"
+
+
+def test_every_dashboard_panel_has_a_live_series_after_ddtree_and_dflash_requests(server, client):
+    """The served deployment's /metrics after real requests in its own mode (DDTree, the embedded
+    default's) and in DFlash: each panel of docs/grafana-dflash.json has, for each mode, a query all
+    of whose series are in the exposition with that mode (per-position acceptance included: DDTree
+    counts it along the accepted path), and every series a panel names is exported."""
+    import re
+
+    from trtllm_dflash.sweep.server_metrics import parse
+
+    url = server[0]
+    for ext in (None, {"mode": "dflash"}):
+        for n in (12, 20):
+            client.completions.create(model="dflash", prompt=PROMPT, max_tokens=n, temperature=0,
+                                      extra_body={"dflash": ext} if ext else None)
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        samples = parse(r.read().decode())
+    dash = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dflash.json").read_text())
+
+    def live(expr: str, mode: str) -> bool:
+        names = set(re.findall(r"\bdflash_[a-z_]+", expr))
+        return all(any(lab.get("mode") == mode for lab, _ in samples.get(name, [])) for name in names)
+
+    for panel in dash["panels"]:
+        exprs = [t["expr"] for t in panel["targets"]]
+        for mode in ("ddtree", "dflash"):
+            assert any(live(e, mode) for e in exprs), f"panel {panel['title']!r}: no live series for mode {mode}"
+        for name in {n for e in exprs for n in re.findall(r"\bdflash_[a-z_]+", e)}:
+            assert name in samples, f"panel {panel['title']!r} queries {name}, which /metrics does not export"
+    positions = {lab["position"] for lab, _ in samples["dflash_spec_decode_draft_tokens_per_pos_total"]
+                 if lab["mode"] == "ddtree"}
+    assert "1" in positions

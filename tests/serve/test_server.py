@@ -62,7 +62,8 @@ async def stream(url, inputs, cancel_after=None):
             resp = result.get_response()
             if resp.outputs:
                 deltas.append(result.as_numpy("text_output")[0].decode())
-                last = {o.name: result.as_numpy(o.name)[0] for o in resp.outputs}
+                last = {o.name: result.as_numpy(o.name) if o.name == "acceptance_histogram" else result.as_numpy(o.name)[0]
+                        for o in resp.outputs}
                 if cancel_after is not None and len(deltas) >= cancel_after:
                     it.cancel()
                     break
@@ -83,12 +84,17 @@ def request(prompt=b"def area(r):\n    return", max_tokens=24, **extra):
 
 def test_streaming_deltas_concatenate_to_the_reference_completion(served):
     recipe, server = served
-    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url, request()))
+    # return_perf_metrics: tensorrtllm_backend's flag, answered with upstream's acceptance_rate and our histogram
+    deltas, last, error = asyncio.run(stream(server.endpoints.grpc_url, request(return_perf_metrics=(True, "BOOL"))))
     assert error is None and len(deltas) > 1
     assert "".join(deltas) == reference_text(recipe, "def area(r):\n    return", 24)
     assert last["finish_reason"] in (b"length", b"stop")
     assert last["rounds"] >= 1 and last["total_accepted_draft_tokens"] <= last["total_draft_tokens"]
     assert last["acceptance_length"] >= 1.0
+    hist, accepted = last["acceptance_histogram"].tolist(), last["total_accepted_draft_tokens"]
+    assert len(hist) == recipe.speculative.block_size and sum(hist) == last["rounds"]
+    assert sum(j * n for j, n in enumerate(hist)) == accepted
+    assert last["acceptance_rate"] == pytest.approx(accepted / last["total_draft_tokens"])
 
 
 def test_non_streaming_gives_one_response(served):
@@ -200,12 +206,17 @@ def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
 @pytest.mark.parametrize("http", [False, True], ids=["grpc", "http"])
 def test_sweep_command_against_the_server(served, tmp_path, http):
     recipe, server = served
+    from trtllm_dflash.sweep.server_metrics import settled, totals
+
     url = server.endpoints.http_url if http else server.endpoints.grpc_url
+    metrics = f"http://127.0.0.1:{server.endpoints.metrics_port}/metrics"
+    before = totals(settled(metrics, "dflash"), "dflash")
     # gRPC: the default curves (AR beside DFlash, each request naming its mode); HTTP: DFlash only.
     cmd = [sys.executable, "-m", "trtllm_dflash", "sweep", str(recipe.file), "--url", url, "--out", str(tmp_path),
            "--levels", "1,2", "--json"] + (["--http", "--modes", "dflash"] if http else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+    grew = totals(settled(metrics, "dflash"), "dflash").minus(before)
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     curves = {}
     for lv in summary["levels"]:
@@ -219,6 +230,12 @@ def test_sweep_command_against_the_server(served, tmp_path, http):
     assert ("dflash_vs_ar" in summary["headline"]) != http
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert {row["curve"] for row in rows} == set(curves) and all(row["mode"] == row["curve"] for row in rows)
+    # Per-request acceptance (warm-up requests too) adds up to the server's counters' growth over the sweep.
+    assert all(row["acceptance_source"] == "response" and sum(row["acceptance_histogram"]) == row["rounds"]
+               for row in rows)
+    assert (sum(row["rounds"] for row in rows), sum(row["drafted"] for row in rows),
+            sum(row["accepted"] for row in rows)) == (grew.rounds, grew.drafted, grew.accepted)
+    assert grew.drafted > 0 and all(lv["tau_request"]["n"] == lv["requests"] for lv in summary["levels"])
     measured = [row for row in rows if not row["warmup"]]
     prompts = {row["request_id"]: row_prompt(recipe, row) for row in measured}
     expected = {p: reference_text(recipe, p, recipe.sweep.output_len) for p in set(prompts.values())}

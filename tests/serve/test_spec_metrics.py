@@ -49,6 +49,21 @@ def test_rounds_become_counters_and_per_position_acceptance():
     assert [v for lab, v in s["dflash_draft_time_seconds_count"] if lab["mode"] == "ar"] == []  # AR drafts nothing
 
 
+def test_ddtree_rounds_count_positions_along_the_accepted_path():
+    """A DDTree round drafts tree nodes (no positions): its per-position series run along the accepted
+    path, position k counting the rounds whose tree could reach depth k (`depths`) and those whose
+    accepted path did; without them a DDTree deployment had no per-position series at all."""
+    ins = PrometheusInstruments()
+    m = SpecMetrics(ins, "dflash")
+    # Two requests, trees of 12 and 2 nodes over 7 drafter slots (depth at most 7 and 2); accepted paths 3 and 2.
+    m.round("ddtree", [12, 2], [4, 3], 0.01, 0.02, depths=[7, 2])
+    t = totals(_exported(ins), "dflash", "ddtree")
+    assert (t.drafted, t.accepted, t.rounds) == (14, 5, 2)
+    assert t.drafted_per_pos == {1: 2, 2: 2, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1}
+    assert t.accepted_per_pos == {1: 2, 2: 2, 3: 1}
+    assert t.per_position() == pytest.approx([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+
+
 def test_every_defined_metric_is_exported_under_its_one_name():
     ins = PrometheusInstruments()
     SpecMetrics(ins, "m").round("dflash", [2], [2], 0.001, 0.002)
@@ -86,3 +101,41 @@ def test_the_grafana_dashboard_queries_only_metrics_we_export():
         allowed = {lab for m in METRICS for lab in m.labels} | {"le"}
         assert labels <= allowed, f"{e!r} names labels {labels - allowed} that no metric has"
     assert used == {m.name for m in METRICS}
+
+
+def _schema_problems(obj, data, path: str, out: list) -> None:
+    """Where `data` (dashboard JSON) and its decoding `obj` (grafana_foundation_sdk models) differ:
+    a key the schema's type always has but the JSON lacks (the SDK's to_json of a default object
+    writes exactly the required keys), and a key the schema does not know (decoding drops it).
+    Panel targets are the data source plugin's own (prometheus: refId, expr) and checked apart."""
+    if type(obj).__name__ == "UnknownDataquery":
+        missing = {"refId", "expr"} - set(data)
+        out += [f"{path}: missing {k}" for k in sorted(missing)]
+    elif hasattr(obj, "to_json") and isinstance(data, dict):
+        full = obj.to_json()
+        out += [f"{path}: missing {k} (required by {type(obj).__name__})" for k in sorted(set(type(obj)().to_json()) - set(data))]
+        out += [f"{path}: unknown {k} ({type(obj).__name__} has no such field)" for k in sorted(set(data) - set(full))]
+        for k, v in full.items():
+            if k in data:
+                _schema_problems(v, data[k], f"{path}/{k}", out)
+    elif isinstance(obj, list) and isinstance(data, list):
+        for i, (o, d) in enumerate(zip(obj, data)):
+            _schema_problems(o, d, f"{path}[{i}]", out)
+
+
+def test_the_grafana_dashboard_passes_grafanas_dashboard_schema():
+    """docs/grafana-dflash.json against Grafana's dashboard schema as Grafana Labs ships it for
+    Python: the grafana-foundation-sdk package (models/dashboard.py, generated from Grafana's schema;
+    read at 10.1.0): every field its types require is present (the dashboard lacked annotations,
+    graphTooltip, style, ... and the variables' hide / skipUrlSync / ...), and no field is one the
+    schema does not know (the variables' `definition` was)."""
+    import json
+    from pathlib import Path
+
+    dashboard = pytest.importorskip("grafana_foundation_sdk.models.dashboard",
+                                    reason="needs grafana-foundation-sdk (the dev extra)")
+    data = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dflash.json").read_text())
+    problems: list[str] = []
+    _schema_problems(dashboard.Dashboard.from_json(data), data, "", problems)
+    assert problems == []
+    assert data["annotations"]["list"] and all(p["type"] == "timeseries" for p in data["panels"])

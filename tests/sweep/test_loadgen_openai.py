@@ -1,8 +1,9 @@
 """The OpenAI protocol of the load generator against scripted event streams (no server).
 
-Servers differ in what a stream tells: ours sends a `dflash` extension (tokens and verify
-passes per chunk), trtllm-serve an acceptance length per choice, vLLM / SGLang only text and a
-final `usage`. Tokens always come out right; tau is known exactly, derived, or unknown.
+Servers differ in what a stream tells: ours (and trtllm-serve with TensorRT-LLM PR #19311) a
+per-choice `speculative_decoding` object on the final chunk, older trtllm-serve an acceptance
+length per choice, vLLM / SGLang only text and a final `usage`. Tokens always come out right;
+tau is known exactly, derived, or unknown.
 """
 
 import asyncio
@@ -53,12 +54,16 @@ def chunk(text, reason=None, **extra):
     return {"choices": [{"index": 0, "text": text, "finish_reason": reason, **extra}]}
 
 
-def test_our_extension_gives_exact_tokens_and_rounds():
-    ext = lambda tokens, rounds: {"dflash": {"tokens": tokens, "rounds": rounds}}  # noqa: E731
-    s = _Session(200, [{**chunk("a"), **ext(1, 0)}, {**chunk("bcd"), **ext(4, 1)}, {**chunk("", "length"), **ext(6, 2)},
+SPEC = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": 3, "total_draft_tokens": 6, "num_spec_steps": 2,
+        "acceptance_histogram": [0, 0, 1, 1], "num_spec_tokens": 3}
+
+
+def test_speculative_decoding_gives_rounds_and_the_requests_acceptance():
+    s = _Session(200, [chunk("a"), chunk("bcd"), chunk("ef", "length", speculative_decoding=SPEC),
                        {"choices": [], "usage": {"completion_tokens": 6}}, "data: [DONE]"])
     r = record(s)
-    assert r.chunk_tokens == [1, 3, 2] and r.rounds == 2 and r.text == "abcd" and r.error is None
+    assert r.chunk_tokens == [1, 1, 4] and r.rounds == 2 and r.text == "abcdef" and r.error is None
+    assert (r.drafted, r.accepted, r.acceptance_histogram, r.acceptance_source) == (6, 3, [0, 0, 1, 1], "response")
     assert request_tau(r) == (6 - 1) / 2
     url, body = s.sent
     assert url == "http://127.0.0.1:9/v1/completions" and body["stream"] and body["stream_options"]["include_usage"]
@@ -66,16 +71,17 @@ def test_our_extension_gives_exact_tokens_and_rounds():
 
 
 def test_a_curves_mode_and_draft_len_go_out_as_our_extension_and_must_come_back():
-    ext = {"dflash": {"tokens": 3, "rounds": 2, "draft_tokens": 0, "mode": "ar", "draft_len": 0}}
-    s = _Session(200, [{**chunk("abc", "length"), **ext}, "data: [DONE]"])
+    spec = {**SPEC, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0, "acceptance_histogram": [2]}
+    s = _Session(200, [{**chunk("abc", "length", speculative_decoding=spec), "dflash": {"mode": "ar", "draft_len": 0}},
+                       "data: [DONE]"])
     r = record(s, {"mode": "ar", "draft_len": 0})
     assert s.sent[1]["dflash"] == {"mode": "ar", "draft_len": 0} and r.error is None and r.rounds == 2
-    assert r.drafted == 0
+    assert r.drafted == 0 and r.accepted == 0
     # A server that ignores the extension (another OpenAI-compatible server) fails the request, named.
     r = record(_Session(200, [chunk("abc", "length"), "data: [DONE]"]), {"mode": "ar"})
     assert "did not decode mode 'ar'" in r.error and not r.ok
     # `sweep --tune`'s fixed lengths: a server that decodes with its own schedule fails them, named.
-    r = record(_Session(200, [{**chunk("abc", "length"), "dflash": {"tokens": 3, "rounds": 1, "mode": "dflash"}},
+    r = record(_Session(200, [{**chunk("abc", "length"), "dflash": {"mode": "dflash", "draft_len": None}},
                               "data: [DONE]"]), {"draft_len": 3})
     assert "did not take draft_len 3" in r.error and not r.ok
 
@@ -85,7 +91,7 @@ def test_plain_servers_count_chunks_and_take_the_usage_total():
     r = record(_Session(200, [chunk("ab"), chunk("c"), chunk("", "stop"), {"choices": [], "usage": {"completion_tokens": 5}},
                               "data: [DONE]"]))
     assert r.output_tokens == 5 and len(r.chunk_ns) == 2 and r.chunk_tokens[-1] == 4
-    assert r.rounds == 0 and request_tau(r) is None
+    assert r.rounds == 0 and request_tau(r) is None and r.accepted is None and r.acceptance_source is None
     assert summarize_level([r], 1, 1).tau is None  # reported as unknown, never guessed
 
 

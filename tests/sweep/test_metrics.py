@@ -76,3 +76,26 @@ def test_pareto_front():
     pts = [(10, 100), (20, 90), (15, 80), (30, 30), (5, 120), (30, 20)]
     assert pareto_front(pts) == [0, 1, 3, 4]
     assert pareto_front([(1, 1), (1, 1)]) == [0, 1]  # ties do not dominate
+
+
+def test_per_request_tau_percentiles_from_known_records():
+    """Ten requests of 4 verify passes accepting 0..9 drafts: taus 1.0, 1.25, ..., 3.25; the level
+    reports their p10 / p50 / p90 (numpy's linear percentiles) beside the pooled tau."""
+    recs = [rec(i, chunks=((100, 1), (200, 4 + a)), rounds=4, accepted=a, acceptance_source="response")
+            for i, a in enumerate(range(10))]
+    taus = [1 + a / 4 for a in range(10)]
+    assert [request_tau(r) for r in recs] == pytest.approx(taus)
+    s = summarize_level(recs + [rec(10, rounds=0)], 1, 1)  # a request without verify passes has no tau
+    assert s.tau_request.n == 10 and s.acceptance_source == "response"
+    assert (s.tau_request.p10, s.tau_request.p50, s.tau_request.p90) == pytest.approx(
+        tuple(np.percentile(taus, [10, 50, 90])))
+    assert (s.tau_request.p10, s.tau_request.p50, s.tau_request.p90) == pytest.approx((1.225, 2.125, 3.025))
+    row = s.flat()
+    assert row["tau_request_p50"] == pytest.approx(2.125) and row["acceptance_source"] == "response"
+    import json
+    from dataclasses import asdict
+
+    from trtllm_dflash.sweep.metrics import LevelSummary
+    assert LevelSummary.from_json(json.loads(json.dumps(asdict(s)))) == s  # summary.json round trip
+    # the server's own accepted count wins over what the client received (a stop word may cut text)
+    assert request_tau(rec(chunks=((100, 1), (150, 2)), rounds=2, accepted=4)) == pytest.approx(3.0)

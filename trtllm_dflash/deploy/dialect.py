@@ -127,9 +127,6 @@ TRTLLM_INPUTS = (
     *_EXTRA_INPUTS,
 )
 
-# The speculative statistics and progress of the dflash model, batch-first here.
-_STATS = tuple(t for t in DFLASH_OUTPUTS if t.name not in ("text_output", "output_ids", "total_draft_tokens",
-                                                               "total_accepted_draft_tokens"))
 # Upstream's outputs, declared so that a client may name any of them. Sent: the speculative counts,
 # acceptance_rate, num_*_tokens and the request's timestamps as this model sees them
 # (return_perf_metrics); never sent: log-probs and logits (refused when asked), batch and
@@ -155,6 +152,10 @@ _TEMPLATE_OUTPUTS = (
     Tensor("num_input_tokens", I32),
     Tensor("num_output_tokens", I32),
 )
+# The speculative statistics and progress of the dflash model (rounds, acceptance_length, our
+# acceptance_histogram, ...), batch-first here; those upstream declares are its template's above.
+_STATS = tuple(t for t in DFLASH_OUTPUTS if t.name not in ("text_output", "output_ids")
+               and t.name not in {u.name for u in _TEMPLATE_OUTPUTS})
 TEXT_OUTPUTS = (Tensor("text_output", S, (-1,)),) + _TEMPLATE_OUTPUTS + _STATS
 TRTLLM_OUTPUTS = (Tensor("output_ids", I32, (-1, -1)), Tensor("sequence_length", I32, (-1,)),
                   Tensor("context_phase_params", U8, (-1,))) + _TEMPLATE_OUTPUTS + _STATS

@@ -59,7 +59,13 @@ from trtllm_dflash.recipe.rules import (
     recompute_tail,
 )
 from trtllm_dflash.recipe.support import backend as backend_spec, trtllm_line
-from trtllm_dflash.recipe.trtllm_api import drafter_attention, has
+from trtllm_dflash.recipe.trtllm_api import (
+    ACCEPT_STATS_ENV,
+    ACCEPT_STATS_FLUSH_ENV,
+    acceptance_source,
+    drafter_attention,
+    has,
+)
 
 # Prompt tokens recomputed after a prefix-cache hit on 1.4 (the drafter's context then starts
 # there). A few KV blocks: enough recent context for drafting, most of a long shared prefix reused.
@@ -78,7 +84,12 @@ LLM_KEYS = frozenset({
     "model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size",
     "max_batch_size", "max_seq_len", "max_num_tokens", "kv_cache_config", "cuda_graph_config",
     "enable_chunked_prefill", "return_perf_metrics", "enable_iter_perf_stats", "speculative_config",
+    "perf_metrics_max_requests",
 })
+# Finished requests trtllm-serve keeps for GET /perf_metrics (drained on read: a sweep reads it after
+# every level, sweep/trtllm_acceptance.py); 0, upstream's default, keeps none.
+PERF_METRICS_KEPT = 100_000
+ACCEPT_STATS_DIR = "accept_stats"  # TensorRT-LLM's acceptance recorder writes here (beside the options file)
 KV_CACHE_KEYS = frozenset({"dtype", "free_gpu_memory_fraction", "enable_block_reuse"})
 CUDA_GRAPH_KEYS = frozenset({"enable_padding", "max_batch_size"})
 
@@ -204,9 +215,12 @@ def model_yaml(recipe: Recipe, artifact: Path) -> dict:
 
 def extra_llm_api_options(recipe: Recipe, artifact: Path) -> dict:
     """The YAML for `trtllm-serve MODEL --config FILE`: the LLM arguments without
-    the two the command line carries (MODEL and --backend), plus iteration stats for /metrics."""
+    the two the command line carries (MODEL and --backend), plus iteration stats for /metrics and,
+    where the version fills DFlash's per-request acceptance, the requests GET /perf_metrics keeps."""
     args = {k: v for k, v in llm_args(recipe, artifact).items() if k not in ("model", "backend")}
     args["enable_iter_perf_stats"] = True
+    if acceptance_source(_version(recipe)) == "perf_metrics":
+        args["perf_metrics_max_requests"] = PERF_METRICS_KEPT
     _check_keys(args, LLM_KEYS, "LLM arguments (TorchLlmArgs)")
     return args
 
@@ -228,12 +242,22 @@ def trtllm_serve_commands(recipe: Recipe, artifact: Path, options: Path) -> dict
              "--backend", "pytorch", _config_flag(recipe), str(options)]
     world = recipe.world_size
     where = placement(recipe)
+    env = accept_stats_env(recipe, Path(options).parent / ACCEPT_STATS_DIR)
     return {
-        "single_node": serve,
-        "mpirun": ["mpirun", "--allow-run-as-root", "-n", str(world), "trtllm-llmapi-launch", *serve],
+        "single_node": [*env, *serve],
+        "mpirun": ["mpirun", "--allow-run-as-root", "-n", str(world), *env, "trtllm-llmapi-launch", *serve],
         "srun": ["srun", "-N", str(where.nodes), f"--ntasks-per-node={where.tasks_per_node}", "--mpi=pmix",
-                 "trtllm-llmapi-launch", *serve],
+                 *env, "trtllm-llmapi-launch", *serve],
     }
+
+
+def accept_stats_env(recipe: Recipe, stats_dir: Path) -> list[str]:
+    """`env VAR=VALUE ...` switching on TensorRT-LLM's acceptance recorder, for versions whose
+    per-request metrics read 0 for DFlash (before PR #17082): the sweep's source there. Written
+    every verify step, so a sweep reads each level whole. Empty for the others."""
+    if acceptance_source(_version(recipe)) != "accept_stats":
+        return []
+    return ["env", f"{ACCEPT_STATS_ENV}={stats_dir}", f"{ACCEPT_STATS_FLUSH_ENV}=1"]
 
 
 def _config_flag(recipe: Recipe) -> str:

@@ -46,6 +46,8 @@ DFLASH_INPUTS = (
     Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
     Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
     Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),  # text_output without special tokens (eos); default false
+    # tensorrtllm_backend's flag: true adds acceptance_rate and acceptance_histogram to the responses
+    Tensor("return_perf_metrics", mc.TYPE_BOOL, optional=True),
     # true: cancel the running request that has this request's id (how the dialect models cancel
     # what they forwarded where Triton's BLS cannot; upstream's tensorrt_llm model takes `stop` so)
     Tensor("stop", mc.TYPE_BOOL, optional=True),
@@ -60,6 +62,11 @@ DFLASH_OUTPUTS = (
     Tensor("acceptance_length", mc.TYPE_FP32),  # tau so far: committed tokens per verify pass
     Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
     Tensor("output_ids", mc.TYPE_INT32, (-1,)),  # the tokens committed in this response; only when asked for
+    # With return_perf_metrics (or when named). acceptance_rate: accepted / drafted so far, FP32 [1]
+    # as tensorrtllm_backend's tensorrt_llm model declares it; acceptance_histogram (ours, the shape of
+    # TensorRT-LLM PR #19311's): [block_size] verify passes so far by the drafts each accepted.
+    Tensor("acceptance_rate", mc.TYPE_FP32),
+    Tensor("acceptance_histogram", mc.TYPE_INT32, (-1,)),
 )
 
 # The LLM-API model of TensorRT-LLM >= 1.3, as upstream declares it

@@ -47,6 +47,20 @@ FIXES: dict[str, Since] = {
     "block_size_guard": Since("1.3.0rc26", "#17935", "max_draft_len + 1 <= block_size enforced"),
 }
 
+# TensorRT-LLM's opt-in DFlash acceptance recorder (tensorrt_llm/_torch/speculative/accept_stats.py,
+# from PR #17327, whose review ran in early August 2026: about the release of #17082 [I]): set, it
+# writes per-rank acceptance histograms and per-request totals under the directory named.
+ACCEPT_STATS_ENV = "TLLM_DFLASH_ACCEPT_STATS_DIR"
+ACCEPT_STATS_FLUSH_ENV = "TLLM_DFLASH_ACCEPT_STATS_FLUSH_EVERY"  # verify steps between writes (default 50)
+
+
+def acceptance_source(version: str) -> str:
+    """Where a sweep reads a deployment's per-request acceptance: trtllm-serve's per-request metrics
+    ("perf_metrics") where the version fills them for DFlash (FIXES per_request_acceptance), else
+    the recorder's files ("accept_stats"), which deploy then switches on in the launch lines."""
+    return "perf_metrics" if has(version, "per_request_acceptance", FIXES) else "accept_stats"
+
+
 # What the shipped pytorch recipes pin: a published release carrying every fix above, whose
 # DFlashDecodingConfig the field table was read from (its API reference).
 PINNED = "1.3.0rc27"

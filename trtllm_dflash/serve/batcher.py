@@ -45,11 +45,19 @@ class Update:
     accepted: int  # draft tokens accepted so far
     finish_reason: str | None  # None while running, then "stop" | "length" | "cancelled" | "error: ..."
     ids: list[int] = field(default_factory=list)  # the tokens committed in this update
+    # [max drafts + 1] verify passes so far by the drafts they accepted: histogram[j] = passes that
+    # accepted exactly j (sum = rounds, sum of j * histogram[j] = accepted); TensorRT-LLM PR #19311's shape
+    histogram: list[int] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:
         """tau so far: tokens committed per verify pass (the prefill's first token excluded)."""
         return (self.total_tokens - 1) / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted so far (0 when nothing was drafted), as TensorRT-LLM reports it."""
+        return self.accepted / self.drafted if self.drafted else 0.0
 
 
 @dataclass
@@ -71,6 +79,7 @@ class Job:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    histogram: list[int] = field(default_factory=list)  # verify passes by drafts accepted (Update.histogram)
 
 
 def _stop_prefix(text: str, stop_words: list[str]) -> int:
@@ -147,6 +156,7 @@ class ServingEngine:
         self.mode, self.ddtree_budget = mode, ddtree_budget  # requests without a mode of their own get `mode`
         self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
         self.max_batch_size = max_batch_size
+        self.histogram_len = block_size or 1  # drafts accepted per pass: 0 .. block_size - 1
         self.inbox: queue.Queue[Job] = queue.Queue()
         self.groups: dict[tuple, tuple] = {}  # key -> (decoder, {request id: Job})
         self._next_id = 0
@@ -282,7 +292,10 @@ class ServingEngine:
         """Hand each request its tokens. `mode`: how a verify round was decoded (None for the prefill);
         the server's metrics count every round."""
         if rec.round > 0 and self.metrics is not None:
-            self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify)
+            # a tree of n nodes over the drafter's block_size - 1 slots is at most min(n, slots) deep
+            cap = self.histogram_len - 1 or max(rec.drafted, default=0)
+            depths = [min(d, cap) for d in rec.drafted] if mode == "ddtree" else None
+            self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify, depths)
         for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
             job = jobs[rid]
             job.tokens.extend(toks)
@@ -290,6 +303,7 @@ class ServingEngine:
                 job.rounds += 1
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
+                _count(job, max(0, len(toks) - 1), self.histogram_len)
             # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
             text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens
                     else self.tokenizer.decode(job.tokens))
@@ -304,7 +318,8 @@ class ServingEngine:
                 text = text[: len(text) - _stop_prefix(text, job.stop_words)]  # may become a stop word
             delta = text[len(job.sent):] if text.startswith(job.sent) else ""
             job.sent += delta
-            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks)))
+            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks),
+                            self._histogram(job)))
             if done is not None:
                 self._leave(jobs, rid)
 
@@ -315,4 +330,17 @@ class ServingEngine:
         return jobs.pop(rid)
 
     def _finish(self, job: Job, reason: str) -> None:
-        job.emit(Update("", 0, len(job.tokens), job.rounds, job.drafted, job.accepted, reason))
+        job.emit(Update("", 0, len(job.tokens), job.rounds, job.drafted, job.accepted, reason,
+                        histogram=self._histogram(job)))
+
+    def _histogram(self, job: Job) -> list[int]:
+        return list(job.histogram) or [0] * self.histogram_len
+
+
+def _count(job: Job, accepted: int, size: int) -> None:
+    """One verify pass of `job` that accepted `accepted` drafts, in its histogram (at least `size` long)."""
+    if not job.histogram:
+        job.histogram = [0] * size
+    if accepted >= len(job.histogram):
+        job.histogram += [0] * (accepted + 1 - len(job.histogram))
+    job.histogram[accepted] += 1

@@ -86,7 +86,40 @@ DFLASH_OUTPUTS = ("text_output", "output_token_count", "total_output_tokens", "r
 STATS = DFLASH_OUTPUTS[1:]  # sent as they are (batch-first)
 MAPPED = ("seed", "random_seed", "stop_words", "exclude_input_in_output", "input_lengths", "return_perf_metrics",
           "return_num_input_tokens", "return_num_output_tokens")  # read by to_dflash itself
-PERF = ("acceptance_rate", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns")  # return_perf_metrics
+
+# Every output the dialect models declare (deploy/dialect.py): when a response carries it
+# (`_outputs`: "always", the kind's own "text" / "ids", the return_* flag of the request that
+# adds it, or "never") and what it is. docs/migrate-from-tensorrtllm-backend.md's output table is
+# this table (tests/test_docs.py).
+OUTPUTS_AS = {
+    "text_output": ("text", "the text of this response: streamed, the new text only; not streamed, all of it "
+                            "(after the prompt unless `exclude_input_in_output`)"),
+    "output_ids": ("ids", "`[1, 1, n]`: streamed, the new tokens; not streamed, prompt (unless excluded) and output"),
+    "sequence_length": ("ids", "`[1, 1]`: the number of tokens in `output_ids`"),
+    "total_draft_tokens": ("always", "the request's draft tokens verified so far (upstream: with return_perf_metrics)"),
+    "total_accepted_draft_tokens": ("always", "the request's draft tokens accepted so far (upstream: with "
+                                              "return_perf_metrics)"),
+    "acceptance_rate": ("return_perf_metrics", "accepted / drafted draft tokens so far"),
+    "acceptance_histogram": ("return_perf_metrics", "ours: `[1, n]` verify passes by the drafts each accepted "
+                                                    "(entry j: passes that accepted exactly j)"),
+    **dict.fromkeys(("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"),
+                    ("return_perf_metrics", "wall clock at the model")),
+    "num_output_tokens": ("return_num_output_tokens", "tokens generated so far"),
+    "num_input_tokens": ("return_num_input_tokens", "prompt tokens (tensorrt_llm; the text models refuse the flag)"),
+    "output_token_count": ("always", "ours: tokens committed in this response"),
+    "total_output_tokens": ("always", "ours: tokens generated so far"),
+    "rounds": ("always", "ours: target verify passes so far"),
+    "acceptance_length": ("always", "ours: tokens committed per verify pass so far (tau)"),
+    "finish_reason": ("always", "ours: `length` / `stop` on the last response, empty before"),
+    **dict.fromkeys(("cum_log_probs", "output_log_probs", "context_logits", "generation_logits"),
+                    ("never", "the inputs that ask for them are refused")),
+    **dict.fromkeys(("batch_index", "sequence_index"),
+                    ("never", "one sequence per request: index 0, what clients assume when it is absent")),
+    **dict.fromkeys(("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+                     "first_scheduled_time_ns"), ("never", "the dflash engine does not report them")),
+    "context_phase_params": ("never", "no disaggregated serving"),
+}
+PERF = tuple(n for n, (sent, _) in OUTPUTS_AS.items() if sent == "return_perf_metrics")
 
 
 # What the mapped inputs become (docs/migrate-from-tensorrtllm-backend.md's table is `describe`'s).
@@ -107,12 +140,32 @@ MAPPED_AS = {
     "stop_words": "dflash `stop_words`: the output ends before the first stop word",
     "exclude_input_in_output": "unset or false: a non-streamed answer starts with the prompt (text or ids); "
                                "streamed answers never do",
-    "return_perf_metrics": "adds acceptance_rate, arrival_time_ns, first_token_time_ns, last_token_time_ns",
+    "return_perf_metrics": "adds acceptance_rate, arrival_time_ns, first_token_time_ns, last_token_time_ns and "
+                           "acceptance_histogram (ours: verify passes by the drafts each accepted)",
     "return_num_output_tokens": "adds num_output_tokens",
     "return_num_input_tokens": "tensorrt_llm: adds num_input_tokens; text models: refused",
     "draft_len": "ours: drafts per verify round for this request (0: speculation off)",
     "mode": "ours: `ar`, `dflash` or `ddtree` for this request",
 }
+
+
+def describe_output(name: str) -> str:
+    """When a dialect model sends output `name`, and what it is, in a phrase."""
+    sent, what = OUTPUTS_AS[name]
+    when = {"always": "every response", "text": "every response", "ids": "every response",
+            "never": "never sent"}.get(sent, f"with `{sent}`")
+    return f"{when}: {what}"
+
+
+def verdict(name: str) -> str:
+    """Input `name`: honoured, accepted without effect, or refused (with a value that changes something)."""
+    if name in UNSUPPORTED:
+        return "refused"
+    if name in NEUTRAL:
+        return f"refused unless {NEUTRAL[name][0]}"
+    if name in IGNORED:
+        return "accepted, no effect"
+    return "ours" if name in ("draft_len", "mode") else "honoured"
 
 
 def describe(name: str) -> str:
@@ -150,7 +203,7 @@ class Forward:
 
     @property
     def dflash_outputs(self) -> list[str]:
-        return list(DFLASH_OUTPUTS) + (["output_ids"] if self.kind == "ids" else [])
+        return list(DFLASH_OUTPUTS) + ["acceptance_histogram"] + (["output_ids"] if self.kind == "ids" else [])
 
 
 def _flat(inputs: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -265,15 +318,8 @@ def _outputs(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | No
     template outputs its return_* flags ask for."""
     if requested:
         return list(requested)
-    main = ["text_output"] if kind == "text" else ["output_ids", "sequence_length"]
-    extra = ["total_draft_tokens", "total_accepted_draft_tokens"]
-    if _flag(inputs, "return_perf_metrics", False):
-        extra += PERF
-    if _flag(inputs, "return_num_output_tokens", False):
-        extra.append("num_output_tokens")
-    if _flag(inputs, "return_num_input_tokens", False):
-        extra.append("num_input_tokens")
-    return main + [n for n in STATS if n not in extra] + extra
+    return [n for n, (sent, _) in OUTPUTS_AS.items()
+            if sent in ("always", kind) or (sent.startswith("return_") and _flag(inputs, sent, False))]
 
 
 def is_last(outs: dict[str, np.ndarray]) -> bool:
@@ -282,14 +328,23 @@ def is_last(outs: dict[str, np.ndarray]) -> bool:
     return reason is not None and bool(np.asarray(reason).reshape(-1)[0])
 
 
+def _acceptance(one: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A request's acceptance so far: upstream's acceptance_rate (accepted / drafted, FP32) and our
+    acceptance_histogram [max drafts + 1] (INT32), from a dflash response."""
+    drafted, accepted = int(one["total_draft_tokens"][0]), int(one["total_accepted_draft_tokens"][0])
+    out = {"acceptance_rate": np.array([accepted / drafted if drafted else 0.0], dtype=np.float32)}
+    if "acceptance_histogram" in one:
+        out["acceptance_histogram"] = one["acceptance_histogram"].astype(np.int32)
+    return out
+
+
 def to_dialect(fwd: Forward, outs: dict[str, np.ndarray], now_ns: int = 0) -> dict[str, np.ndarray]:
     """One dflash response (1-D tensors) as the dialect's batch-first outputs of `fwd`, sent at `now_ns`."""
     one = {n: np.asarray(v).reshape(-1) for n, v in outs.items()}
     fwd.first_ns = fwd.first_ns or now_ns
     total = int(one["total_output_tokens"][0])
-    drafted, accepted = int(one["total_draft_tokens"][0]), int(one["total_accepted_draft_tokens"][0])
     values = {n: one[n][:1] for n in STATS}
-    values["acceptance_rate"] = np.array([accepted / drafted if drafted else 0.0], dtype=np.float32)
+    values.update(_acceptance(one))
     values["num_output_tokens"] = np.array([total], dtype=np.int32)
     for name, ns in (("arrival_time_ns", fwd.arrival_ns), ("first_token_time_ns", fwd.first_ns),
                      ("last_token_time_ns", now_ns)):

@@ -16,11 +16,15 @@ Every series is labelled `model` (the served model name) and `mode` (ar | dflash
 the round was decoded; requests may choose their own mode). From them:
 
     tau                    = 1 + accepted / rounds          (tokens committed per verify pass)
-    acceptance at pos k    = accepted_per_pos{k} / drafted_per_pos{k}   (chain rounds: dflash)
+    acceptance at pos k    = accepted_per_pos{k} / drafted_per_pos{k}
     draft acceptance rate  = accepted / drafted
 
-Per-position series are counted for chain rounds only (mode dflash): a DDTree round's drafted
-tokens are tree nodes, which have no single position.
+Per-position series: a chain round (mode dflash) drafts positions 1..n and accepts a prefix, so
+position k counts the rounds that drafted it and those that accepted it. A DDTree round's drafted
+tokens are tree nodes, with no single position; its series run along the accepted path instead:
+position k counts the tree rounds whose tree could reach depth k (n nodes over the drafter's D
+slots reach at most min(n, D): `depths`) and those whose accepted path did. Both read as "how
+often the k-th drafted token is accepted" on one dashboard panel.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from trtllm_dflash.spec_metrics import (  # noqa: F401  (the one definition; re-
     ACCEPTED_PER_POS,
     ACCEPTED_TOKENS,
     CHAIN_MODES,
+    POSITION_MODES,
     COUNTER,
     DRAFT_LEN,
     DRAFT_PER_POS,
@@ -65,9 +70,11 @@ class SpecMetrics:
     def __init__(self, instruments: Instruments, model: str):
         self.instruments, self.model = instruments, model
 
-    def round(self, mode: str, drafted: list[int], committed: list[int], t_draft: float, t_verify: float) -> None:
+    def round(self, mode: str, drafted: list[int], committed: list[int], t_draft: float, t_verify: float,
+              depths: list[int] | None = None) -> None:
         """One verify pass of a group: per request, the drafts verified and the tokens committed
-        (accepted drafts + the bonus token)."""
+        (accepted drafts + the bonus token); `depths`: per request, the deepest position it could
+        accept (a tree round's; default: its drafts, a chain's)."""
         if not drafted:
             return
         ins, labels = self.instruments, {"model": self.model, "mode": mode}
@@ -83,8 +90,8 @@ class SpecMetrics:
         ins.observe(DRAFT_LEN, labels, max(drafted))
         ins.observe(VERIFY_BATCH, labels, len(drafted))
         ins.observe(VERIFY_TIME, labels, t_verify)
-        if mode in CHAIN_MODES:
-            self._per_position(labels, drafted, accepted)
+        if mode in POSITION_MODES:
+            self._per_position(labels, depths if depths is not None else drafted, accepted)
 
     def _per_position(self, labels: dict[str, str], drafted: list[int], accepted: list[int]) -> None:
         # A chain accepts a prefix of its drafts: position k is accepted iff k <= accepted.

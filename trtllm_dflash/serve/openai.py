@@ -26,14 +26,21 @@ completions, the rest of build.max_seq_len for chat), temperature (default 1, as
 `"dflash": {"mode": "ar" | "dflash" | "ddtree", "draft_len": N}` (both optional: this request's
 decoding and drafts per round, as the Triton model's `mode` / `draft_len` inputs; ddtree needs
 the deployment's ddtree_budget). Every response carries `usage` (streams: in a last chunk when
-include_usage is set) and the extension field `dflash`:
-  {"tokens", "rounds", "draft_tokens", "accepted_draft_tokens", "acceptance_length", "mode",
-   "draft_len"}
-cumulative for the request so far (rounds = target verify passes, the prefill excluded;
-acceptance_length = tau = (tokens - 1) / rounds; mode = how the request is decoded and draft_len
-= the drafts per round it asked for, null for the server's policy, so a client can tell that the
-server honoured its request extension). A stop token ends the request with
-finish_reason "stop" and is not part of the text.
+include_usage is set). The request's speculative decoding is reported per choice, in the shape
+of TensorRT-LLM PR #19311 (trtllm-serve's), on a whole response's choice and on a stream's
+final chunk (the one with finish_reason):
+  "speculative_decoding": {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                           "num_spec_steps", "acceptance_histogram", "num_spec_tokens"}
+num_spec_steps = target verify passes (the prefill excluded); acceptance_histogram[j] = passes
+that accepted exactly j drafts ([max drafts + 1], so sum = num_spec_steps); acceptance_rate =
+accepted / drafted (0 when nothing was drafted); num_spec_tokens = the most drafts a pass of
+this request verifies: its own draft_len, 0 for AR, null while the server's draft-length policy
+chooses per pass. DDTree counts drafted tree nodes in total_draft_tokens (PR #19311 counts the
+tree's path depth), as /metrics does. The same response carries, top level, `dflash`: {"mode",
+"draft_len"}, the request extension as decoded (mode = how the request was decoded, draft_len =
+the drafts per round it asked for, null for the server's policy), so a client can tell that the
+server honoured it. A stop token ends the request with finish_reason "stop" and is not part of
+the text.
 
 Bad input gets an OpenAI error object {"error": {"message", "type", "param", "code"}} with
 status 400 (404 for an unknown model), one line naming the field; a client that disconnects
@@ -296,11 +303,28 @@ class Service:
                     return text[: -len(s)]
         return text
 
+    def speculative_decoding(self, update, stream: _Stream) -> dict:
+        """A choice's `speculative_decoding` object (TensorRT-LLM PR #19311's field names)."""
+        return {"acceptance_rate": update.acceptance_rate, "total_accepted_draft_tokens": update.accepted,
+                "total_draft_tokens": update.drafted, "num_spec_steps": update.rounds,
+                "acceptance_histogram": list(update.histogram), "num_spec_tokens": self.spec_tokens(stream)}
+
+    def spec_tokens(self, stream: _Stream) -> int | None:
+        """The most drafts one verify pass of this request verifies; None where the server's draft
+        length policy chooses per pass."""
+        engine = self.deployed.engine
+        if stream.draft_len is not None:
+            return stream.draft_len
+        if stream.mode == "ar":
+            return 0
+        if engine.policy is not None and stream.mode in engine.policy.modes:
+            return None
+        return engine.histogram_len - 1
+
     @staticmethod
-    def stats(update, stream: _Stream) -> dict:
-        return {"tokens": update.total_tokens, "rounds": update.rounds, "draft_tokens": update.drafted,
-                "accepted_draft_tokens": update.accepted, "acceptance_length": update.acceptance_length,
-                "mode": stream.mode, "draft_len": stream.draft_len}
+    def decoded(stream: _Stream) -> dict:
+        """The top-level `dflash` object: the request extension as the engine decoded it."""
+        return {"mode": stream.mode, "draft_len": stream.draft_len}
 
     @staticmethod
     def usage(prompt_tokens: int, update) -> dict:
@@ -387,12 +411,14 @@ async def _generate(service: "Service", request: Request, kind: type[_Body]):
     return JSONResponse(await _whole(service, request, stream, rid, obj, chat, len(ids)))
 
 
-def _choice(chat: bool, text: str, reason: str | None, delta: bool) -> dict:
+def _choice(chat: bool, text: str, reason: str | None, delta: bool, spec: dict | None = None) -> dict:
+    """One choice; `spec`: its speculative_decoding object (a whole response, a stream's final chunk)."""
+    extra = {"speculative_decoding": spec} if spec is not None else {}
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, **extra}
     key = "delta" if delta else "message"
     message = {"content": text} if delta else {"role": "assistant", "content": text}
-    return {"index": 0, key: message, "logprobs": None, "finish_reason": reason}
+    return {"index": 0, key: message, "logprobs": None, "finish_reason": reason, **extra}
 
 
 async def _whole(service: Service, request, stream: _Stream, rid: str, obj: str, chat: bool, prompt_tokens: int) -> dict:
@@ -416,8 +442,8 @@ async def _whole(service: Service, request, stream: _Stream, rid: str, obj: str,
         raise _engine_failure(reason)
     text = service.finish_text("".join(parts), reason)
     return {"id": rid, "object": obj, "created": int(time.time()), "model": service.model_name,
-            "choices": [_choice(chat, text, reason, delta=False)], "usage": service.usage(prompt_tokens, update),
-            "dflash": service.stats(update, stream)}
+            "choices": [_choice(chat, text, reason, delta=False, spec=service.speculative_decoding(update, stream))],
+            "usage": service.usage(prompt_tokens, update), "dflash": service.decoded(stream)}
 
 
 async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool, prompt_tokens: int,
@@ -428,9 +454,9 @@ async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool
     def event(payload: dict) -> str:
         return f"data: {json.dumps(payload)}\n\n"
 
-    def chunk(choices: list, update) -> str:
+    def chunk(choices: list, final: bool) -> str:
         return event({"id": rid, "object": obj, "created": created, "model": service.model_name,
-                      "choices": choices, "dflash": service.stats(update, stream)})
+                      "choices": choices, **({"dflash": service.decoded(stream)} if final else {})})
 
     done = False
     try:
@@ -449,14 +475,15 @@ async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool
                 done = True
                 break
             text = service.finish_text(update.text, reason)
-            if text or reason is not None:
-                yield chunk([_choice(chat, text, reason, delta=True)], update)
+            if reason is not None:  # the final chunk: the request's speculative decoding, per choice
+                yield chunk([_choice(chat, text, reason, True, service.speculative_decoding(update, stream))], True)
+            elif text:
+                yield chunk([_choice(chat, text, reason, delta=True)], False)
             if reason is not None:
                 done = True
                 if include_usage:  # OpenAI's usage chunk: no choices
                     yield event({"id": rid, "object": obj, "created": created, "model": service.model_name,
-                                 "choices": [], "usage": service.usage(prompt_tokens, update),
-                                 "dflash": service.stats(update, stream)})
+                                 "choices": [], "usage": service.usage(prompt_tokens, update)})
                 break
         yield "data: [DONE]\n\n"
     finally:

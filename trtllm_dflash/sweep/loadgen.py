@@ -8,13 +8,15 @@ factor x C) measured requests, C at a time, each a stream:
   `finish_reason` is set (the asyncio client cannot ask for Triton's empty final response:
   that parameter is reserved there).
 - protocol "openai": POST /v1/completions with stream and stream_options.include_usage
-  (server-sent events up to `data: [DONE]`). Tokens per chunk and verify passes come from
-  the `dflash` extension field where the server sends it (serve/openai.py); otherwise each
-  text chunk counts one token, corrected by the final `usage`, and verify passes come from
-  trtllm-serve's `avg_decoded_tokens_per_iter` where present, else they are unknown (tau is
-  then reported as unknown, never guessed).
-Every chunk's arrival time and token count are recorded (`RequestRecord`); the metrics
-come from trtllm_dflash/sweep/metrics.py.
+  (server-sent events up to `data: [DONE]`). Each text chunk counts one token, the last one
+  corrected by the final `usage`; verify passes and acceptance come from the final choice's
+  `speculative_decoding` object (ours, serve/openai.py, and trtllm-serve's with TensorRT-LLM
+  PR #19311: the same fields), else verify passes from trtllm-serve's
+  `avg_decoded_tokens_per_iter` where present, else they are unknown (tau is then reported as
+  unknown, never guessed).
+Every chunk's arrival time and token count are recorded (`RequestRecord`), and the request's
+acceptance as the server reported it (drafted, accepted, histogram: `acceptance_source`
+"response"); the metrics come from trtllm_dflash/sweep/metrics.py.
 
 One sweep measures several curves on the same server with the same prompts and seeds
 (`Variant`: AR, DFlash and DDTree, or DFlash at fixed draft lengths for --tune): each request
@@ -38,7 +40,17 @@ import numpy as np
 
 from trtllm_dflash.sweep.metrics import LevelSummary, RequestRecord, summarize_level
 
-OUTPUTS = ("text_output", "output_token_count", "rounds", "total_draft_tokens", "finish_reason")
+OUTPUTS = ("text_output", "output_token_count", "rounds", "total_draft_tokens", "finish_reason",
+           "total_accepted_draft_tokens", "acceptance_histogram")  # the last two: where the model has them
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What the Triton model takes and answers, as far as the load generator cares."""
+
+    batched: bool = False  # batch-first (max_batch_size > 0): [1, 1] inputs (`_inputs`)
+    outputs: tuple[str, ...] = OUTPUTS  # those of OUTPUTS it has (asked for by name over gRPC)
+    perf_metrics: bool = False  # it takes tensorrtllm_backend's return_perf_metrics: sent true
 
 
 @dataclass(frozen=True)
@@ -54,13 +66,13 @@ class Variant:
 
 
 def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None,
-            batched: bool = False):
-    """The request's inputs; `batched`: batch-first [1, 1] tensors, for a model with max_batch_size > 0
+            io: ModelIO = ModelIO()):
+    """The request's inputs; `io.batched`: batch-first [1, 1] tensors, for a model with max_batch_size > 0
     (tensorrtllm_backend's `ensemble` and `tensorrt_llm_bls`, ours or upstream's: same input names)."""
     import tritonclient.grpc.aio as grpcclient
 
     def tensor(name, dtype, value):
-        arr = np.array([[value]] if batched else [value], dtype=object if dtype == "BYTES" else None)
+        arr = np.array([[value]] if io.batched else [value], dtype=object if dtype == "BYTES" else None)
         t = grpcclient.InferInput(name, list(arr.shape), dtype)
         t.set_data_from_numpy(arr)
         return t
@@ -72,18 +84,19 @@ def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, setting
         tensor("temperature", "FP32", np.float32(temperature)),
         tensor("seed", "UINT64", np.uint64(seed)),
     ] + ([tensor("mode", "BYTES", settings["mode"].encode())] if "mode" in (settings or {}) else []) \
-      + ([tensor("draft_len", "INT32", np.int32(settings["draft_len"]))] if "draft_len" in (settings or {}) else [])
+      + ([tensor("draft_len", "INT32", np.int32(settings["draft_len"]))] if "draft_len" in (settings or {}) else []) \
+      + ([tensor("return_perf_metrics", "BOOL", True)] if io.perf_metrics else [])
 
 
 async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, max_tokens: int, seed: int,
-                       temperature: float, settings: dict | None = None, batched: bool = False):
+                       temperature: float, settings: dict | None = None, io: ModelIO = ModelIO()):
     """Responses of one gRPC streaming request, as dicts of the dflash model's outputs."""
     import tritonclient.grpc.aio as grpcclient
 
     request = {
         "model_name": model,
-        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, batched),
-        "outputs": [grpcclient.InferRequestedOutput(name) for name in OUTPUTS],
+        "inputs": _inputs(prompt, max_tokens, seed, temperature, settings, io),
+        "outputs": [grpcclient.InferRequestedOutput(name) for name in io.outputs],
         "request_id": str(record.request_id),
     }
 
@@ -95,14 +108,23 @@ async def _grpc_events(client, model: str, record: RequestRecord, prompt: str, m
             yield {"error": str(error)}
             return
         if result.get_response().outputs:
-            yield {name: result.as_numpy(name).reshape(-1)[0] for name in OUTPUTS}
+            yield _grpc_values(result)
+
+
+def _grpc_values(result) -> dict:
+    """A response's outputs: scalars, the histogram whole."""
+    out = {}
+    for o in result.get_response().outputs:
+        arr = result.as_numpy(o.name).reshape(-1)
+        out[o.name] = arr.tolist() if o.name == "acceptance_histogram" else arr[0]
+    return out
 
 
 async def _http_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float,
-                       settings: dict | None = None):
+                       settings: dict | None = None, perf_metrics: bool = False):
     """Responses of one HTTP generate_stream request (server-sent events, one `data:` line each)."""
     body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "seed": seed, "temperature": temperature,
-            **(settings or {})}
+            **(settings or {}), **({"return_perf_metrics": True} if perf_metrics else {})}
     async with session.post(f"http://{url}/v2/models/{model}/generate_stream", json=body) as resp:
         async for raw in resp.content:
             line = raw.decode().strip()
@@ -146,58 +168,82 @@ def _openai_rounds(tokens: int, avg_decoded_tokens_per_iter) -> int:
 async def _openai_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float,
                          settings: dict | None = None):
     """Chunks of one streamed /v1/completions request, as the dflash model's response dicts;
-    the last one (finish_reason set) comes after `data: [DONE]`, with the final token count.
-    `settings` (mode, draft_len) go out as our server's request extension `dflash`."""
+    the last one (finish_reason set) comes after `data: [DONE]`, with the final token count and
+    the request's acceptance from its final choice's `speculative_decoding` (`_spec_event`).
+    `settings` (mode, draft_len) go out as our server's request extension `dflash`, which it
+    echoes (top level, final chunk) as decoded."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
             "stream": True, "stream_options": {"include_usage": True}}
     if settings:
         body["dflash"] = dict(settings)
-    tokens, rounds, reason, usage, avg, drafted = 0, 0, None, None, None, 0
+    tokens, reason, usage, avg, spec, decoded = 0, None, None, None, None, None
     async with session.post(f"{openai_base(url)}/v1/completions", json=body) as resp:
         if resp.status != 200:
-            text = await resp.text()
-            try:
-                text = json.loads(text)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                pass
-            yield {"error": f"HTTP {resp.status}: {text}"}
+            yield {"error": await _http_error(resp)}
             return
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
+        async for chunk in _sse_chunks(resp):
             if "error" in chunk:
                 yield {"error": chunk["error"].get("message", chunk["error"])}
                 return
-            ext = chunk.get("dflash")
-            if settings and "mode" in settings and (ext or {}).get("mode") != settings["mode"]:
-                yield {"error": f"the server did not decode mode {settings['mode']!r} (it ignores the request extension "
-                                "`dflash`: only trtllm-dflash's OpenAI server takes it); sweep it with --modes naming "
-                                "its own mode only"}
-                return
-            if settings and "draft_len" in settings and (ext or {}).get("draft_len") != settings["draft_len"]:
-                yield {"error": f"the server did not take draft_len {settings['draft_len']} (it ignores the request "
-                                "extension `dflash`: only trtllm-dflash's OpenAI server takes it)"}
-                return
-            usage = chunk.get("usage") or usage
+            usage, decoded = chunk.get("usage") or usage, chunk.get("dflash") or decoded
             for choice in chunk.get("choices") or []:
                 reason = choice.get("finish_reason") or reason
                 avg = choice.get("avg_decoded_tokens_per_iter", avg)
-                text = choice.get("text") or ""
-                n = ext["tokens"] - tokens if ext else int(bool(text))
-                if n > 0 or text:
-                    tokens += n
-                    yield {"text_output": text, "output_token_count": n, "rounds": ext["rounds"] if ext else 0}
-            if ext:
-                rounds, drafted = ext["rounds"], ext.get("draft_tokens", 0)
+                spec = choice.get("speculative_decoding") or spec
+                if choice.get("text"):
+                    tokens += 1
+                    yield {"text_output": choice["text"], "output_token_count": 1}
+    refused = _refused(settings, decoded)
+    if refused:
+        yield {"error": refused}
+        return
     final = (usage or {}).get("completion_tokens", tokens)
-    # Tokens the chunks did not account for (a server without per-chunk counts) belong to the last chunk.
-    yield {"extra_tokens": max(0, final - tokens), "rounds": rounds or _openai_rounds(final, avg),
-           "total_draft_tokens": drafted, "finish_reason": reason or "stop"}
+    # Tokens the chunks did not account for (a text chunk may carry several) belong to the last chunk.
+    yield {"extra_tokens": max(0, final - tokens), **_spec_event(spec, final, avg), "finish_reason": reason or "stop"}
+
+
+async def _http_error(resp) -> str:
+    text = await resp.text()
+    try:
+        text = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return f"HTTP {resp.status}: {text}"
+
+
+async def _sse_chunks(resp):
+    """The JSON chunks of a server-sent event stream, up to `data: [DONE]`."""
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def _refused(settings: dict | None, decoded: dict | None) -> str | None:
+    """Why the server did not decode the curve's settings (it did not echo them in `dflash`)."""
+    decoded = decoded or {}
+    if settings and "mode" in settings and decoded.get("mode") != settings["mode"]:
+        return (f"the server did not decode mode {settings['mode']!r} (it ignores the request extension `dflash`: "
+                "only trtllm-dflash's OpenAI server takes it); sweep it with --modes naming its own mode only")
+    if settings and "draft_len" in settings and decoded.get("draft_len") != settings["draft_len"]:
+        return (f"the server did not take draft_len {settings['draft_len']} (it ignores the request extension "
+                "`dflash`: only trtllm-dflash's OpenAI server takes it)")
+    return None
+
+
+def _spec_event(spec: dict | None, tokens: int, avg) -> dict:
+    """A request's verify passes and acceptance: from its `speculative_decoding` object (ours, or
+    trtllm-serve's with TensorRT-LLM PR #19311: the same fields), else its passes from
+    trtllm-serve's `avg_decoded_tokens_per_iter`, else nothing (tau unknown)."""
+    if not spec or spec.get("num_spec_steps") is None:
+        return {"rounds": _openai_rounds(tokens, avg)}
+    return {"rounds": int(spec["num_spec_steps"]), "total_draft_tokens": int(spec.get("total_draft_tokens") or 0),
+            "total_accepted_draft_tokens": int(spec.get("total_accepted_draft_tokens") or 0),
+            "acceptance_histogram": list(spec.get("acceptance_histogram") or [])}
 
 
 async def _consume(record: RequestRecord, events) -> RequestRecord:
@@ -220,6 +266,7 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
                 record.chunk_tokens[-1] += int(event["extra_tokens"])
             record.rounds = int(event.get("rounds", record.rounds))
             record.drafted = int(event.get("total_draft_tokens", record.drafted))
+            _acceptance(record, event)
             if event.get("finish_reason"):
                 record.end_ns = now
                 break
@@ -232,9 +279,18 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
     return record
 
 
+def _acceptance(record: RequestRecord, event: dict) -> None:
+    """The request's acceptance so far, as the server's response reported it."""
+    if "total_accepted_draft_tokens" in event:
+        record.accepted = int(event["total_accepted_draft_tokens"])
+        record.acceptance_source = "response"
+    if event.get("acceptance_histogram"):
+        record.acceptance_histogram = [int(n) for n in event["acceptance_histogram"]]
+
+
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
                     max_tokens: int | Sequence[int], seed: int, temperature: float, on_done=None, protocol: str = "grpc",
-                    variant: Variant = Variant("dflash"), repeat: int = 0, batched: bool = False) -> list[RequestRecord]:
+                    variant: Variant = Variant("dflash"), repeat: int = 0, io: ModelIO = ModelIO()) -> list[RequestRecord]:
     """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
     time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve, and asks for
     max_tokens tokens (an int), or max_tokens[i] (mod its length: recipe Sweep.output_lens)."""
@@ -244,10 +300,12 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         import aiohttp
 
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        events = _http_events if protocol == "http" else _openai_events
-
         async def send(rec, prompt, s, max_tokens):
-            return await _consume(rec, events(session, url, model, prompt, max_tokens, s, temperature, settings))
+            if protocol == "http":
+                events = _http_events(session, url, model, prompt, max_tokens, s, temperature, settings, io.perf_metrics)
+            else:
+                events = _openai_events(session, url, model, prompt, max_tokens, s, temperature, settings)
+            return await _consume(rec, events)
 
         async def close():
             await session.close()
@@ -258,7 +316,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
 
         async def send(rec, prompt, s, max_tokens):
             return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings,
-                                                    batched))
+                                                    io))
 
         async def close():
             await client.close()
@@ -305,12 +363,15 @@ class SweepResult:
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
               max_tokens: int | Sequence[int], gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
               variants: list[Variant] = (Variant("dflash"),), repeats: int = 1,
-              metrics_url: str | None = None, batched: bool = False) -> SweepResult:
+              metrics_url: str | None = None, io: ModelIO = ModelIO(), server=None) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
     inside a repeat the curves (so slow drift of the machine hits every curve alike). A curve's
     row at a level is its repeat of median throughput. metrics_url: the server's Prometheus
-    /metrics, read before and after each run for its own tau (`server_tau`). `batched`: the model
-    is batch-first (`_inputs`)."""
+    /metrics, read before and after each run for its own tau (`server_tau`). `io`: the Triton model's
+    shape and what it answers (`ModelIO`). `server`: a sweep/trtllm_acceptance.py ServerAcceptance,
+    read around each run for the requests' acceptance where the responses carry none."""
+    from trtllm_dflash.sweep.trtllm_acceptance import with_server_requests
+
     from dataclasses import replace
 
     from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
@@ -333,10 +394,14 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
                     label = f"{v.name:<{width}} c={c:<4}" + (f" repeat {r + 1}" if repeats > 1 else "")
                     task = progress.add_task(label, total=n)
                     before = scrape(metrics_url) if metrics_url else None
+                    if server is not None:
+                        server.start()
                     recs = asyncio.run(run_level(url, model, prompts, c, n, warmup, max_tokens, seed, temperature,
                                                  on_done=lambda _: progress.advance(task), protocol=protocol,
-                                                 variant=v, repeat=r, batched=batched))
+                                                 variant=v, repeat=r, io=io))
                     row = summarize_level(recs, c, gpus, v.name, v.mode, v.draft_len)
+                    if server is not None:
+                        row = with_server_requests(row, server.level(), server.source)
                     after = settled(metrics_url, model) if before is not None else None
                     if after is not None:
                         grew = totals(after, model).minus(totals(before, model))

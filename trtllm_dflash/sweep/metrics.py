@@ -42,6 +42,12 @@ class RequestRecord:
     draft_len: int | None = None  # drafts per round the request asked for; None: the server's policy
     drafted: int = 0  # draft tokens the server verified for it (total_draft_tokens)
     repeat: int = 0
+    # Its acceptance as the server's responses counted it: accepted drafts (total_accepted_draft_tokens)
+    # and verify passes by drafts accepted; None where they did not say. acceptance_source: "response"
+    # when they did, else None
+    accepted: int | None = None
+    acceptance_histogram: list[int] | None = None
+    acceptance_source: str | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -82,7 +88,13 @@ def inter_chunk_latencies(r: RequestRecord) -> list[float]:
 
 
 def request_tau(r: RequestRecord) -> float | None:
-    return (r.output_tokens - 1) / r.rounds if r.rounds else None
+    """Tokens committed per verify pass of one request, the bonus token counted: 1 + accepted / rounds
+    from the server's own count where it gave one, else from the tokens the client received."""
+    if not r.rounds:
+        return None
+    if r.accepted is not None:
+        return 1.0 + r.accepted / r.rounds
+    return (r.output_tokens - 1) / r.rounds
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,23 @@ DISTRIBUTIONS = ("ttft_s", "tpot_s", "tok_s_user", "inter_chunk_s", "e2e_s")
 
 
 @dataclass(frozen=True)
+class Spread:
+    """The per-request tau of a level: the p10 / p50 / p90 request's (numpy's linear percentiles)."""
+
+    n: int
+    p10: float
+    p50: float
+    p90: float
+
+    @staticmethod
+    def of(values: list[float | None]) -> "Spread | None":
+        xs = sorted(v for v in values if v is not None and not math.isnan(v))
+        if not xs:
+            return None
+        return Spread(len(xs), percentile(xs, 10), percentile(xs, 50), percentile(xs, 90))
+
+
+@dataclass(frozen=True)
 class LevelSummary:
     concurrency: int
     requests: int
@@ -148,6 +177,12 @@ class LevelSummary:
     # the server's request rounds of the level by the draft length each request ran (from the same
     # counters, keys as strings for JSON); None when they were not read
     server_draft_lens: dict[str, float] | None = None
+    # tau of each request (request_tau), its spread over the level's measured requests; None when no
+    # request reported verify passes. acceptance_source: where the requests' acceptance came from:
+    # "response" (their own responses), "perf_metrics" / "accept_stats" (a TensorRT-LLM server's
+    # per-request metrics / acceptance histograms, sweep/trtllm_acceptance.py), None when from nowhere
+    tau_request: Spread | None = None
+    acceptance_source: str | None = None
 
     @property
     def zero_draft_share(self) -> float | None:
@@ -161,6 +196,7 @@ class LevelSummary:
         sweep/summary.py's on_front and vs_ar, are left out)."""
         known = {f.name for f in fields(cls)}
         dists = {k: Distribution(**d[k]) if d.get(k) else None for k in DISTRIBUTIONS}
+        dists["tau_request"] = Spread(**d["tau_request"]) if d.get("tau_request") else None
         return cls(**{k: v for k, v in {**d, **dists}.items() if k in known})
 
     def flat(self) -> dict:
@@ -168,6 +204,9 @@ class LevelSummary:
         scalars = ("curve", "mode", "draft_len", "concurrency", "requests", "failed", "wall_s", "output_tokens",
                    "output_tok_s", "output_tok_s_per_gpu", "tau", "draft_per_round", "server_tau", "zero_draft_share")
         row = {k: getattr(self, k) for k in scalars}
+        for stat in ("p10", "p50", "p90"):
+            row[f"tau_request_{stat}"] = getattr(self.tau_request, stat) if self.tau_request else None
+        row["acceptance_source"] = self.acceptance_source
         for name in DISTRIBUTIONS:
             dist = getattr(self, name)
             for stat in ("mean", "p50", "p90", "p99"):
@@ -204,7 +243,13 @@ def summarize_level(records: list[RequestRecord], concurrency: int, gpus: int, c
         e2e_s=Distribution.of([e2e(r) for r in ok]),
         curve=curve, mode=mode, draft_len=draft_len,
         draft_per_round=sum(r.drafted for r in ok) / rounds if rounds else None,
+        tau_request=Spread.of([request_tau(r) for r in ok]),
+        acceptance_source=_most_common([r.acceptance_source for r in ok if r.acceptance_source]),
     )
+
+
+def _most_common(values: list[str]) -> str | None:
+    return max(sorted(set(values)), key=values.count) if values else None
 
 
 def points(rows: list[LevelSummary]) -> list[tuple[float, float]]:

@@ -54,10 +54,12 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
     from rich import box
     from rich.table import Table
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     server = any(s.server_tau is not None for s in summaries)  # the server's /metrics were read
+    spread = any(s.tau_request is not None for s in summaries)  # requests reported their verify passes
     for col in ("curve", "conc", "reqs", "tok/s\n/GPU", "tok/s\n/user", "TTFT\np50", "TTFT\np99", "TPOT\np50",
-                "gap\np50", "tau", *(["tau\nserver"] if server else []), "drafts\n/round", *(["no\ndraft"] if server else [])):
+                "gap\np50", "tau", *(["tau/req\np10/50/90"] if spread else []), *(["tau\nserver"] if server else []),
+                "drafts\n/round", *(["no\ndraft"] if server else [])):
         t.add_column(col, justify="left" if col == "curve" else "right", no_wrap=True)
     curves = by_curve(summaries)
     for n, (name, rows) in enumerate(curves.items()):
@@ -70,16 +72,30 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
                 f"{s.output_tok_s_per_gpu:.1f}", f"{s.tok_s_user.p50:.1f}" if s.tok_s_user else "-",
                 ms(s.ttft_s, "p50"), ms(s.ttft_s, "p99"), ms(s.tpot_s, "p50"), ms(s.inter_chunk_s, "p50"),
                 f"{s.tau:.2f}" if s.tau else "unknown",  # the server reported no verify passes
+                *([_spread(s.tau_request)] if spread else []),
                 *([f"{s.server_tau:.2f}" if s.server_tau else "-"] if server else []),
                 f"{s.draft_per_round:.1f}" if s.draft_per_round is not None and s.tau else "-",
                 *([f"{s.zero_draft_share:.0%}" if s.zero_draft_share is not None else "-"] if server else []),
             ]
             t.add_row(*cells, end_section=i == len(rows) - 1 and n < len(curves) - 1)
-    t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass; drafts/round = drafts "
-                 "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)" + (
+    t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass (the level's requests "
+                 "pooled; tau/req: the p10, p50 and p90 request's own); drafts/round = drafts "
+                 "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)" + _sources(summaries) + (
                      "; from the server's /metrics (warm-up requests included): tau server, and no draft = its "
                      "request rounds without drafts (plain decoding for that request)" if server else ""))
     return t
+
+
+def _spread(t) -> str:
+    return f"{t.p10:.1f}/{t.p50:.1f}/{t.p90:.1f}" if t else "-"
+
+
+def _sources(summaries: list[LevelSummary]) -> str:
+    """Where the per-request acceptance came from, when any level has it."""
+    from trtllm_dflash.sweep.trtllm_acceptance import SOURCES
+
+    used = sorted({SOURCES.get(s.acceptance_source, s.acceptance_source) for s in summaries if s.acceptance_source})
+    return f"; per-request acceptance from {' and '.join(used)}" if used else ""
 
 
 def headline_table(headline: dict[str, dict], title: str = "headline"):

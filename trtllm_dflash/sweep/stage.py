@@ -24,7 +24,7 @@ from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.reference.generate import MODES
 from trtllm_dflash.sweep import summary as files
-from trtllm_dflash.sweep.loadgen import SweepResult, Variant, openai_model, run_sweep
+from trtllm_dflash.sweep.loadgen import OUTPUTS, ModelIO, SweepResult, Variant, openai_model, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
 from trtllm_dflash.sweep.tune import fixed_curve
 
@@ -68,24 +68,28 @@ def sweep_variants(recipe: Recipe, modes: list[str] | None = None, protocol: str
     return [Variant(m, None if protocol == "openai" and m == served else m) for m in modes]
 
 
-def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -> bool:
+def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -> ModelIO:
     """The Triton model takes the per-request inputs the curves send (a deployment made before
     they existed does not); the server answers at all. Returns whether the model is batch-first
-    (max_batch_size > 0: tensorrtllm_backend's text models, which then get [1, 1] requests)."""
+    (max_batch_size > 0: tensorrtllm_backend's text models, which then get [1, 1] requests),
+    which of the outputs the load generator reads it has, and whether it takes return_perf_metrics."""
+
     import json
     import urllib.request
 
     try:
         if protocol == "http":
             with urllib.request.urlopen(f"http://{url}/v2/models/{model}", timeout=10) as r:
-                inputs = {i["name"] for i in json.loads(r.read())["inputs"]}
+                meta = json.loads(r.read())
+                inputs, outputs = {i["name"] for i in meta["inputs"]}, {o["name"] for o in meta["outputs"]}
             with urllib.request.urlopen(f"http://{url}/v2/models/{model}/config", timeout=10) as r:
                 batched = json.loads(r.read()).get("max_batch_size", 0) > 0
         else:
             import tritonclient.grpc as grpcclient
 
             with grpcclient.InferenceServerClient(url) as client:
-                inputs = {i.name for i in client.get_model_metadata(model).inputs}
+                meta = client.get_model_metadata(model)
+                inputs, outputs = {i.name for i in meta.inputs}, {o.name for o in meta.outputs}
                 batched = client.get_model_config(model).config.max_batch_size > 0
     except Exception as e:  # noqa: BLE001 - any transport or protocol failure is the same one line
         raise UserError(f"--url {url}: no Triton server serves model {model!r} there ({str(e).splitlines()[0][:200]})") \
@@ -97,7 +101,27 @@ def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -
     if "text_input" not in inputs:
         raise UserError(f"--model {model}: it takes no text_input (a token-id model); sweep drives text models "
                         "(dflash, ensemble, tensorrt_llm_bls)")
-    return batched
+    return ModelIO(batched, tuple(n for n in OUTPUTS if n in outputs), "return_perf_metrics" in inputs)
+
+
+def server_acceptance(recipe: Recipe, url: str, protocol: str, from_dir: Path | None):
+    """Where a TensorRT-LLM deployment's per-request acceptance is read (pytorch backend, swept over
+    trtllm-serve): its per-request metrics where the deployed version fills them, else TensorRT-LLM's
+    acceptance histograms, which deploy's launch lines write under DEPLOY_DIR/trtllm_serve/accept_stats
+    (sweep/trtllm_acceptance.py). None for our own servers (their responses carry it) and where the
+    histograms' directory is unknown (no --from)."""
+    from trtllm_dflash.deploy.llmapi import ACCEPT_STATS_DIR
+    from trtllm_dflash.deploy.repository import TRTLLM_SERVE
+    from trtllm_dflash.recipe.trtllm_api import acceptance_source
+    from trtllm_dflash.sweep.loadgen import openai_base
+    from trtllm_dflash.sweep.trtllm_acceptance import ServerAcceptance
+
+    if recipe.backend.name != "pytorch" or protocol != "openai":
+        return None
+    source = acceptance_source(recipe.backend.trtllm_version or backend_spec("pytorch").default_trtllm_version)
+    if source == "perf_metrics":
+        return ServerAcceptance(source, base_url=openai_base(url))
+    return ServerAcceptance(source, stats_dir=Path(from_dir) / TRTLLM_SERVE / ACCEPT_STATS_DIR) if from_dir else None
 
 
 def metrics_url_for(recipe: Recipe, url: str, protocol: str) -> str:
@@ -129,14 +153,16 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
         raise UserError(f"--repeats: {repeats}, expected >= 1")
     variants = sweep_variants(recipe, modes, protocol, tune)
     name = model or recipe.serve.model_name
-    batched = False
+    io = ModelIO()
     if protocol == "openai":
         name = openai_model(url, name) if model is None else name
     else:
-        batched = _check_model(url, name, protocol, variants)
+        io = _check_model(url, name, protocol, variants)
     prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
     metrics_url = metrics_url or metrics_url_for(recipe, url, protocol)
+    server = server_acceptance(recipe, url, protocol, from_dir)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
+        "server_acceptance": server.source if server else None,
         "url": url, "protocol": protocol, "metrics_url": metrics_url, "levels": levels, "temperature": temperature, "model": name,
         "curves": [v.name for v in variants], "repeats": repeats, **(note or {})})
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
@@ -144,7 +170,7 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
         result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_lens(len(prompts)), gpus=gpus,
                            seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
-                           repeats=repeats, metrics_url=metrics_url, batched=batched)
+                           repeats=repeats, metrics_url=metrics_url, io=io, server=server)
         tuned = None
         if tune is not None:
             from trtllm_dflash.sweep.tune import tune_summary, write_snippet
