@@ -83,11 +83,27 @@ def test_unknown_architecture_is_named(tmp_path, tiny_pair):
     recipe = write_recipe(tmp_path / "r.yaml", target, tiny_pair[1])
     rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
     assert rc == 2 and "model_type 'mistral' is not supported" in err
-    # a family the recipe knows (gpt_oss) but no weight map converts
+    # a family the recipe knows (gpt_oss) but no weight map converts to the trtllm layout; the
+    # pytorch backend's hf layout passes it through (no weight map), and names what it serves
     (target / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_oss"}))
     r = load_recipe(write_recipe(tmp_path / "r2.yaml", target, tiny_pair[1], gpu="b200", fmt="bf16", backend="pytorch"))
-    with pytest.raises(UserError, match="model_type 'gpt_oss' has no weight map; supported: qwen3, llama, qwen3_moe"):
-        load_sources(r)
+    with pytest.raises(UserError, match="model_type 'gpt_oss' has no weight map for the trtllm layout; supported: qwen3, llama, qwen3_moe"):
+        load_sources(r, "trtllm")
+    assert load_sources(r).target_cfg.arch == "gpt_oss"
+    (target / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
+    with pytest.raises(UserError, match="model_type 'mistral' is not served from the hf layout; supported: qwen3, llama, qwen3_moe, gpt_oss"):
+        load_sources(r, "hf")
+    _nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_a_passed_through_target_whose_embedding_is_not_its_configs_is_named(tmp_path):
+    target, drafter = make_target(tmp_path / "t", "gpt_oss"), make_drafter(tmp_path / "d")
+    for d in (target, drafter):  # both configs claim a vocabulary the weights do not have
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "vocab_size": 512}))
+    recipe = write_recipe(tmp_path / "r.yaml", target, drafter, fmt="bf16", gpu="b200", backend="pytorch")
+    rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
+    assert rc == 2 and "tensor model.embed_tokens.weight has shape [256, 64], expected [512, 64]" in err
     _nothing_written(tmp_path, tmp_path / "out")
 
 

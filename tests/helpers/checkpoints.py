@@ -41,6 +41,12 @@ def make_target(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.floa
     elif arch == "qwen3_moe":
         cfg = dict(common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**cfg))
+    elif arch == "gpt_oss":  # MoE experts with biases, sliding-window layers alternating with full ones
+        cfg = dict(common, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2),
+                   rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                                    "rope_theta": 150000.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**cfg))
     else:
         raise ValueError(arch)
     _perturb_norms(model, seed + 100)
