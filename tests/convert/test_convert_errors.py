@@ -107,6 +107,29 @@ def test_a_passed_through_target_whose_embedding_is_not_its_configs_is_named(tmp
     _nothing_written(tmp_path, tmp_path / "out")
 
 
+def test_a_native_format_must_be_the_checkpoints_own(tmp_path, tiny_pair):
+    """quantization.target_weights mxfp4 serves gpt-oss's MXFP4 as shipped: an unquantized
+    checkpoint is refused, and so is a float recipe on an MXFP4 checkpoint (it would be served as
+    MXFP4); an FP8 KV cache would re-export the target, so `check` refuses mxfp4 with it."""
+    import shutil
+
+    from checkpoints import mxfp4_experts
+
+    bf16 = make_target(tmp_path / "t", "gpt_oss")
+    mx = mxfp4_experts(shutil.copytree(bf16, tmp_path / "mx"))
+    q = {"target_weights": "mxfp4", "activations": "bf16", "kv_cache": "bf16", "drafter": "bf16"}
+    recipe = write_recipe(tmp_path / "r.yaml", bf16, tiny_pair[1], gpu="b200", backend="pytorch", quantization=q)
+    rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
+    assert rc == 2 and "quantization.target_weights: mxfp4 serves the checkpoint's own mxfp4 weights" in err
+    recipe = write_recipe(tmp_path / "r.yaml", mx, tiny_pair[1], fmt="bf16", gpu="b200", backend="pytorch")
+    rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
+    assert rc == 2 and "the checkpoint ships mxfp4 weights (quantization_config), so quantization.target_weights bf16" in err
+    _nothing_written(tmp_path, tmp_path / "out")
+    recipe = write_recipe(tmp_path / "r.yaml", mx, tiny_pair[1], gpu="b200", backend="pytorch", quantization={**q, "kv_cache": "fp8"})
+    rc, err = _cli("check", recipe)
+    assert rc == 2 and "mxfp4 serves the checkpoint's own weights as shipped, but kv_cache fp8 needs the quantize stage" in err
+
+
 def test_nvfp4_on_hopper_is_refused_before_writing(tmp_path, tiny_pair):
     recipe = write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=2, fmt="bf16", gpu="h100-sxm", backend="engine")
     rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress",

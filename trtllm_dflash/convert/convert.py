@@ -548,14 +548,8 @@ def convert(
     src = sources or load_sources(recipe, layout)
     _check_drafter_backend(src.drafter_cfg, recipe.backend.name, src.drafter_dir)
     transform = transform or Cast(default_dtypes(recipe))
-    plans = None
-    if layout == "trtllm":
-        plans = plan_trtllm(src, tp, dtp)
-        for plan in plans.values():
-            transform.validate(plan)
-    elif not isinstance(transform, Cast):
-        raise UserError("the hf layout is passed through unquantized here; quantized HF checkpoints come from `quantize` (ModelOpt export)")
-    else:  # the checkpoint's own quantization (gpt-oss: MXFP4 experts) travels with it
+    plans = _plans(recipe, layout, src, transform, tp, dtp)
+    if plans is None:  # the checkpoint's own quantization (gpt-oss: MXFP4 experts) travels with it
         extra = {"weights": "linked unchanged", "source_quantization": src.target_cfg.quant_method, **(extra or {})}
 
     records = [source_record(role, p) for role, p in src.input_files()]
@@ -580,6 +574,21 @@ def convert(
         src.target.close()
         src.drafter.close()
     return out
+
+
+def _plans(recipe: Recipe, layout: str, src: Sources, transform: Transform, tp: int, dtp: int) -> dict | None:
+    """The trtllm layout's per-rank plans, checked by the transform; None for the hf layout
+    (passed through), whose target format is checked against the checkpoint's own."""
+    if layout == "trtllm":
+        plans = plan_trtllm(src, tp, dtp)
+        for plan in plans.values():
+            transform.validate(plan)
+        return plans
+    if not isinstance(transform, Cast):
+        raise UserError("the hf layout is passed through unquantized here; quantized HF checkpoints come from `quantize` (ModelOpt export)")
+    q = recipe.quantization
+    passthrough.check_native(q.target_weights, q.quantizes, src.target_cfg, src.target_dir)
+    return None
 
 
 def _pass_through(tmp: Path, src: Sources, transform: Transform) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from trtllm_dflash.convert.safetensors_stream import Checkpoint
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe.support import ARCHITECTURES, BACKENDS
+from trtllm_dflash.recipe.support import ARCHITECTURES, BACKENDS, NATIVE_ONLY
 
 # The target architectures a backend loading HF checkpoints serves (the support table's).
 HF_ARCHS: tuple[str, ...] = tuple(
@@ -80,6 +80,21 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def check_native(target_weights: str, quantizes: bool, cfg: HfTarget, directory: Path) -> None:
+    """The recipe's target format against what the checkpoint ships: a native format
+    (quantization.target_weights mxfp4) is served as shipped, so the checkpoint must be in it;
+    a shipped quantization served without `quantize` is served as it is, so the recipe must say so."""
+    shipped = cfg.quant_method
+    if target_weights in NATIVE_ONLY and shipped != target_weights:
+        raise UserError(f"quantization.target_weights: {target_weights} serves the checkpoint's own {target_weights} weights; "
+                        f"target {directory}/config.json has quantization_config.quant_method {shipped!r}: set the "
+                        "target's float format (bf16), or nvfp4 / fp8 to quantize it")
+    if shipped is not None and not quantizes and shipped != target_weights:
+        raise UserError(f"target {directory}/config.json: the checkpoint ships {shipped} weights (quantization_config), "
+                        f"so quantization.target_weights {target_weights} would be served as {shipped}: set "
+                        f"target_weights: {shipped} to serve them as shipped, or nvfp4 / fp8 to quantize them")
 
 
 def _config(raw: dict, dtype_name: str) -> str:
