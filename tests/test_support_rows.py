@@ -80,7 +80,7 @@ def _recipe(tmp_path, models, target: str, drafter: str, backend: str, gpu: str,
     quantized = fmt not in FLOAT_FORMATS + ("mxfp4",)
     base = "fp32" if gpu == "cpu" else "bf16"
     q = {"target_weights": fmt, "activations": fmt if quantized else base, "kv_cache": base, "drafter": base}
-    source = "gpt_oss-mxfp4" if fmt == "mxfp4" else target
+    source = f"{target}-mxfp4" if fmt == "mxfp4" and target == "gpt_oss" else target
     return write_recipe(tmp_path / "r.yaml", models("target", source), models("drafter", drafter), gpu=gpu,
                         backend=backend, quantization=q)
 
@@ -157,3 +157,24 @@ def test_the_headline_recipe_runs_a_tiny_gpt_oss_until_deploy_and_prints_its_lau
     script = job.read_text()
     assert "#SBATCH --nodes=1" in script and "#SBATCH --gpus-per-node=8" in script
     assert f"trtllm-llmapi-launch trtllm-serve {served} " in script and "nvcr.io#nvidia/tensorrt-llm/release:" in script
+
+
+def _gaps():
+    """(row, gpu, precision) where the GPU has the precision but the row does not list it."""
+    from trtllm_dflash.recipe.hardware import hardware_catalog
+
+    gpus = hardware_catalog()
+    return [pytest.param(row, gpu, fmt, id=f"{row.target}-{row.drafter}-{row.backend}-{gpu}-{fmt}")
+            for row in ROWS if not row.why_not and row.drafter == "dflash"
+            for gpu, listed in row.gpus.items() for fmt in gpus[gpu].formats if fmt not in listed]
+
+
+@pytest.mark.parametrize("row,gpu,fmt", _gaps())
+def test_a_precision_a_row_does_not_list_is_refused_by_check(tmp_path, models, row, gpu, fmt):
+    """e.g. FP8 / NVFP4 qwen3_moe on the reference backend (its TensorRT-LLM layout has no
+    quantized MoE experts), MXFP4 of a target that does not ship it."""
+    from trtllm_dflash.recipe.support import format_gap
+
+    path = _recipe(tmp_path, models, row.target, row.drafter, row.backend, gpu, fmt)
+    rc, _, err = _cli("check", path)
+    assert rc == 2 and f"quantization.target_weights: {format_gap(row.target, row.backend, fmt)}" in err

@@ -202,6 +202,22 @@ def trtllm_version_problem(spec: Backend, version: str) -> str | None:
     return f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM {line}; known: {known}"
 
 
+QUANTIZED = ("fp8", "nvfp4")  # target weight formats the quantize stage writes
+
+
+def format_gap(model_type: str, backend_name: str, fmt: str) -> str:
+    """Why target weights in `fmt` do not run for `model_type` on `backend_name` ('' when they do,
+    GPU support aside: hardware.py)."""
+    arch, spec = ARCHITECTURES[model_type], BACKENDS[backend_name]
+    if fmt in NATIVE_ONLY and fmt not in arch.native_formats:
+        return f"{fmt} is only the native format of {', '.join(m for m, a in ARCHITECTURES.items() if fmt in a.native_formats)} checkpoints"
+    if fmt in QUANTIZED and arch.moe and spec.layout == "trtllm":  # quantize/quantize.py QuantTransform.validate
+        return (f"{fmt} MoE experts are not written in the TensorRT-LLM checkpoint layout the {backend_name} backend "
+                f"loads; the {', '.join(n for n, b in BACKENDS.items() if b.layout == 'hf')} backend quantizes them "
+                "(ModelOpt HF export)")
+    return ""
+
+
 @dataclass(frozen=True)
 class SupportRow:
     """One (target architecture, drafter variant, backend) and where it runs: per GPU of the
@@ -234,7 +250,7 @@ def support_rows() -> list[SupportRow]:
                 for gpu_name, gpu in gpus.items() if not why else ():
                     if gpu.is_cpu and spec.needs_gpu and spec.cpu_runs is None:
                         continue
-                    ok = [f for f in gpu.formats if f not in NATIVE_ONLY or f in arch.native_formats]
+                    ok = [f for f in gpu.formats if not format_gap(model_type, name, f)]
                     formats[gpu_name] = tuple(ok)
                 cpu = spec.cpu_runs if spec.needs_gpu and spec.cpu_runs and not why else ""
                 rows.append(SupportRow(model_type, drafter, name, formats, why, cpu))
