@@ -83,12 +83,51 @@ def test_unknown_architecture_is_named(tmp_path, tiny_pair):
     recipe = write_recipe(tmp_path / "r.yaml", target, tiny_pair[1])
     rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
     assert rc == 2 and "model_type 'mistral' is not supported" in err
-    # a family the recipe knows (gpt_oss) but no weight map converts
+    # a family the recipe knows (gpt_oss) but no weight map converts to the trtllm layout; the
+    # pytorch backend's hf layout passes it through (no weight map), and names what it serves
     (target / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_oss"}))
     r = load_recipe(write_recipe(tmp_path / "r2.yaml", target, tiny_pair[1], gpu="b200", fmt="bf16", backend="pytorch"))
-    with pytest.raises(UserError, match="model_type 'gpt_oss' has no weight map; supported: qwen3, llama, qwen3_moe"):
-        load_sources(r)
+    with pytest.raises(UserError, match="model_type 'gpt_oss' has no weight map for the trtllm layout; supported: qwen3, llama, qwen3_moe"):
+        load_sources(r, "trtllm")
+    assert load_sources(r).target_cfg.arch == "gpt_oss"
+    (target / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
+    with pytest.raises(UserError, match="model_type 'mistral' is not served from the hf layout; supported: qwen3, llama, qwen3_moe, gpt_oss"):
+        load_sources(r, "hf")
     _nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_a_passed_through_target_whose_embedding_is_not_its_configs_is_named(tmp_path):
+    target, drafter = make_target(tmp_path / "t", "gpt_oss"), make_drafter(tmp_path / "d")
+    for d in (target, drafter):  # both configs claim a vocabulary the weights do not have
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "vocab_size": 512}))
+    recipe = write_recipe(tmp_path / "r.yaml", target, drafter, fmt="bf16", gpu="b200", backend="pytorch")
+    rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
+    assert rc == 2 and "tensor model.embed_tokens.weight has shape [256, 64], expected [512, 64]" in err
+    _nothing_written(tmp_path, tmp_path / "out")
+
+
+def test_a_native_format_must_be_the_checkpoints_own(tmp_path, tiny_pair):
+    """quantization.target_weights mxfp4 serves gpt-oss's MXFP4 as shipped: an unquantized
+    checkpoint is refused, and so is a float recipe on an MXFP4 checkpoint (it would be served as
+    MXFP4); an FP8 KV cache would re-export the target, so `check` refuses mxfp4 with it."""
+    import shutil
+
+    from checkpoints import mxfp4_experts
+
+    bf16 = make_target(tmp_path / "t", "gpt_oss")
+    mx = mxfp4_experts(shutil.copytree(bf16, tmp_path / "mx"))
+    q = {"target_weights": "mxfp4", "activations": "bf16", "kv_cache": "bf16", "drafter": "bf16"}
+    recipe = write_recipe(tmp_path / "r.yaml", bf16, tiny_pair[1], gpu="b200", backend="pytorch", quantization=q)
+    rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
+    assert rc == 2 and "quantization.target_weights: mxfp4 serves the checkpoint's own mxfp4 weights" in err
+    recipe = write_recipe(tmp_path / "r.yaml", mx, tiny_pair[1], fmt="bf16", gpu="b200", backend="pytorch")
+    rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
+    assert rc == 2 and "the checkpoint ships mxfp4 weights (quantization_config), so quantization.target_weights bf16" in err
+    _nothing_written(tmp_path, tmp_path / "out")
+    recipe = write_recipe(tmp_path / "r.yaml", mx, tiny_pair[1], gpu="b200", backend="pytorch", quantization={**q, "kv_cache": "fp8"})
+    rc, err = _cli("check", recipe)
+    assert rc == 2 and "mxfp4 serves the checkpoint's own weights as shipped, but kv_cache fp8 needs the quantize stage" in err
 
 
 def test_nvfp4_on_hopper_is_refused_before_writing(tmp_path, tiny_pair):

@@ -178,3 +178,32 @@ def test_target_equals_modelopt_trtllm_export(tmp_path, arch, decoder):
         assert set(ours) == set(theirs)
         for name, t in theirs.items():
             assert ours[name].dtype == t.dtype and torch.equal(ours[name], t), name
+
+
+def test_the_hf_layout_passes_a_gpt_oss_checkpoint_through(tmp_path):
+    """No weight map for the pytorch backend: a sharded gpt_oss checkpoint (index + files) is
+    linked byte for byte, its config.json in the recipe dtype, checksums in the manifest."""
+    import transformers
+
+    from trtllm_dflash.artifacts import sha256_file
+
+    src = tmp_path / "t"
+    model = transformers.AutoModelForCausalLM.from_pretrained(make_target(tmp_path / "t0", "gpt_oss"))
+    model.save_pretrained(src, max_shard_size="100KB")
+    weights = sorted(p.name for p in src.glob("*.safetensors"))
+    assert len(weights) > 1 and (src / "model.safetensors.index.json").is_file()
+    drafter = make_drafter(tmp_path / "d")
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", src, drafter, tp=2, fmt="bf16", gpu="b200", backend="pytorch"))
+    out = convert(recipe, tmp_path / "out", progress=False)
+    m = Manifest.read(out)
+    check_files(out, m)
+    assert m.extra["layout"] == "hf" and m.extra["weights"] == "linked unchanged" and m.extra["source_quantization"] is None
+    for name in weights + ["model.safetensors.index.json"]:
+        assert sha256_file(out / "target" / name) == sha256_file(src / name), name
+    assert sha256_file(out / "drafter/model.safetensors") == sha256_file(drafter / "model.safetensors")
+    cfg, raw = read_config(out / "target"), read_config(src)
+    assert cfg.pop("dtype") == "bfloat16" and {k: v for k, v in raw.items() if k != "dtype"} == cfg
+    ours = transformers.AutoModelForCausalLM.from_pretrained(out / "target", dtype="auto")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours(ids).logits, ref(ids).logits)

@@ -41,6 +41,14 @@ def make_target(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.floa
     elif arch == "qwen3_moe":
         cfg = dict(common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**cfg))
+    elif arch == "gpt_oss":  # MoE experts with biases, sliding-window layers alternating with full ones
+        cfg = dict(common, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2))
+        cfg.update(overrides)
+        cfg.setdefault("rope_parameters", {  # YaRN as published, its factor consistent with the context length
+            "rope_type": "yarn", "factor": cfg["max_position_embeddings"] / 128, "original_max_position_embeddings": 128,
+            "rope_theta": 150000.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**cfg))
     else:
         raise ValueError(arch)
     _perturb_norms(model, seed + 100)
@@ -136,3 +144,34 @@ def step_tokens(records, n: int) -> list[list[int]]:
         for r, t in zip(rec.seq_ids, rec.tokens):
             out[r] += t
     return out
+
+
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the 3 low bits of an E2M1 code; bit 3 is the sign
+
+
+def mxfp4_experts(directory: Path) -> Path:
+    """Rewrite a `make_target(..., "gpt_oss")` checkpoint as gpt-oss is published: every expert
+    weight in MXFP4 (`{proj}_blocks` [E, rows, cols / 32, 16] uint8, two E2M1 codes per byte, the
+    low nibble first; `{proj}_scales` [E, rows, cols / 32] uint8, E8M0 exponents biased by 127;
+    rows x cols is the weight transposed from its [E, cols, rows] parameter) and config.json's
+    `quantization_config` {"quant_method": "mxfp4"} (transformers' integrations/mxfp4.py layout).
+    Returns the directory; the weights become their MXFP4 rounding."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(directory / "model.safetensors")
+    grid = torch.tensor(FP4_E2M1)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        w = tensors.pop(name).float().transpose(1, 2)  # [E, rows, cols]
+        groups = w.reshape(*w.shape[:2], -1, 32)  # [E, rows, G, 32]
+        amax = groups.abs().amax(-1, keepdim=True).clamp_min(2.0**-100)
+        exp = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)  # every |value| / 2**exp <= 6
+        code = (groups / 2.0**exp).abs().unsqueeze(-1).sub(grid).abs().argmin(-1)  # nearest magnitude
+        code = (code | (groups < 0).long() << 3).to(torch.uint8)
+        tensors[name + "_blocks"] = (code[..., 0::2] | code[..., 1::2] << 4).contiguous()  # [E, rows, G, 16]
+        tensors[name + "_scales"] = (exp.squeeze(-1) + 127).to(torch.uint8).contiguous()
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
+    return directory

@@ -203,3 +203,65 @@ def test_an_fp8_kv_cache_alone_runs_quantize_and_reaches_the_engine_checkpoint(t
     w = "transformer.layers.0.attention.qkv.weight"
     assert ours[w].dtype == torch.bfloat16 and torch.equal(ours[w], source[w])  # weights untouched
     assert any(k.endswith("kv_cache_scaling_factor") for k in ours)
+
+
+def test_the_mxfp4_stand_in_decodes_through_transformers(tmp_path):
+    """tests/helpers mxfp4_experts writes what transformers' MXFP4 loader (integrations/mxfp4.py,
+    dequantize) reads back as the same weights within MXFP4's rounding: each value within half
+    a step of its group's grid (step <= 2 * 2**exp, exp = ceil(log2(group amax / 6)))."""
+    pytest.importorskip("accelerate", reason="transformers dequantizes MXFP4 with accelerate")
+    import shutil
+
+    from checkpoints import mxfp4_experts
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    src = make_target(tmp_path / "t", "gpt_oss")
+    shutil.copytree(src, tmp_path / "mx")
+    mxfp4_experts(tmp_path / "mx")
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32, quantization_config=Mxfp4Config(dequantize=True))
+    for layer in range(4):
+        for proj in ("gate_up_proj", "down_proj"):
+            w = getattr(ref.model.layers[layer].mlp.experts, proj).detach().transpose(1, 2)  # [E, rows, cols]
+            d = getattr(got.model.layers[layer].mlp.experts, proj).detach().transpose(1, 2)
+            step = 2.0 ** torch.ceil(torch.log2(w.reshape(*w.shape[:2], -1, 32).abs().amax(-1) / 6)) * 2  # [E, rows, G]
+            err = (w - d).abs().reshape(*w.shape[:2], -1, 32).amax(-1)
+            assert (err <= step / 2 + 1e-7).all() and (err > 0).any(), (layer, proj)
+
+
+@pytest.mark.parametrize("fmt,gpu,source", [("nvfp4", "b300", "mxfp4"), ("fp8", "h100-sxm", "bf16")])
+def test_pytorch_backend_quantizes_gpt_oss_experts(tmp_path, fmt, gpu, source):
+    """gpt-oss through ModelOpt's HF export: the MoE experts (fused 3-D weights) quantized like
+    the linears, their scales the recorded amaxes'; a checkpoint with MXFP4 experts (as gpt-oss
+    ships) is dequantized first, and nothing of MXFP4 reaches the export."""
+    _modelopt()
+    pytest.importorskip("accelerate", reason="transformers dequantizes MXFP4 with accelerate (pip install 'trtllm_dflash[quant]')")
+    from checkpoints import mxfp4_experts
+
+    target = make_target(tmp_path / "t", "gpt_oss", dtype=torch.bfloat16)
+    if source == "mxfp4":
+        mxfp4_experts(target)
+    drafter = make_drafter(tmp_path / "d", dtype=torch.bfloat16)
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu, backend="pytorch",
+                                      quantization={"target_weights": fmt, "activations": fmt, "kv_cache": "fp8"}))
+    convert_dir = converted(recipe, tmp_path / "c")
+    assert Manifest.read(convert_dir).extra["source_quantization"] == (None if source == "bf16" else "mxfp4")
+    out = quantize(recipe, convert_dir, tmp_path / "q", **CALIB)
+    check_files(out, Manifest.read(out))
+    hf_quant = json.loads((out / "target" / "hf_quant_config.json").read_text())["quantization"]
+    assert hf_quant["quant_algo"] == fmt.upper() and hf_quant["kv_cache_quant_algo"] == "FP8"
+    assert "model.layers.0.mlp.router" in hf_quant["exclude_modules"]
+    assert read_config(out / "target")["quantization_config"]["quant_method"] == "modelopt"
+    tensors = load_file(out / "target" / "model.safetensors")
+    assert not [n for n in tensors if n.endswith(("_blocks", "_scales"))]
+    calib = json.loads((out / "calibration.json").read_text())["target"]["linears"]
+    for layer in range(4):
+        for proj in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{layer}.mlp.experts.{proj}"
+            amax = torch.tensor(calib[name]["weight"])
+            if fmt == "nvfp4":
+                assert tensors[name].dtype == torch.uint8
+                assert torch.equal(tensors[f"{name}_weight_scale_2"], F.nvfp4_global_scale(amax).reshape(()))
+            else:
+                assert tensors[name].dtype == torch.float8_e4m3fn
+                assert torch.equal(tensors[f"{name}_weight_scale"].reshape(()), F.fp8_scale(amax.item()).reshape(()))

@@ -10,13 +10,16 @@ Layouts (one output directory, written atomically, with a manifest of checksums)
           1 where rank 0 holds the whole drafter (the target engine's tap then takes its rank's
           columns of the drafter's fc: build/engine_io.py tap_weights).
   hf      the HF layout TensorRT-LLM >= 1.3 loads for the pytorch backend: `target/` (HF names,
-          the recipe dtype, tokenizer files) and `drafter/` (z-lab names). TP happens at load
-          time there. Quantized HF checkpoints come from ModelOpt's export in `quantize`.
+          tokenizer files) and `drafter/` (z-lab names), the checkpoints passed through with no
+          weight map: weight files linked unchanged, config.json in the recipe dtype
+          (passthrough.py). TP happens at load time there. Quantized HF checkpoints come from
+          ModelOpt's export in `quantize`.
 
 Everything is validated before anything is written: the recipe (NVFP4 on Hopper is a recipe
 rule), both configs and their pairing, every source tensor's presence and shape (from the
-safetensors headers), tp against heads / KV heads / FFN width / vocabulary, and the output
-directory (`artifacts.atomic_stage_dir` refuses one holding a different checkpoint).
+safetensors headers; for a target passed through, its embedding and LM head), tp against
+heads / KV heads / FFN width / vocabulary (trtllm layout), and the output directory
+(`artifacts.atomic_stage_dir` refuses one holding a different checkpoint).
 
 Tensors stream: each rank's shard file is planned from the headers, then filled one tensor
 at a time, reading only the rows / columns that rank needs. Finished shard files are kept in
@@ -30,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,8 @@ from typing import Iterator, Literal, Protocol
 import torch
 
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, changed_source, sha256_file, source_record
+from trtllm_dflash.convert import passthrough
+from trtllm_dflash.convert.passthrough import link_or_copy
 from trtllm_dflash.convert.safetensors_stream import CODE_DTYPES, Checkpoint, StreamWriter
 from trtllm_dflash.convert.weight_maps import (
     DRAFTER_MAP,
@@ -366,29 +370,39 @@ class Sources:
         return files
 
 
-def load_sources(recipe: Recipe) -> Sources:
-    """The recipe's local target and drafter directories, read and checked (read_sources)."""
-    return read_sources(_local_dir(recipe.target, "target"), _local_dir(recipe.drafter, "drafter"))
+def load_sources(recipe: Recipe, layout: Layout | None = None) -> Sources:
+    """The recipe's local target and drafter directories, read and checked (read_sources) for
+    `layout` (default: the recipe backend's)."""
+    return read_sources(_local_dir(recipe.target, "target"), _local_dir(recipe.drafter, "drafter"),
+                        layout or BACKEND_LAYOUT[recipe.backend.name])
 
 
-def read_sources(tdir: Path, ddir: Path) -> Sources:
-    """Read and check both configs, their pairing and every tensor header. Reads no weights."""
+def read_sources(tdir: Path, ddir: Path, layout: Layout = "trtllm") -> Sources:
+    """Read and check both configs, their pairing and every tensor header. Reads no weights.
+    The trtllm layout checks every target tensor against its weight map; the hf layout passes
+    the target through (passthrough.py)."""
     from trtllm_dflash.reference.config import DraftConfig, TargetConfig
     from trtllm_dflash.reference.loading import check_pair
 
     traw, draw = read_json(tdir / "config.json"), read_json(ddir / "config.json")
-    arch = traw.get("model_type")
-    if arch not in WEIGHT_MAPS:
+    arch, where = traw.get("model_type"), f"target {tdir}/config.json"
+    if layout == "trtllm" and arch not in WEIGHT_MAPS:
         raise UserError(
-            f"target {tdir}/config.json: model_type {arch!r} has no weight map; "
-            f"supported: {', '.join(WEIGHT_MAPS)} (adding one is adding a map to convert/weight_maps.py)"
+            f"{where}: model_type {arch!r} has no weight map for the trtllm layout; supported: "
+            f"{', '.join(WEIGHT_MAPS)} (adding one is adding a map to convert/weight_maps.py)"
         )
-    tcfg = TargetConfig.from_dict(traw, f"target {tdir}/config.json")
+    if layout == "hf" and arch not in passthrough.HF_ARCHS:
+        raise UserError(f"{where}: model_type {arch!r} is not served from the hf layout; supported: "
+                        f"{', '.join(passthrough.HF_ARCHS)} (recipe/support.py ARCHITECTURES)")
+    tcfg = TargetConfig.from_dict(traw, where) if layout == "trtllm" else passthrough.HfTarget.from_dict(traw, where)
     dcfg = DraftConfig.from_dict(draw, f"drafter {ddir}/config.json")
     check_pair(dcfg, tcfg, f"drafter {ddir}/config.json")
     gen = read_json(tdir / "generation_config.json") if (tdir / "generation_config.json").is_file() else None
     target, drafter = Checkpoint(tdir, "target"), Checkpoint(ddir, "drafter")
-    _check_sources(target, _expected_shapes("target", tcfg), "target")
+    if layout == "trtllm":
+        _check_sources(target, _expected_shapes("target", tcfg), "target")
+    else:
+        passthrough.check_target(target, tcfg)
     _check_sources(drafter, _expected_shapes("drafter", dcfg), "drafter")
     return Sources(tdir, ddir, tcfg, dcfg, traw, draw, gen, target, drafter)
 
@@ -399,7 +413,7 @@ def recorded_sources(convert_dir: Path, m: Manifest) -> Sources:
     problem = changed_source(m)
     if problem:
         raise UserError(f"{convert_dir}: {problem} since convert read it; re-run convert")
-    return read_sources(Path(m.extra["target_dir"]), Path(m.extra["drafter_dir"]))
+    return read_sources(Path(m.extra["target_dir"]), Path(m.extra["drafter_dir"]), m.extra.get("layout", "trtllm"))
 
 
 def plan_trtllm(src: Sources, tp: int, drafter_tp: int | None = None) -> dict[Role, ModelPlan]:
@@ -487,14 +501,6 @@ def _write_rank(path: Path, role: Role, planned: list[PlannedTensor], rank: int,
         raise
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _aux_files(directory: Path) -> Iterator[Path]:
     """Tokenizer and generation files of a model directory (everything but weights and config.json)."""
     for p in sorted(directory.iterdir()):
@@ -539,17 +545,12 @@ def convert(
     if layout not in LAYOUTS:
         raise UserError(f"--layout {layout!r}: allowed: {', '.join(LAYOUTS)}")
     tp, dtp = recipe.parallel.tp, drafter_placement(recipe).tp
-    src = sources or load_sources(recipe)
+    src = sources or load_sources(recipe, layout)
     _check_drafter_backend(src.drafter_cfg, recipe.backend.name, src.drafter_dir)
     transform = transform or Cast(default_dtypes(recipe))
-    if layout == "trtllm":
-        plans = plan_trtllm(src, tp, dtp)
-        for plan in plans.values():
-            transform.validate(plan)
-    else:
-        if not isinstance(transform, Cast):
-            raise UserError("the hf layout is written unquantized here; quantized HF checkpoints come from `quantize` (ModelOpt export)")
-        plans = plan_hf(src)
+    plans = _plans(recipe, layout, src, transform, tp, dtp)
+    if plans is None:  # the checkpoint's own quantization (gpt-oss: MXFP4 experts) travels with it
+        extra = {"weights": "linked unchanged", "source_quantization": src.target_cfg.quant_method, **(extra or {})}
 
     records = [source_record(role, p) for role, p in src.input_files()]
     manifest = Manifest.for_stage(stage, recipe, input_dir, sources=records)
@@ -561,10 +562,13 @@ def convert(
     work = out.parent / f".{out.name}.resume"
     try:
         with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
-            _write_shards(tmp, work, _resume_state(work, fingerprint, resume), layout, src, plans, transform, progress)
-            _write_configs(tmp, layout, src, plans, transform)
+            if plans is None:
+                _pass_through(tmp, src, transform)
+            else:
+                _write_shards(tmp, work, _resume_state(work, fingerprint, resume), src, plans, transform, progress)
+                _write_configs(tmp, src, plans, transform)
             for name, path in (extra_files or {}).items():
-                _link_or_copy(path, tmp / name)
+                link_or_copy(path, tmp / name)
         shutil.rmtree(work, ignore_errors=True)
     finally:
         src.target.close()
@@ -572,7 +576,29 @@ def convert(
     return out
 
 
-def _write_shards(tmp: Path, work: Path, state: dict, layout: str, src: Sources, plans: dict, transform: Transform,
+def _plans(recipe: Recipe, layout: str, src: Sources, transform: Transform, tp: int, dtp: int) -> dict | None:
+    """The trtllm layout's per-rank plans, checked by the transform; None for the hf layout
+    (passed through), whose target format is checked against the checkpoint's own."""
+    if layout == "trtllm":
+        plans = plan_trtllm(src, tp, dtp)
+        for plan in plans.values():
+            transform.validate(plan)
+        return plans
+    if not isinstance(transform, Cast):
+        raise UserError("the hf layout is passed through unquantized here; quantized HF checkpoints come from `quantize` (ModelOpt export)")
+    q = recipe.quantization
+    passthrough.check_native(q.target_weights, q.quantizes, src.target_cfg, src.target_dir)
+    return None
+
+
+def _pass_through(tmp: Path, src: Sources, transform: Transform) -> None:
+    """The hf layout (passthrough.py): both checkpoints linked, configs in the recipe's dtypes."""
+    passthrough.write(tmp, "target", src.target, src.target_raw, DTYPE_NAMES[transform.dtype("target")],
+                      list(_aux_files(src.target_dir)))
+    passthrough.write(tmp, "drafter", src.drafter, src.drafter_raw, DTYPE_NAMES[transform.dtype("drafter")], [])
+
+
+def _write_shards(tmp: Path, work: Path, state: dict, src: Sources, plans: dict, transform: Transform,
                   progress: bool) -> None:
     """Every rank's shard file into `tmp`: written in the resume directory `work` first (shards
     that an earlier run of the same inputs and settings finished are kept), then linked."""
@@ -580,7 +606,7 @@ def _write_shards(tmp: Path, work: Path, state: dict, layout: str, src: Sources,
     with _Progress(progress) as bar:
         for role, plan in plans.items():
             for rank, planned in enumerate(plan.ranks):
-                rel = f"{role}/model.safetensors" if layout == "hf" else f"{role}/rank{rank}.safetensors"
+                rel = f"{role}/rank{rank}.safetensors"
                 done = state["done"].get(rel)
                 if done is None or not (work / rel).is_file() or sha256_file(work / rel) != done:
                     (work / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -590,7 +616,7 @@ def _write_shards(tmp: Path, work: Path, state: dict, layout: str, src: Sources,
                     partial.rename(work / rel)
                     state["done"][rel] = sha256_file(work / rel)
                     _write_json_atomic(work / "state.json", state)
-                _link_or_copy(work / rel, tmp / rel)
+                link_or_copy(work / rel, tmp / rel)
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -616,15 +642,7 @@ def _resume_state(work: Path, fingerprint: str, resume: bool) -> dict:
     return fresh
 
 
-def _write_configs(tmp: Path, layout: str, src: Sources, plans: dict, transform: Transform) -> None:
-    if layout == "hf":
-        for role, raw in (("target", src.target_raw), ("drafter", src.drafter_raw)):
-            cfg = dict(raw)
-            cfg["torch_dtype" if "torch_dtype" in cfg else "dtype"] = DTYPE_NAMES[transform.dtype(role)]
-            (tmp / role / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        for p in _aux_files(src.target_dir):
-            _link_or_copy(p, tmp / "target" / p.name)
-        return
+def _write_configs(tmp: Path, src: Sources, plans: dict, transform: Transform) -> None:
     t, d = src.target_cfg, src.drafter_cfg
     tp = plans["target"].tp
     tdtype, ddtype = transform.dtype("target"), transform.dtype("drafter")
@@ -635,20 +653,4 @@ def _write_configs(tmp: Path, layout: str, src: Sources, plans: dict, transform:
     (tmp / "target" / "config.json").write_text(json.dumps(tc, indent=2) + "\n")
     (tmp / "drafter" / "config.json").write_text(json.dumps(dc, indent=2) + "\n")
     for p in _aux_files(src.target_dir):
-        _link_or_copy(p, tmp / "tokenizer" / p.name)
-
-
-# ----------------------------------------------------------------------------- hf layout
-
-
-def plan_hf(src: Sources) -> dict[Role, ModelPlan]:
-    """Identity maps: HF / z-lab names kept, one file per model, cast to the model dtype."""
-    plans = {}
-    for role, ckpt, cfg in (("target", src.target, src.target_cfg), ("drafter", src.drafter, src.drafter_cfg)):
-        expected = _expected_shapes(role, cfg)
-        planned = [
-            PlannedTensor(name, Entry(name, (name,), "replicate"), None, [[Read(name)]], shape, CODE_DTYPES[ckpt.tensors[name].dtype], ())
-            for name, shape in expected.items()
-        ]
-        plans[role] = ModelPlan(role, ArchMap(role, (), ()), 1, Heads(1, 1, 1), [planned], 0)
-    return plans
+        link_or_copy(p, tmp / "tokenizer" / p.name)

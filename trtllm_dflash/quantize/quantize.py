@@ -219,6 +219,26 @@ def modelopt_config(scheme: Scheme, activations: bool, kv_fp8: bool) -> dict:
     return cfg
 
 
+def _source_quantization(target_dir: Path) -> dict:
+    """from_pretrained arguments for a checkpoint that ships quantized weights: gpt-oss's MXFP4
+    experts are dequantized (transformers' Mxfp4Config(dequantize=True), which needs accelerate)
+    to the model dtype, then ModelOpt calibrates and quantizes them like any other weight."""
+    method = (json.loads((target_dir / "config.json").read_text()).get("quantization_config") or {}).get("quant_method")
+    if method is None:
+        return {}
+    if method != "mxfp4":
+        raise UserError(f"target {target_dir}/config.json: quantization_config.quant_method is {method!r}: quantize takes "
+                        "unquantized checkpoints, or gpt-oss's MXFP4 (mxfp4); start from the unquantized model")
+    from importlib.util import find_spec
+
+    if find_spec("accelerate") is None:
+        raise UserError(f"target {target_dir}: dequantizing its MXFP4 experts needs accelerate (transformers' "
+                        "Mxfp4Config); pip install 'trtllm_dflash[quant]'")
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
 def calibrate_target(
     target_dir: Path, plan: QuantPlan, data: CalibrationData, device: str = "cpu", progress: bool = True
 ):
@@ -227,7 +247,8 @@ def calibrate_target(
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=plan.dtypes["target"]).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=plan.dtypes["target"], **_source_quantization(target_dir))
+    model = model.to(device).eval()
     if not model.config.architectures:  # ModelOpt's export reads it
         model.config.architectures = [type(model).__name__]
     scheme = plan.target if plan.target is not Scheme.NONE else Scheme.FP8
@@ -242,20 +263,28 @@ def calibrate_target(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mtq.quantize(model, cfg, forward_loop)
-    calib = Calibration(source=data.source)
-    for name, m in model.named_modules():
-        wq = getattr(m, "weight_quantizer", None)
-        if wq is not None and wq.is_enabled and wq.amax is not None:
-            iq = getattr(m, "input_quantizer", None)
-            calib.linears[name] = {
-                "weight": float(wq.amax.float().max()),
-                "input": float(iq.amax.float().max()) if iq is not None and iq.is_enabled and iq.amax is not None else None,
-            }
+    return model, _collected(model, Calibration(source=data.source))
+
+
+def _amax(q) -> float | None:
+    amax = getattr(q, "amax", None) if getattr(q, "is_enabled", False) else None
+    return None if amax is None else float(amax.float().max())
+
+
+def _collected(model, calib: Calibration) -> Calibration:
+    """Every amax ModelOpt calibrated: linears (`x.q_proj.weight_quantizer`), fused MoE experts
+    (gpt-oss: `x.experts.gate_up_proj_weight_quantizer`, recorded as `x.experts.gate_up_proj`)
+    and the per-layer K / V of the cache."""
+    modules = dict(model.named_modules())
+    for name, m in modules.items():
+        if name.endswith("weight_quantizer") and _amax(m) is not None:
+            prefix = name.removesuffix("weight_quantizer")
+            calib.linears[prefix.rstrip("._")] = {"weight": _amax(m), "input": _amax(modules.get(prefix + "input_quantizer"))}
         kq = getattr(m, "k_bmm_quantizer", None)
         if kq is not None and kq.is_enabled and kq.amax is not None:
             layer = int(name.split(".layers.")[1].split(".")[0])
             calib.kv[layer] = {"k": float(kq.amax.float().max()), "v": float(m.v_bmm_quantizer.amax.float().max())}
-    return model, calib
+    return calib
 
 
 def calibrate_drafter(target_dir: Path, drafter_dir: Path, data: CalibrationData, prompt_len: int = 64,

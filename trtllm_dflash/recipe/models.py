@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe.support import ARCHITECTURES
+from trtllm_dflash.recipe.support import ARCHITECTURES, drafter_variant
 
 Family = Literal["llama", "qwen3", "qwen3_moe", "gpt_oss", "dflash"]
 
@@ -51,6 +51,7 @@ class ArchFacts(BaseModel):
     block_size: int | None = Field(default=None, gt=1, description="block size the drafter was trained with")
     target_layer_ids: list[int] | None = None
     mask_token_id: int | None = Field(default=None, ge=0)
+    variant: str = Field(default="dflash", description="drafter variant (recipe/support.py DRAFTERS)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ArchFacts":
@@ -164,7 +165,7 @@ def facts_from_config(config_path: Path) -> ArchFacts:
     except json.JSONDecodeError as e:
         raise UserError(f"{config_path}: not valid JSON ({e})") from None
 
-    is_drafter = "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or [])
+    is_drafter = "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or [])  # Laguna / DFlash2 carry dflash_config
     model_type = cfg.get("model_type")
     if not is_drafter and model_type not in HF_MODEL_TYPES:
         raise UserError(
@@ -217,6 +218,7 @@ def _drafter_facts(cfg: dict, need, config_path: Path) -> dict:
         block_size=dcfg.get("block_size", cfg.get("block_size")),
         target_layer_ids=dcfg.get("target_layer_ids"),
         mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
+        variant=drafter_variant(cfg),
     )
     if facts["target_layer_ids"] is None:
         raise UserError(f"{config_path}: missing dflash_config.target_layer_ids")

@@ -24,9 +24,10 @@ from trtllm_dflash.recipe.placement import scale_out, span_problem
 from trtllm_dflash.recipe.trtllm_api import drafter_attention
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
 from trtllm_dflash.recipe.support import (
-    ARCHITECTURES, BACKENDS, NATIVE_ONLY, architectures_of, backend as backend_spec, trtllm_line, trtllm_version_problem,
+    ARCHITECTURES, BACKENDS, DRAFTERS, NATIVE_ONLY, architectures_of, backend as backend_spec, format_gap, trtllm_line,
+    trtllm_version_problem,
 )
-from trtllm_dflash.recipe.schema import ModelSource, Recipe
+from trtllm_dflash.recipe.schema import FLOAT_FORMATS, ModelSource, Recipe
 from trtllm_dflash.recipe.sharding import tp_message
 
 
@@ -167,9 +168,14 @@ def _format_issues(recipe: Recipe) -> list[Issue]:
         out.err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
     if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
         out.err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
-    if q.target_weights in NATIVE_ONLY and q.target_weights not in ARCHITECTURES[t.family].native_formats:
-        native = [m for m, a in ARCHITECTURES.items() if q.target_weights in a.native_formats]
-        out.err("quantization.target_weights", f"{q.target_weights} is only the native format of {', '.join(native)} checkpoints")
+    gap = format_gap(t.family, recipe.backend.name, q.target_weights) if t.family in ARCHITECTURES else ""
+    if gap:  # a precision the support table does not list for this architecture and backend
+        out.err("quantization.target_weights", gap)
+    elif q.target_weights in NATIVE_ONLY and q.quantizes:  # quantize would re-export the target from dequantized weights
+        what = [f"{k} {getattr(q, k)}" for k in ("kv_cache", "drafter") if getattr(q, k) not in FLOAT_FORMATS]
+        out.err("quantization.target_weights", f"{q.target_weights} serves the checkpoint's own weights as shipped, but "
+                f"{' and '.join(what)} needs the quantize stage, which exports the whole target again; keep "
+                f"{' and '.join(w.split()[0] for w in what)} bf16, or quantize the target (nvfp4 / fp8)")
     return out
 
 
@@ -248,6 +254,11 @@ def _drafter_issues(recipe: Recipe) -> list[Issue]:
         out.err("drafter", f"mask_token_id {d.mask_token_id} outside the target vocabulary (size {t.vocab_size})")
     if d.mask_token_id is None:
         out.warn("drafter", "mask_token_id unknown in the catalog: read from the checkpoint's dflash_config at convert time")
+    spec = backend_spec(recipe.backend.name)
+    if spec.drafter_gap(d.variant):  # a support row that does not run (recipe/support.py support_rows)
+        able = [n for n, b in BACKENDS.items() if d.variant in b.drafters]
+        out.err("drafter", f"a {DRAFTERS[d.variant]} drafter on the {spec.name} backend: {spec.drafter_gap(d.variant)}; "
+                f"the {', '.join(able)} backend runs it")
     return out
 
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import Format, GpuSpec, hardware_catalog
 from trtllm_dflash.recipe.models import ArchFacts, catalog_facts, facts_from_config
+from trtllm_dflash.recipe.support import NATIVE_ONLY
 
 BackendName = Literal["reference", "engine", "pytorch"]
 
@@ -126,8 +127,10 @@ class Quantization(_Section):
     def quantizes(self) -> bool:
         """True when the quantize stage runs: the target or the drafter weights are in a quantized
         format, or the KV cache is (its scales come from calibration; convert writes none, and a
-        TensorRT-LLM checkpoint without kv_cache_quant_algo builds no FP8 KV cache)."""
-        return any(f not in FLOAT_FORMATS for f in (self.target_weights, self.drafter, self.kv_cache))
+        TensorRT-LLM checkpoint without kv_cache_quant_algo builds no FP8 KV cache). Target weights
+        in a native format (NATIVE_ONLY: gpt-oss's MXFP4) are served as the checkpoint ships them."""
+        target = self.target_weights not in FLOAT_FORMATS + NATIVE_ONLY
+        return target or any(f not in FLOAT_FORMATS for f in (self.drafter, self.kv_cache))
 
     def checkpoint_dtype(self, role: Literal["target", "drafter"]) -> str:
         """The high-precision format a model's checkpoint keeps (convert's output, and every tensor

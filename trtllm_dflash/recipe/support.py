@@ -5,9 +5,11 @@ Everything that differs by backend or by architecture asks these tables (recipe 
 quantize, build, deploy, serve, sweep, the planner, the docs' support table and
 `trtllm-dflash recipes --support`); nothing else compares a backend's or an architecture's name
 (tests/recipe/test_support.py greps the package). Adding a target architecture is a row of
-ARCHITECTURES plus its weight map (convert/weight_maps.py WEIGHT_MAPS) and, for the engine
-backend, its model class (build/trtllm_models.py).
-"""
+ARCHITECTURES; backends of the trtllm layout (reference, engine) also need its weight map
+(convert/weight_maps.py WEIGHT_MAPS), and the engine backend its model class
+(build/trtllm_models.py); the pytorch backend's hf layout passes HF checkpoints through.
+Every row support_rows() marks runnable goes through `run --until deploy` in
+tests/test_support_rows.py; `check` refuses the others (recipe/rules.py)."""
 
 from __future__ import annotations
 
@@ -134,6 +136,28 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
 # model has too).
 DRAFTERS = {"dflash": "DFlash (z-lab DFlashDraftModel)", "dflash2": "DFlash2, or DFlash with logit / embedding scalars",
             "laguna": "Laguna DFlash (poolside DFlashLagunaForCausalLM: feature norms, normed context, head gates)"}
+# What marks a drafter's variant in its config.json (the reference reads the same: reference/config.py
+# DraftConfig.variant). z-lab's DFlash2DraftModel sets all four DFLASH2_KEYS (in dflash_config, or at
+# the top level); FEATURES_OFF is the value of each optional feature that means "off"; poolside's
+# Laguna drafters name a Laguna class in `architectures` (TensorRT-LLM
+# tensorrt_llm/_torch/models/modeling_dflash.py `_build_dflash_draft`, PR #15666).
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+FEATURES_OFF = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
+                **dict.fromkeys(DFLASH2_KEYS)}
+DFLASH2_ARCH = "DFlash2DraftModel"
+LAGUNA_ARCH = "DFlashLagunaForCausalLM"  # written back with model_type "llama", as the published ones are
+
+
+def drafter_variant(raw: dict) -> str:
+    """The DRAFTERS variant a drafter config.json describes (what a backend must run)."""
+    if any("Laguna" in a for a in raw.get("architectures") or []):
+        return "laguna"
+    dcfg = raw.get("dflash_config") or {}
+    feature = lambda k: dcfg[k] if dcfg.get(k) is not None else raw.get(k, FEATURES_OFF[k])  # noqa: E731
+    off = all(feature(k) == v or (k == "final_logit_softcapping" and not feature(k)) for k, v in FEATURES_OFF.items())
+    return "dflash" if off and DFLASH2_ARCH not in (raw.get("architectures") or []) else "dflash2"
+
+
 DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # build/trtllm_models.py, and the drafter's trtllm checkpoint architecture
 # Weight formats only some architectures' checkpoints come in (Architecture.native_formats).
 NATIVE_ONLY = ("mxfp4",)
@@ -178,6 +202,22 @@ def trtllm_version_problem(spec: Backend, version: str) -> str | None:
     return f"{version}: no DFlashDecodingConfig field table for TensorRT-LLM {line}; known: {known}"
 
 
+QUANTIZED = ("fp8", "nvfp4")  # target weight formats the quantize stage writes
+
+
+def format_gap(model_type: str, backend_name: str, fmt: str) -> str:
+    """Why target weights in `fmt` do not run for `model_type` on `backend_name` ('' when they do,
+    GPU support aside: hardware.py)."""
+    arch, spec = ARCHITECTURES[model_type], BACKENDS[backend_name]
+    if fmt in NATIVE_ONLY and fmt not in arch.native_formats:
+        return f"{fmt} is only the native format of {', '.join(m for m, a in ARCHITECTURES.items() if fmt in a.native_formats)} checkpoints"
+    if fmt in QUANTIZED and arch.moe and spec.layout == "trtllm":  # quantize/quantize.py QuantTransform.validate
+        return (f"{fmt} MoE experts are not written in the TensorRT-LLM checkpoint layout the {backend_name} backend "
+                f"loads; the {', '.join(n for n, b in BACKENDS.items() if b.layout == 'hf')} backend quantizes them "
+                "(ModelOpt HF export)")
+    return ""
+
+
 @dataclass(frozen=True)
 class SupportRow:
     """One (target architecture, drafter variant, backend) and where it runs: per GPU of the
@@ -210,7 +250,7 @@ def support_rows() -> list[SupportRow]:
                 for gpu_name, gpu in gpus.items() if not why else ():
                     if gpu.is_cpu and spec.needs_gpu and spec.cpu_runs is None:
                         continue
-                    ok = [f for f in gpu.formats if f not in NATIVE_ONLY or f in arch.native_formats]
+                    ok = [f for f in gpu.formats if not format_gap(model_type, name, f)]
                     formats[gpu_name] = tuple(ok)
                 cpu = spec.cpu_runs if spec.needs_gpu and spec.cpu_runs and not why else ""
                 rows.append(SupportRow(model_type, drafter, name, formats, why, cpu))

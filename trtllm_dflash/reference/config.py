@@ -24,7 +24,9 @@ from typing import Any, Literal
 import torch
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe.support import architecture, architectures_of
+from trtllm_dflash.recipe.support import (
+    DFLASH2_ARCH, DFLASH2_KEYS, FEATURES_OFF, LAGUNA_ARCH, architecture, architectures_of,
+)
 
 Arch = Literal["qwen3", "llama", "qwen3_moe"]
 ARCHS: tuple[str, ...] = architectures_of("reference")  # the reference model's architectures
@@ -251,20 +253,8 @@ _UNSUPPORTED_DRAFT_KEYS = {
     "use_aux_hidden_state": None,
 }
 
-# z-lab's DFlash2DraftModel: all four keys (in dflash_config, or at the top level) or none.
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# The value of each optional drafter feature that means "off" (not written to dflash_config; a
-# backend without the feature can still serve the drafter).
-FEATURES_OFF = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
-                **dict.fromkeys(DFLASH2_KEYS)}
-DFLASH2_ARCH = "DFlash2DraftModel"
-# poolside's Laguna DFlash drafters: `architectures` names a Laguna class (TensorRT-LLM
-# tensorrt_llm/_torch/models/modeling_dflash.py `_build_dflash_draft`, PR #15666: "Laguna" in any
-# architectures entry); DraftConfig.laguna. Written back as LAGUNA_ARCH, model_type "llama" (the
-# label the published checkpoints carry, per the same file's DFlashLagunaForCausalLM).
-LAGUNA_ARCH = "DFlashLagunaForCausalLM"
-
-
+# z-lab's DFlash2DraftModel keys, the "off" value of each optional drafter feature, and the Laguna
+# class (recipe/support.py, where `check` reads a drafter's variant from the same keys).
 def _draft_src(raw: dict[str, Any], dcfg: dict[str, Any], key: str) -> dict[str, Any]:
     """Where z-lab reads a drafter key: dflash_config first, then the top level."""
     return dcfg if dcfg.get(key) is not None else raw
