@@ -49,6 +49,14 @@ DFLASH_INPUTS = (
     # true: cancel the running request that has this request's id (how the dialect models cancel
     # what they forwarded where Triton's BLS cannot; upstream's tensorrt_llm model takes `stop` so)
     Tensor("stop", mc.TYPE_BOOL, optional=True),
+    # Token-level stop and bad words, tensorrtllm_backend's: text words tokenized as its
+    # preprocessing tokenizes them, or token ids in its [2, N] word-list layout (ids; cumulative ends,
+    # -1 padded). A stop sequence ends the request and stays in the output; a bad word never appears.
+    Tensor("stop_sequences", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("stop_words_list", mc.TYPE_INT32, (2, -1), optional=True),
+    Tensor("bad_words", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("bad_words_list", mc.TYPE_INT32, (2, -1), optional=True),
+    Tensor("return_log_probs", mc.TYPE_BOOL, optional=True),  # adds output_log_probs / cum_log_probs
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response
@@ -60,6 +68,10 @@ DFLASH_OUTPUTS = (
     Tensor("acceptance_length", mc.TYPE_FP32),  # tau so far: committed tokens per verify pass
     Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
     Tensor("output_ids", mc.TYPE_INT32, (-1,)),  # the tokens committed in this response; only when asked for
+    # return_log_probs: each of this response's tokens' log-probability under the target, and their
+    # sum over the whole output so far; only when asked for
+    Tensor("output_log_probs", mc.TYPE_FP32, (-1,)),
+    Tensor("cum_log_probs", mc.TYPE_FP32),
 )
 
 # The LLM-API model of TensorRT-LLM >= 1.3, as upstream declares it

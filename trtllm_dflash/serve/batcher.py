@@ -45,6 +45,8 @@ class Update:
     accepted: int  # draft tokens accepted so far
     finish_reason: str | None  # None while running, then "stop" | "length" | "cancelled" | "error: ..."
     ids: list[int] = field(default_factory=list)  # the tokens committed in this update
+    logprobs: list[float] | None = None  # their log-probabilities under the target (a Job with logprobs)
+    cum_logprob: float = 0.0  # the sum over every token so far
 
     @property
     def acceptance_length(self) -> float:
@@ -65,12 +67,25 @@ class Job:
     mode: str | None = None  # this request's decoding: "ar" | "dflash" | "ddtree"; None: the engine's mode
     tag: str = ""  # the front end's id of the request (timestamps of serve/trace.py name it)
     skip_special_tokens: bool = False  # the text leaves special tokens (eos) out
+    bad_words: list[list[int]] | None = None  # token sequences the output never contains (reference/token_rules.py)
+    stop_sequences: list[list[int]] = field(default_factory=list)  # token sequences that end it, kept in the output
+    logprobs: bool = False  # updates carry the committed tokens' log-probabilities
     # Progress, kept by the engine.
     tokens: list[int] = field(default_factory=list)
     sent: str = ""
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    cum_logprob: float = 0.0
+
+
+def _sequence_stop(tokens: list[int], new: int, sequences: list[list[int]]) -> int | None:
+    """How many tokens to keep when a stop sequence ends among the last `new` of `tokens` (the
+    first such end), None when none does."""
+    for end in range(len(tokens) - new + 1, len(tokens) + 1):
+        if any(0 < len(s) <= end and tokens[end - len(s) : end] == s for s in sequences):
+            return end
+    return None
 
 
 def _stop_prefix(text: str, stop_words: list[str]) -> int:
@@ -272,6 +287,7 @@ class ServingEngine:
             rec = decoder.admit(
                 ids, [j.prompt_ids for j in new], [j.max_tokens for j in new],
                 [j.stop_token_ids if j.stop_token_ids is not None else self.model.eos_token_ids for j in new],
+                [j.bad_words for j in new], [j.logprobs for j in new],
             )
             t1 = now()
             self._deliver(decoder, jobs, rec)
@@ -283,13 +299,16 @@ class ServingEngine:
         the server's metrics count every round."""
         if rec.round > 0 and self.metrics is not None:
             self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify)
-        for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
+        for b, (rid, toks, done, drafted) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted)):
             job = jobs[rid]
             job.tokens.extend(toks)
             if rec.round > 0:
                 job.rounds += 1
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
+            lps = rec.logprobs[b] if rec.logprobs is not None else None
+            toks, lps, done = self._stop_sequences(decoder, rid, job, toks, lps, done)
+            job.cum_logprob += sum(lps or ())
             # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
             text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens
                     else self.tokenizer.decode(job.tokens))
@@ -304,9 +323,23 @@ class ServingEngine:
                 text = text[: len(text) - _stop_prefix(text, job.stop_words)]  # may become a stop word
             delta = text[len(job.sent):] if text.startswith(job.sent) else ""
             job.sent += delta
-            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks)))
+            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks),
+                            lps, job.cum_logprob))
             if done is not None:
                 self._leave(jobs, rid)
+
+    @staticmethod
+    def _stop_sequences(decoder, rid: int, job: Job, toks: list[int], lps, done):
+        """(tokens, log-probs, finish reason) of this update once the job's stop sequences are
+        applied: the output ends with the first one, kept (TensorRT-LLM's stop words)."""
+        end = _sequence_stop(job.tokens, len(toks), job.stop_sequences) if job.stop_sequences else None
+        if end is None:
+            return toks, lps, done
+        keep = len(toks) - (len(job.tokens) - end)
+        del job.tokens[end:]
+        if done is None:
+            decoder.cancel([rid])
+        return toks[:keep], None if lps is None else lps[:keep], "stop"
 
     def _leave(self, jobs: dict[int, Job], rid: int) -> Job:
         """Request `rid` leaves its group (finished, cancelled or failed): the policy forgets it."""
