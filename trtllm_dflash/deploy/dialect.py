@@ -129,12 +129,13 @@ TRTLLM_INPUTS = (
 
 # The speculative statistics and progress of the dflash model, batch-first here.
 _STATS = tuple(t for t in DFLASH_OUTPUTS if t.name not in ("text_output", "output_ids", "total_draft_tokens",
-                                                               "total_accepted_draft_tokens"))
+                                                               "total_accepted_draft_tokens", "output_log_probs",
+                                                               "cum_log_probs"))
 # Upstream's outputs, declared so that a client may name any of them. Sent: the speculative counts,
 # acceptance_rate, num_*_tokens and the request's timestamps as this model sees them
-# (return_perf_metrics); never sent: log-probs and logits (refused when asked), batch and
-# sequence index (one sequence), KV-cache block counts and first_scheduled_time_ns (the dflash
-# engine does not report them).
+# (return_perf_metrics), the log-probs (return_log_probs) and batch_index (a request of several
+# prompts); never sent: logits (refused when asked), sequence_index (one sequence), KV-cache
+# block counts and first_scheduled_time_ns (the dflash engine does not report them).
 _TEMPLATE_OUTPUTS = (
     Tensor("cum_log_probs", F32, (-1,)),
     Tensor("output_log_probs", F32, (-1, -1)),

@@ -57,6 +57,9 @@ DFLASH_INPUTS = (
     Tensor("bad_words", mc.TYPE_STRING, (-1,), optional=True),
     Tensor("bad_words_list", mc.TYPE_INT32, (2, -1), optional=True),
     Tensor("return_log_probs", mc.TYPE_BOOL, optional=True),  # adds output_log_probs / cum_log_probs
+    # true: the end token (end_id, else eos) that ends the request is left out of the output, as
+    # TensorRT-LLM's executor leaves it out (NVIDIA/TensorRT-LLM#2190); default false: it is kept
+    Tensor("skip_end_token", mc.TYPE_BOOL, optional=True),
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response

@@ -70,6 +70,7 @@ class Job:
     bad_words: list[list[int]] | None = None  # token sequences the output never contains (reference/token_rules.py)
     stop_sequences: list[list[int]] = field(default_factory=list)  # token sequences that end it, kept in the output
     logprobs: bool = False  # updates carry the committed tokens' log-probabilities
+    skip_end_token: bool = False  # the stop token that ends it is left out of its output (TensorRT-LLM's executor)
     # Progress, kept by the engine.
     tokens: list[int] = field(default_factory=list)
     sent: str = ""
@@ -307,6 +308,9 @@ class ServingEngine:
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
             lps = rec.logprobs[b] if rec.logprobs is not None else None
+            if done == "stop" and job.skip_end_token:  # the decoder stopped at a stop token, the last one
+                job.tokens.pop()
+                toks, lps = toks[:-1], None if lps is None else lps[:-1]
             toks, lps, done = self._stop_sequences(decoder, rid, job, toks, lps, done)
             job.cum_logprob += sum(lps or ())
             # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.

@@ -62,6 +62,7 @@ class GenerationRequest:
     bad_words: list[str] = field(default_factory=list)
     bad_ids: list[list[int]] = field(default_factory=list)
     return_log_probs: bool = False
+    skip_end_token: bool = False  # the end token that ends the request is left out of the output
 
     def token_words(self, encode) -> tuple[list[list[int]], list[list[int]]]:
         """(stop sequences, bad words) as token ids; `encode(word)` tokenizes a text word as
@@ -186,8 +187,9 @@ def _token_words(inputs: dict[str, np.ndarray], req: GenerationRequest) -> None:
             setattr(req, name, words)
     req.stop_ids = word_list(inputs["stop_words_list"], "stop_words_list") if "stop_words_list" in inputs else []
     req.bad_ids = word_list(inputs["bad_words_list"], "bad_words_list") if "bad_words_list" in inputs else []
-    flag = inputs.get("return_log_probs")
-    req.return_log_probs = flag is not None and bool(np.asarray(flag).reshape(-1)[0])
+    for name in ("return_log_probs", "skip_end_token"):
+        flag = inputs.get(name)
+        setattr(req, name, flag is not None and bool(np.asarray(flag).reshape(-1)[0]))
 
 
 def word_list(arr, name: str) -> list[list[int]]:

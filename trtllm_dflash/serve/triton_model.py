@@ -7,7 +7,8 @@ inputs  text_input BYTES, max_tokens INT32, optional draft_len INT32 (drafts per
         top_k INT32, seed UINT64, stop_words BYTES[-1] (text; the output ends before it), stream BOOL,
         exclude_input_in_output BOOL, stop_sequences / bad_words BYTES[-1] and stop_words_list /
         bad_words_list INT32[2, -1] (token-level, tensorrtllm_backend's: a stop sequence ends the
-        output and stays in it, a bad word never appears), return_log_probs BOOL
+        output and stays in it, a bad word never appears), return_log_probs BOOL, skip_end_token
+        BOOL (the end token that ends the request is left out, as TensorRT-LLM's executor does)
 outputs text_output BYTES (generated text only; streamed responses are deltas whose
         concatenation is the completion), output_token_count, total_output_tokens, rounds,
         total_draft_tokens, total_accepted_draft_tokens INT32, acceptance_length FP32,
@@ -220,7 +221,8 @@ class TritonPythonModel:
                                    stop_words=req.stop_words, cancelled=emitter.is_cancelled, draft_len=req.draft_len,
                                    mode=req.mode, tag=request.request_id(),
                                    skip_special_tokens=req.skip_special_tokens, bad_words=bad or None,
-                                   stop_sequences=stops, logprobs=req.return_log_probs))
+                                   stop_sequences=stops, logprobs=req.return_log_probs,
+                                   skip_end_token=req.skip_end_token))
         return None
 
     def _token_words(self, req) -> tuple[list[list[int]], list[list[int]]]:
