@@ -383,6 +383,7 @@ class Decoder:
         P = max(len(p) for p in prompts)
         plen = torch.tensor([len(p) for p in prompts], device=dev)
         t0 = _now()
+        self.target.full_logits = self.rules.active
         logits, feats = self.target.prefill(prompts)  # logits at each prompt's last position [B, V]
         if self.spec:
             self.drafter.join(B)
@@ -435,6 +436,7 @@ class Decoder:
         st = self.st
         assert st is not None, "nothing is running: admit requests first"
         self.rounds += 1
+        self.target.full_logits = self.rules.active
         t0 = _now()
         B, longest = len(st.rows), self.block_size - 1
         if isinstance(draft_len, Mapping):

@@ -47,6 +47,12 @@ class TokenRules:
         self.tail: dict[int, list[int]] = {}
         self.logprobs: set[int] = set()
 
+    @property
+    def active(self) -> bool:
+        """A running request has bad words or wants log-probabilities: verification needs the
+        target's full logits (TargetRunner.full_logits)."""
+        return bool(self.bad or self.logprobs)
+
     def check(self, r: int, bad: Sequence[Sequence[int]] | None) -> None:
         """UserError naming the first bad word of request r with a token outside the vocabulary."""
         for w in bad or ():
