@@ -168,3 +168,10 @@ def test_text_stop_and_bad_words_become_token_level_words():
     fwd = to_dflash("ids", {"input_ids": np.array([[5]], np.int32), "request_output_len": one(2, np.int32),
                             "bad_words_list": np.array([[[0], [-1]]], np.int32)})  # upstream's "no words"
     assert "bad_words_list" not in fwd.inputs
+
+
+def test_log_probs_only_for_a_request_that_asked():
+    """A client that names no output is asked every declared one (Triton): log-probs still go
+    only to return_log_probs requests, as upstream's tensorrt_llm model sends them."""
+    (fwd,) = to_dflash_batch("text", text(), ["text_output", "output_log_probs", "cum_log_probs"])
+    assert set(to_dialect(fwd, dflash_response())) == {"text_output"}

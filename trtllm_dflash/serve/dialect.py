@@ -366,8 +366,9 @@ def to_dialect(fwd: Forward, outs: dict[str, np.ndarray], now_ns: int = 0) -> di
         values["text_output"] = np.array([fwd.echo + text if fwd.echo is not None else text], dtype=object)
     else:
         _ids(fwd, one, values)
-    values["output_log_probs"] = lps[None, :]  # [beam 1, tokens]
-    values["cum_log_probs"] = np.array([cum], dtype=np.float32)
+    if fwd.log_probs:  # upstream sends them to a request that set return_log_probs only
+        values["output_log_probs"] = lps[None, :]  # [beam 1, tokens]
+        values["cum_log_probs"] = np.array([cum], dtype=np.float32)
     sent = [n for n in fwd.outputs if n in values and (n != "batch_index" or fwd.batch_size > 1)]
     return {n: values[n] if n == "text_output" else values[n][None, ...] for n in sent}
 

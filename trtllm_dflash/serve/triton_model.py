@@ -63,7 +63,8 @@ OUTPUTS = {  # name -> (value of an Update, dtype)
     "output_log_probs": (lambda u: u.logprobs or [], np.float32),
     "cum_log_probs": (lambda u: u.cum_logprob, np.float32),
 }
-ON_REQUEST = ("output_ids", "output_log_probs", "cum_log_probs")
+LOG_PROBS = ("output_log_probs", "cum_log_probs")
+ON_REQUEST = ("output_ids", *LOG_PROBS)
 DEFAULT_OUTPUTS = [n for n in OUTPUTS if n not in ON_REQUEST]
 
 
@@ -213,6 +214,8 @@ class TritonPythonModel:
             sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                                       seed=req.seed if req.seed is not None else 0)
             names = [n for n in request.requested_output_names() if n in OUTPUTS] or DEFAULT_OUTPUTS
+            if not req.return_log_probs:  # a client that names no output is asked every declared one
+                names = [n for n in names if n not in LOG_PROBS]
             emitter = _Emitter(sender, req.stream, request.request_id(), self.engine.trace, names, self.outbox)
             if request.request_id():
                 self.running[request.request_id()] = emitter
