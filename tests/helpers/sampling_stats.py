@@ -4,18 +4,21 @@ decoding path (reference runners, engine runners) share these."""
 
 import torch
 from reference_helpers import hf_model
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (LogitsProcessorList, NoBadWordsLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 from trtllm_dflash.reference import SamplingParams
 
 PROMPT = [1, 5, 2, 3]
 
 
-def exact_joint(target_dir, s: SamplingParams, n_tok=3, prompt=PROMPT):
+def exact_joint(target_dir, s: SamplingParams, n_tok=3, prompt=PROMPT, bad_words=None):
     """{(x1, .., x_n): probability} under HF's warpers, by enumerating the support level by level
-    (every token of positive probability after every sequence of positive probability)."""
+    (every token of positive probability after every sequence of positive probability).
+    bad_words: token sequences HF's NoBadWordsLogitsProcessor bans first."""
     hf = hf_model(target_dir)
-    warp = LogitsProcessorList([TemperatureLogitsWarper(s.temperature)])
+    warp = LogitsProcessorList([NoBadWordsLogitsProcessor(bad_words)] if bad_words else [])
+    warp.append(TemperatureLogitsWarper(s.temperature))
     if s.top_k:
         warp.append(TopKLogitsWarper(s.top_k))
     if s.top_p < 1:

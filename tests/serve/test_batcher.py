@@ -312,3 +312,43 @@ def test_the_policy_learns_round_times_in_seconds(pair):
         engine.stop()
     wall = time.perf_counter() - t0
     assert n and len(seen) > n and all(s is not None and 0 < s <= wall for s in seen), (seen, wall)
+
+
+def _run_jobs(engine, jobs):
+    updates = {i: [] for i in range(len(jobs))}
+    done = [threading.Event() for _ in jobs]
+    for i, kw in enumerate(jobs):
+        emit = (lambda i: lambda u: (updates[i].append(u), u.finish_reason and done[i].set()))(i)
+        engine.submit(Job(emit=emit, **kw))
+    assert all(d.wait(60) for d in done)
+    return updates
+
+
+def test_engine_token_stop_sequences_bad_words_and_logprobs(pair):
+    """A stop sequence ends the output and stays in it; a bad word never appears (the output is the
+    masked decode); log-probabilities come with every token and add up to cum_logprob; the end
+    token is left out when asked (skip_end_token)."""
+    target, drafter, tokenizer = pair
+    full = solo(target, drafter, PROMPTS[2], 25)
+    stop = full[8:10]
+    bad = [[full[3]]]
+    masked = generate(target, drafter, [PROMPTS[2]], 25, bad_words=bad, logprobs=True)[0]
+    end = full[12]
+    engine = ServingEngine(LocalModel(target, drafter), tokenizer, max_seq_len=64)
+    try:
+        updates = _run_jobs(engine, [dict(prompt_ids=PROMPTS[2], max_tokens=25, stop_sequences=[stop]),
+                                     dict(prompt_ids=PROMPTS[2], max_tokens=25, bad_words=bad, logprobs=True),
+                                     dict(prompt_ids=PROMPTS[2], max_tokens=25, stop_token_ids=[end],
+                                          skip_end_token=True, logprobs=True)])
+    finally:
+        engine.stop()
+    third = [t for u in updates[2] for t in u.ids]
+    assert third == full[: full.index(end)] and updates[2][-1].total_tokens == len(third)  # the end token left out
+    assert len([x for u in updates[2] for x in u.logprobs]) == len(third)
+    first = [t for u in updates[0] for t in u.ids]
+    end = next(i for i in range(2, len(full) + 1) if full[i - 2 : i] == stop)
+    assert first == full[:end] and updates[0][-1].finish_reason == "stop"
+    second = [t for u in updates[1] for t in u.ids]
+    lps = [x for u in updates[1] for x in u.logprobs]
+    assert second == masked.tokens != full and lps == pytest.approx(masked.logprobs, abs=1e-5)
+    assert updates[1][-1].cum_logprob == pytest.approx(sum(masked.logprobs), abs=1e-4)

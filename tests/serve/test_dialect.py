@@ -9,7 +9,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
 from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS
 from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.serve.dialect import handled, to_dflash, to_dialect
+from trtllm_dflash.serve.dialect import handled, to_dflash, to_dflash_batch, to_dialect
 from trtllm_dflash.serve.requests import RequestError, parse_request
 
 
@@ -58,8 +58,9 @@ def test_a_text_request_becomes_a_dflash_request_the_dflash_parser_accepts():
                                  temperature=one(0.5, np.float32), top_p=one(0.9, np.float32),
                                  stream=one(True, bool)))
     req = parse_request(fwd.inputs)  # what the dflash model will make of it
-    assert (req.prompt, req.max_tokens, req.seed, req.stop_words, req.end_id, req.temperature, req.top_p,
+    assert (req.prompt, req.max_tokens, req.seed, req.stop_sequences, req.end_id, req.temperature, req.top_p,
             req.top_k, req.stream) == ("hi", 8, 7, ["\n"], 3, 0.5, np.float32(0.9), 0, True)
+    assert req.stop_words == []  # upstream's stop words are token-level and kept, not dflash's text cut
     assert fwd.echo is None  # streamed: never the prompt
 
 
@@ -96,8 +97,6 @@ def test_token_ids_are_cut_at_input_lengths_and_echoed_when_not_streamed():
     (text(num_return_sequences=one(3, np.int32)), "num_return_sequences: 3"),
     (text(presence_penalty=one(0.5, np.float32)), "presence_penalty: 0.5 is not supported"),
     (text(lora_weights=np.ones((1, 2, 3), np.float16)), "lora_weights: LoRA"),
-    (text(return_log_probs=one(True, bool)), "return_log_probs"),
-    (text(bad_words=np.array([[b"x"]], dtype=object)), "bad_words"),
     (text(return_num_input_tokens=one(True, bool)), "return_num_input_tokens"),
     (text(seed=one(1, np.uint64), random_seed=one(2, np.uint64)), "random_seed: give seed or random_seed"),
     ({"text_input": np.array([[b"a"], [b"b"]], object), "max_tokens": np.array([[1], [1]], np.int32)},
@@ -122,7 +121,7 @@ def test_the_dflash_model_still_needs_a_prompt():
 DTYPES = {mc.TYPE_FP32: np.float32, mc.TYPE_INT32: np.int32, mc.TYPE_INT64: np.int64, mc.TYPE_STRING: np.object_}
 
 
-def dflash_response(hist=(3, 1, 2, 0)):
+def perf_response(hist=(3, 1, 2, 0)):
     """A dflash model's final response: 6 passes, 5 drafts accepted of 12 (and the histogram saying so)."""
     return {"text_output": np.array([b" x"], object), "output_token_count": np.array([2], np.int32),
             "total_output_tokens": np.array([12], np.int32), "rounds": np.array([6], np.int32),
@@ -147,10 +146,12 @@ def test_perf_metrics_are_upstreams_names_dtypes_and_shapes(model):
                                              "input_lengths": one(2, np.int32), "request_output_len": one(4, np.int32)})
     fwd = to_dflash(kind, {**inputs, "return_perf_metrics": one(True, bool)})
     assert "acceptance_histogram" in fwd.dflash_outputs  # asked of the dflash model
-    out = to_dialect(fwd, dflash_response())
+    out = to_dialect(fwd, perf_response())
     assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "acceptance_histogram",
             "rounds"} <= set(out)
     for name, arr in out.items():
+        if name == "text_output":  # [beams]: upstream's postprocessing OUTPUT, not batch-first (test below)
+            continue
         t = declared[name]
         assert arr.dtype == DTYPES[t.dtype] and arr.ndim == 1 + len(t.dims), name
         assert all(d == -1 or d == n for d, n in zip(t.dims, arr.shape[1:])) and arr.shape[0] == 1, name
@@ -169,11 +170,70 @@ def test_every_declared_output_is_in_the_table_the_models_pick_outputs_from():
     assert set(OUTPUTS_AS) == declared
     always = {n for n, (sent, _) in OUTPUTS_AS.items() if sent == "always"}
     plain = to_dflash("text", text())
-    assert set(plain.outputs) == always | {"text_output"}
+    assert set(plain.outputs) == always | {"text_output", "batch_index"}
     flagged = to_dflash("ids", {"input_ids": np.array([[5, 6]], np.int32), "input_lengths": one(2, np.int32),
                                 "request_output_len": one(4, np.int32), "return_perf_metrics": one(True, bool),
                                 "return_num_input_tokens": one(True, bool)})
     assert set(flagged.outputs) == always | {"output_ids", "sequence_length", "num_input_tokens", "acceptance_rate",
                                              "acceptance_histogram", "arrival_time_ns", "first_token_time_ns",
-                                             "last_token_time_ns"}
+                                             "last_token_time_ns", "batch_index"}
     assert not {n for n, (sent, _) in OUTPUTS_AS.items() if sent == "never"} & set(flagged.outputs)
+
+
+def dflash_response(ids=(9, 10), reason=b"length", lps=None, cum=0.0, text=b"xy"):
+    out = {"output_ids": np.array(ids, np.int32), "total_output_tokens": np.array([len(ids)], np.int32),
+           "total_draft_tokens": np.array([4], np.int32), "total_accepted_draft_tokens": np.array([1], np.int32),
+           "rounds": np.array([1], np.int32), "output_token_count": np.array([len(ids)], np.int32),
+           "acceptance_length": np.array([1.0], np.float32), "finish_reason": np.array([reason], object),
+           "text_output": np.array([text], object)}
+    if lps is not None:
+        out.update(output_log_probs=np.array(lps, np.float32), cum_log_probs=np.array([cum], np.float32))
+    return out
+
+
+def test_a_batch_of_prompts_is_one_forward_each_answered_with_its_batch_index():
+    """README: `end_to_end_grpc_client.py --batch-inputs` sends 3 prompts in one request."""
+    inputs = {"text_input": np.array([[b"a"], [b"bb"], [b"c"]], object), "max_tokens": np.full((3, 1), 5, np.int32),
+              "stream": np.zeros((3, 1), bool), "temperature": np.ones((3, 1), np.float32)}
+    fwds = to_dflash_batch("text", inputs, ["text_output", "batch_index"])
+    assert [parse_request(f.inputs).prompt for f in fwds] == ["a", "bb", "c"]
+    out = to_dialect(fwds[1], dflash_response())
+    assert out["text_output"].tolist() == [b"bbxy"]  # [beams]: the postprocessing model's OUTPUT, prompt first
+    assert out["batch_index"].tolist() == [[1]] and out["batch_index"].dtype == np.int32
+    (solo,) = to_dflash_batch("text", text(), ["text_output", "batch_index"])
+    assert "batch_index" not in to_dialect(solo, dflash_response())  # upstream sends it only for B > 1
+
+
+def test_outputs_have_upstreams_shapes_and_log_probs():
+    (fwd,) = to_dflash_batch("ids", {"input_ids": np.array([[5, 6]], np.int32), "input_lengths": one(2, np.int32),
+                                     "request_output_len": one(4, np.int32), "streaming": one(True, bool),
+                                     "return_log_probs": one(True, bool)})
+    assert {"output_log_probs", "cum_log_probs"} <= set(fwd.dflash_outputs) and "batch_index" in fwd.outputs
+    out = to_dialect(fwd, dflash_response(lps=[-0.5, -1.0], cum=-1.5))
+    assert out["output_ids"].shape == (1, 1, 2) and out["output_ids"].dtype == np.int32 and out["sequence_length"].shape == (1, 1)
+    assert out["output_log_probs"].tolist() == [[[-0.5, -1.0]]] and out["cum_log_probs"].tolist() == [[-1.5]]
+    assert "batch_index" not in out
+
+
+def test_the_end_token_is_left_out_and_stop_words_lists_pass_through():
+    words = np.array([[[3, 9, 2, 0], [3, -1, -1, -1]]], np.int32)  # one stop sequence: [3, 9, 2]
+    fwd = to_dflash("ids", {"input_ids": np.array([[5, 6]], np.int32), "request_output_len": one(8, np.int32),
+                            "stop_words_list": words})
+    req = parse_request(fwd.inputs)
+    assert req.skip_end_token and req.stop_ids == [[3, 9, 2]]
+
+
+def test_text_stop_and_bad_words_become_token_level_words():
+    fwd = to_dflash("text", text(stop_words=np.array([[b"ab", b""]], object), bad_words=np.array([[b"x"]], object)))
+    req = parse_request(fwd.inputs)
+    assert (req.stop_sequences, req.bad_words, req.stop_words) == (["ab"], ["x"], [])
+    fwd = to_dflash("ids", {"input_ids": np.array([[5]], np.int32), "request_output_len": one(2, np.int32),
+                            "bad_words_list": np.array([[[0], [-1]]], np.int32)})  # upstream's "no words"
+    assert "bad_words_list" not in fwd.inputs
+
+
+def test_log_probs_only_for_a_request_that_asked():
+    """A client that names no output is asked every declared one (Triton): log-probs still go
+    only to return_log_probs requests, as upstream's tensorrt_llm model sends them."""
+    (fwd,) = to_dflash_batch("text", text(), ["text_output", "output_log_probs", "cum_log_probs"])
+    assert set(to_dialect(fwd, dflash_response())) == {"text_output"}

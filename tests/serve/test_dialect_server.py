@@ -95,12 +95,12 @@ def stream(url, model, inputs, outputs=None):
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_text_models_stream_the_reference_text_batch_first(served, model):
+def test_text_models_stream_the_reference_text(served, model):
     recipe, server = served
     got, error = stream(server.endpoints.grpc_url, model, text_request(exclude_input_in_output=(True, "BOOL")))
     assert error is None and len(got) > 1
-    assert all(r["text_output"].shape == (1, 1) for r in got)  # batch-first, one string
-    assert "".join(r["text_output"][0, 0].decode() for r in got) == reference_text(recipe, PROMPT, 16)
+    assert all(r["text_output"].shape == (1,) for r in got)  # [beams], as upstream's postprocessing OUTPUT
+    assert "".join(r["text_output"][0].decode() for r in got) == reference_text(recipe, PROMPT, 16)
     last = got[-1]
     assert last["finish_reason"][0, 0] in (b"length", b"stop") and last["rounds"][0, 0] >= 1
     assert 0 <= last["total_accepted_draft_tokens"][0, 0] <= last["total_draft_tokens"][0, 0]
@@ -110,10 +110,10 @@ def test_non_streamed_text_includes_the_prompt_unless_excluded(served):
     recipe, server = served
     want = reference_text(recipe, PROMPT, 10)
     got, error = stream(server.endpoints.grpc_url, "ensemble", text_request(max_tokens=10, stream=False))
-    assert error is None and len(got) == 1 and got[0]["text_output"][0, 0].decode() == PROMPT + want
+    assert error is None and len(got) == 1 and got[0]["text_output"][0].decode() == PROMPT + want
     got, error = stream(server.endpoints.grpc_url, "ensemble",
                         text_request(max_tokens=10, stream=False, exclude_input_in_output=(True, "BOOL")))
-    assert error is None and got[0]["text_output"][0, 0].decode() == want
+    assert error is None and got[0]["text_output"][0].decode() == want
 
 
 def ids_request(ids, max_tokens=16, streaming=True, beam_width=1, **extra):
@@ -162,7 +162,7 @@ def test_end_id_ends_the_request_before_that_token(served):
         ("tensorrt_llm_bls", lambda ids: text_request(lora_task_id=(np.uint64(3), "UINT64")), "lora_task_id: LoRA"),
         ("tensorrt_llm", lambda ids: ids_request(ids, beam_width=2), "beam_width: 2 is not supported"),
         ("ensemble", lambda ids: text_request(repetition_penalty=(np.float32(1.3), "FP32")), "repetition_penalty"),
-        ("ensemble", lambda ids: text_request(return_log_probs=(True, "BOOL")), "return_log_probs"),
+        ("ensemble", lambda ids: text_request(return_context_logits=(True, "BOOL")), "return_context_logits"),
         ("tensorrt_llm", lambda ids: ids_request([10 ** 6]), "input_ids: token id 1000000 is outside"),
     ],
 )
@@ -238,7 +238,7 @@ def test_concurrent_requests_on_every_model_share_the_engine_and_stay_exact(serv
             want = reference_ids(recipe, tok(prompt)["input_ids"], 12)
             assert [t for r in got for t in r["output_ids"][0][0].tolist()] == want
         else:
-            assert "".join(r["text_output"][0, 0].decode() for r in got) == reference_text(recipe, prompt, 12)
+            assert "".join(r["text_output"][0].decode() for r in got) == reference_text(recipe, prompt, 12)
 
 
 def stub_pids() -> dict[str, int]:

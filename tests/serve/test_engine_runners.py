@@ -127,6 +127,34 @@ def test_greedy_engine_runners_equal_reference_runners(pair, seed, per_request, 
     assert engine.executor.reused_tokens > 0  # verify rounds reused their committed prefix
 
 
+def test_bad_words_and_logprobs_through_engine_runners_equal_reference_runners(pair):
+    """Per-request bad words (a one-token word, none, a two-token word) and log-probabilities: the
+    engine runners commit the reference runners' tokens and log-probabilities."""
+    from trtllm_dflash.reference import generate
+
+    target, drafter = pair
+    rng = random.Random(9)
+    prompts = [[rng.randrange(target.cfg.vocab_size - 1) for _ in range(8)] for _ in range(3)]
+    free = [generate(target, drafter, [p], 24, stop_token_ids=[])[0].tokens for p in prompts]
+    bad = [[[free[0][2]]], None, [free[2][5:7]]]
+
+    def run(decoder):
+        rec = decoder.admit([0, 1, 2], prompts, [24] * 3, [[]] * 3, bad, [True] * 3)
+        out = {r: (list(t), list(lp)) for r, t, lp in zip(rec.seq_ids, rec.tokens, rec.logprobs)}
+        while decoder.running:
+            rec = decoder.step()
+            for r, t, lp in zip(rec.seq_ids, rec.tokens, rec.logprobs):
+                out[r] = (out[r][0] + t, out[r][1] + lp)
+        return out
+
+    ref = run(LocalModel(target, drafter).decoder(sampling=SamplingParams(), max_len=64))
+    got = run(engine_model_from_pair(target, drafter, max_seq_len=64).decoder(sampling=SamplingParams(), max_len=64))
+    assert [got[r][0] for r in range(3)] == [ref[r][0] for r in range(3)]
+    assert ref[0][0] != free[0] and ref[1][0] == free[1] and ref[2][0] != free[2]
+    for r in range(3):
+        assert got[r][1] == pytest.approx(ref[r][1], abs=1e-4)
+
+
 @pytest.fixture(scope="module")
 def tiny8(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny8")
@@ -135,19 +163,22 @@ def tiny8(tmp_path_factory):
     return t, d
 
 
-@pytest.mark.parametrize("s", [SamplingParams(temperature=1.0, seed=11), SamplingParams(temperature=0.8, top_k=4, seed=12)],
-                         ids=["t1", "topk"])
-def test_sampling_through_engine_runners_keeps_the_target_distribution(tiny8, s):
+@pytest.mark.parametrize("s,bad", [(SamplingParams(temperature=1.0, seed=11), None),
+                                   (SamplingParams(temperature=0.8, top_k=4, seed=12), None),
+                                   (SamplingParams(temperature=1.0, seed=13), [[3], [2, 5]])],
+                         ids=["t1", "topk", "bad-words"])
+def test_sampling_through_engine_runners_keeps_the_target_distribution(tiny8, s, bad):
+    """bad: the target's masked distribution (the bad words' rule is the shared loop's, token_rules.py)."""
     target, drafter = load_pair(*tiny8)
     n = 6000  # 6000 requests per round through the fake Executor: alpha 1e-3 as the reference test
     decoder = engine_model_from_pair(target, drafter, max_seq_len=16).decoder(sampling=s, max_len=16)
-    rec = decoder.admit(list(range(n)), [PROMPT] * n, [4] * n, [[]] * n)
+    rec = decoder.admit(list(range(n)), [PROMPT] * n, [4] * n, [[]] * n, [bad] * n)
     tokens = [list(t) for t in rec.tokens]
     while decoder.running:
         rec = decoder.step()
         for r, t in zip(rec.seq_ids, rec.tokens):
             tokens[r] += t
-    p = chi_square_p([tuple(t[:3]) for t in tokens], exact_joint(tiny8[0], s))
+    p = chi_square_p([tuple(t[:3]) for t in tokens], exact_joint(tiny8[0], s, bad_words=bad))
     assert p > 1e-3, f"chi-square rejects the target distribution through the engine runners: p = {p:.2e}"
 
 

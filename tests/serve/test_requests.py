@@ -66,3 +66,25 @@ def test_mode_is_per_request_and_ddtree_needs_the_deployments_budget():
     check_mode("ar", None)
     with pytest.raises(RequestError, match="mode: ddtree needs speculative.ddtree_budget in the deployed recipe"):
         check_mode("ddtree", None)
+
+
+def test_token_words_in_tensorrtllm_backends_layout():
+    """[2, N]: the sequences' ids one after another, then their cumulative ends padded with -1
+    (tensorrtllm_backend preprocessing's _to_word_list_format); text words are tokenized."""
+    ids = np.array([[[5, 6, 7, 9, 0], [2, 3, -1, -1, -1]]], np.int32)
+    r = parse_request(req(stop_words_list=ids, bad_words=np.array([b"ab", b""], dtype=object),
+                          stop_sequences=np.array([b"c"], dtype=object), return_log_probs=np.array([True])))
+    assert r.stop_ids == [[5, 6], [7]] and r.bad_words == ["ab"] and r.return_log_probs
+    encode = {"ab": [1, 2], "c": [3]}.get
+    assert r.token_words(encode) == ([[5, 6], [7], [3]], [[1, 2]])
+
+
+@pytest.mark.parametrize("arr,message", [
+    (np.array([1, 2, 3], np.int32), r"expected integer ids shaped \[2, N\]"),
+    (np.array([[1, 2], [2.0, -1]], np.float32), "expected integer ids"),
+    (np.array([[1, 2, 3], [2, 1, -1]], np.int32), "not increasing"),
+    (np.array([[1, 2], [3, -1]], np.int32), "not increasing within the 2 ids"),
+])
+def test_bad_word_lists_are_named(arr, message):
+    with pytest.raises(RequestError, match=message):
+        parse_request(req(bad_words_list=arr))

@@ -129,9 +129,9 @@ TRTLLM_INPUTS = (
 
 # Upstream's outputs, declared so that a client may name any of them. Sent: the speculative counts,
 # acceptance_rate, num_*_tokens and the request's timestamps as this model sees them
-# (return_perf_metrics); never sent: log-probs and logits (refused when asked), batch and
-# sequence index (one sequence), KV-cache block counts and first_scheduled_time_ns (the dflash
-# engine does not report them).
+# (return_perf_metrics), the log-probs (return_log_probs) and batch_index (a request of several
+# prompts); never sent: logits (refused when asked), sequence_index (one sequence), KV-cache
+# block counts and first_scheduled_time_ns (the dflash engine does not report them).
 _TEMPLATE_OUTPUTS = (
     Tensor("cum_log_probs", F32, (-1,)),
     Tensor("output_log_probs", F32, (-1, -1)),

@@ -51,6 +51,17 @@ DFLASH_INPUTS = (
     # true: cancel the running request that has this request's id (how the dialect models cancel
     # what they forwarded where Triton's BLS cannot; upstream's tensorrt_llm model takes `stop` so)
     Tensor("stop", mc.TYPE_BOOL, optional=True),
+    # Token-level stop and bad words, tensorrtllm_backend's: text words tokenized as its
+    # preprocessing tokenizes them, or token ids in its [2, N] word-list layout (ids; cumulative ends,
+    # -1 padded). A stop sequence ends the request and stays in the output; a bad word never appears.
+    Tensor("stop_sequences", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("stop_words_list", mc.TYPE_INT32, (2, -1), optional=True),
+    Tensor("bad_words", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("bad_words_list", mc.TYPE_INT32, (2, -1), optional=True),
+    Tensor("return_log_probs", mc.TYPE_BOOL, optional=True),  # adds output_log_probs / cum_log_probs
+    # true: the end token (end_id, else eos) that ends the request is left out of the output, as
+    # TensorRT-LLM's executor leaves it out (NVIDIA/TensorRT-LLM#2190); default false: it is kept
+    Tensor("skip_end_token", mc.TYPE_BOOL, optional=True),
 )
 DFLASH_OUTPUTS = (
     Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response
@@ -67,6 +78,10 @@ DFLASH_OUTPUTS = (
     # TensorRT-LLM PR #19311's): [block_size] verify passes so far by the drafts each accepted.
     Tensor("acceptance_rate", mc.TYPE_FP32),
     Tensor("acceptance_histogram", mc.TYPE_INT32, (-1,)),
+    # return_log_probs: each of this response's tokens' log-probability under the target, and their
+    # sum over the whole output so far; only when asked for
+    Tensor("output_log_probs", mc.TYPE_FP32, (-1,)),
+    Tensor("cum_log_probs", mc.TYPE_FP32),
 )
 
 # The LLM-API model of TensorRT-LLM >= 1.3, as upstream declares it

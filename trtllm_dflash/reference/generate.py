@@ -35,6 +35,7 @@ from trtllm_dflash.reference.ddtree import build_tree, chain_outcome, walk
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target
 from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceDrafter, ReferenceTarget, TargetRunner
+from trtllm_dflash.reference.token_rules import TokenRules
 from trtllm_dflash.reference.verify import SamplingParams, greedy_verify, probs, rejection_verify, sample
 
 MODES = ("ar", "dflash", "ddtree")
@@ -71,6 +72,9 @@ class StepRecord:
     # (its draft length before the trim; `drafted` says how many of them it verified)
     block: int = 0
     confidence: list[list[float]] | None = None
+    # Per row, the log-probability of each committed token under the target (token_rules.py), for
+    # the requests admitted with logprobs (None for the others); None when no row asked.
+    logprobs: list[list[float] | None] | None = None
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Generation:
     tokens: list[int]  # generated ids, without the prompt
     stats: Stats
     finish_reason: str  # "stop" (a stop token, kept) or "length"
+    logprobs: list[float] | None = None  # per token, with generate(..., logprobs=True)
 
 
 @dataclass
@@ -228,13 +233,17 @@ def generate_steps(
     ddtree_budget: int | None = None,
     sampling: SamplingParams = SamplingParams(),
     stop_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+    bad_words: Sequence[Sequence[int]] | None = None,
+    logprobs: bool = False,
 ) -> Iterator[StepRecord]:
     """Decode `prompts` together; yield one StepRecord per round (round 0 = first token).
 
     max_new_tokens: one limit for all, or one per prompt. stop_token_ids: one list for
     all, one list per prompt, or None for the target's eos ids; a stop token is kept in
     the output. block_size defaults to the drafter's; ddtree_budget (tree nodes besides
-    the root) defaults to block_size - 1. Arguments are validated here, when called,
+    the root) defaults to block_size - 1. bad_words: token sequences no prompt's output contains
+    (token_rules.py); logprobs: the records carry each committed token's log-probability.
+    Arguments are validated here, when called,
     before any work; the rounds run as the returned iterator is consumed."""
     limits = _per_request(max_new_tokens, len(prompts), "max_new_tokens", nested=False)
     _validate_prompts(_vocab_size(target), prompts, limits)
@@ -243,11 +252,12 @@ def generate_steps(
     stop_lists = _per_request(
         decoder.target.eos_token_ids if stop_token_ids is None else stop_token_ids, len(prompts), "stop_token_ids", True
     )
-    return _run(decoder, list(range(len(prompts))), prompts, limits, stop_lists)
+    n = len(prompts)
+    return _run(decoder, list(range(n)), prompts, limits, stop_lists, [bad_words] * n, [logprobs] * n)
 
 
-def _run(decoder: "Decoder", ids, prompts, limits, stops) -> Iterator[StepRecord]:
-    yield decoder.admit(ids, prompts, limits, stops)
+def _run(decoder: "Decoder", ids, prompts, limits, stops, bad, logprobs) -> Iterator[StepRecord]:
+    yield decoder.admit(ids, prompts, limits, stops, bad, logprobs)
     while decoder.running:
         yield decoder.step()
 
@@ -263,8 +273,10 @@ class DecoderProtocol(Protocol):
         """Requests in the batch."""
 
     def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
-              stops: Sequence[Sequence[int]]) -> StepRecord:
-        """Prefill new requests and add them to the batch."""
+              stops: Sequence[Sequence[int]], bad_words: Sequence[Sequence[Sequence[int]] | None] | None = None,
+              logprobs: Sequence[bool] | None = None) -> StepRecord:
+        """Prefill new requests and add them to the batch. Per request: its bad words (token
+        sequences its output never contains) and whether its records carry log-probabilities."""
 
     def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
              tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
@@ -312,6 +324,7 @@ class Decoder:
         self.limits: dict[int, int] = {}
         self.stops: dict[int, set[int]] = {}
         self.generated: dict[int, list[int]] = {}
+        self.rules = TokenRules(self.generated, self.target.vocab_size, 1.0 if sampling.greedy else sampling.temperature)
 
     @property
     def running(self) -> int:
@@ -340,6 +353,7 @@ class Decoder:
         keep = [b for b, r in enumerate(self.st.rows) if r not in rows]
         for r in rows:
             self.limits.pop(r, None), self.stops.pop(r, None), self.generated.pop(r, None)
+            self.rules.drop(r)
         if len(keep) == len(self.st.rows):
             return
         for runner in (self.target, self.drafter):
@@ -356,22 +370,26 @@ class Decoder:
 
     @torch.inference_mode()
     def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
-              stops: Sequence[Sequence[int]]) -> StepRecord:
-        """Prefill new requests (first token from the target) and add them to the batch."""
+              stops: Sequence[Sequence[int]], bad_words: Sequence[Sequence[Sequence[int]] | None] | None = None,
+              logprobs: Sequence[bool] | None = None) -> StepRecord:
+        """Prefill new requests (first token from the target) and add them to the batch; per
+        request its bad words and whether its records carry log-probabilities (token_rules.py)."""
         _validate_prompts(self.target.vocab_size, prompts, limits)
         too_long = [i for i, (p, n) in zip(ids, zip(prompts, limits)) if len(p) + n > self.max_len]
         if too_long:
             raise UserError(f"request {too_long[0]}: prompt + max_new_tokens exceeds the decoder's max_len {self.max_len}")
-        dev, sampling = self.target.device, self.sampling
-        for i, n, stop in zip(ids, limits, stops):
-            self.limits[i], self.stops[i], self.generated[i] = n, set(stop), []
-        B, P = len(prompts), max(len(p) for p in prompts)
+        dev, sampling, B = self.target.device, self.sampling, len(prompts)
+        self._register(ids, prompts, limits, stops, bad_words or [None] * B, logprobs or [False] * B)
+        P = max(len(p) for p in prompts)
         plen = torch.tensor([len(p) for p in prompts], device=dev)
         t0 = _now()
+        self.target.full_logits = self.rules.active
         logits, feats = self.target.prefill(prompts)  # logits at each prompt's last position [B, V]
         if self.spec:
             self.drafter.join(B)
-        first = logits.argmax(-1) if sampling.greedy else sample(probs(logits, sampling), self.gen)
+        logits = self.rules.mask(ids, lambda b: [[]], logits[:, None])  # [B, 1, V]
+        first = logits[:, 0].argmax(-1) if sampling.greedy else sample(probs(logits[:, 0], sampling), self.gen)
+        lps = self.rules.token_logprobs(ids, logits, [[0]] * B, [[t] for t in first.tolist()])
         st = _Batch(list(ids), first, plen, None, None)
         if self.spec:
             pos = torch.arange(P, device=dev).expand(B, -1)
@@ -383,7 +401,15 @@ class Decoder:
         else:
             self.st.extend(st)
         self._drop({r for r, d in zip(ids, done) if d})
-        return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1)
+        return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1,
+                          logprobs=_cut(lps, toks))
+
+    def _register(self, ids, prompts, limits, stops, bad_words, logprobs) -> None:
+        for i, bad in zip(ids, bad_words):  # every request checked before any is taken
+            self.rules.check(i, bad)
+        for i, p, n, stop, bad, lp in zip(ids, prompts, limits, stops, bad_words, logprobs):
+            self.limits[i], self.stops[i], self.generated[i] = n, set(stop), []
+            self.rules.add(i, p, bad, bool(lp))
 
     @torch.inference_mode()
     def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
@@ -410,6 +436,7 @@ class Decoder:
         st = self.st
         assert st is not None, "nothing is running: admit requests first"
         self.rounds += 1
+        self.target.full_logits = self.rules.active
         t0 = _now()
         B, longest = len(st.rows), self.block_size - 1
         if isinstance(draft_len, Mapping):
@@ -422,24 +449,25 @@ class Decoder:
         tree = self.mode == "ddtree" and T > 1 and budget > 0
         chain, conf = None, None
         if tree:  # one tree depth for the batch
-            new, drafted, chain, t1, t2 = _ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
-                                                        self.gen)
+            new, drafted, chain, t1, t2, lps = _ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
+                                                             self.gen, self.rules)
         else:
-            new, drafted, conf, t1, t2 = _block_round(self.target, self.drafter, st, lengths, self.sampling, self.gen,
-                                                      trim)
+            new, drafted, conf, t1, t2, lps = _block_round(self.target, self.drafter, st, lengths, self.sampling,
+                                                           self.gen, trim, self.rules)
         rows = list(st.rows)
         toks, done = self._commit(rows, new)
         self._drop({r for r, d in zip(rows, done) if d})
         return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2,
-                          budget if tree else 0, chain, T if conf is not None else 0, conf)
+                          budget if tree else 0, chain, T if conf is not None else 0, conf, _cut(lps, toks))
 
 
 def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, lengths: list[int], sampling,
-                 gen, trim: Trim | None = None):
+                 gen, trim: Trim | None = None, rules: TokenRules | None = None):
     """dflash (a drafter block of max(lengths) + 1) or a plain AR step (every length 0). lengths:
-    drafts each row verifies, or, with `trim`, at most verifies. Returns (committed tokens per
-    row, drafts verified per row, per row the confidences of the slots it could verify (its
-    length before the trim) or None, t1, t2)."""
+    drafts each row verifies, or, with `trim`, at most verifies. `rules` masks bad words in the
+    target's logits, slot by slot, before verification. Returns (committed tokens per row, drafts
+    verified per row, per row the confidences of the slots it could verify (its length before the
+    trim) or None, t1, t2, the committed tokens' log-probabilities (TokenRules.token_logprobs))."""
     B, T = len(st.rows), max(lengths) + 1
     q, conf = None, None
     if T > 1:
@@ -456,16 +484,25 @@ def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch
     ids = torch.cat([st.anchor[:, None], draft], dim=1)  # [B, T]
     logits, feats = target.verify(ids, st.start, own)
     t2 = _now()
+    if rules is not None:  # slot j follows the committed tokens + the row's drafts before it
+        dl = draft.tolist()
+        logits = rules.mask(st.rows, lambda b: [dl[b][:j] for j in range(lengths[b] + 1)], logits)
     if sampling.greedy:
         accepted, bonus = greedy_verify(draft, logits, own)
     else:
         accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen, own)
     acc = accepted.tolist()
     new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
+    lps = None if rules is None else rules.token_logprobs(st.rows, logits, [range(a + 1) for a in acc], new)
     if feats is not None and drafter is not None:  # accepted positions [start, start + a] become drafter context
         _pend(st, feats[:, : max(acc) + 1], accepted + 1)
     st.anchor, st.start = bonus, st.start + accepted + 1
-    return new, lengths, conf, t1, t2
+    return new, lengths, conf, t1, t2, lps
+
+
+def _cut(lps: list[list[float] | None] | None, toks: list[list[int]]) -> list[list[float] | None] | None:
+    """Log-probabilities of the tokens a round committed (the commit may cut at a stop or the limit)."""
+    return None if lps is None else [None if lp is None else lp[: len(t)] for lp, t in zip(lps, toks)]
 
 
 def _trimmed(trim: Trim, rows: list[int], lengths: list[int], confidence: torch.Tensor) -> list[int]:
@@ -496,7 +533,8 @@ def _pend(st: _Batch, feats: torch.Tensor, valid: torch.Tensor) -> None:
     st.ctx, st.ctx_pos = ctx, pos
 
 
-def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T, budget, sampling, gen):
+def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T, budget, sampling, gen,
+                  rules: TokenRules | None = None):
     B, dev = len(st.rows), st.anchor.device
     dl = _draft_logits(target, drafter, st, T)  # [B, D, V], D = T - 1
     logq = torch.log_softmax(dl.float(), -1) if sampling.greedy else probs(dl, sampling).log()
@@ -512,6 +550,8 @@ def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T
     t1 = _now()
     logits, feats = target.verify_tree(tok, depth, vis, st.start)
     t2 = _now()
+    if rules is not None:  # node i follows the committed tokens + the tokens of its ancestors below the root
+        logits = rules.mask(st.rows, lambda b: [_ancestors(trees[b], i) for i in range(n)], logits)
     follow = logits.argmax(-1) if sampling.greedy else sample(probs(logits, sampling), gen)  # [B, n]
     top = logq.argmax(-1).tolist()  # [B, D]: the drafter's argmax chain
     new, paths, chain = [], [], []
@@ -529,7 +569,17 @@ def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T
     _pend(st, feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1])), length)  # the accepted path's rows
     st.anchor = torch.tensor([x[-1] for x in new], device=dev)
     st.start = st.start + length
-    return new, [len(t) - 1 for t in trees], chain if sampling.greedy else None, t1, t2
+    lps = None if rules is None else rules.token_logprobs(st.rows, logits, paths, new)
+    return new, [len(t) - 1 for t in trees], chain if sampling.greedy else None, t1, t2, lps
+
+
+def _ancestors(tree, i: int) -> list[int]:
+    """The tokens on the path to node i, root excluded (a padding node past the tree: none)."""
+    out = []
+    while 0 < i < len(tree):
+        out.append(tree.tokens[i])
+        i = tree.parents[i]
+    return out[::-1]
 
 
 def generate(
@@ -542,9 +592,11 @@ def generate(
     """Run `generate_steps` to the end; one Generation (tokens + Stats) per prompt."""
     out = [Generation([], Stats(), "length") for _ in prompts]
     for rec in generate_steps(target, drafter, prompts, max_new_tokens, **kwargs):
-        for r, toks, done in zip(rec.seq_ids, rec.tokens, rec.finished):
+        for b, (r, toks, done) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished)):
             g, s = out[r], out[r].stats
             g.tokens.extend(toks)
+            if rec.logprobs is not None:
+                g.logprobs = (g.logprobs or []) + rec.logprobs[b]
             if rec.round == 0:
                 s.t_prefill += rec.t_verify
             else:

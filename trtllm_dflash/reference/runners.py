@@ -35,6 +35,10 @@ class TargetRunner(Protocol):
     eos_token_ids: tuple[int, ...]
     device: torch.device
     packed: bool  # verify runs only each row's own lengths[b] + 1 tokens (see `verify`)
+    # The decoder sets this before each pass: True when its logits must be the target's full
+    # scores even when decoding greedily (bad words, log-probabilities: reference/token_rules.py).
+    # A runner that returns exact logits anyway may ignore it.
+    full_logits: bool
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """New rows join the batch (appended after the running ones). Returns the logits at

@@ -48,6 +48,8 @@ class Update:
     # [max drafts + 1] verify passes so far by the drafts they accepted: histogram[j] = passes that
     # accepted exactly j (sum = rounds, sum of j * histogram[j] = accepted); TensorRT-LLM PR #19311's shape
     histogram: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None  # their log-probabilities under the target (a Job with logprobs)
+    cum_logprob: float = 0.0  # the sum over every token so far
 
     @property
     def acceptance_length(self) -> float:
@@ -73,6 +75,10 @@ class Job:
     mode: str | None = None  # this request's decoding: "ar" | "dflash" | "ddtree"; None: the engine's mode
     tag: str = ""  # the front end's id of the request (timestamps of serve/trace.py name it)
     skip_special_tokens: bool = False  # the text leaves special tokens (eos) out
+    bad_words: list[list[int]] | None = None  # token sequences the output never contains (reference/token_rules.py)
+    stop_sequences: list[list[int]] = field(default_factory=list)  # token sequences that end it, kept in the output
+    logprobs: bool = False  # updates carry the committed tokens' log-probabilities
+    skip_end_token: bool = False  # the stop token that ends it is left out of its output (TensorRT-LLM's executor)
     # Progress, kept by the engine.
     tokens: list[int] = field(default_factory=list)
     sent: str = ""
@@ -80,6 +86,16 @@ class Job:
     drafted: int = 0
     accepted: int = 0
     histogram: list[int] = field(default_factory=list)  # verify passes by drafts accepted (Update.histogram)
+    cum_logprob: float = 0.0
+
+
+def _sequence_stop(tokens: list[int], new: int, sequences: list[list[int]]) -> int | None:
+    """How many tokens to keep when a stop sequence ends among the last `new` of `tokens` (the
+    first such end), None when none does."""
+    for end in range(len(tokens) - new + 1, len(tokens) + 1):
+        if any(0 < len(s) <= end and tokens[end - len(s) : end] == s for s in sequences):
+            return end
+    return None
 
 
 def _stop_prefix(text: str, stop_words: list[str]) -> int:
@@ -282,6 +298,7 @@ class ServingEngine:
             rec = decoder.admit(
                 ids, [j.prompt_ids for j in new], [j.max_tokens for j in new],
                 [j.stop_token_ids if j.stop_token_ids is not None else self.model.eos_token_ids for j in new],
+                [j.bad_words for j in new], [j.logprobs for j in new],
             )
             t1 = now()
             self._deliver(decoder, jobs, rec)
@@ -296,7 +313,7 @@ class ServingEngine:
             cap = self.histogram_len - 1 or max(rec.drafted, default=0)
             depths = [min(d, cap) for d in rec.drafted] if mode == "ddtree" else None
             self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify, depths)
-        for rid, toks, done, drafted in zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted):
+        for b, (rid, toks, done, drafted) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted)):
             job = jobs[rid]
             job.tokens.extend(toks)
             if rec.round > 0:
@@ -304,6 +321,12 @@ class ServingEngine:
                 job.drafted += drafted
                 job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
                 _count(job, max(0, len(toks) - 1), self.histogram_len)
+            lps = rec.logprobs[b] if rec.logprobs is not None else None
+            if done == "stop" and job.skip_end_token:  # the decoder stopped at a stop token, the last one
+                job.tokens.pop()
+                toks, lps = toks[:-1], None if lps is None else lps[:-1]
+            toks, lps, done = self._stop_sequences(decoder, rid, job, toks, lps, done)
+            job.cum_logprob += sum(lps or ())
             # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
             text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens
                     else self.tokenizer.decode(job.tokens))
@@ -319,9 +342,22 @@ class ServingEngine:
             delta = text[len(job.sent):] if text.startswith(job.sent) else ""
             job.sent += delta
             job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks),
-                            self._histogram(job)))
+                            self._histogram(job), lps, job.cum_logprob))
             if done is not None:
                 self._leave(jobs, rid)
+
+    @staticmethod
+    def _stop_sequences(decoder, rid: int, job: Job, toks: list[int], lps, done):
+        """(tokens, log-probs, finish reason) of this update once the job's stop sequences are
+        applied: the output ends with the first one, kept (TensorRT-LLM's stop words)."""
+        end = _sequence_stop(job.tokens, len(toks), job.stop_sequences) if job.stop_sequences else None
+        if end is None:
+            return toks, lps, done
+        keep = len(toks) - (len(job.tokens) - end)
+        del job.tokens[end:]
+        if done is None:
+            decoder.cancel([rid])
+        return toks[:keep], None if lps is None else lps[:keep], "stop"
 
     def _leave(self, jobs: dict[int, Job], rid: int) -> Job:
         """Request `rid` leaves its group (finished, cancelled or failed): the policy forgets it."""

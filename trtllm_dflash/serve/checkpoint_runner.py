@@ -505,8 +505,11 @@ class _RemoteDecoder:
         return result
 
     def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
-              stops: Sequence[Sequence[int]]):
-        return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops])
+              stops: Sequence[Sequence[int]], bad_words: Sequence[Sequence[Sequence[int]] | None] | None = None,
+              logprobs: Sequence[bool] | None = None):
+        bad = None if bad_words is None else [None if w is None else [list(x) for x in w] for w in bad_words]
+        return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops], bad,
+                          None if logprobs is None else list(logprobs))
 
     def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None, tree_budget: int | None = None,
              trim: Trim | None = None):

@@ -4,16 +4,23 @@ model (pure: numpy only, no Triton, no torch; the Triton side is serve/dialect_m
 Two kinds (deploy/dialect.py declares the tensors):
 - "text": `ensemble` and `tensorrt_llm_bls` (text in, `text_output` out);
 - "ids": `tensorrt_llm` (`input_ids` in, `output_ids` / `sequence_length` out).
-Requests are batch-first, one prompt each ([1, 1] scalars). What upstream does that we mirror,
-read in TensorRT-LLM `triton_backend/`: the client `inflight_batcher_llm/client/
-inflight_batcher_llm_client.py` (commit 000a01de) collects streamed `output_ids[0][0]` as the new
-tokens of each response and prepends the prompt itself unless it set exclude_input_in_output,
-and expects a non-streamed response to hold prompt and output unless it set it. The text models
-follow the same rule on text.
+What upstream does that we mirror (tensorrtllm_backend v0.19.0, whose client scripts
+tests/upstream/ holds unmodified; its all_models/inflight_batcher_llm/ models):
+- requests are batch-first; a request of B prompts is answered with responses that each carry
+  one prompt's output and, when B > 1, its `batch_index` (tensorrt_llm/1/model.py
+  convert_response), the final flag after the last prompt's last response;
+- per response, text_output is [beams] (postprocessing/1/model.py: one string per beam),
+  output_ids and output_log_probs [1, beams, tokens], everything else [1, 1];
+- a streamed response carries only its new tokens / text; a non-streamed one the prompt and the
+  output unless exclude_input_in_output (the client inflight_batcher_llm_client.py prepends the
+  prompt itself when streaming);
+- stop words end the output with their tokens kept, bad words never appear (both token-level:
+  the text models' words tokenized as preprocessing/1/model.py `_to_word_list_format` does);
+- the end token is not returned (NVIDIA/TensorRT-LLM#2190): dflash's skip_end_token.
 
-Honoured: the prompt, max_tokens / request_output_len, end_id, stop_words, temperature, top_k,
-top_p (with upstream's greedy default, `_sampling`), seed (or the older `random_seed`), stream /
-streaming, exclude_input_in_output, and the
+Honoured: the prompt, max_tokens / request_output_len, end_id, stop and bad words,
+temperature, top_k, top_p (with upstream's greedy default, `_sampling`), seed (or the older
+`random_seed`), stream / streaming, exclude_input_in_output, return_log_probs and the
 return_perf_metrics / return_num_output_tokens outputs; pad_id and length_penalty are accepted
 and change nothing (one sequence, never padded; length_penalty only scores beams). Refused per
 request, by name: whatever needs beams, several sequences, adapters, prompt tables, images,
@@ -55,9 +62,6 @@ UNSUPPORTED = {
                     "drafts come from the DFlash drafter (use draft_len for the drafts per round)"),
     **dict.fromkeys(("runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids",
                      "beam_search_diversity_rate", "early_stopping"), "not supported by the DFlash sampler"),
-    **dict.fromkeys(("bad_words", "bad_words_list"), "bad words are not applied by the DFlash verifier"),
-    "stop_words_list": "token-id stop sequences are not supported (the ensemble takes stop_words as text)",
-    "return_log_probs": "per-token log-probs are not returned by this deployment yet",
     "return_context_logits": "logits are not returned",
     "return_generation_logits": "logits are not returned",
     "stop": "stop requests are not supported: cancel the request instead",
@@ -85,7 +89,10 @@ DFLASH_OUTPUTS = ("text_output", "output_token_count", "total_output_tokens", "r
                   "total_accepted_draft_tokens", "acceptance_length", "finish_reason")
 STATS = DFLASH_OUTPUTS[1:]  # sent as they are (batch-first)
 MAPPED = ("seed", "random_seed", "stop_words", "exclude_input_in_output", "input_lengths", "return_perf_metrics",
-          "return_num_input_tokens", "return_num_output_tokens")  # read by to_dflash itself
+          "return_num_input_tokens", "return_num_output_tokens", "return_log_probs")  # read by to_dflash itself
+# Token-level stop and bad words: the dialect's name -> the dflash model's (same meaning: upstream's).
+WORDS = {"text": {"stop_words": "stop_sequences", "bad_words": "bad_words"},
+         "ids": {"stop_words_list": "stop_words_list", "bad_words_list": "bad_words_list"}}
 
 # Every output the dialect models declare (deploy/dialect.py): when a response carries it
 # (`_outputs`: "always", the kind's own "text" / "ids", the return_* flag of the request that
@@ -111,15 +118,18 @@ OUTPUTS_AS = {
     "rounds": ("always", "ours: target verify passes so far"),
     "acceptance_length": ("always", "ours: tokens committed per verify pass so far (tau)"),
     "finish_reason": ("always", "ours: `length` / `stop` on the last response, empty before"),
-    **dict.fromkeys(("cum_log_probs", "output_log_probs", "context_logits", "generation_logits"),
-                    ("never", "the inputs that ask for them are refused")),
-    **dict.fromkeys(("batch_index", "sequence_index"),
-                    ("never", "one sequence per request: index 0, what clients assume when it is absent")),
+    "output_log_probs": ("return_log_probs", "`[1, 1, n]`: each of this response's tokens' log-probability under "
+                                             "the target"),
+    "cum_log_probs": ("return_log_probs", "`[1, 1]`: their sum over the whole output so far"),
+    **dict.fromkeys(("context_logits", "generation_logits"), ("never", "the inputs that ask for them are refused")),
+    "batch_index": ("batch", "which prompt of a request of several this response answers"),
+    "sequence_index": ("never", "one sequence per prompt: index 0, what clients assume when it is absent"),
     **dict.fromkeys(("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
                      "first_scheduled_time_ns"), ("never", "the dflash engine does not report them")),
     "context_phase_params": ("never", "no disaggregated serving"),
 }
 PERF = tuple(n for n, (sent, _) in OUTPUTS_AS.items() if sent == "return_perf_metrics")
+LOG_PROBS = tuple(n for n, (sent, _) in OUTPUTS_AS.items() if sent == "return_log_probs")
 
 
 # What the mapped inputs become (docs/migrate-from-tensorrtllm-backend.md's table is `describe`'s).
@@ -137,7 +147,13 @@ MAPPED_AS = {
                     "greedy, whatever the temperature, as upstream"),
     **dict.fromkeys(("top_p", "runtime_top_p"), "dflash `top_p`; 0 or unset: no top-p"),
     "seed": "dflash `seed`", "random_seed": "dflash `seed` (the input's name before TensorRT-LLM 0.10)",
-    "stop_words": "dflash `stop_words`: the output ends before the first stop word",
+    "stop_words": "dflash `stop_sequences`: tokenized as upstream's preprocessing does; the output ends with the "
+                  "first stop word's tokens, kept",
+    "stop_words_list": "dflash `stop_words_list`: the output ends with the first stop sequence, kept",
+    "bad_words": "dflash `bad_words`: tokenized as upstream's preprocessing does; masked inside verification, so "
+                 "the output is the target's masked decoding",
+    "bad_words_list": "dflash `bad_words_list`: masked inside verification",
+    "return_log_probs": "adds output_log_probs (each token's log-probability under the target) and cum_log_probs",
     "exclude_input_in_output": "unset or false: a non-streamed answer starts with the prompt (text or ids); "
                                "streamed answers never do",
     "return_perf_metrics": "adds acceptance_rate, arrival_time_ns, first_token_time_ns, last_token_time_ns and "
@@ -153,7 +169,7 @@ def describe_output(name: str) -> str:
     """When a dialect model sends output `name`, and what it is, in a phrase."""
     sent, what = OUTPUTS_AS[name]
     when = {"always": "every response", "text": "every response", "ids": "every response",
-            "never": "never sent"}.get(sent, f"with `{sent}`")
+            "batch": "every response to a request of several prompts", "never": "never sent"}.get(sent, f"with `{sent}`")
     return f"{when}: {what}"
 
 
@@ -185,7 +201,7 @@ def describe(name: str) -> str:
 def handled(name: str) -> bool:
     """Every input a dialect model declares is mapped, accepted as a no-op, or refused by name."""
     mapped = (name in MAPPED or name in PASSED or name in SAMPLING or name in RENAMED
-              or any(name in n for n in NAMES.values()))
+              or any(name in n for n in NAMES.values()) or any(name in w for w in WORDS.values()))
     return (mapped and name in MAPPED_AS) or name in UNSUPPORTED or name in NEUTRAL or name in IGNORED
 
 
@@ -200,10 +216,35 @@ class Forward:
     echo: bytes | list[int] | None = None  # the prompt, put before the output of a non-streamed response
     arrival_ns: int = 0  # wall clock (ns) when the request arrived, and when its first tokens went out
     first_ns: int = 0
+    batch_index: int = 0  # which prompt of the client's request this is, of batch_size
+    batch_size: int = 1
+    log_probs: bool = False  # return_log_probs
 
     @property
     def dflash_outputs(self) -> list[str]:
-        return list(DFLASH_OUTPUTS) + ["acceptance_histogram"] + (["output_ids"] if self.kind == "ids" else [])
+        return list(DFLASH_OUTPUTS) + ["acceptance_histogram"] + (["output_ids"] if self.kind == "ids" else []) + \
+            (list(LOG_PROBS) if self.log_probs else [])
+
+
+def split(inputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """A batch-first request of B prompts as B requests of one (Triton has checked that every
+    input has the same batch dimension)."""
+    sizes = {np.asarray(a).shape[0] for a in inputs.values() if np.asarray(a).ndim}
+    if len(sizes) > 1:
+        raise RequestError(f"batch: inputs have different batch dimensions {sorted(sizes)}")
+    n = sizes.pop() if sizes else 1
+    return [{k: np.asarray(a)[b : b + 1] for k, a in inputs.items()} for b in range(n)]
+
+
+def to_dflash_batch(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
+                    now_ns: int = 0) -> list[Forward]:
+    """One Forward per prompt of a (batched) dialect request; upstream answers a request of B prompts
+    with responses that each name their prompt (`batch_index`, sent when B > 1)."""
+    items = split(inputs)
+    fwds = [to_dflash(kind, item, requested, now_ns) for item in items]
+    for b, fwd in enumerate(fwds):
+        fwd.batch_index, fwd.batch_size = b, len(fwds)
+    return fwds
 
 
 def _flat(inputs: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -263,18 +304,38 @@ def to_dflash(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | N
             out[name] = _flat(inputs, name).reshape(-1)
     out.update(_seed(inputs))
     out.update(_sampling(inputs))
-    if kind == "text" and "stop_words" in inputs:
-        words = [w for w in _flat(inputs, "stop_words").reshape(-1) if bytes(w)]
-        if words:
-            out["stop_words"] = np.array(words, dtype=object)
+    out.update(_words(kind, inputs))
+    log_probs = _flag(inputs, "return_log_probs", False)
+    if log_probs:
+        out["return_log_probs"] = np.array([True])
     stream = _flag(inputs, stream_name, False)
     out["stream"] = np.array([stream])
     if kind == "text":  # upstream's postprocessing decodes with skip_special_tokens, True unless configured
         out["skip_special_tokens"] = np.array([True])
+    # The executor stops at the end token without returning it (NVIDIA/TensorRT-LLM#2190).
+    out["skip_end_token"] = np.array([True])
     echo = None
     if not stream and not _flag(inputs, "exclude_input_in_output", False):
         echo = bytes(prompt[0]) if kind == "text" else prompt.tolist()
-    return Forward(kind, out, stream, _outputs(kind, inputs, requested), echo, arrival_ns=now_ns)
+    return Forward(kind, out, stream, _outputs(kind, inputs, requested), echo, arrival_ns=now_ns, log_probs=log_probs)
+
+
+def _words(kind: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Stop and bad words under the dflash model's names: text words (empty ones dropped, as
+    upstream's preprocessing drops words of no tokens) or a [2, N] token-id word list."""
+    out = {}
+    for name, to in WORDS[kind].items():
+        if name not in inputs:
+            continue
+        if kind == "text":
+            words = [w for w in _flat(inputs, name).reshape(-1) if bytes(w)]
+            if words:
+                out[to] = np.array(words, dtype=object)
+        else:
+            arr = _flat(inputs, name)
+            if arr.size and (arr[1] >= 0).any():  # an all -1 offsets row: no words
+                out[to] = arr.astype(np.int32)
+    return out
 
 
 def _prompt(kind: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -319,7 +380,7 @@ def _outputs(kind: str, inputs: dict[str, np.ndarray], requested: list[str] | No
     if requested:
         return list(requested)
     return [n for n, (sent, _) in OUTPUTS_AS.items()
-            if sent in ("always", kind) or (sent.startswith("return_") and _flag(inputs, sent, False))]
+            if sent in ("always", kind, "batch") or (sent.startswith("return_") and _flag(inputs, sent, False))]
 
 
 def is_last(outs: dict[str, np.ndarray]) -> bool:
@@ -339,29 +400,38 @@ def _acceptance(one: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def to_dialect(fwd: Forward, outs: dict[str, np.ndarray], now_ns: int = 0) -> dict[str, np.ndarray]:
-    """One dflash response (1-D tensors) as the dialect's batch-first outputs of `fwd`, sent at `now_ns`."""
+    """One dflash response (1-D tensors) as the dialect's outputs of `fwd`, sent at `now_ns`, shaped
+    as upstream's models send them per response: text_output [beams] (its postprocessing model's
+    OUTPUT), output_ids and output_log_probs [1, beams, tokens], the rest [1, 1] (batch-first)."""
     one = {n: np.asarray(v).reshape(-1) for n, v in outs.items()}
     fwd.first_ns = fwd.first_ns or now_ns
     total = int(one["total_output_tokens"][0])
     values = {n: one[n][:1] for n in STATS}
     values.update(_acceptance(one))
     values["num_output_tokens"] = np.array([total], dtype=np.int32)
+    values["batch_index"] = np.array([fwd.batch_index], dtype=np.int32)
     for name, ns in (("arrival_time_ns", fwd.arrival_ns), ("first_token_time_ns", fwd.first_ns),
                      ("last_token_time_ns", now_ns)):
         values[name] = np.array([ns], dtype=np.int64)
+    lps = one["output_log_probs"].astype(np.float32) if "output_log_probs" in one else np.zeros(0, np.float32)
+    cum = float(one["cum_log_probs"][0]) if "cum_log_probs" in one else 0.0
     if fwd.kind == "text":
         text = bytes(one["text_output"][0])
         values["text_output"] = np.array([fwd.echo + text if fwd.echo is not None else text], dtype=object)
     else:
-        ids = one["output_ids"].astype(np.int32).tolist()
-        if ids and is_last(outs) and bytes(one["finish_reason"][0]) == b"stop":
-            # The end token: no stop words reach this model, so "stop" is the end id (or eos). The
-            # executor stops at it without returning it (NVIDIA/TensorRT-LLM#2190); dflash includes it.
-            ids = ids[:-1]
-            values["num_output_tokens"] = np.array([total - 1], dtype=np.int32)
-        if fwd.echo is not None:
-            ids = list(fwd.echo) + ids
-        values["output_ids"] = np.array([ids], dtype=np.int32)  # [beam 1, tokens]
-        values["sequence_length"] = np.array([len(ids)], dtype=np.int32)
-        values["num_input_tokens"] = np.array([fwd.inputs["input_ids"].size], dtype=np.int32)
-    return {n: values[n][None, ...] for n in fwd.outputs if n in values}  # batch dimension first
+        _ids(fwd, one, values)
+    if fwd.log_probs:  # upstream sends them to a request that set return_log_probs only
+        values["output_log_probs"] = lps[None, :]  # [beam 1, tokens]
+        values["cum_log_probs"] = np.array([cum], dtype=np.float32)
+    sent = [n for n in fwd.outputs if n in values and (n != "batch_index" or fwd.batch_size > 1)]
+    return {n: values[n] if n == "text_output" else values[n][None, ...] for n in sent}
+
+
+def _ids(fwd: Forward, one, values) -> None:
+    """The tensorrt_llm model's output_ids / sequence_length / num_input_tokens into `values`."""
+    ids = one["output_ids"].astype(np.int32).tolist()
+    if fwd.echo is not None:
+        ids = list(fwd.echo) + ids
+    values["output_ids"] = np.array([ids], dtype=np.int32)  # [beam 1, tokens]
+    values["sequence_length"] = np.array([len(ids)], dtype=np.int32)
+    values["num_input_tokens"] = np.array([fwd.inputs["input_ids"].size], dtype=np.int32)

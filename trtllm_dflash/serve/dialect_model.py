@@ -26,7 +26,7 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtllm_dflash.serve.dialect import Forward, is_last, to_dflash, to_dialect
+from trtllm_dflash.serve.dialect import Forward, is_last, to_dflash_batch, to_dialect
 from trtllm_dflash.serve.requests import RequestError, read_inputs
 
 CANCEL_CHECK_S = 0.05  # is_cancelled() is a round trip to the server: asked at most this often
@@ -81,6 +81,45 @@ def _error(sender, message: str) -> None:
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
 
 
+class _Shared:
+    """A client request's response sender, shared by the forwards of its prompts (one per prompt of
+    a batched request): each forward's last send is final for it, and the last forward to end sends
+    Triton's final flag. Sends are serialized; a forward that has ended sends nothing more."""
+
+    def __init__(self, sender, n: int):
+        self.sender, self.left, self.lock = sender, n, threading.Lock()
+
+    def part(self) -> "_Part":
+        return _Part(self)
+
+    def send(self, part: "_Part", response, flags: int) -> None:
+        with self.lock:
+            if part.ended:
+                return
+            if flags & FINAL:
+                part.ended, self.left = True, self.left - 1
+                flags = FINAL if self.left == 0 else 0
+                if response is None and not flags:
+                    return  # an empty end of one prompt: nothing to tell the client yet
+            self.sender.send(response, flags=flags) if response is not None else self.sender.send(flags=flags)
+
+    def is_cancelled(self) -> bool:
+        return self.sender.is_cancelled()
+
+
+class _Part:
+    """One forward's view of a _Shared sender, with the response sender's send / is_cancelled."""
+
+    def __init__(self, shared: _Shared):
+        self.shared, self.ended = shared, False
+
+    def send(self, response=None, flags: int = 0) -> None:
+        self.shared.send(self, response, flags)
+
+    def is_cancelled(self) -> bool:
+        return self.shared.is_cancelled()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
@@ -93,14 +132,16 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 inputs = read_inputs(pb_utils.get_input_tensor_by_name, request, self.inputs)
-                fwd = to_dflash(self.kind, inputs, request.requested_output_names(), now_ns=time.time_ns())
+                fwds = to_dflash_batch(self.kind, inputs, request.requested_output_names(), now_ns=time.time_ns())
             except RequestError as e:
                 _error(sender, str(e))
                 continue
-            # Our own id for the forwarded request: a `stop` request names it (client ids need not be unique).
-            forward_id = f"{self.name}-{uuid.uuid4().hex}"
-            threading.Thread(target=self._forward, args=(fwd, sender, forward_id),
-                             name=f"{self.name}-forward", daemon=True).start()
+            shared = _Shared(sender, len(fwds))
+            for fwd in fwds:
+                # Our own id for the forwarded request: a `stop` request names it (client ids need not be unique).
+                forward_id = f"{self.name}-{uuid.uuid4().hex}"
+                threading.Thread(target=self._forward, args=(fwd, shared.part(), forward_id),
+                                 name=f"{self.name}-forward", daemon=True).start()
         return None
 
     def _forward(self, fwd: Forward, sender, request_id: str) -> None:

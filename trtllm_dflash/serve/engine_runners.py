@@ -80,6 +80,7 @@ class EngineTarget:
     def __init__(self, executor, *, vocab_size: int, eos_token_ids: tuple[int, ...], tail: int,
                  greedy: bool, device: torch.device | str = "cpu"):
         self.ex, self.tail, self.greedy = executor, tail, greedy
+        self.full_logits = False  # set by the decoder: a greedy decoder whose requests need the full logits
         self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, torch.device(device)
         self.salt: list[int] = []
         self.committed: list[list[int]] = []  # tokens at positions [0, start) of every row
@@ -97,13 +98,18 @@ class EngineTarget:
         return results
 
     def _scores(self, out: dict, n: int) -> torch.Tensor:
-        """The last n tail positions' logits [n, V]; greedy engines return one-hot argmax instead."""
-        if not self.greedy:
+        """The last n tail positions' logits [n, V]; greedy engines return one-hot argmax instead,
+        unless the decoder asked for the full logits (bad words or log-probabilities)."""
+        if not self._argmax_only:
             return out["dflash_logits"][-n:].float()
         return torch.nn.functional.one_hot(out["dflash_argmax"][-n:].long(), self.vocab_size).float()
 
     def _tail(self) -> list[tuple[str, bool]]:
-        return [("dflash_tail", False), ("dflash_argmax" if self.greedy else "dflash_logits", False)]
+        return [("dflash_tail", False), ("dflash_argmax" if self._argmax_only else "dflash_logits", False)]
+
+    @property
+    def _argmax_only(self) -> bool:
+        return self.greedy and not self.full_logits
 
     def prefill(self, prompts):
         salts = [next(self._salts) for _ in prompts]

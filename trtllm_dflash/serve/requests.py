@@ -56,8 +56,19 @@ class GenerationRequest:
     prompt_ids: list[int] | None = None  # input_ids: the prompt already tokenized (then `prompt` is "")
     end_id: int | None = None  # the token that ends the request; None: the target's eos ids
     skip_special_tokens: bool = False  # text_output leaves special tokens (eos) out
+    # Token-level stop and bad words (tensorrtllm_backend's): text to tokenize, and token-id sequences.
+    stop_sequences: list[str] = field(default_factory=list)
+    stop_ids: list[list[int]] = field(default_factory=list)
+    bad_words: list[str] = field(default_factory=list)
+    bad_ids: list[list[int]] = field(default_factory=list)
+    return_log_probs: bool = False
+    skip_end_token: bool = False  # the end token that ends the request is left out of the output
 
-
+    def token_words(self, encode) -> tuple[list[list[int]], list[list[int]]]:
+        """(stop sequences, bad words) as token ids; `encode(word)` tokenizes a text word as
+        tensorrtllm_backend's preprocessing does (no special tokens); words of no tokens are dropped."""
+        stops = self.stop_ids + [ids for ids in map(encode, self.stop_sequences) if ids]
+        return stops, self.bad_ids + [ids for ids in map(encode, self.bad_words) if ids]
 
 
 def _scalar(inputs: dict[str, np.ndarray], name: str, kind: type):
@@ -165,7 +176,35 @@ def parse_request(inputs: dict[str, np.ndarray]) -> GenerationRequest:
     stop = inputs.get("stop_words")
     if stop is not None:
         req.stop_words = [w for w in (_text(v, "stop_words") for v in np.asarray(stop).reshape(-1)) if w]
+    _token_words(inputs, req)
     return req
+
+
+def _token_words(inputs: dict[str, np.ndarray], req: GenerationRequest) -> None:
+    for name in ("stop_sequences", "bad_words"):
+        if name in inputs:
+            words = [w for w in (_text(v, name) for v in np.asarray(inputs[name]).reshape(-1)) if w]
+            setattr(req, name, words)
+    req.stop_ids = word_list(inputs["stop_words_list"], "stop_words_list") if "stop_words_list" in inputs else []
+    req.bad_ids = word_list(inputs["bad_words_list"], "bad_words_list") if "bad_words_list" in inputs else []
+    for name in ("return_log_probs", "skip_end_token"):
+        flag = inputs.get(name)
+        setattr(req, name, flag is not None and bool(np.asarray(flag).reshape(-1)[0]))
+
+
+def word_list(arr, name: str) -> list[list[int]]:
+    """Token sequences from tensorrtllm_backend's word-list layout: [2, N] (or [1, 2, N]), row 0 the
+    sequences' ids one after another (0-padded), row 1 each sequence's cumulative end (-1-padded)."""
+    a = np.asarray(arr)
+    if a.ndim == 3 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 2 or a.shape[0] != 2 or not np.issubdtype(a.dtype, np.integer):
+        raise RequestError(f"{name}: expected integer ids shaped [2, N] (ids; cumulative ends), got "
+                           f"{a.dtype} {list(a.shape)}")
+    ids, ends = a[0].tolist(), [int(e) for e in a[1].tolist() if e >= 0]
+    if any(e2 <= e1 for e1, e2 in zip([0] + ends, ends)) or (ends and ends[-1] > len(ids)):
+        raise RequestError(f"{name}: ends {ends} are not increasing within the {len(ids)} ids")
+    return [ids[e1:e2] for e1, e2 in zip([0] + ends, ends)]
 
 
 def check_mode(mode: str | None, ddtree_budget: int | None, field: str = "mode") -> None:
