@@ -30,6 +30,7 @@ The files (results.jsonl, summary.csv / .json, sweep.png) are written by sweep/s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -246,12 +247,26 @@ def _spec_event(spec: dict | None, tokens: int, avg) -> dict:
             "acceptance_histogram": list(spec.get("acceptance_histogram") or [])}
 
 
-async def _consume(record: RequestRecord, events) -> RequestRecord:
-    """Fill `record` from a stream of responses; a request ends at the one with a finish_reason."""
+# A request that hears nothing from the server for this long fails: a server (or Triton Python
+# stub) that dies mid-request never closes its streams, and a sweep must end, not hang.
+STALL_S = 300.0
+
+
+async def _consume(record: RequestRecord, events, stall_s: float = STALL_S) -> RequestRecord:
+    """Fill `record` from a stream of responses; a request ends at the one with a finish_reason,
+    and fails after `stall_s` seconds without a response."""
     record.start_ns = time.perf_counter_ns()
     texts = []
+    stream = aiter(events)
     try:
-        async for event in events:
+        while True:
+            try:
+                event = await asyncio.wait_for(anext(stream), stall_s)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                record.error = f"no response from the server for {stall_s:g} s"
+                break
             now = time.perf_counter_ns()
             if "error" in event:
                 record.error = str(event["error"])
@@ -272,6 +287,9 @@ async def _consume(record: RequestRecord, events) -> RequestRecord:
                 break
     except Exception as e:  # a transport failure counts as a failed request, not a crashed sweep
         record.error = f"{type(e).__name__}: {e}"
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.aclose()
     if not record.end_ns:
         record.end_ns = time.perf_counter_ns()
         record.error = record.error or "stream ended without a final response"
@@ -290,7 +308,8 @@ def _acceptance(record: RequestRecord, event: dict) -> None:
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
                     max_tokens: int | Sequence[int], seed: int, temperature: float, on_done=None, protocol: str = "grpc",
-                    variant: Variant = Variant("dflash"), repeat: int = 0, io: ModelIO = ModelIO()) -> list[RequestRecord]:
+                    variant: Variant = Variant("dflash"), repeat: int = 0, io: ModelIO = ModelIO(),
+                    stall_s: float = STALL_S) -> list[RequestRecord]:
     """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
     time. Request i sends prompt i (mod the prompts) with seed + i, whatever the curve, and asks for
     max_tokens tokens (an int), or max_tokens[i] (mod its length: recipe Sweep.output_lens)."""
@@ -305,7 +324,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
                 events = _http_events(session, url, model, prompt, max_tokens, s, temperature, settings, io.perf_metrics)
             else:
                 events = _openai_events(session, url, model, prompt, max_tokens, s, temperature, settings)
-            return await _consume(rec, events)
+            return await _consume(rec, events, stall_s)
 
         async def close():
             await session.close()
@@ -316,7 +335,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
 
         async def send(rec, prompt, s, max_tokens):
             return await _consume(rec, _grpc_events(client, model, rec, prompt, max_tokens, s, temperature, settings,
-                                                    io))
+                                                    io), stall_s)
 
         async def close():
             await client.close()
