@@ -52,7 +52,7 @@ def test_2_a_two_layer_drafter_builds_with_trtllm_build_and_drafts_like_the_torc
     from trtllm_dflash.build.stage import build
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
 
     target = make_target(tmp_path / "target")
     drafter = make_drafter(tmp_path / "drafter", target_layers=4)  # 2 layers: two arenas, the layer loop
