@@ -38,7 +38,7 @@ def cli(*args, **kw) -> subprocess.CompletedProcess:
 @needs_trtllm
 def test_1_doctor_says_this_container_can_serve_the_built_deployment(built, tmp_path):
     from trtllm_dflash.deploy.repository import deploy
-    from trtllm_dflash.serve.doctor import doctor, ready
+    from trtllm_dflash.launch.doctor import doctor, ready
 
     _, _, out = built
     recipe = checklist_recipe()

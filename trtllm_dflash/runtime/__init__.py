@@ -8,11 +8,11 @@ checkpoint_runner.py  `open_checkpoint` / `checkpoint_steps`: a checkpoint ready
 local_model.py      a reference target and drafter in this process
 networks.py         the drafter network and the target tap, written once over an op set;
                     ops_torch.py runs them on torch (build/ops_trtllm.py on TensorRT-LLM)
-engine_runners.py   the engine backend's runners (target Executor + drafter), emulated on CPU
-fake_executor.py    the CPU stand-in of TensorRT-LLM's C++ Executor
-drafter_runner.py   the drafter engine's runner (its context arena)
-drafter_ranks.py    drafter ranks beside a tensor-parallel target
-trt_runners.py      the same runners over real TensorRT-LLM engines (GPU)
+engine_runners.py   the engine backend's runners: the round loop over TensorRT-LLM engines or
+                    their CPU stand-ins (fake_executor.py: the C++ Executor on torch)
+drafter_runner.py   the drafter engine's runner, which owns its context arena
+drafter_ranks.py    a drafter split over the tensor-parallel ranks of a leader-mode deployment
+trt_runners.py      the TensorRT sessions and Executor behind them (GPU-only imports, inside functions)
 """
 
 RUNNERS = ("reference", "emulated", "tensorrt")  # what decodes: our torch modules, the engine stand-ins, TensorRT
