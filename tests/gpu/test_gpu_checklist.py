@@ -28,10 +28,10 @@ BF16_TOL = dict(atol=1e-1, rtol=1e-1)
 
 def cpu_engine(info):
     """The CPU stand-in of the target engine (TapEngine) on the same checkpoint."""
-    from trtllm_dflash.runtime.engine_runners import open_emulated
+    from trtllm_dflash.runtime.checkpoint_runner import rank_model
     from trtllm_dflash.runtime.tp_layers import Comm
 
-    return open_emulated(info, Comm(), torch.float32, "cpu", 256)
+    return rank_model("emulated", info, Comm(), torch.float32, "cpu", 256)
 
 
 @needs_trtllm

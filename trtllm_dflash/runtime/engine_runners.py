@@ -188,7 +188,7 @@ class EngineDrafter:
 class Rank0Drafter:
     """The DrafterRunner of one tensor-parallel rank when rank 0 holds the whole drafter
     (placement rank0, docs/engine-tp.md), where every rank runs the round loop in step
-    (checkpoint_runner.ShardedModel, the CPU emulation): rank 0 drafts with `inner`, and every
+    (sharded.ShardedModel, the CPU emulation): rank 0 drafts with `inner`, and every
     rank takes rank 0's draft logits [B, T-1, V] (a broadcast over `comm`), so all decoders
     verify the same drafts. In a deployment ranks > 0 run no loop: the drafts reach their target
     shards inside the verify requests the Executor's leader broadcasts."""
@@ -220,7 +220,7 @@ class Rank0Drafter:
 class EngineModel:
     """Engine runners for the serving batcher: one executor and one drafter weight set shared by
     the decoders of every sampling group. With tp > 1 this is one rank's model (its shards and
-    `comm`), driven by checkpoint_runner.ShardedModel like the reference runners."""
+    `comm`), driven by sharded.ShardedModel like the reference runners."""
 
     failed = None  # a single process: a rank of it that dies takes the whole ShardedModel down
 
