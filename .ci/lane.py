@@ -29,7 +29,7 @@ STACKS = ROOT / ".ci" / "stacks"
 # What installing the project must never move inside a container (the list).
 PROTECTED = ("torch", "transformers", "nvidia-modelopt", "numpy", "triton", "tokenizers")
 # Installed without their dependencies where they pin something a stack moves past:
-# nvidia-pytriton 0.7.0 requires numpy<2 (serve/launch.py gives its stub a numpy<2 of its own).
+# nvidia-pytriton 0.7.0 requires numpy<2 (launch/server.py gives its stub a numpy<2 of its own).
 NO_DEPS = ("nvidia-pytriton",)
 
 

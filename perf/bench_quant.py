@@ -10,7 +10,7 @@ how quantization moves tau.
 
 Rows are (target format, drafter format) over {bf16, fp8, nvfp4}: bf16 both, each format on
 the target alone, on the drafter alone, and on both. bf16 means the weights rounded to bf16;
-fp8 / nvfp4 quantize those bf16 weights with the exact formats (quantize/formats.py) and the
+fp8 / nvfp4 quantize those bf16 weights with the exact formats (formats/quant.py) and the
 checkpoints' scale sharing (quantize/emulate.py), then dequantize: weight-only emulation,
 computed in --dtype (float32 by default, so the only difference between rows is the weights).
 The LM head and embedding stay bf16 (they are excluded from quantization, as in ModelOpt).

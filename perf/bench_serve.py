@@ -201,10 +201,10 @@ def bench(recipe, work: Path, *, prompts: int = 8, max_tokens: int | None = None
 
     from trtllm_dflash import pipeline
     from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.launch.overlay import with_parameters
+    from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.serve.deployed import open_deployed, repository_model
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer
-    from trtllm_dflash.serve.overlay import with_parameters
     from trtllm_dflash.serve.trace import TRACE_ENV, Trace, read
 
     pipeline.run(recipe, work, until="deploy", progress=False, say=say)

@@ -44,8 +44,8 @@ def curves(recipe, fixed=FIXED):
 def bench(recipe, work: Path, levels=(1, 2, 4, 8, 16), repeats: int = 3, fixed=FIXED, say=print) -> dict:
     from trtllm_dflash import pipeline
     from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.prompts.sources import load_prompts
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer
     from trtllm_dflash.sweep.loadgen import run_sweep
 
     pipeline.run(recipe, work, until="deploy", progress=False, say=say)

@@ -26,7 +26,9 @@ def expected_outputs(recipe, checkpoint: Path, prompts: list[str], max_tokens: i
     """Single-request greedy outputs of the reference backend on the deployed checkpoint (the oracle)."""
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps, read_checkpoint
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
+
+    from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
 
     tok = AutoTokenizer.from_pretrained(read_checkpoint(checkpoint).tokenizer_dir)
     spec = recipe.speculative
@@ -86,8 +88,8 @@ async def client_loop(url: str, model: str, prompts: list[str], expected: list[s
 def soak(recipe, clients: int, seconds: float, max_tokens: int, prompts: list[str]) -> dict:
     from trtllm_dflash.artifacts import Manifest
     from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.pipeline import run
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer
 
     stats = {"requests": 0, "failed": 0, "truncated": 0, "mismatched": 0}
     with tempfile.TemporaryDirectory() as tmp:

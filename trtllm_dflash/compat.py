@@ -111,7 +111,7 @@ def quant_cfg_extend(cfg: dict, other: dict) -> None:
 # NVFP4 export: ModelOpt < 0.45 casts block scales to E4M3 unclamped, so a block whose scale
 # is below E4M3's smallest subnormal (2**-9) is written as 0 (it dequantizes to zeros) and
 # one above 448 as NaN; from 0.45 (`nvfp4_tensor.py::_cast_per_block_scale_to_fp8`) and in
-# quantize/formats.py the scale is clamped to [2**-9, 448]. ModelOpt < 0.45 also asks
+# formats/quant.py the scale is clamped to [2**-9, 448]. ModelOpt < 0.45 also asks
 # `backends/utils.py::fp4_compatible` -> torch.cuda.get_device_capability(0) before looking at
 # the tensor's device, which raises without a GPU; 0.45 returns False when CUDA is unavailable.
 MODELOPT_NVFP4_AS_CURRENT = Version("0.45")
@@ -214,7 +214,7 @@ def _add_excludes(export_dir: Path, modules: list[str]) -> None:
 # BYTES inputs kill the stub and every output comes back empty. python_backend moved to
 # pybind11 2.12 in triton-inference-server/python_backend PR #384 (Nov 2024, Triton 24.11);
 # nvidia-pytriton 0.7.0 (the CPU server we serve with) bundles Triton 2.51 = 24.10, before it.
-# So under numpy 2 the bundled stub gets a numpy < 2 of its own (serve/launch.py).
+# So under numpy 2 the bundled stub gets a numpy < 2 of its own (launch/server.py).
 STUB_NUMPY_ENV = "TRTLLM_DFLASH_STUB_NUMPY"
 
 

@@ -199,8 +199,8 @@ def _run_stage(stage: str, recipe: Recipe, input_dir: Path | None, out: Path, pr
         import tempfile
 
         from trtllm_dflash.deploy.repository import REPOSITORY
-        from trtllm_dflash.serve.launch import Endpoints, TritonServer
-        from trtllm_dflash.serve.overlay import with_runners
+        from trtllm_dflash.launch.overlay import with_runners
+        from trtllm_dflash.launch.server import Endpoints, TritonServer
         from trtllm_dflash.sweep.stage import sweep
 
         runners = serving_runners(recipe)

@@ -1,4 +1,4 @@
-"""The engine I/O contract (build/engine_io.py): the plan's tensor names are the contract's, the
+"""The engine I/O contract (formats/engine_io.py): the plan's tensor names are the contract's, the
 in-graph tail-row rule equals the CPU target engine's rows on packed batches, the 1.2.1
 additional-output naming, and the tap weights the target engine copies from the drafter."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trtllm_dflash.build import engine_io
 from trtllm_dflash.build.plan import make_plan
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_plan_names_are_the_contracts(tp, tmp_path):
 
 
 def test_tail_rows_are_the_cpu_engines_rows_on_packed_sequences():
-    """TapEngine (serve/engine_runners.py) takes, per sequence of n rows, rows n - tail .. n - 1
+    """TapEngine (runtime/engine_runners.py) takes, per sequence of n rows, rows n - tail .. n - 1
     clamped at 0; packed, that is the same rows offset by the sequence's start."""
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):
@@ -75,7 +75,7 @@ def _drafter_dir(root: Path, tensors: dict) -> Path:
 
 
 def test_tap_weights_come_from_the_drafter_beside_the_target(tmp_path):
-    from trtllm_dflash.quantize.formats import fp8_scale, quantize_fp8
+    from trtllm_dflash.formats.quant import fp8_scale, quantize_fp8
 
     fc, norm = torch.randn(8, 24), torch.rand(8) + 0.5
     target = _drafter_dir(tmp_path / "a", {"dflash.fc.weight": fc, "dflash.hidden_norm.weight": norm})

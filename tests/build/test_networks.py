@@ -1,4 +1,4 @@
-"""The networks written once (build/networks.py) on torch (build/ops_torch.py) against the
+"""The networks written once (runtime/networks.py) on torch (runtime/ops_torch.py) against the
 reference modules, on the shipped tiny-pystd pair in fp32:
 
 - target_tap: the fused context rows equal the reference drafter's hidden_norm(fc(features));
@@ -13,13 +13,13 @@ import torch
 
 from pathlib import Path
 
-from trtllm_dflash.build.networks import DrafterSpec, drafter_hidden, drafter_logits, drafter_path, target_tap
-from trtllm_dflash.build.ops_torch import Arena, TorchOps
 from trtllm_dflash.prompts.sources import heldout_token_prompts
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.reference import SamplingParams, load_pair
 from trtllm_dflash.reference.runners import PAD, ReferenceDrafter, ReferenceTarget
-from trtllm_dflash.serve.engine_runners import drafter_weights
+from trtllm_dflash.runtime.engine_runners import drafter_weights
+from trtllm_dflash.runtime.networks import DrafterSpec, drafter_hidden, drafter_logits, drafter_path, target_tap
+from trtllm_dflash.runtime.ops_torch import Arena, TorchOps
 
 TOL = 1e-5
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "dflash2"

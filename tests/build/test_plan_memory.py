@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash.build import engine_io
 from trtllm_dflash.build.stage import build
+from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.engine_memory import EXECUTOR_OUTPUTS
 from trtllm_dflash.recipe.planner import plan
@@ -116,7 +116,7 @@ def test_every_engine_tensor_is_counted_or_stock(tmp_path):
 
 def test_the_executor_registers_exactly_the_outputs_the_plan_counts():
     from tests.helpers import fake_bindings
-    from trtllm_dflash.serve import trt_runners
+    from trtllm_dflash.runtime import trt_runners
 
     cfg = trt_runners.executor_config(1, bindings=fake_bindings.module())
     assert [o.name for o in cfg.additional_model_outputs] == list(EXECUTOR_OUTPUTS)

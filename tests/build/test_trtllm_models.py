@@ -20,14 +20,14 @@ import fake_trtllm
 import pytest
 import torch
 
-from trtllm_dflash.build import engine_io
-from trtllm_dflash.build.networks import DrafterSpec, target_tap
-from trtllm_dflash.build.ops_torch import TorchOps
 from trtllm_dflash.build.plan import make_plan, models_file
+from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.reference.runners import PAD
 from trtllm_dflash.reference.target import Rope
-from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
+from trtllm_dflash.runtime.drafter_runner import ArenaDrafter, TorchDrafterSession
+from trtllm_dflash.runtime.networks import DrafterSpec, target_tap
+from trtllm_dflash.runtime.ops_torch import TorchOps
 
 ROOT = Path(__file__).resolve().parents[2]
 # trtllm-build itself loads the file with the deprecated SourceFileLoader.load_module.
@@ -71,7 +71,7 @@ def _drafter(converted, monkeypatch):
 
 
 def test_drafter_network_drafts_what_the_torch_network_drafts(converted, monkeypatch):
-    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint, read_rank
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint, read_rank
 
     models, model = _drafter(converted, monkeypatch)
     assert model.unused == []  # every checkpoint tensor but the target's dflash.* is a parameter

@@ -10,7 +10,9 @@ from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.reference import generate, load_pair
-from trtllm_dflash.serve.checkpoint_runner import Comm, checkpoint_steps, load_rank, read_checkpoint
+from trtllm_dflash.runtime.checkpoint import load_rank, read_checkpoint
+from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
+from trtllm_dflash.runtime.tp_layers import Comm
 
 PROMPTS = [[5, 9, 2, 77, 31], [8, 8, 100, 3]]
 EXTRA = [f"layers.{i}.{c}.{w}" for i in range(2) for c in ("attention_conv", "mlp_conv")

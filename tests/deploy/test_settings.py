@@ -45,7 +45,7 @@ def test_deploy_writes_only_settings(tmp_path):
 
 
 def test_no_other_module_spells_the_setting_keys():
-    allowed = {PACKAGE / "deploy" / "settings.py", PACKAGE / "serve" / "overlay.py"}
+    allowed = {PACKAGE / "deploy" / "settings.py", PACKAGE / "launch" / "overlay.py"}
     # `recipe`, `runners` and `checkpoint` are ordinary words in the package; the others are not
     keys = [n for n in NAMES if n not in ("recipe", "runners", "checkpoint")]
     def spelled(k: str) -> str:  # a parameter read or written by key: x["k"], x.get("k", ...), {"k": ...}

@@ -30,7 +30,7 @@ def built(tmp_path_factory):
 
     from trtllm_dflash.build.stage import build
     from trtllm_dflash.convert.convert import convert
-    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
 
     root = tmp_path_factory.mktemp("engines")
     recipe = checklist_recipe()

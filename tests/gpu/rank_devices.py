@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from trtllm_dflash.serve.trt_runners import TrtSession, mpi_rank, open_trt_engine
+from trtllm_dflash.runtime.trt_runners import TrtSession, mpi_rank, open_trt_engine
 
 SEEN: dict = {}
 

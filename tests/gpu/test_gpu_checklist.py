@@ -28,16 +28,16 @@ BF16_TOL = dict(atol=1e-1, rtol=1e-1)
 
 def cpu_engine(info):
     """The CPU stand-in of the target engine (TapEngine) on the same checkpoint."""
-    from trtllm_dflash.serve.checkpoint_runner import Comm
-    from trtllm_dflash.serve.engine_runners import open_emulated
+    from trtllm_dflash.runtime.checkpoint_runner import rank_model
+    from trtllm_dflash.runtime.tp_layers import Comm
 
-    return open_emulated(info, Comm(), torch.float32, "cpu", 256)
+    return rank_model("emulated", info, Comm(), torch.float32, "cpu", 256)
 
 
 @needs_trtllm
 def test_1_additional_outputs_follow_the_1_2_1_row_rules(built):
     """Binding names, result names and shapes, rows of a mixed step with KV reuse (§2.3)."""
-    from trtllm_dflash.serve.trt_runners import open_executor
+    from trtllm_dflash.runtime.trt_runners import open_executor
 
     info, _, out = built
     H, tail = info.target_cfg.hidden_size, info.drafter_cfg.block_size
@@ -80,7 +80,7 @@ def test_2_greedy_dflash_on_the_engines_is_the_engines_own_greedy_output(built):
     from trtllm_dflash.perf.bench_quant import shipped_pair
     from trtllm_dflash.prompts.sources import heldout_token_prompts
     from trtllm_dflash.reference import SamplingParams
-    from trtllm_dflash.serve.trt_runners import open_trt_engine
+    from trtllm_dflash.runtime.trt_runners import open_trt_engine
 
     info, _, out = built
     prompts = heldout_token_prompts(shipped_pair()[0], 4, 48)
@@ -121,7 +121,7 @@ def test_2_greedy_dflash_on_the_engines_is_the_engines_own_greedy_output(built):
 def test_3_costs_per_round(built):
     """Per-round target (Executor) and drafter time at concurrency 1, 4 and 16 (recorded, not judged)."""
     from trtllm_dflash.reference import SamplingParams
-    from trtllm_dflash.serve.trt_runners import open_trt_engine
+    from trtllm_dflash.runtime.trt_runners import open_trt_engine
 
     info, _, out = built
     model = open_trt_engine(out, device="cuda")

@@ -38,7 +38,7 @@ def cli(*args, **kw) -> subprocess.CompletedProcess:
 @needs_trtllm
 def test_1_doctor_says_this_container_can_serve_the_built_deployment(built, tmp_path):
     from trtllm_dflash.deploy.repository import deploy
-    from trtllm_dflash.serve.doctor import doctor, ready
+    from trtllm_dflash.launch.doctor import doctor, ready
 
     _, _, out = built
     recipe = checklist_recipe()
@@ -52,7 +52,7 @@ def test_2_a_two_layer_drafter_builds_with_trtllm_build_and_drafts_like_the_torc
     from trtllm_dflash.build.stage import build
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
 
     target = make_target(tmp_path / "target")
     drafter = make_drafter(tmp_path / "drafter", target_layers=4)  # 2 layers: two arenas, the layer loop

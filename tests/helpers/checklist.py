@@ -43,12 +43,12 @@ def drafts_like_the_torch_network(info, build_out: Path, tol: dict) -> float:
     agreement. Both arenas grow by the rows' new context."""
     import torch
 
-    from trtllm_dflash.build.networks import DrafterSpec
     from trtllm_dflash.reference.runners import PAD
     from trtllm_dflash.reference.target import Rope
-    from trtllm_dflash.serve.checkpoint_runner import read_rank
-    from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
-    from trtllm_dflash.serve.trt_runners import TrtSession
+    from trtllm_dflash.runtime.checkpoint import read_rank
+    from trtllm_dflash.runtime.drafter_runner import ArenaDrafter, TorchDrafterSession
+    from trtllm_dflash.runtime.networks import DrafterSpec
+    from trtllm_dflash.runtime.trt_runners import TrtSession
 
     session = TrtSession(build_out / "drafter" / "engines", "cuda")
     d = info.drafter_cfg

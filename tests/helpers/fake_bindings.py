@@ -7,7 +7,7 @@ result conventions of the C++ batch manager: additional outputs named "context_<
 cache salt in whole blocks, reported in request_perf_metrics.kv_cache_metrics.num_reused_blocks.
 
 The Executor's limits are the engine's (its config.json build_config, `build_config=`), with the
-1.2.1 rules of serve/fake_executor.py EngineLimits (one definition, each rule citing its C++
+1.2.1 rules of runtime/fake_executor.py EngineLimits (one definition, each rule citing its C++
 file): reuse only with paged context FMHA (trtGptModelInflightBatching.cpp fixExecutorConfig),
 prompts up to the runtime max input length and max_tokens clamped at max_seq_len
 (trtGptModel.h, llmRequest.cpp LlmRequest::validate), steps of at most max_num_tokens
@@ -21,7 +21,7 @@ only the leader, the first participant (participants default to every rank) take
 orchestrator mode only the orchestrator. A non-leader's shutdown() returns at once here (the
 real one blocks until the leader's terminate request reaches the execution thread).
 
-The engine is a serve/engine_runners.py TapEngine (full-sequence outputs by name).
+The engine is a runtime/engine_runners.py TapEngine (full-sequence outputs by name).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 import torch
 
-from trtllm_dflash.serve.fake_executor import EngineLimits, cached_prefix, take_step
+from trtllm_dflash.runtime.fake_executor import EngineLimits, cached_prefix, take_step
 
 # An engine built with paged context FMHA and room to spare, for tests that do not probe limits.
 ROOMY_ENGINE = {"max_seq_len": 4096, "max_input_len": 4095, "max_num_tokens": 8192,

@@ -7,7 +7,7 @@ from serve_helpers import make_pair
 
 from trtllm_dflash.perf.bench_drafter_context import join_rounds
 from trtllm_dflash.reference import load_pair
-from trtllm_dflash.serve.batcher import LocalModel
+from trtllm_dflash.runtime.local_model import LocalModel
 
 
 def test_join_rounds_replace_the_oldest_request_and_time_the_round_that_projects_its_prompt(tmp_path):

@@ -10,7 +10,8 @@ from trtllm_dflash.perf import bench_quant
 from trtllm_dflash.quantize.emulate import fake_quantize_
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.reference import load_pair
-from trtllm_dflash.serve.checkpoint_runner import Comm, load_rank, read_checkpoint
+from trtllm_dflash.runtime.checkpoint import load_rank, read_checkpoint
+from trtllm_dflash.runtime.tp_layers import Comm
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])

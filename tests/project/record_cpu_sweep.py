@@ -23,11 +23,11 @@ from test_cpu_projection import DATA, OVERRIDES, served_rows
 
 from trtllm_dflash import pipeline
 from trtllm_dflash.deploy.repository import REPOSITORY
+from trtllm_dflash.launch.server import Endpoints, TritonServer
 from trtllm_dflash.project.calibrate import PROBE_LEVELS, calibrate
 from trtllm_dflash.project.report import read_measured
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
-from trtllm_dflash.serve.launch import Endpoints, TritonServer
 
 
 def main(work: Path) -> None:

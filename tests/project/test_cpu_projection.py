@@ -84,10 +84,10 @@ def test_cpu_projection_matches_a_fresh_sweep(tmp_path):
     `pipeline.run` (convert, deploy, serve behind tritonserver, sweep) and compare."""
     from trtllm_dflash import pipeline
     from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.project.calibrate import calibrate
     from trtllm_dflash.project.report import read_measured
     from trtllm_dflash.project.stepmodel import Deployment, StepModel
-    from trtllm_dflash.serve.launch import Endpoints, TritonServer
 
     r = load_recipe(None, OVERRIDES)
     quiet = lambda line: None

@@ -6,7 +6,7 @@ The parity with ModelOpt's own export is in test_modelopt_parity.py (needs nvidi
 import pytest
 import torch
 
-from trtllm_dflash.quantize.formats import (
+from trtllm_dflash.formats.quant import (
     E2M1_GRID,
     E4M3_MAX,
     dequantize_nvfp4,

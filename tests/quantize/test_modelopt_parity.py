@@ -30,7 +30,7 @@ from trtllm_dflash.quantize.calibrate import (  # noqa: E402
     group_weight_amax,
     shared_input_groups,
 )
-from trtllm_dflash.quantize.formats import (  # noqa: E402
+from trtllm_dflash.formats.quant import (  # noqa: E402
     dequantize_nvfp4,
     fp8_scale,
     nvfp4_global_scale,

@@ -15,9 +15,9 @@ from checkpoints import converted, make_drafter, make_target, modelopt_trtllm_ex
 from safetensors.torch import load_file
 
 from trtllm_dflash.artifacts import Manifest, check_files, verify_input
-from trtllm_dflash.quantize.stage import quantize
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.quantize import formats as F
+from trtllm_dflash.formats import quant as F
+from trtllm_dflash.quantize.stage import quantize
 from trtllm_dflash.recipe import load_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -44,7 +44,7 @@ def test_the_pattern_finds_comparisons():
 
 
 def test_the_maps_and_classes_the_table_names_exist():
-    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, WEIGHT_MAPS
+    from trtllm_dflash.formats.weight_maps import DRAFTER_MAP, WEIGHT_MAPS
 
     mapped = {m: a.trtllm_architecture for m, a in ARCHITECTURES.items() if a.trtllm_architecture}
     assert {m: WEIGHT_MAPS[m].architecture for m in WEIGHT_MAPS} == mapped

@@ -23,7 +23,9 @@ from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.support import BACKENDS, DRAFTERS
 from trtllm_dflash.reference import DFlashDraft, DraftConfig, generate, load_pair
 from trtllm_dflash.reference.config import LAGUNA_ARCH
-from trtllm_dflash.serve.checkpoint_runner import Comm, checkpoint_steps, load_rank, read_checkpoint
+from trtllm_dflash.runtime.checkpoint import load_rank, read_checkpoint
+from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
+from trtllm_dflash.runtime.tp_layers import Comm
 
 PROMPTS = [[5, 9, 2, 77, 31, 4, 4, 18], [8, 8, 100, 3]]
 

@@ -9,7 +9,8 @@ from serve_helpers import make_pair
 
 from trtllm_dflash.reference import generate, load_pair
 from trtllm_dflash.reference.generate import Decoder
-from trtllm_dflash.serve.batcher import Job, LocalModel, ServingEngine
+from trtllm_dflash.runtime.local_model import LocalModel
+from trtllm_dflash.serve.batcher import Job, ServingEngine
 
 
 @pytest.fixture(scope="module")

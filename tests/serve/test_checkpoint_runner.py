@@ -15,9 +15,11 @@ from checkpoints import converted, make_drafter, make_target, step_tokens, write
 from trtllm_dflash.cli import main
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.quantize import formats as F
+from trtllm_dflash.formats import quant as F
 from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.serve.checkpoint_runner import Comm, checkpoint_steps, load_rank, read_checkpoint
+from trtllm_dflash.runtime.checkpoint import load_rank, read_checkpoint
+from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
+from trtllm_dflash.runtime.tp_layers import Comm
 
 PROMPTS = [[5, 17, 33, 2, 90, 11], [7, 7, 100, 3]]
 NEW = 20
@@ -168,7 +170,7 @@ class _Proc:
 
 
 def _failed_reason(procs, detail):
-    from trtllm_dflash.serve.checkpoint_runner import RankFailed, ShardedModel
+    from trtllm_dflash.runtime.sharded import RankFailed, ShardedModel
 
     model = ShardedModel.__new__(ShardedModel)
     model._procs = type("Procs", (), {"processes": procs})()

@@ -1,5 +1,5 @@
 """`serve --launcher srun` writes a Slurm batch script and `--launcher k8s` a LeaderWorkerSet
-manifest (serve/cluster.py): parsed back (the #SBATCH lines and the srun line with shlex; the
+manifest (launch/cluster.py): parsed back (the #SBATCH lines and the srun line with shlex; the
 manifest with yaml.safe_load_all) and checked against the recipe's placement, for the 8-GPU B300
 recipe (1 node x 8), the same recipe at tp 16 (2 nodes x 8), and single-GPU deployments (pytorch
 at tp 1, and the engine backend). The shell around the commands runs here against stand-ins of
@@ -18,11 +18,11 @@ import yaml
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.cli import main
 from trtllm_dflash.deploy.repository import deploy
+from trtllm_dflash.launch.cluster import SSH_KEYS, SSH_PORT, dns_label, enroot_uri, source_checkout
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.containers import TRITON_TRTLLM_1_2, TRTLLM_RELEASE
 from trtllm_dflash.recipe.placement import placement
 from trtllm_dflash.recipe.stages import input_stage
-from trtllm_dflash.serve.cluster import SSH_KEYS, SSH_PORT, dns_label, enroot_uri, source_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT_OSS = ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"
@@ -93,7 +93,7 @@ def rank(argv: list[str]) -> list[str]:
 
 def after_prelude(cmd: list[str]) -> tuple[str, list[str]]:
     """(the shell run first, the command it then execs) of a `bash -c '...; exec CMD'` line (the
-    pytorch backend behind Triton copies TensorRT-LLM's model.py first: serve/llmapi_model.py)."""
+    pytorch backend behind Triton copies TensorRT-LLM's model.py first: launch/llmapi_model.py)."""
     assert cmd[:2] == ["bash", "-c"]
     prelude, _, command = cmd[2].rpartition("; exec ")
     return prelude, shlex.split(command)

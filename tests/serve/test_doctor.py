@@ -1,4 +1,4 @@
-"""`doctor` (serve/doctor.py): one line per check, ready only when every check passes; each
+"""`doctor` (launch/doctor.py): one line per check, ready only when every check passes; each
 failure class driven by a stand-in of the machine (FakeBox), the files by a real CPU run to deploy."""
 
 import json
@@ -13,7 +13,7 @@ from trtllm_dflash.cli import main
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.hardware import GiB
 from trtllm_dflash.recipe.planner import plan
-from trtllm_dflash.serve.doctor import (
+from trtllm_dflash.launch.doctor import (
     Gpu,
     check_attention,
     check_files_chain,
@@ -35,7 +35,7 @@ H100_GPU = Gpu("NVIDIA H100 80GB HBM3", 90, 80 * 10**9, 79 * 10**9)
 
 @dataclass
 class FakeBox:
-    """A machine as doctor reads it (serve/doctor.py Box): what a test sets is what it finds."""
+    """A machine as doctor reads it (launch/doctor.py Box): what a test sets is what it finds."""
 
     versions: dict = field(default_factory=lambda: {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48"})
     devices: list = field(default_factory=lambda: [H100_GPU] * 8)

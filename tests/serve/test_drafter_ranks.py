@@ -1,4 +1,4 @@
-"""A drafter split over the ranks of a leader-mode deployment (serve/drafter_ranks.py): rank 0
+"""A drafter split over the ranks of a leader-mode deployment (runtime/drafter_ranks.py): rank 0
 broadcasts every call of its drafters (create, join, keep, draft with its inputs, release, stop)
 and the other ranks make the same calls on theirs.
 
@@ -19,9 +19,9 @@ from reference_helpers import make_drafter, make_target
 from test_engine_runners import play
 
 from trtllm_dflash.reference import SamplingParams, load_pair
-from trtllm_dflash.serve.drafter_ranks import SplitDrafters, serve_drafter_rank
-from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
-from trtllm_dflash.serve.engine_runners import EngineModel, engine_model_from_pair
+from trtllm_dflash.runtime.drafter_ranks import SplitDrafters, serve_drafter_rank
+from trtllm_dflash.runtime.drafter_runner import ArenaDrafter, TorchDrafterSession
+from trtllm_dflash.runtime.engine_runners import EngineModel, engine_model_from_pair
 
 
 class QueueGroup:
@@ -102,11 +102,12 @@ def _split_rank(rank, port, directory, events, results):
     the CPU Executor stand-in: the target's own TP is the Executor's business), rank 1 serves."""
     import dataclasses
 
-    from trtllm_dflash.build.networks import DrafterSpec
-    from trtllm_dflash.convert.weight_maps import Heads
+    from trtllm_dflash.formats.weight_maps import Heads
     from trtllm_dflash.reference.target import Rope
-    from trtllm_dflash.serve.checkpoint_runner import Comm, read_checkpoint, read_rank
-    from trtllm_dflash.serve.drafter_ranks import TorchRankGroup
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint, read_rank
+    from trtllm_dflash.runtime.drafter_ranks import TorchRankGroup
+    from trtllm_dflash.runtime.networks import DrafterSpec
+    from trtllm_dflash.runtime.tp_layers import Comm
 
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -125,7 +126,7 @@ def _split_rank(rank, port, directory, events, results):
         if rank:
             results.put(("passes", serve_drafter_rank(group, make)))
             return
-        from trtllm_dflash.serve.checkpoint_runner import open_checkpoint
+        from trtllm_dflash.runtime.checkpoint_runner import open_checkpoint
 
         base = open_checkpoint(directory / "tp1", runners="emulated", max_seq_len=64)
         model = EngineModel(base.executor, None, d, vocab_size=info.target_cfg.vocab_size,
@@ -146,7 +147,8 @@ def test_a_split_drafter_over_two_gloo_ranks_gives_the_tp1_tokens(tmp_path):
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.prompts.sources import heldout_token_prompts
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.checkpoint_runner import _free_port, open_checkpoint
+    from trtllm_dflash.runtime.checkpoint_runner import open_checkpoint
+    from trtllm_dflash.runtime.sharded import _free_port
 
     one = load_recipe(None)
     convert(one, tmp_path / "tp1", progress=False)

@@ -1,4 +1,4 @@
-"""ArenaDrafter (serve/drafter_runner.py), the runner of the drafter engine, on CPU: over the
+"""ArenaDrafter (runtime/drafter_runner.py), the runner of the drafter engine, on CPU: over the
 engine contract run by torch (TorchDrafterSession) it drafts exactly what the torch drafter
 network (EngineDrafter) drafts, round by round, with joins and cancels; it binds each arena
 input and its present output to one buffer and refuses a non-contiguous or overflowing context."""
@@ -7,11 +7,11 @@ import pytest
 import torch
 from reference_helpers import make_drafter, make_target
 
-from trtllm_dflash.build.engine_io import arena_names
+from trtllm_dflash.formats.engine_io import arena_names
 from trtllm_dflash.reference import SamplingParams, load_pair
 from trtllm_dflash.reference.runners import PAD
-from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
-from trtllm_dflash.serve.engine_runners import EngineModel, drafter_weights, engine_model_from_pair
+from trtllm_dflash.runtime.drafter_runner import ArenaDrafter, TorchDrafterSession
+from trtllm_dflash.runtime.engine_runners import EngineModel, drafter_weights, engine_model_from_pair
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def arena_model(target, drafter, max_seq_len, sessions):  # noqa: D401
 
 def test_arena_drafter_drafts_what_the_torch_drafter_drafts(pair):
     """Ragged context appends, joins and keeps: the same draft logits (to fp32 rounding) every call."""
-    from trtllm_dflash.serve.engine_runners import EngineDrafter
+    from trtllm_dflash.runtime.engine_runners import EngineDrafter
 
     target, drafter = pair
     base = engine_model_from_pair(target, drafter, max_seq_len=64)

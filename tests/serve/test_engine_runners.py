@@ -17,12 +17,12 @@ import torch
 from reference_helpers import make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
 
-from trtllm_dflash.reference import SamplingParams, load_pair
 from trtllm_dflash.recipe import recipes_root
+from trtllm_dflash.reference import SamplingParams, load_pair
 from trtllm_dflash.reference.generate import Decoder
-from trtllm_dflash.serve.batcher import LocalModel
-from trtllm_dflash.serve.engine_runners import EngineTarget, TapEngine, drafter_weights, engine_model_from_pair
-from trtllm_dflash.serve.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+from trtllm_dflash.runtime.engine_runners import EngineTarget, TapEngine, drafter_weights, engine_model_from_pair
+from trtllm_dflash.runtime.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+from trtllm_dflash.runtime.local_model import LocalModel
 
 
 RECIPES = recipes_root()
@@ -337,7 +337,8 @@ def test_emulated_engine_at_tp2_reproduces_tp1(tmp_path, backend, placement):
     from trtllm_dflash.prompts.sources import heldout_token_prompts
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.recipe.planner import drafter_placement
-    from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
+    from trtllm_dflash.runtime.checkpoint_runner import open_checkpoint
 
     recipe = load_recipe(RECIPES / f"cpu/tiny-pystd{'-engine' if backend == 'engine' else ''}.yaml", ["parallel.tp=2"])
     assert drafter_placement(recipe).mode == placement

@@ -26,9 +26,9 @@ from test_server import (  # noqa: E402, F401
 )
 
 from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
+from trtllm_dflash.launch.overlay import with_runners  # noqa: E402
+from trtllm_dflash.launch.server import Endpoints, TritonServer, free_ports  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_ports  # noqa: E402
-from trtllm_dflash.serve.overlay import with_runners  # noqa: E402
 
 
 # The emulated runners (the engine backend's own runners) run in the default suite; the

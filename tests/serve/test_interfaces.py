@@ -9,9 +9,10 @@ import pytest
 
 from trtllm_dflash.reference.generate import Decoder, DecoderProtocol
 from trtllm_dflash.reference.verify import SamplingParams
-from trtllm_dflash.serve.batcher import LocalModel, ServingEngine, ServingModel
-from trtllm_dflash.serve.checkpoint_runner import ShardedModel, _RemoteDecoder
-from trtllm_dflash.serve.engine_runners import EngineModel
+from trtllm_dflash.runtime.engine_runners import EngineModel
+from trtllm_dflash.runtime.local_model import LocalModel
+from trtllm_dflash.runtime.sharded import ShardedModel, _RemoteDecoder
+from trtllm_dflash.serve.batcher import ServingEngine, ServingModel
 
 DECODERS = [Decoder, _RemoteDecoder]
 MODELS = [LocalModel, ShardedModel, EngineModel]

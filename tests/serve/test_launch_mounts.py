@@ -18,9 +18,9 @@ from test_cluster_launchers import REGISTRY, flag, parse_sbatch, rank, written
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.cli import main
 from trtllm_dflash.deploy.repository import deploy
+from trtllm_dflash.launch import cluster
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.containers import TRITON_TRTLLM_1_2
-from trtllm_dflash.serve import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = {"engine": ROOT / "recipes/hopper/h100-qwen3-8b-fp8.yaml",

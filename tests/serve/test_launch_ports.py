@@ -10,10 +10,10 @@ from dataclasses import fields
 import pytest
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.launch import server as launch
+from trtllm_dflash.launch.server import Endpoints, TritonServer, free_ports
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.schema import RecipeError
-from trtllm_dflash.serve import launch
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_ports
 
 
 class _ReusingKernel:

@@ -1,5 +1,5 @@
 """The pytorch backend behind Triton runs TensorRT-LLM's LLM-API model.py, which every launch line
-copies into the deployed repository first (serve/llmapi_model.py); a multi-rank launch is refused
+copies into the deployed repository first (launch/llmapi_model.py); a multi-rank launch is refused
 when that model.py deletes the MPI job environment at import, as upstream's does on the main line
 (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py @044a90d: ranks started by
 trtllm-llmapi-launch would never join). The model.py texts below are small ones written here, one
@@ -16,9 +16,9 @@ from test_cluster_launchers import after_prelude, flag, parse_sbatch, rank, writ
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.cli import main
 from trtllm_dflash.deploy.repository import deploy
+from trtllm_dflash.launch.llmapi_model import MODEL_DIR_ENV, LLMAPIModel, clears_mpi_test
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.stages import input_stage
-from trtllm_dflash.serve.llmapi_model import MODEL_DIR_ENV, LLMAPIModel, clears_mpi_test
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT_OSS = ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"

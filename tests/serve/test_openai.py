@@ -24,7 +24,7 @@ pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)
 from serve_helpers import start_openai_server, stop_server  # noqa: E402
 
 from trtllm_dflash.cli import main  # noqa: E402
-from trtllm_dflash.serve.launch import free_port  # noqa: E402
+from trtllm_dflash.launch.server import free_port  # noqa: E402
 
 PROMPT = "def parse_args(argv):\n    "
 
@@ -232,7 +232,7 @@ def test_a_client_leaving_mid_stream_frees_its_slot(server, client):
 def test_sixteen_concurrent_streams_all_complete_and_are_exact(server):
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
+    from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
 
     url, root, _ = server
     prompts = [f"def f{i}(x):\n    return x * {i} + " for i in range(16)]

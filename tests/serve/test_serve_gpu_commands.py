@@ -64,7 +64,7 @@ def test_triton_api_runs_one_tritonserver_on_a_node(deployed_pytorch):
     out, _ = deployed_pytorch
     prelude, cmd = after_prelude(shlex.split(serve("--from", out).stdout.strip()))
     # The LLM-API model spawns its tp workers itself: one server, auto-complete off, no mpirun;
-    # TensorRT-LLM's model.py is copied in first (serve/llmapi_model.py), its MPI clearing is harmless here.
+    # TensorRT-LLM's model.py is copied in first (launch/llmapi_model.py), its MPI clearing is harmless here.
     assert cmd[0] == "/opt/tritonserver/bin/tritonserver" and "--disable-auto-complete-config" in cmd
     assert f"--model-repository={(out / 'model_repository').resolve()}" in cmd
     assert "$TRTLLM_LLMAPI_MODEL_DIR" in prelude and "OMPI_COMM_WORLD_RANK" not in prelude
@@ -95,7 +95,7 @@ def test_engine_backend_launches_one_tritonserver_per_rank_in_leader_mode(tmp_pa
     """tp 2: launch_triton_server.py's leader-mode form (get_cmd): mpirun, one tritonserver per rank
     with its own Python-backend shared-memory prefix, ranks > 0 loading only the dflash model, whose
     Executor runs in leader mode (no orchestrator environment, no spawned workers)."""
-    from trtllm_dflash.serve.launch import Endpoints, launch_command
+    from trtllm_dflash.launch.server import Endpoints, launch_command
 
     repo = tmp_path / "model_repository"
     cmd = launch_command(repo, Endpoints("0.0.0.0", 8000, 8001, 8002), 2, "dflash", llmapi=False)

@@ -21,8 +21,8 @@ pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) 
 grpcclient = pytest.importorskip("tritonclient.grpc.aio")
 
 from trtllm_dflash.errors import UserError  # noqa: E402
+from trtllm_dflash.launch.server import Endpoints, TritonServer, free_ports  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_ports  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def test_server_dies_with_a_killed_launcher(served):
     port, grpc_port, metrics_port = free_ports(3)
     code = (
         "import sys, time\n"
-        "from trtllm_dflash.serve.launch import Endpoints, TritonServer\n"
+        "from trtllm_dflash.launch.server import Endpoints, TritonServer\n"
         f"s = TritonServer(__import__('pathlib').Path({str(server.repository)!r}), "
         f"Endpoints('127.0.0.1', {port}, {grpc_port}, {metrics_port})).start()\n"
         "print('up', flush=True)\ntime.sleep(600)\n"

@@ -9,7 +9,7 @@ import pytest
 
 from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.serve import launch
+from trtllm_dflash.launch import server as launch
 
 
 def _fake_numpy(directory: Path, version: str) -> Path:

@@ -1,5 +1,5 @@
 """Every rank's TensorRT objects on its own GPU: a tp 8 split-drafter build opened through
-serve/trt_runners.py open_trt_engine, rank by rank, with the real TrtSession over stand-ins that
+runtime/trt_runners.py open_trt_engine, rank by rank, with the real TrtSession over stand-ins that
 know which device is current (tests/helpers/fake_cuda.py): each rank's drafter engine, execution
 context, stream and custom all-reduce workspace are created on that rank's GPU, peer access is
 enabled from it before the workspace (as tensorrt_llm/runtime/generation.py orders them), and a
@@ -12,7 +12,7 @@ import fake_cuda
 import pytest
 import torch
 
-from trtllm_dflash.serve import trt_runners
+from trtllm_dflash.runtime import trt_runners
 
 TP = 8
 KV_HEADS, HEAD_DIM, VOCAB = 1, 64, 4096
@@ -47,7 +47,7 @@ def tp8_split(tmp_path_factory):
 
 
 class _Stop:
-    """A split drafter's rank group whose rank 0 has already said stop (serve/drafter_ranks.py)."""
+    """A split drafter's rank group whose rank 0 has already said stop (runtime/drafter_ranks.py)."""
 
     def __init__(self, rank, world, device):
         self.rank, self.world, self.device = rank, world, device

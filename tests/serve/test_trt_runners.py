@@ -1,4 +1,4 @@
-"""serve/trt_runners.py on CPU, against a stand-in of TensorRT-LLM 1.2.1's executor bindings
+"""runtime/trt_runners.py on CPU, against a stand-in of TensorRT-LLM 1.2.1's executor bindings
 (tests/helpers/fake_bindings.py: keyword-only Request arguments, "context_"/"generation_" output
 names, reused rows left unwritten): the Executor configuration, the adapter EngineTarget drives,
 and a whole greedy decode through TrtExecutor + ArenaDrafter equal to the CPU engine runners.
@@ -14,10 +14,10 @@ from reference_helpers import make_drafter, make_target
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.reference import SamplingParams, load_pair
-from trtllm_dflash.serve import trt_runners
-from trtllm_dflash.serve.drafter_runner import ArenaDrafter, TorchDrafterSession
-from trtllm_dflash.serve.engine_runners import EngineModel, EngineTarget, TapEngine, engine_model_from_pair
-from trtllm_dflash.serve.fake_executor import AdditionalModelOutput, OutputConfig, Request
+from trtllm_dflash.runtime import trt_runners
+from trtllm_dflash.runtime.drafter_runner import ArenaDrafter, TorchDrafterSession
+from trtllm_dflash.runtime.engine_runners import EngineModel, EngineTarget, TapEngine, engine_model_from_pair
+from trtllm_dflash.runtime.fake_executor import AdditionalModelOutput, OutputConfig, Request
 
 
 @pytest.fixture(scope="module")

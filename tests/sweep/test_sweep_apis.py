@@ -20,9 +20,9 @@ pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)
 from serve_helpers import start_openai_server, stop_server  # noqa: E402
 
 from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
+from trtllm_dflash.launch.server import Endpoints, TritonServer, free_port  # noqa: E402
 from trtllm_dflash.pipeline import run  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
-from trtllm_dflash.serve.launch import Endpoints, TritonServer, free_port  # noqa: E402
 from trtllm_dflash.sweep.stage import sweep  # noqa: E402
 
 # fixed draft lengths: the APIs are compared round for round, and under the recipe's `auto` a

@@ -7,10 +7,8 @@ plan.py           per engine (target, drafter): build_config.json, the stock trt
                   command, plugins and I/O tensors, from the recipe (pure, CPU)
 stage.py          `trtllm-dflash build`: checks the --from checkpoints, writes the plan atomically
                   with a manifest, runs trtllm-build where TensorRT-LLM 1.2.x is installed
-engine_io.py      the engines' I/O contract (names, dims, the tail-row rule, tap weights, the
-                  executor's output names) shared by the plan, the model classes and the runners
-networks.py       the drafter network and the target tap, written once over an op set;
-                  ops_torch.py runs them on torch (CPU), ops_trtllm.py on TensorRT-LLM (GPU-only)
+ops_trtllm.py     runtime/networks.py's op set on TensorRT-LLM (GPU-only; runtime/ops_torch.py
+                  is the torch one); the engines' I/O contract is formats/engine_io.py
 trtllm_models.py  the model classes trtllm-build loads (--model_cls_file): DFlashQwen3Target,
                   DFlashLlamaTarget, DFlashDrafter (GPU-only; imported by trtllm-build, not here)
 """

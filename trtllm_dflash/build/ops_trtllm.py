@@ -1,4 +1,4 @@
-"""TrtllmOps: the networks' op set (networks.py) on TensorRT-LLM 1.2.x functional tensors, inside
+"""TrtllmOps: the networks' op set (runtime/networks.py) on TensorRT-LLM 1.2.x functional tensors, inside
 a network under construction (GPU-only: imported by trtllm_models.py, which trtllm-build loads).
 
 Weights are not touched here: `linear`, `rms_norm` and `embed` call the model's TensorRT-LLM

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from trtllm_dflash.build import engine_io
+from trtllm_dflash.formats import engine_io
 from trtllm_dflash.build.upstream import (
     BUILD_CONFIG_FIELDS,
     CONTAINER,
@@ -84,7 +84,7 @@ ROLES: tuple[Role, ...] = ("target", "drafter")
 
 # What the TensorRT side still needs before a DFlash2 drafter (z-lab's DFlash2DraftModel) builds
 # and serves on the engine backend; convert refuses such recipes for backend engine until then.
-# The torch network (build/networks.py over ops_torch.TorchOps) already runs it, checked against
+# The torch network (runtime/networks.py over ops_torch.TorchOps) already runs it, checked against
 # the reference drafter (tests/build/test_networks.py), and convert/quantize carry its tensors.
 DFLASH2_ENGINE_NOTE = """\
 DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the engine backend
@@ -104,7 +104,7 @@ DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the eng
    engine needs a random input (or the runner samples from exported [B, T-1, k] scores and
    candidate ids step by step) and must return the q of each chosen slot for rejection
    sampling (PathDrafterRunner.draft_path's contract).
-4. The engine runners (serve/engine_runners.py, drafter_runner.py, trt_runners.py) expose
+4. The engine runners (runtime/engine_runners.py, drafter_runner.py, trt_runners.py) expose
    selects_path / draft_path from those outputs; then lift the refusal in
    convert/convert.py _check_drafter_backend for backend engine.
 5. The KV-injection plugin limits sliding-window keys behind the query only: a non-causal
@@ -115,7 +115,7 @@ DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the eng
 TARGET_CLASSES = {m: a.engine_class for m, a in ARCHITECTURES.items() if a.engine_class}
 DRAFTER_CLASS = DRAFTER_ENGINE_CLASS
 MODELS_FILE = "trtllm_models.py"
-# The checkpoint architectures convert writes (convert/weight_maps.py), which the classes load.
+# The checkpoint architectures convert writes (formats/weight_maps.py), which the classes load.
 CHECKPOINT_ARCHITECTURES = {**{m: ARCHITECTURES[m].trtllm_architecture for m in TARGET_CLASSES},
                             "drafter": DRAFTER_ENGINE_CLASS}
 
@@ -347,7 +347,7 @@ def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor
 
 def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
     """The drafter engine's own interface (§8.2 'Drafter engine', in the shapes of
-    build/networks.py `drafter_forward` and the plugin's contract: plugins/kv_inject_attention/
+    runtime/networks.py `drafter_forward` and the plugin's contract: plugins/kv_inject_attention/
     README.md). build/trtllm_models.py declares these in `prepare_inputs`; the TensorRT drafter
     runner feeds them."""
     d = recipe.drafter_facts
@@ -511,7 +511,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
 
 
 def _drafter_parallelism(placement, tp: int) -> dict:
-    """plan.json's record of where the drafter runs (serve/trt_runners.py reads `placement`)."""
+    """plan.json's record of where the drafter runs (runtime/trt_runners.py reads `placement`)."""
     if tp == 1:
         mode = "tp1 (tp = 1)"
     elif placement.mode == "rank0":

@@ -11,9 +11,9 @@ DFlashQwen3Target / DFlashLlamaTarget   the stock QWenForCausalLM / LLaMAForCaus
     layers `target_layer_ids` -> networks.target_tap (the drafter's fc + hidden_norm, read from
     the drafter checkpoint beside the target one) -> `dflash_ctx`; each sequence's last `tail`
     rows of it (`dflash_tail`), their logits (`dflash_logits`) and greedy tokens
-    (`dflash_argmax`). Names and shapes: build/engine_io.py, build/plan.py `_target_io`.
+    (`dflash_argmax`). Names and shapes: formats/engine_io.py, build/plan.py `_target_io`.
 DFlashDrafter   our PretrainedModel (tensorrt_llm/models/modeling_utils.py) with parameters
-    named as convert/weight_maps.py DRAFTER_MAP; forward = networks.drafter_forward over
+    named as formats/weight_maps.py DRAFTER_MAP; forward = networks.drafter_forward over
     TrtllmOps (build/ops_trtllm.py). I/O as build/plan.py `_drafter_io`.
 """
 
@@ -34,11 +34,11 @@ from tensorrt_llm.module import Module, ModuleList
 from tensorrt_llm.parameter import Parameter
 from tensorrt_llm.plugin import current_all_reduce_helper
 
-from trtllm_dflash.build import engine_io
-from trtllm_dflash.build.networks import DrafterSpec, drafter_forward, target_tap
 from trtllm_dflash.build.ops_trtllm import TrtllmOps
-from trtllm_dflash.convert.weight_maps import Heads
+from trtllm_dflash.formats import engine_io
+from trtllm_dflash.formats.weight_maps import Heads
 from trtllm_dflash.reference.config import DraftConfig
+from trtllm_dflash.runtime.networks import DrafterSpec, drafter_forward, target_tap
 
 # TensorRT-LLM's default exclusions (tensorrt_llm/quantization/quantize.py quantize_layers), kept when
 # a checkpoint gives none: a list in the config replaces them.
@@ -223,7 +223,7 @@ class _Transformer(Module):
 class DFlashDrafter(PretrainedModel):
     """The DFlash drafter engine: parameters as DRAFTER_MAP names them (`transformer.*`,
     `lm_head`; the checkpoint's `dflash.*` belong to the target engine and are dropped on load),
-    the arena as engine I/O (build/engine_io.py), forward = networks.drafter_forward(TrtllmOps)."""
+    the arena as engine I/O (formats/engine_io.py), forward = networks.drafter_forward(TrtllmOps)."""
 
     config_class = DFlashDrafterConfig
 

@@ -1,6 +1,6 @@
 """`trtllm-dflash doctor RECIPE --from DEPLOY_DIR`: on the box, before serving, whether this
 machine (container, GPUs, files) can serve the deployment: one line per check, exit 0 only when
-every check passes (serve/doctor.py)."""
+every check passes (launch/doctor.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.doctor import doctor, ready
+    from trtllm_dflash.launch.doctor import doctor, ready
 
     recipe = load_recipe(args.recipe, args.overrides)
     checks = doctor(recipe, args.from_dir)

@@ -57,7 +57,7 @@ def _paths(args) -> tuple[Path, Path | None, int | None, int | None, tuple[int, 
 
     block, budget = args.block_size, args.ddtree_budget
     if args.checkpoint is not None:
-        from trtllm_dflash.serve.checkpoint_runner import checkpoint_paths, read_checkpoint
+        from trtllm_dflash.runtime.checkpoint import checkpoint_paths, read_checkpoint
 
         limit = read_checkpoint(args.checkpoint).target_cfg.max_position_embeddings
         return (*checkpoint_paths(args), (limit, f"the target's max_position_embeddings ({args.checkpoint})"))
@@ -146,7 +146,7 @@ def _steps(args, target_dir: Path, drafter_dir: Path | None, prompt: list[int], 
 
     dtype = getattr(torch, args.dtype)
     if args.checkpoint is not None:  # each tensor-parallel process loads its own shard
-        from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
+        from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
 
         return checkpoint_steps(args.checkpoint, [prompt], args.max_new_tokens, tp=args.tp, dtype=dtype,
                                 device=args.device, mode=args.mode, block_size=block, ddtree_budget=budget,

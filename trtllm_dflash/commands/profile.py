@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.project import profile
     from trtllm_dflash.prompts.user import load_user_prompts
     from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
     from trtllm_dflash.serve.acceptance import decode_rounds
-    from trtllm_dflash.serve.checkpoint_runner import read_checkpoint
 
     recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
     if args.max_new_tokens < 2:

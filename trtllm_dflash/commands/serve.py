@@ -13,7 +13,7 @@ engine / pytorch backends (GPU): print the launch command for NVIDIA's container
   --launcher     single_node (default) or mpirun: the command on one node (mpirun: every rank
                  under trtllm-llmapi-launch); srun: write a Slurm batch script (Pyxis containers)
                  and print `sbatch PATH`; k8s: write a LeaderWorkerSet manifest and print
-                 `kubectl apply -f PATH` (serve/cluster.py), over the nodes the recipe spans
+                 `kubectl apply -f PATH` (launch/cluster.py), over the nodes the recipe spans
 """
 
 from __future__ import annotations
@@ -117,10 +117,10 @@ def _deployed_trtllm_serve(args, recipe, launcher: str) -> list[str]:
 
 
 def _llmapi_model(args, recipe, repository: Path, multi_rank: bool):
-    """Where TensorRT-LLM's model.py comes from and goes (serve/llmapi_model.py): the pytorch
+    """Where TensorRT-LLM's model.py comes from and goes (launch/llmapi_model.py): the pytorch
     backend behind Triton only; --llmapi-model DIR is checked here."""
+    from trtllm_dflash.launch.llmapi_model import LLMAPIModel
     from trtllm_dflash.recipe.support import backend as backend_spec
-    from trtllm_dflash.serve.llmapi_model import LLMAPIModel
 
     if args.api != "triton" or backend_spec(recipe.backend.name).triton_model != "llmapi":
         return None
@@ -132,7 +132,7 @@ def _llmapi_model(args, recipe, repository: Path, multi_rank: bool):
 
 def _gpu_command(args, recipe, repository: Path, endpoints) -> tuple[list[str], list[str]]:
     """(the launch command on one node, the server command it ends in)."""
-    from trtllm_dflash.serve.launch import launch_command
+    from trtllm_dflash.launch.server import launch_command
 
     if args.api == "triton":
         multi_rank = args.launcher == "mpirun" and recipe.world_size > 1
@@ -153,8 +153,8 @@ def _one_node(args, recipe, repository: Path, endpoints) -> int:
     import subprocess
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.serve.cluster import checkout_to_install
-    from trtllm_dflash.serve.launch import in_container, served_paths
+    from trtllm_dflash.launch.cluster import checkout_to_install
+    from trtllm_dflash.launch.server import in_container, served_paths
 
     cmd, server = _gpu_command(args, recipe, repository, endpoints)
     if args.container:
@@ -180,8 +180,8 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     import subprocess
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.serve.cluster import ClusterOptions, make_job, storage_note, write_launcher
-    from trtllm_dflash.serve.launch import served_paths, server_command
+    from trtllm_dflash.launch.cluster import ClusterOptions, make_job, storage_note, write_launcher
+    from trtllm_dflash.launch.server import served_paths, server_command
 
     if args.container:
         raise UserError(f"--container: docker run is for one node; --launcher {args.launcher} runs --image")
@@ -215,12 +215,12 @@ def run(args: argparse.Namespace) -> int:
 
     from trtllm_dflash.artifacts import verify_input
     from trtllm_dflash.deploy.repository import REPOSITORY, plan_only_problem
-    from trtllm_dflash.deploy.settings import CPU_RUNNERS
-    from trtllm_dflash.recipe.support import backend as backend_spec
     from trtllm_dflash.errors import UserError
+    from trtllm_dflash.launch.overlay import with_runners
+    from trtllm_dflash.launch.server import Endpoints
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.serve.launch import Endpoints
-    from trtllm_dflash.serve.overlay import with_runners
+    from trtllm_dflash.recipe.support import backend as backend_spec
+    from trtllm_dflash.runtime import CPU_RUNNERS
 
     recipe = load_recipe(args.recipe, args.overrides)
     s = recipe.serve
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve_triton(repository: Path, endpoints, model_name: str, stop) -> None:
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.serve.launch import TritonServer
+    from trtllm_dflash.launch.server import TritonServer
 
     with TritonServer(repository, endpoints) as server:
         beside = sorted(p.name for p in Path(repository).iterdir() if p.is_dir() and p.name != model_name)
@@ -278,8 +278,8 @@ def _serve_triton(repository: Path, endpoints, model_name: str, stop) -> None:
 
 def _serve_openai(args, recipe, endpoints) -> int:
     from trtllm_dflash.errors import UserError
+    from trtllm_dflash.launch.server import port_in_use
     from trtllm_dflash.serve.deployed import open_deployed, repository_model
-    from trtllm_dflash.serve.launch import port_in_use
 
     try:
         import fastapi  # noqa: F401

@@ -1,2 +1,2 @@
-"""Checkpoint conversion: per-architecture weight maps (weight_maps.py), streaming reads and
+"""Checkpoint conversion: per-architecture weight maps (formats/weight_maps.py), streaming reads and
 writes (safetensors_stream.py) and the `convert` stage (convert.py)."""

@@ -5,10 +5,10 @@ Layouts (one output directory, written atomically, with a manifest of checksums)
           backend's tensor-parallel runs): `target/` and `drafter/`, each a `config.json`
           (architecture, dtype, mapping, quantization, ...) plus `rank{r}.safetensors` per TP
           rank with TensorRT-LLM names, fused QKV and column / row / vocab splits
-          (weight_maps.py); `tokenizer/` holds the target's tokenizer files. The drafter is
+          (formats/weight_maps.py); `tokenizer/` holds the target's tokenizer files. The drafter is
           split over recipe/planner.py drafter_placement(recipe).tp ranks: the target's tp, or
           1 where rank 0 holds the whole drafter (the target engine's tap then takes its rank's
-          columns of the drafter's fc: build/engine_io.py tap_weights).
+          columns of the drafter's fc: formats/engine_io.py tap_weights).
   hf      the HF layout TensorRT-LLM >= 1.3 loads for the pytorch backend: `target/` (HF names,
           tokenizer files) and `drafter/` (z-lab names), the checkpoints passed through with no
           weight map: weight files linked unchanged, config.json in the recipe dtype
@@ -44,7 +44,7 @@ from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, changed_source, 
 from trtllm_dflash.convert import passthrough
 from trtllm_dflash.convert.passthrough import link_or_copy
 from trtllm_dflash.convert.safetensors_stream import CODE_DTYPES, Checkpoint, StreamWriter
-from trtllm_dflash.convert.weight_maps import (
+from trtllm_dflash.formats.weight_maps import (
     DRAFTER_MAP,
     WEIGHT_MAPS,
     ArchMap,
@@ -389,7 +389,7 @@ def read_sources(tdir: Path, ddir: Path, layout: Layout = "trtllm") -> Sources:
     if layout == "trtllm" and arch not in WEIGHT_MAPS:
         raise UserError(
             f"{where}: model_type {arch!r} has no weight map for the trtllm layout; supported: "
-            f"{', '.join(WEIGHT_MAPS)} (adding one is adding a map to convert/weight_maps.py)"
+            f"{', '.join(WEIGHT_MAPS)} (adding one is adding a map to formats/weight_maps.py)"
         )
     if layout == "hf" and arch not in passthrough.HF_ARCHS:
         raise UserError(f"{where}: model_type {arch!r} is not served from the hf layout; supported: "

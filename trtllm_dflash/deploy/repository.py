@@ -25,7 +25,7 @@ pytorch    <name>/config.pbtxt        TensorRT-LLM's LLM-API model interface (Te
            <name>/1/model.yaml        LLM arguments with DFlash as the speculative config; `model:`
                                       and `speculative_model:` are the artifact's target/ and drafter/
            (model.py and helpers.py: TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm/1/
-           of the image's release, copied in by every launch line: serve/llmapi_model.py)
+           of the image's release, copied in by every launch line: launch/llmapi_model.py)
            and, beside the repository, the trtllm-serve deployment of the same arguments:
            OUT/trtllm_serve/extra_llm_api_options.yaml   for --extra_llm_api_options
            OUT/trtllm_serve/launch.json                  single_node, mpirun and srun commands

@@ -15,12 +15,11 @@ from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
+from trtllm_dflash.runtime import RUNNERS
 
-RUNNERS = ("reference", "emulated", "tensorrt")
 # Settings that name directories: relative to the deploy output (the directory holding
 # model_repository/ and manifest.json), resolved by `resolved` where the deployment is opened.
 PATHS = ("checkpoint", "engine_dir")
-CPU_RUNNERS = RUNNERS[:2]  # those that decode on this machine (our torch modules; the engine stand-ins)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from torch import nn
 # Linear layers that read the same input, by the last component of their name.
 SHARED_INPUT_SUFFIXES: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # The DFlash drafter's query projection sees only the block, its KV-injection k/v also the
-# context: our drafter engine fuses k/v only (convert/weight_maps.py DRAFTER_MAP).
+# context: our drafter engine fuses k/v only (formats/weight_maps.py DRAFTER_MAP).
 DRAFTER_SHARED_INPUT_SUFFIXES: tuple[tuple[str, ...], ...] = (("k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 

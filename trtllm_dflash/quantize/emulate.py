@@ -1,7 +1,7 @@
 """Weight-only emulation of FP8 / NVFP4 on a model in memory.
 
 `fake_quantize_(model, "fp8" | "nvfp4")` replaces every linear weight (but the LM head) by
-dequantize(quantize(W)) with the exact formats of formats.py and the scale sharing of the
+dequantize(quantize(W)) with the exact formats of formats/quant.py and the scale sharing of the
 TensorRT-LLM checkpoints: layers fused into one GEMM (q/k/v, gate/up) share one amax, FP8
 divides in FP32. A model treated so computes what the quantized checkpoint's weights compute;
 activations and the KV cache stay in the model's precision.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trtllm_dflash.quantize import formats as F
+from trtllm_dflash.formats import quant as F
 from trtllm_dflash.quantize.calibrate import DRAFTER_SHARED_INPUT_SUFFIXES, SHARED_INPUT_SUFFIXES, shared_input_groups
 
 SCHEMES = ("fp8", "nvfp4")

@@ -13,10 +13,10 @@ Who does what:
            does not). pytorch backend: ModelOpt's `export_hf_checkpoint` writes the HF-layout
            checkpoint (hf_quant_config.json, quantized safetensors). engine / reference
            backends: the amaxes ModelOpt collected drive our converter, which writes the
-           TensorRT-LLM per-rank checkpoint with tensors packed by formats.py (equal to
+           TensorRT-LLM per-rank checkpoint with tensors packed by formats/quant.py (equal to
            ModelOpt's own packing: tests/quantize/test_modelopt_parity.py).
   drafter  (optional) calibrated by running the reference DFlash loop with max-calibration
-           hooks (calibrate.py; ModelOpt knows no DFlash forward), packed by formats.py.
+           hooks (calibrate.py; ModelOpt knows no DFlash forward), packed by formats/quant.py.
 The amaxes are written to `calibration.json` in the output: every scale can be re-derived.
 """
 
@@ -35,10 +35,10 @@ import torch
 from trtllm_dflash import compat
 from trtllm_dflash.artifacts import sha256_file
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe.support import backend as backend_spec
-from trtllm_dflash.quantize import formats as F
+from trtllm_dflash.formats import quant as F
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.engine_layout import QUANT_ALGO
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 FLOAT_FORMATS = ("fp32", "bf16", "fp16")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

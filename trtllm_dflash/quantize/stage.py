@@ -2,7 +2,7 @@
 
 It quantizes exactly the model the convert output was made from: the source checkpoints its
 manifest lists, checked unchanged since (convert.recorded_sources). The quantize package
-calibrates and packs (quantize.py, formats.py, calibrate.py); the convert package lays the
+calibrates and packs (quantize.py, formats/quant.py, calibrate.py); the convert package lays the
 tensors out per rank (an earlier stage, so importing it is allowed). Output layouts:
   trtllm  (reference / engine backends) per-rank TensorRT-LLM checkpoints with FP8 / NVFP4
           tensors and scales, written by the converter with a QuantTransform

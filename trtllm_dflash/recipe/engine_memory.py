@@ -28,15 +28,15 @@ verify logits output (per sequence, after pool)
     what the pool left: T x V x 4 per sequence.
 drafter engine activations (start-up)
     TensorRT sizes an execution context's activation memory for the largest shapes of its
-    optimization profile (build/engine_io.py drafter_dim_ranges: batch B, new_ctx C, block T) and
-    allocates it at create_execution_context, which serve/trt_runners.py does before the Executor
+    optimization profile (formats/engine_io.py drafter_dim_ranges: batch B, new_ctx C, block T) and
+    allocates it at create_execution_context, which runtime/trt_runners.py does before the Executor
     carves its pool. TensorRT reuses activation memory between layers, so the estimate is one
     layer's live tensors, per phase, summed (the builder's tactics add workspaces no formula sees):
       context rows: B x C x 4 x kv_width/dtp x act     (the K/V projection, K's norm and its RoPE)
       block:        B x T x (2 H + q_width/dtp + 2 kv_width/dtp + 3 ffn/dtp) x act
       logits:       B x (T-1) x V/dtp x act, + B x (T-1) x V x act at dtp > 1 (the all-gather)
 drafter engine I/O (per sequence, after pool)
-    The buffers the drafter runner binds each step (serve/drafter_runner.py; the arena is the
+    The buffers the drafter runner binds each step (runtime/drafter_runner.py; the arena is the
     "drafter context cache" row): block_ids, block_positions [T], ctx_rows [C, H] act,
     ctx_positions [C], new_ctx_lens, cache_lens, draft_ids [T-1], draft_logits [T-1, V] act.
 verify recompute
@@ -60,7 +60,7 @@ from trtllm_dflash.recipe.schema import Recipe
 from trtllm_dflash.recipe.sharding import kv_heads_per_rank
 
 # The target engine's outputs the engine backend registers with the 1.2.1 Executor
-# (serve/trt_runners.py executor_config); not dflash_logits (see "target output buffers" above).
+# (runtime/trt_runners.py executor_config); not dflash_logits (see "target output buffers" above).
 EXECUTOR_OUTPUTS = ("dflash_ctx", "dflash_tail", "dflash_argmax")
 FP32, INT32 = 4.0, 4.0
 

@@ -2,7 +2,7 @@
 
 One rule, read by `check` (rules.py: a recipe that cannot be laid out fails before anything is
 built), by deploy (the `srun` line of trtllm_serve/launch.json) and by the cluster launchers
-(serve/cluster.py: the sbatch script and the LeaderWorkerSet manifest):
+(launch/cluster.py: the sbatch script and the LeaderWorkerSet manifest):
 
 - pytorch backend: an MPI world of tp x pp ranks, one per GPU. Up to a node's GPUs
   (`max_per_node` of the hardware catalog) it fills one node; beyond, whole nodes only: every
@@ -11,9 +11,9 @@ built), by deploy (the `srun` line of trtllm_serve/launch.json) and by the clust
   line, commit 000bd1a6), so ranks are laid out node by node and every node must hold the same
   number of them. `hardware.count` above a node's GPUs must likewise be whole nodes.
 - engine backend: one node, one launcher process: an mpirun of one tritonserver per rank, the
-  target Executor in leader mode (serve/launch.py leader_ranks_command, docs/engine-tp.md), as
+  target Executor in leader mode (launch/server.py leader_ranks_command, docs/engine-tp.md), as
   upstream's triton_backend/scripts/launch_triton_server.py launches it; the runners open their
-  GPUs by local device id (serve/trt_runners.py open_trt_engine), so one node.
+  GPUs by local device id (runtime/trt_runners.py open_trt_engine), so one node.
 - reference backend: this machine (serve runs it in-process); no cluster placement.
 """
 

@@ -7,7 +7,7 @@ Per rank (how tp splits each dimension, and the vocabulary rows a rank holds: re
     drafter weights = drafter layers * bytes(drafter) / dtp, plus its fc (n_captured * hidden^2):
                       split by our converter (engine, reference), replicated by TensorRT-LLM's DFlash
                       (pytorch); the engine backend's drafter engine also holds its own BF16 copy of the
-                      target's embedding and LM head rows (convert/weight_maps.py DRAFTER_MAP), the
+                      target's embedding and LM head rows (formats/weight_maps.py DRAFTER_MAP), the
                       other backends' drafters use the target's
     activations     = max_num_tokens * (n_captured * hidden * 2       # captured target features, bf16
                                         + (4 * hidden + 2 * ffn / tp) * 2)  # transient GEMM outputs, bf16
@@ -32,7 +32,7 @@ after the KV cache manager has carved its pool; shared reference pytorch-backend
 an arena sized for max_batch_size x max_seq_len that does not fit there starves admission or
 fails to allocate: https://github.com/NVIDIA/TensorRT-LLM/issues/16005, open. `check` refuses such
 a recipe before launch instead: the "after pool" term below)
-and our engine backend's (serve/trt_runners.py open_trt_engine: the drafter engine loads before
+and our engine backend's (runtime/trt_runners.py open_trt_engine: the drafter engine loads before
 the Executor carves its pool; the arenas are made per decoder afterwards). With M the GPU's memory
 (hardware catalog):
 

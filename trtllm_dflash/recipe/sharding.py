@@ -19,7 +19,7 @@ line that 1.3 branched from. Re-check on a 1.2.1 wheel when one can be read.
   `Embedding` holds ceil(vocab / tp) rows (tensorrt_llm/layers/embedding.py, 0f02b7af); the
   PyTorch backend's `LMHead` / `Embedding` (tensorrt_llm/_torch/modules/embedding.py, fbbc05dd)
   hold ceil(vocab / tp) rows with the padding on the last rank. We do not pad: our converter
-  (convert/weight_maps.py rule "vocab", the engine and reference backends' checkpoints) splits
+  (formats/weight_maps.py rule "vocab", the engine and reference backends' checkpoints) splits
   the embedding and LM head rows evenly, so there vocab_size % tp == 0 is required. The pytorch
   backend loads the HF checkpoint and TensorRT-LLM pads, so any tp splits its vocabulary.
 - FFN width. `Linear` keeps out_features // tp_size rows per rank (layers/linear.py): nothing

@@ -6,7 +6,7 @@ quantize, build, deploy, serve, sweep, the planner, the docs' support table and
 `trtllm-dflash recipes --support`); nothing else compares a backend's or an architecture's name
 (tests/recipe/test_support.py greps the package). Adding a target architecture is a row of
 ARCHITECTURES; backends of the trtllm layout (reference, engine) also need its weight map
-(convert/weight_maps.py WEIGHT_MAPS), and the engine backend its model class
+(formats/weight_maps.py WEIGHT_MAPS), and the engine backend its model class
 (build/trtllm_models.py); the pytorch backend's hf layout passes HF checkpoints through.
 Every row support_rows() marks runnable goes through `run --until deploy` in
 tests/test_support_rows.py; `check` refuses the others (recipe/rules.py)."""

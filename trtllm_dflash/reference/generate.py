@@ -265,7 +265,7 @@ def _run(decoder: "Decoder", ids, prompts, limits, stops, bad, logprobs) -> Iter
 class DecoderProtocol(Protocol):
     """The decode loop as its callers drive it (the serving batcher, checkpoint_steps, the benches):
     `Decoder` below, whatever runners it holds (reference, emulated engine, TensorRT), and the proxy
-    of a tensor-parallel rank group (serve/checkpoint_runner.py `_RemoteDecoder`). Every
+    of a tensor-parallel rank group (runtime/sharded.py `_RemoteDecoder`). Every
     implementation has exactly these signatures (tests/serve/test_interfaces.py)."""
 
     @property

@@ -6,7 +6,7 @@ b of every call being the loop's row b. Two pairs implement the interfaces:
   reference  ReferenceTarget / ReferenceDrafter below: our torch modules in this process;
              their context rows are the raw target-layer outputs [n*H] (the drafter applies
              fc + hidden_norm itself)
-  engine     serve/engine_runners.py: the TensorRT-LLM 1.2.1 target (Executor, one context
+  engine     runtime/engine_runners.py: the TensorRT-LLM 1.2.1 target (Executor, one context
              request per round) and the drafter engine, or their CPU stand-ins; their context
              rows are the fused DFlash features [H] the target engine computes in-graph
 A target runner and a drafter runner of the same pair agree on what a context row is.

@@ -1,1 +1,4 @@
-"""Serving: the Triton Python model (triton_model.py) over the in-flight batcher (batcher.py), the\nreference model over converted / quantized checkpoints (checkpoint_runner.py), request parsing\n(requests.py) and the tritonserver launcher (launch.py)."""
+"""Serving: the front ends (the Triton Python models triton_model.py and dialect_model.py, the
+OpenAI server openai.py, request parsing requests.py and dialect.py) over the in-flight batcher
+(batcher.py) of a deployed model (deployed.py), with its metrics, traces and acceptance checks.
+What decodes lives in runtime/, what starts the servers in launch/."""

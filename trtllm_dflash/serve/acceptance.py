@@ -41,7 +41,7 @@ def decode_rounds(checkpoint: Path, prompts: Sequence[Sequence[int]], max_new_to
     """Decode `prompts` together (greedy) from `checkpoint`. A round whose committed tokens a
     request's length limit or stop token cut is left out of `rounds` (it says nothing about the
     slots it did not commit) but counted in `tokens` and `verify_passes`."""
-    from trtllm_dflash.serve.checkpoint_runner import checkpoint_steps
+    from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
 
     out = Decoded(mode)
     steps = checkpoint_steps(checkpoint, [list(p) for p in prompts], max_new_tokens, mode=mode, block_size=block_size,

@@ -12,8 +12,8 @@ All greedy requests share one group, unless they ask for their own draft length 
 (`draft_len`, `mode`: AR, DFlash and DDTree requests on one server), which makes one group
 per (sampling, draft length, mode).
 
-The model is a `ServingModel`: `LocalModel` (target and drafter in this process),
-checkpoint_runner's `ShardedModel` (tensor-parallel worker processes) or engine_runners'
+The model is a `ServingModel` (runtime/): local_model's `LocalModel` (target and drafter in
+this process), sharded's `ShardedModel` (tensor-parallel worker processes) or engine_runners'
 `EngineModel` (the engine backend's runners, emulated or TensorRT); its decoders are
 `reference.generate.DecoderProtocol`s. A model that can no longer serve at all (a dead rank)
 says so in `failed`; the engine then fails every request, running and new, with that reason,
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from trtllm_dflash.reference.draft_policy import DraftPolicy
-from trtllm_dflash.reference.generate import Decoder, DecoderProtocol, StepRecord, Trim
+from trtllm_dflash.reference.generate import DecoderProtocol, StepRecord, Trim
 from trtllm_dflash.reference.verify import SamplingParams
 from trtllm_dflash.serve.trace import now
 
@@ -131,29 +131,6 @@ class ServingModel(Protocol):
 
     def close(self) -> None:
         """Free the model (processes, executors)."""
-
-
-class LocalModel:
-    """A reference target and drafter in this process."""
-
-    failed = None  # nothing of it can die alone
-
-    def __init__(self, target, drafter):
-        self.target, self.drafter = target, drafter
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self.target.cfg.eos_token_ids
-
-    def decoder(self, *, sampling: SamplingParams, mode: str = "dflash", block_size: int | None = None,
-                ddtree_budget: int | None = None, max_len: int = 2048) -> Decoder:
-        return Decoder(self.target, self.drafter, mode, block_size, ddtree_budget, sampling, max_len)
-
-    def release(self, decoder: Decoder) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class ServingEngine:

@@ -56,8 +56,9 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
 
     from trtllm_dflash.artifacts import check_files, manifest_sha256
     from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
+    from trtllm_dflash.runtime.checkpoint_runner import open_checkpoint
     from trtllm_dflash.serve.batcher import ServingEngine
-    from trtllm_dflash.serve.checkpoint_runner import open_checkpoint, read_checkpoint
     from trtllm_dflash.serve.trace import from_env
 
     s = settings.resolved(deploy_dir_of(version_dir))
@@ -83,7 +84,7 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
         raise UserError(f"{checkpoint}: no tokenizer/ (the target had no tokenizer files); serving speaks text")
     spec, build = recipe.speculative, recipe.build
     if runners == "tensorrt":  # the engines the build stage made (GPU, TensorRT-LLM 1.2.x)
-        from trtllm_dflash.serve.trt_runners import WorkerRank, open_trt_engine
+        from trtllm_dflash.runtime.trt_runners import WorkerRank, open_trt_engine
 
         model = open_trt_engine(Path(s.engine_dir), free_gpu_memory_fraction=s.kv_cache_free_gpu_mem_fraction,
                                 device_ids=_device_ids(s.gpu_device_ids) if s.gpu_device_ids else None)

@@ -146,7 +146,7 @@ def mark_unavailable(model_name: str, reason: str) -> None:
     unloading (to show the reason in the repository index) aborted tritonserver 24.10 now and then
     under traffic with boost::interprocess::lock_exception in the Python backend's execute, the
     failure of triton-inference-server/server#8882. Needs --model-control-mode=explicit
-    (serve/launch.py starts tritonserver so); runs on a thread of its own, as the unload waits for
+    (launch/server.py starts tritonserver so); runs on a thread of its own, as the unload waits for
     this model's requests and calls finalize."""
     pb_utils.Logger.log_error(f"dflash: {reason}; unloading {model_name}")
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtllm_dflash.deploy.settings import PATHS, RUNNERS
+from trtllm_dflash.deploy.settings import PATHS
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.runtime import RUNNERS
 
 
 def _model_config(repository: Path, model_name: str):

@@ -4,12 +4,12 @@ functions, so this module imports on CPU and its logic is tested there with stan
   parallel_config / executor_config / open_executor   the target engine's TensorRT-LLM 1.2.1
                   Executor; at tp > 1 in leader mode (docs/engine-tp.md): one process per rank
                   under mpirun, rank 0 the leader that takes requests
-  TrtExecutor     that Executor behind the interface EngineTarget (serve/engine_runners.py)
+  TrtExecutor     that Executor behind the interface EngineTarget (runtime/engine_runners.py)
                   drives, FakeExecutor's: requests in, responses with the DFlash outputs by name
   WorkerRank      a rank > 0 of that Executor: runs the target's shard, nothing of ours
   TrtSession      the drafter engine on the TensorRT runtime, a DrafterSession for ArenaDrafter
-                  (serve/drafter_runner.py), which owns the arena as torch CUDA tensors
-  open_trt_engine a build stage output -> EngineModel (serve/engine_runners.py) on rank 0, a
+                  (runtime/drafter_runner.py), which owns the arena as torch CUDA tensors
+  open_trt_engine a build stage output -> EngineModel (runtime/engine_runners.py) on rank 0, a
                   WorkerRank on the others
 """
 
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from trtllm_dflash.build import engine_io
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe.engine_layout import kv_reuse_honoured
 from trtllm_dflash.recipe.engine_memory import EXECUTOR_OUTPUTS
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
-from trtllm_dflash.serve.fake_executor import AdditionalOutput, Response, Result
+from trtllm_dflash.runtime.fake_executor import AdditionalOutput, Response, Result
 
 
 def _bindings():
@@ -106,7 +106,7 @@ def executor_config(world_size: int, *, kv_block_reuse: bool = True,
 
 class TrtExecutor:
     """A 1.2.1 `tensorrt_llm.bindings.executor.Executor` with FakeExecutor's interface (what
-    EngineTarget calls): requests are serve/fake_executor.py Requests, responses carry the
+    EngineTarget calls): requests are runtime/fake_executor.py Requests, responses carry the
     requested DFlash outputs under their plain names (engine_io.executor_outputs).
 
     A request that asks for a context output (`dflash_ctx`, prefill) also asks for perf metrics,
@@ -178,7 +178,7 @@ class WorkerRank:
     requests to the tensor-parallel group (cpp/tensorrt_llm/executor/executorImpl.cpp
     getNewReqWithIds): no request or round loop of ours runs here. serve() blocks until the
     leader shuts down: first `drafter_loop` (a split drafter: this rank's shard, run in step
-    with rank 0 until it says stop: serve/drafter_ranks.py), then Executor.shutdown(), which on a
+    with rank 0 until it says stop: runtime/drafter_ranks.py), then Executor.shutdown(), which on a
     non-leader joins the execution thread that ends on the leader's terminate request
     (executorImpl.cpp shutdown). Upstream's Python model ends its initialize the same way on such
     ranks (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/1/model.py: "In leader
@@ -343,13 +343,13 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
     (TrtSession, one per process, shared by the decoders' ArenaDrafters); on the other ranks of a
     tp > 1 deployment a WorkerRank. The drafter is placed as the build recorded (docs/engine-tp.md):
     rank0, the whole drafter on rank 0's GPU (device_ids[0]); split, a shard on every rank's GPU,
-    run in step through serve/drafter_ranks.py. Drafter engines are opened before the Executor
+    run in step through runtime/drafter_ranks.py. Drafter engines are opened before the Executor
     sizes its KV pool from the free memory. `bindings` / `session_cls` / `rank_group` (rank,
     world, device) -> RankGroup: stand-ins for CPU tests."""
-    from trtllm_dflash.serve.checkpoint_runner import reference_configs
-    from trtllm_dflash.serve.drafter_ranks import SplitDrafters, TorchRankGroup, serve_drafter_rank
-    from trtllm_dflash.serve.drafter_runner import ArenaDrafter
-    from trtllm_dflash.serve.engine_runners import EngineModel
+    from trtllm_dflash.runtime.checkpoint import reference_configs
+    from trtllm_dflash.runtime.drafter_ranks import SplitDrafters, TorchRankGroup, serve_drafter_rank
+    from trtllm_dflash.runtime.drafter_runner import ArenaDrafter
+    from trtllm_dflash.runtime.engine_runners import EngineModel
 
     build_dir = Path(build_dir)
     target_dir, drafter_dir = _engine_dirs(build_dir)

@@ -20,7 +20,7 @@ limits, each rule citing its file):
     serving); prompt + max_tokens beyond max_seq_len is not an error: max_tokens is clamped;
   - one engine step packs queued requests in order up to max_num_tokens prompt tokens; the
     rest wait for the next step.
-Outputs come back under their plain names, as serve/trt_runners.TrtExecutor presents the real
+Outputs come back under their plain names, as runtime/trt_runners.TrtExecutor presents the real
 executor's (`context_<name>` / `generation_<name>` in 1.2.1). Where 1.2.1 leaves reused context
 rows unwritten in a [promptLen, ...] output, the stand-in returns only the computed rows;
 TrtExecutor turns any reuse in a context-output request into an error, so either way

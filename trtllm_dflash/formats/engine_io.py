@@ -1,6 +1,6 @@
 """The engine backend's I/O contract, shared by the build plan (plan.py), the model classes
-trtllm-build loads (trtllm_models.py, GPU-only) and the runners (serve/drafter_runner.py,
-serve/trt_runners.py): tensor names, dimension ranges, and the pure functions behind the
+trtllm-build loads (trtllm_models.py, GPU-only) and the runners (runtime/drafter_runner.py,
+runtime/trt_runners.py): tensor names, dimension ranges, and the pure functions behind the
 in-graph pieces, written here in torch so they are tested on CPU.
 
 Target engine (design C, engine-path.md §8.2): besides the stock `logits`, per step
@@ -87,9 +87,9 @@ def tap_weights(target_checkpoint_dir: str | Path, rank: int, dtype: torch.dtype
     target's ColumnLinear), in the target's dtype. The drafter checkpoint is split like the
     target, or kept whole where rank 0 holds the drafter (recipe/planner.py drafter_placement):
     then every target rank reads rank0.safetensors and takes its columns by DRAFTER_MAP's own
-    rule (convert/weight_maps.py rank_part). A quantized fc is dequantized first: the tap runs
+    rule (formats/weight_maps.py rank_part). A quantized fc is dequantized first: the tap runs
     in the model dtype (trtllm_models.py excludes it from the target's quantization)."""
-    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, rank_part
+    from trtllm_dflash.formats.weight_maps import DRAFTER_MAP, rank_part
 
     target_checkpoint_dir = Path(target_checkpoint_dir)
     tp = _mapping_tp(target_checkpoint_dir / "config.json")
@@ -115,7 +115,7 @@ def _read_tap(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(fc, hidden_norm) of one drafter rank file, fc dequantized to float32 if quantized."""
     from safetensors import safe_open
 
-    from trtllm_dflash.quantize.formats import dequantize_fp8, dequantize_nvfp4
+    from trtllm_dflash.formats.quant import dequantize_fp8, dequantize_nvfp4
 
     if not path.is_file():
         raise UserError(f"{path}: missing; the target engine's tap reads the drafter's fc and hidden_norm from it")

@@ -1,8 +1,8 @@
-"""ArenaDrafter: the DrafterRunner over a drafter *engine* (build/engine_io.py I/O), whatever runs
-the engine: the TensorRT runtime (serve/trt_runners.py TrtSession, GPU) or TorchDrafterSession
+"""ArenaDrafter: the DrafterRunner over a drafter *engine* (formats/engine_io.py I/O), whatever runs
+the engine: the TensorRT runtime (runtime/trt_runners.py TrtSession, GPU) or TorchDrafterSession
 below (the same contract on torch, CPU: how the runner is tested without a GPU).
 
-The runner owns the arena (build/ops_torch.py Arena: per layer k, v [B, S_max, Hkv, D] and the
+The runner owns the arena (runtime/ops_torch.py Arena: per layer k, v [B, S_max, Hkv, D] and the
 lengths) and binds each layer's `k_cache_{l}` input and `present_k_cache_{l}` output to the
 same buffer (likewise v), so the engine's append plugin writes this step's rows in place.
 Per draft call it packs the inputs (block [anchor, mask x (T-1)] and its positions, the new
@@ -18,9 +18,9 @@ from typing import Protocol
 
 import torch
 
-from trtllm_dflash.build.engine_io import arena_names
-from trtllm_dflash.build.ops_torch import Arena
+from trtllm_dflash.formats.engine_io import arena_names
 from trtllm_dflash.reference.runners import PAD
+from trtllm_dflash.runtime.ops_torch import Arena
 
 
 class DrafterSession(Protocol):
@@ -93,12 +93,12 @@ class ArenaDrafter:
 
 
 class TorchDrafterSession:
-    """The drafter engine's contract on torch (CPU): build/networks.py drafter_forward with
+    """The drafter engine's contract on torch (CPU): runtime/networks.py drafter_forward with
     TorchOps over the bound arena buffers (TorchOps' append writes them in place, as the engine's
     kv_append plugin does)."""
 
     def __init__(self, weights: dict[str, torch.Tensor], spec, rope, *, max_len: int, comm=None):
-        from trtllm_dflash.build.ops_torch import SingleRank
+        from trtllm_dflash.runtime.ops_torch import SingleRank
 
         emb = weights["transformer.vocab_embedding.weight"]
         self.w, self.spec, self.rope, self.comm = weights, spec, rope, comm or SingleRank()
@@ -108,8 +108,8 @@ class TorchDrafterSession:
         self.device, self.max_len = emb.device, max_len
 
     def run(self, inputs, outputs):
-        from trtllm_dflash.build.networks import drafter_forward
-        from trtllm_dflash.build.ops_torch import TorchOps
+        from trtllm_dflash.runtime.networks import drafter_forward
+        from trtllm_dflash.runtime.ops_torch import TorchOps
 
         names = arena_names(self.num_layers)
         arena = SimpleNamespace(k=[inputs[i] for i, _ in names[0::2]], v=[inputs[i] for i, _ in names[1::2]],

@@ -11,7 +11,7 @@ it runs on an interpreter overlay whose numpy is a numpy < 2 and whose other pac
 environment's (`stub_interpreter`).
 
 On GPU machines the server comes from NVIDIA's container; `launch_command` renders the
-command on one node, serve/cluster.py the Slurm and Kubernetes launchers across nodes.
+command on one node, launch/cluster.py the Slurm and Kubernetes launchers across nodes.
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ def leader_ranks_command(server: list[str], world_size: int, model_name: str, ov
     world), each with its own Python-backend shared-memory prefix, ranks above 0 loading only the
     model: the leader-mode form of triton_backend/scripts/launch_triton_server.py (`get_cmd`, read
     on the main line, commit 0a2e2c1f). Every rank's model opens the target Executor in leader
-    mode (serve/trt_runners.py parallel_config); rank 0 serves, the others run the target's shard
+    mode (runtime/trt_runners.py parallel_config); rank 0 serves, the others run the target's shard
     and never finish loading, so they never bind the ports (docs/engine-tp.md: why leader mode,
     not orchestrator mode). Every rank runs under explicit model control: rank 0 loads every model
     and can mark its own unavailable when a rank dies (triton_model.mark_unavailable).
@@ -369,7 +369,7 @@ def launch_command(repository: Path, endpoints: Endpoints, world_size: int, mode
     an MPI world of tp x pp ranks, every rank under trtllm-llmapi-launch: rank 0 runs
     tritonserver, the others run tensorrt_llm.llmapi.mgmn_worker_node
     (tensorrt_llm/llmapi/trtllm-llmapi-launch), and model.py hands COMM_WORLD to the LLM.
-    Across nodes, serve/cluster.py writes the Slurm and Kubernetes launchers around the same
+    Across nodes, launch/cluster.py writes the Slurm and Kubernetes launchers around the same
     server command.
     """
     server = server_command(repository, endpoints)

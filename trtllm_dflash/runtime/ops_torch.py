@@ -48,7 +48,7 @@ class Arena:
         self.lens = self.lens[sel]
 
 
-# Tensor parallelism as the convert stage splits the drafter checkpoint (convert/weight_maps.py
+# Tensor parallelism as the convert stage splits the drafter checkpoint (formats/weight_maps.py
 # DRAFTER_MAP) and as TensorRT-LLM's ColumnLinear / RowLinear / vocab-parallel Embedding run it:
 # q, kv, mlp.fc and mlp.gate stay local (per rank's heads / FFN columns); these need a collective.
 GATHERED = ("dflash.fc", "lm_head")  # column-parallel, output all-gathered (fc before hidden_norm)
@@ -56,7 +56,7 @@ REDUCED = ("attention.dense", "mlp.proj")  # row-parallel, output all-reduced (b
 
 
 class SingleRank:
-    """The collectives of one process (tp = 1): identities. serve/checkpoint_runner.Comm is the tp > 1 one."""
+    """The collectives of one process (tp = 1): identities. runtime/tp_layers.Comm is the tp > 1 one."""
 
     rank, world = 0, 1
 

@@ -7,14 +7,14 @@ TensorRT-LLM 1.2.1 engines, or over their CPU stand-ins.
                   `dflash_ctx` (gather_context: one fused context row per prompt token); verify
                   asks for the per-sequence tails: `dflash_tail` (the fused rows of the last
                   `tail` positions) and `dflash_logits` (their logits) or `dflash_argmax` (greedy)
-  EngineDrafter   DrafterRunner over the drafter network (build/networks.py) with TorchOps and
+  EngineDrafter   DrafterRunner over the drafter network (runtime/networks.py) with TorchOps and
                   an Arena: the CPU implementation of the drafter engine
   TapEngine       the CPU stand-in of the target engine that FakeExecutor runs: our reference
                   Target plus the tap network, full sequences, the engine's output names
   EngineModel     what the serving batcher asks for decoders (same interface as LocalModel)
 
 The TensorRT runners (the real Executor and the drafter engine) are in trt_runners.py, GPU-only; the
-drafter engine's runner (ArenaDrafter) is serve/drafter_runner.py.
+drafter engine's runner (ArenaDrafter) is runtime/drafter_runner.py.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import itertools
 
 import torch
 
-from trtllm_dflash.build.engine_io import TAP_WEIGHTS
-from trtllm_dflash.build.networks import DrafterSpec, drafter_forward, target_tap
-from trtllm_dflash.build.ops_torch import Arena, SingleRank, TorchOps
-from trtllm_dflash.convert.weight_maps import Heads
+from trtllm_dflash.formats.engine_io import TAP_WEIGHTS
+from trtllm_dflash.formats.weight_maps import Heads
 from trtllm_dflash.reference.generate import Decoder
 from trtllm_dflash.reference.runners import PAD, causal_mask
 from trtllm_dflash.reference.target import Rope, Target
-from trtllm_dflash.serve.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+from trtllm_dflash.runtime.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+from trtllm_dflash.runtime.networks import DrafterSpec, drafter_forward, target_tap
+from trtllm_dflash.runtime.ops_torch import Arena, SingleRank, TorchOps
 
 # The target engine's extra outputs (build stage I/O, trtllm_models.py): per token or per sequence.
 ENGINE_OUTPUTS = {"dflash_ctx": "token", "dflash_tail": "sequence", "dflash_logits": "sequence",
@@ -156,7 +156,7 @@ class EngineTarget:
 
 
 class EngineDrafter:
-    """DrafterRunner: the drafter network (build/networks.py) on torch, over an Arena."""
+    """DrafterRunner: the drafter network (runtime/networks.py) on torch, over an Arena."""
 
     def __init__(self, weights: dict[str, torch.Tensor], spec: DrafterSpec, rope: Rope, *, block_size: int,
                  mask_token_id: int, target_layer_ids: tuple[int, ...], max_len: int, comm=SingleRank()):
@@ -188,7 +188,7 @@ class EngineDrafter:
 class Rank0Drafter:
     """The DrafterRunner of one tensor-parallel rank when rank 0 holds the whole drafter
     (placement rank0, docs/engine-tp.md), where every rank runs the round loop in step
-    (checkpoint_runner.ShardedModel, the CPU emulation): rank 0 drafts with `inner`, and every
+    (sharded.ShardedModel, the CPU emulation): rank 0 drafts with `inner`, and every
     rank takes rank 0's draft logits [B, T-1, V] (a broadcast over `comm`), so all decoders
     verify the same drafts. In a deployment ranks > 0 run no loop: the drafts reach their target
     shards inside the verify requests the Executor's leader broadcasts."""
@@ -220,7 +220,7 @@ class Rank0Drafter:
 class EngineModel:
     """Engine runners for the serving batcher: one executor and one drafter weight set shared by
     the decoders of every sampling group. With tp > 1 this is one rank's model (its shards and
-    `comm`), driven by checkpoint_runner.ShardedModel like the reference runners."""
+    `comm`), driven by sharded.ShardedModel like the reference runners."""
 
     failed = None  # a single process: a rank of it that dies takes the whole ShardedModel down
 
@@ -228,7 +228,7 @@ class EngineModel:
                  eos_token_ids: tuple[int, ...], device: str = "cpu", comm=SingleRank(), drafter_factory=None,
                  rank0_of=None, draft_dtype: torch.dtype | None = None):
         # drafter_factory(max_len) -> DrafterRunner replaces EngineDrafter over drafter_weights (the
-        # drafter engine's runner, serve/trt_runners.py); None: the torch drafter network.
+        # drafter engine's runner, runtime/trt_runners.py); None: the torch drafter network.
         # rank0_of: the tensor-parallel group whose rank 0 alone holds the whole drafter (drafter_weights
         # there, None elsewhere; drafts in draft_dtype); `comm` is then the drafter's own (world 1).
         self.executor, self.w, self.cfg, self.comm = executor, drafter_weights, drafter_cfg, comm
@@ -275,8 +275,8 @@ class EngineModel:
 
 def drafter_weights(target: Target, drafter) -> dict[str, torch.Tensor]:
     """A reference pair's drafter under the engine checkpoint's names (tp 1), built with the
-    convert stage's own map (convert/weight_maps.py DRAFTER_MAP) from the modules' tensors."""
-    from trtllm_dflash.convert.weight_maps import DRAFTER_MAP, combine, model_entries, source_name
+    convert stage's own map (formats/weight_maps.py DRAFTER_MAP) from the modules' tensors."""
+    from trtllm_dflash.formats.weight_maps import DRAFTER_MAP, combine, model_entries, source_name
 
     sources = dict(drafter.state_dict())
     sources.update({"model.embed_tokens.weight": target.embed_tokens.weight, "lm_head.weight": target.lm_head.weight})

@@ -49,12 +49,12 @@ from pathlib import Path
 import yaml
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.launch.llmapi_model import LLMAPIModel
+from trtllm_dflash.launch.server import Endpoints, installed_first, leader_ranks_command, mpi_world
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.containers import NVIDIA_REGISTRY, backend_image
 from trtllm_dflash.recipe.placement import Placement, placement
 from trtllm_dflash.recipe.support import backend as backend_spec
-from trtllm_dflash.serve.launch import Endpoints, installed_first, leader_ranks_command, mpi_world
-from trtllm_dflash.serve.llmapi_model import LLMAPIModel
 
 LAUNCH_DIR = "launch"  # under the deploy output
 SSH_PORT = 2222  # unprivileged: the worker's sshd needs no root to bind it

@@ -15,10 +15,10 @@ DFlash2 drafters (DrafterSpec.conv_kernel set) also wrap every attention and MLP
 in the grouped dynamic causal convolution along the block (ops.conv_prepare / conv_finish,
 no state across rounds); the logit / embedding scalars apply to both variants.
 
-Weights are named as the convert stage writes the drafter checkpoint (convert/weight_maps.py
+Weights are named as the convert stage writes the drafter checkpoint (formats/weight_maps.py
 DRAFTER_MAP: `transformer.layers.{i}.attention.q`, fused `attention.kv`, `mlp.fc` = gate,
 `mlp.gate` = up, ...). Two implementations of `Ops`:
-  TorchOps   (build/ops_torch.py)    torch tensors; runs on CPU; proven token-exact against
+  TorchOps   (runtime/ops_torch.py)    torch tensors; runs on CPU; proven token-exact against
                                      the reference drafter on the shipped pair
   TrtllmOps  (build/ops_trtllm.py)   TensorRT-LLM 1.2.1's functional API plus our AOT
                                      TensorRT plugin; GPU-only, used by trtllm_models.py
