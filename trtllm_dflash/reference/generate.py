@@ -279,9 +279,9 @@ class DecoderProtocol(Protocol):
         """Prefill new requests and add them to the batch. Per request: its bad words (token
         sequences its output never contains) and whether its records carry log-probabilities."""
 
-    def step(self, drafts: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
+    def step(self, draft_len: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
              tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
-        """One round for every running request: `drafts` (policy/decision.py), or as shorthand a
+        """One round for every running request: draft_len, a `Drafts` (policy/decision.py), or as shorthand a
         length for all, one per running request in batch order, or {request id: drafts}, with
         tree_budget and trim beside it; None: block_size - 1.
         tree_budget (DDTree decoders): this round's tree nodes, at most the decoder's budget;
@@ -414,9 +414,9 @@ class Decoder:
             self.rules.add(i, p, bad, bool(lp))
 
     @torch.inference_mode()
-    def step(self, drafts: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
+    def step(self, draft_len: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
              tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
-        """One round for every running request. drafts: this round's decision (a policy's
+        """One round for every running request. draft_len: this round's decision (a policy's
         `Drafts`: draft lengths, tree budget and trim in one value), or as shorthand the drafts to
         verify (0 = a plain target step, speculation off), one for all, one per running request
         (rows in the order StepRecord.seq_ids lists them), or {request id: drafts} (a request it
@@ -434,7 +434,7 @@ class Decoder:
         trimmed: their slots' distributions depend on the path drawn before them."""
         st = self.st
         assert st is not None, "nothing is running: admit requests first"
-        d = _decision(drafts, tree_budget, trim, st.rows)
+        d = _decision(draft_len, tree_budget, trim, st.rows)
         tree_budget, trim = d.tree_budget, d.trim
         budget = self.budget if tree_budget is None else tree_budget
         if self.mode != "ddtree" and tree_budget:
