@@ -16,7 +16,7 @@ until the request finished), and the median repeat is reported. Policies:
   auto          `draft_len: auto` as served on the reference backend: a length per request
                 per round, 0 included, on the packed cost model, drafted rounds of up to
                 trim_batch requests trimmed from the drafter's confidences
-                (reference/draft_policy.py)
+                (trtllm_dflash/policy/)
 
 Both auto policies get their VerifyCost from `measure_cost` once, before the repeats. Every
 policy's tokens must equal ar's (an error otherwise). The goals of the draft-length issue,
@@ -37,7 +37,9 @@ from collections import Counter
 import torch
 
 from trtllm_dflash.reference import load_pair
-from trtllm_dflash.reference.draft_policy import AutoDraftLength, measure_cost
+from trtllm_dflash.policy.auto import AutoDraftLength
+from trtllm_dflash.policy.cost import measure_cost
+from trtllm_dflash.policy.decision import Drafts
 from trtllm_dflash.reference.generate import Decoder
 
 FIXED = (1, 3, 7, 15)
@@ -53,11 +55,10 @@ def decode(target, drafter, prompts, n, policy, ids) -> tuple[list[list[int]], f
     t0, done = time.perf_counter(), {}
     while decoder.running:
         alive = [r for r in ids if r not in done]
-        L = policy.choose(alive, decoder.running) if isinstance(policy, AutoDraftLength) else \
-            None if policy == "ar" else policy
-        trim = policy.trimmer(len(alive)) if isinstance(policy, AutoDraftLength) else None
+        drafts = policy.decide(alive, decoder.running, mode) if isinstance(policy, AutoDraftLength) else \
+            Drafts(None if policy == "ar" else policy)
         t_step = time.perf_counter()
-        rec = decoder.step(L, trim=trim)
+        rec = decoder.step(drafts)
         now = time.perf_counter()
         if isinstance(policy, AutoDraftLength):  # as serve/batcher.py
             policy.learn(rec, now - t_step)

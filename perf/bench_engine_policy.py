@@ -1,5 +1,5 @@
 """`auto`'s way of choosing on the serving engine, in one process: one draft length per round (the
-default) against any length per request (`AutoDraftLength.mixed`) and fixed lengths.
+default) against any length per request (`AutoConfig.mixed`) and fixed lengths.
 
     python -m trtllm_dflash.perf.bench_engine_policy [--levels 2,4,8,16] [--fixed 3,7] [--repeats 3]
         [--requests 24] [--work DIR]
@@ -20,6 +20,7 @@ the p50 measures").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -100,9 +101,9 @@ def bench(work: Path, levels, fixed, repeats: int, requests: int) -> list[dict]:
                 for L in fixed:
                     runs.setdefault(f"fixed {L}", []).append(closed_loop(engine, prompts, lens, c, L))
                 for name, mixed in (("auto", False), ("auto mixed", True)):
-                    policy.mixed = mixed
+                    policy.config = dataclasses.replace(policy.config, mixed=mixed)
                     runs.setdefault(name, []).append(closed_loop(engine, prompts, lens, c, None))
-                policy.mixed = False
+                policy.config = dataclasses.replace(policy.config, mixed=False)
             p50 = {name: statistics.median(statistics.median(run.values()) for run in v) for name, v in runs.items()}
             best = max((f"fixed {L}" for L in fixed), key=p50.get)
             (auto_d, auto_mean), (best_d, best_mean) = deciles(runs["auto"]), deciles(runs[best])

@@ -18,7 +18,7 @@ instance for the whole run, learning from every replayed round). Figures per lev
 p50 (first token excluded, as the sweep's), over the served bench's requests (`bench policy
 --set sweep.min_requests=N`, --served-min N, 64 as the README's: the first max(N, 5c) after the
 two warm-ups) and over all --requests. `auto` trims the drafted rounds the server trims
-(AutoDraftLength.trimmer, from the drafter's confidences the recording keeps), paying the drafter
+(AutoDraftLength.trim, from the drafter's confidences the recording keeps), paying the drafter
 for the block it drafted.
 
 Greedy decoding is deterministic, so a replayed round commits exactly the tokens the decoder would
@@ -46,7 +46,9 @@ from typing import Iterator, Sequence
 import torch
 
 from trtllm_dflash.perf.report import markdown_table, print_table
-from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, VerifyCost
+from trtllm_dflash.policy.auto import AutoDraftLength
+from trtllm_dflash.policy.bands import Bands
+from trtllm_dflash.policy.cost import VerifyCost
 
 FIXED = tuple(range(16))
 
@@ -136,7 +138,7 @@ class Replayed:
 def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterator[int],
            clock=time.perf_counter) -> Replayed:
     """Closed-loop clients: `c` requests run at once, the next of `requests` joins when one ends.
-    policy: a fixed draft length, or a DraftPolicy (choose / learn / forget, as serve/batcher.py).
+    policy: a fixed draft length, or a DraftPolicy (decide / learn / forget, as serve/batcher.py).
     The policy's own calls take the time `clock` (seconds) says they took."""
     from trtllm_dflash.reference.generate import StepRecord
 
@@ -161,13 +163,13 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
         # the policy's own time is the server's too: it chooses and trims inside the round it times
         # (serve/batcher.py, Decoder.step) and learns between rounds, and every request waits
         t0 = clock()
-        choice = policy.choose(alive, c)
+        decision = policy.decide(alive, c, "dflash")
         spent = clock() - t0
-        want = [choice[r] for r in alive] if isinstance(choice, dict) else [choice] * len(alive)
+        want = decision.wanted(alive, K)
         drafts = [max(0, min(w, K, rec.lens[running[r][0]] - running[r][1] - 1)) for w, r in zip(want, alive)]
         block = max(drafts) + 1  # the drafter's
         conf, trimming = None, 0.0
-        trimmer = policy.trimmer(len(alive))
+        trimmer = decision.trim
         if trimmer is not None and block > 1:  # Decoder.step's trim
             top = torch.stack([rec.confidence[running[r][0]][running[r][1] - 1, block - 2, : block - 1] for r in alive])
             t0 = clock()
@@ -206,7 +208,7 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
     from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.reference import load_pair
-    from trtllm_dflash.reference.draft_policy import measure_cost
+    from trtllm_dflash.policy.cost import measure_cost
     from trtllm_dflash.reference.generate import Decoder
 
     settings = {"requests": n, "seed": seed, "recording": 2}  # 2: with the drafter's confidences

@@ -10,7 +10,8 @@ import torch
 
 from trtllm_dflash.perf import replay_draft_policy as rp
 from trtllm_dflash.perf.bench_quant import shipped_pair
-from trtllm_dflash.reference.draft_policy import VerifyCost
+from trtllm_dflash.policy.cost import VerifyCost
+from trtllm_dflash.policy.decision import Drafts
 
 
 class Scripted:
@@ -22,11 +23,8 @@ class Scripted:
         self.rng, self.K, self.rounds, self.shown = random.Random(seed), K, [], []
         self.trims = trims
 
-    def trimmer(self, batch):
-        return self.trim if self.trims else None
-
-    def choose(self, requests, concurrency):
-        return {r: self.rng.randint(0, self.K) for r in requests}
+    def decide(self, requests, concurrency, mode):
+        return Drafts.of({r: self.rng.randint(0, self.K) for r in requests}, None, self.trim if self.trims else None)
 
     def trim(self, requests, lengths, confidence):
         self.shown.append(confidence.float().clone())
@@ -67,8 +65,7 @@ def test_replayed_rounds_commit_what_the_decoder_commits():
         with torch.inference_mode():
             dec.admit([0, 1, 2], prompts, lens, [[]] * 3)
             while dec.running:
-                want = script.choose(list(dec.st.rows), 3)
-                step = dec.step(want, trim=script.trimmer(dec.running))
+                step = dec.step(script.decide(list(dec.st.rows), 3, "dflash"))
                 decoded.append({r: len(t) for r, t in zip(step.seq_ids, step.tokens)})
         assert replayed.rounds == decoded
         assert sum(len(r) for r in decoded) > 3 * 2  # several rounds, not a trivial script

@@ -1,4 +1,4 @@
-"""Per-round draft lengths (reference/draft_policy.py, Decoder.step(draft_len)) are lossless:
+"""Per-round draft lengths (trtllm_dflash/policy/, Decoder.step(draft_len)) are lossless:
 
 - greedy: any schedule of draft lengths, 0 (speculation off) included, gives the target's
   greedy tokens (the AR mode's), with the drafter's context carried over rounds without a draft;
@@ -14,7 +14,9 @@ from reference_helpers import make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
 
 from trtllm_dflash.reference import SamplingParams, generate, load_pair
-from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, VerifyCost
+from trtllm_dflash.policy.auto import AutoDraftLength
+from trtllm_dflash.policy.bands import Bands
+from trtllm_dflash.policy.cost import VerifyCost
 from trtllm_dflash.reference.generate import Decoder, StepRecord
 
 
@@ -261,7 +263,7 @@ def test_slots_a_trim_left_unverified_keep_the_drafts_estimates_true():
 
     fair = auto()
     _trimmed_rounds(fair, 600)
-    assert all(abs(a - 0.5) < 0.08 for a in fair.population[:3]), fair.population
+    assert all(abs(a - 0.5) < 0.08 for a in fair.slots.population[:3]), fair.slots.population
 
     class VerifiedOnly(AutoDraftLength):  # the same policy, blind to what the trim left out
         def observe_unverified(self, *args):
@@ -269,7 +271,7 @@ def test_slots_a_trim_left_unverified_keep_the_drafts_estimates_true():
 
     biased = VerifiedOnly(block_size=8, cost=fair.cost, prior=0.5, probe_every=0)
     _trimmed_rounds(biased, 600)
-    assert min(biased.population[:3]) > 0.57, biased.population  # 0.59-0.64 (0.5 the truth)
+    assert min(biased.slots.population[:3]) > 0.57, biased.slots.population  # 0.59-0.64 (0.5 the truth)
 
 
 def test_a_shape_not_run_yet_is_corrected_as_its_neighbours_are():
@@ -279,19 +281,19 @@ def test_a_shape_not_run_yet_is_corrected_as_its_neighbours_are():
     ran, and `auto` spends rounds finding out that it is not."""
     cost = VerifyCost(fixed=1e-3, per_token=1e-4, draft=0.0, packed=True)
     auto = AutoDraftLength(block_size=16, cost=cost, probe_every=0)
-    assert auto.verify_scale(16, 4) == 1.0  # nothing ran: the fit
+    assert auto.rounds.verify_scale(16, 4) == 1.0  # nothing ran: the fit
 
     def ran(B, T, scale):  # a round of B requests verifying T - 1 drafts took `scale` x the fit
-        auto.observe_round([T - 1] * B, scale * cost.verify_s([T - 1] * B) + 1e-4, drafting=1e-4)
+        auto.rounds.observe_round([T - 1] * B, scale * cost.verify_s([T - 1] * B) + 1e-4, drafting=1e-4)
 
     ran(16, 2, 1.3)
     ran(16, 6, 1.1)
-    assert auto.verify_scale(16, 2) == pytest.approx(1.3)  # as run
-    assert auto.verify_scale(16, 4) == pytest.approx(1.2)  # halfway in T
-    assert auto.verify_scale(16, 9) == pytest.approx(1.1)  # past the longest: the nearest
-    assert auto.verify_scale(12, 4) == pytest.approx(1.2)  # a batch size below every one seen: the nearest
+    assert auto.rounds.verify_scale(16, 2) == pytest.approx(1.3)  # as run
+    assert auto.rounds.verify_scale(16, 4) == pytest.approx(1.2)  # halfway in T
+    assert auto.rounds.verify_scale(16, 9) == pytest.approx(1.1)  # past the longest: the nearest
+    assert auto.rounds.verify_scale(12, 4) == pytest.approx(1.2)  # a batch size below every one seen: the nearest
     ran(8, 4, 1.0)
-    assert auto.verify_scale(12, 4) == pytest.approx(1.1)  # halfway between batch sizes 8 and 16
+    assert auto.rounds.verify_scale(12, 4) == pytest.approx(1.1)  # halfway between batch sizes 8 and 16
     assert auto.round_s([3] * 12) == pytest.approx(1.1 * cost.verify_s([3] * 12))
 
 
@@ -306,7 +308,7 @@ def test_auto_does_not_choose_a_block_for_not_having_run_it():
     assert 0 < best < 10 and max(rate[L] for L in range(best + 3, 16)) > rate[best] / 1.3  # the fit's 1.0 would pick an unseen one
     for L in range(best + 3):
         drafting = 1e-4 if L else 0.0
-        auto.observe_round([L] * 16, 1.3 * cost.verify_s([L] * 16) + drafting, drafting=drafting)
+        auto.rounds.observe_round([L] * 16, 1.3 * cost.verify_s([L] * 16) + drafting, drafting=drafting)
     assert auto.best(requests) == best
 
 
@@ -321,15 +323,15 @@ def test_the_drafters_measured_time_corrects_the_drafter_not_the_target():
         drafting = 2 * cost.draft_s(4, 6)
         seconds = cost.verify_s([2] * 4) + drafting
         auto.learn(StepRecord(1, [0, 1, 2, 3], [[0]] * 4, [None] * 4, [2] * 4, t_draft=drafting, block=6), seconds)
-    assert auto.drafter_s(4, 6) == pytest.approx(2 * cost.draft_s(4, 6), rel=1e-3)
-    assert auto.drafter_s(4, 8) == pytest.approx(2 * cost.draft_s(4, 8), rel=1e-3)  # the batch size's mean
-    assert auto.drafter_s(2, 6) == cost.draft_s(2, 6)  # another batch size: as start-up timed
-    assert auto.round_s([2] * 4) == pytest.approx(cost.verify_s([2] * 4) + auto.drafter_s(4, 3), rel=1e-3)
+    assert auto.rounds.drafter_s(4, 6) == pytest.approx(2 * cost.draft_s(4, 6), rel=1e-3)
+    assert auto.rounds.drafter_s(4, 8) == pytest.approx(2 * cost.draft_s(4, 8), rel=1e-3)  # the batch size's mean
+    assert auto.rounds.drafter_s(2, 6) == cost.draft_s(2, 6)  # another batch size: as start-up timed
+    assert auto.round_s([2] * 4) == pytest.approx(cost.verify_s([2] * 4) + auto.rounds.drafter_s(4, 3), rel=1e-3)
     assert auto.round_s([2] * 4, block=6) == pytest.approx(cost.verify_s([2] * 4) + drafting, rel=1e-3)
     # a fit that models no drafter (draft 0, nothing timed) takes a measured pass without failing
     free = AutoDraftLength(block_size=8, cost=VerifyCost(fixed=1e-3, per_token=1e-4, draft=0.0, packed=True))
-    free.observe_round([2] * 4, 3e-3, drafting=1e-3, block=6)
-    assert free.correction[(4, 3)] == pytest.approx(2e-3 / free.cost.verify_s([2] * 4))
+    free.rounds.observe_round([2] * 4, 3e-3, drafting=1e-3, block=6)
+    assert free.rounds.correction[(4, 3)] == pytest.approx(2e-3 / free.cost.verify_s([2] * 4))
 
 
 def test_the_first_drafting_round_after_a_join_teaches_no_drafter_time():
@@ -346,27 +348,27 @@ def test_the_first_drafting_round_after_a_join_teaches_no_drafter_time():
         auto.learn(rec, rest * cost.verify_s([L] * len(ids)) + drafting)
 
     round_of([0, 1], drafter=9.0)  # both joined: the drafter also projected their prompts
-    assert auto.draft_correction == {} and auto.correction[(2, 3)] == pytest.approx(3.0) and set(auto.shifts) == {0, 1}
+    assert auto.rounds.draft_correction == {} and auto.rounds.correction[(2, 3)] == pytest.approx(3.0) and set(auto.slots.shifts) == {0, 1}
     round_of([0, 1])
-    assert auto.draft_correction[(2, 3)] == pytest.approx(3.0)
+    assert auto.rounds.draft_correction[(2, 3)] == pytest.approx(3.0)
     round_of([0, 1, 2], drafter=9.0)  # request 2 joined
-    assert (3, 3) not in auto.draft_correction and auto.correction[(3, 3)] == pytest.approx(3.0)
+    assert (3, 3) not in auto.rounds.draft_correction and auto.rounds.correction[(3, 3)] == pytest.approx(3.0)
     auto.forget(0)
     round_of([1, 2, 0], L=0, rest=2.0)  # 0 again (a new request): no drafter pass, its prompt stays pending
-    assert auto.correction[(3, 1)] == pytest.approx(2.0)
+    assert auto.rounds.correction[(3, 1)] == pytest.approx(2.0)
     round_of([1, 2, 0], drafter=9.0)
-    assert auto.draft_correction.get((3, 3)) is None
+    assert auto.rounds.draft_correction.get((3, 3)) is None
     round_of([1, 2, 0])
-    assert auto.draft_correction[(3, 3)] == pytest.approx(3.0)
+    assert auto.rounds.draft_correction[(3, 3)] == pytest.approx(3.0)
 
 
 def test_auto_draft_length_follows_acceptance_and_cost():
     cost = VerifyCost(fixed=1e-3, per_token=1e-5, draft=2e-4)  # verifying is cheap next to the fixed step
     auto = AutoDraftLength(block_size=16, cost=cost, prior=0.6)
     for _ in range(30):  # request 1 always accepts everything, request 2 nothing
-        auto.observe(1, 15, 15)
-        auto.observe(2, 15, 0)
-    assert min(auto.acceptance(1)) > 0.98 and auto.acceptance(2)[0] < 0.15
+        auto.slots.observe(1, 15, 15)
+        auto.slots.observe(2, 15, 0)
+    assert min(auto.slots.of(1)) > 0.98 and auto.slots.of(2)[0] < 0.15
     assert auto.expected_tokens(1, 15) > 14 and auto.expected_tokens(2, 15) < 1.3
     assert auto.choose([1], concurrency=1) == 15
     assert auto.choose([2], concurrency=1) == 0  # drafts that are always rejected only cost time
@@ -374,7 +376,7 @@ def test_auto_draft_length_follows_acceptance_and_cost():
     expensive = AutoDraftLength(block_size=16, cost=VerifyCost(fixed=1e-3, per_token=1e-3, draft=1e-3), prior=0.6)
     assert expensive.choose(list(range(8)), concurrency=8) < 4
     auto.forget(1)
-    assert 1 not in auto.shifts
+    assert 1 not in auto.slots.shifts
 
 
 def _three_kinds_of_request(**kw) -> tuple[AutoDraftLength, VerifyCost]:
@@ -382,9 +384,9 @@ def _three_kinds_of_request(**kw) -> tuple[AutoDraftLength, VerifyCost]:
     cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=2e-4, per_slot=1e-6, packed=True)
     auto = AutoDraftLength(block_size=16, cost=cost, prior=0.6, probe_every=0, **kw)
     for _ in range(30):
-        auto.observe(1, 15, 15)
-        auto.observe(2, 15, 0)
-        auto.observe(3, 15, 3)
+        auto.slots.observe(1, 15, 15)
+        auto.slots.observe(2, 15, 0)
+        auto.slots.observe(3, 15, 3)
     return auto, cost
 
 
@@ -423,13 +425,13 @@ def test_a_request_that_stopped_drafting_drifts_back_to_every_requests_estimate(
     cost = VerifyCost(fixed=1e-3, per_token=2e-5, draft=2e-4, per_slot=1e-6, packed=True)
     auto = AutoDraftLength(block_size=8, cost=cost, prior=0.9, probe_every=0)
     for _ in range(20):
-        auto.observe(1, 7, 0)  # request 1 rejects everything
-        auto.observe(2, 7, 7)  # request 2 accepts everything
+        auto.slots.observe(1, 7, 0)  # request 1 rejects everything
+        auto.slots.observe(2, 7, 7)  # request 2 accepts everything
     assert auto.choose([1, 2], 2)[1] == 0
     rounds = 0
     while auto.choose([1, 2], 2)[1] == 0 and rounds < 50:
-        auto.observe(1, 0, 0)
-        auto.observe(2, 7, 7)
+        auto.slots.observe(1, 0, 0)
+        auto.slots.observe(2, 7, 7)
         rounds += 1
     assert 0 < rounds < 50 and auto.choose([1, 2], 2)[1] > 0
 
@@ -443,17 +445,17 @@ def test_rounds_that_cost_more_than_modelled_correct_the_choice():
     auto = AutoDraftLength(block_size=8, cost=cost, prior=0.9, probe_every=0)
     for r in range(8):
         for _ in range(20):
-            auto.observe(r, 7, 1)  # one draft accepted in two: drafting pays a little
+            auto.slots.observe(r, 7, 1)  # one draft accepted in two: drafting pays a little
     first = auto.choose(list(range(8)), 8)
     assert max(first.values()) > 0
     for _ in range(30):
-        auto.observe_round(list(first.values()), 1.0 * cost.lengths_s(list(first.values())))
+        auto.rounds.observe_round(list(first.values()), 1.0 * cost.lengths_s(list(first.values())))
     assert auto.choose(list(range(8)), 8) == first
     for _ in range(30):
         for L in range(1, 8):  # every drafting shape of 8 requests: three times its model
-            auto.observe_round([L] * 8, 3.0 * cost.lengths_s([L] * 8))
+            auto.rounds.observe_round([L] * 8, 3.0 * cost.lengths_s([L] * 8))
     assert set(auto.choose(list(range(8)), 8).values()) != {0}  # plain rounds: as dear, by their neighbours
-    auto.observe_round([0] * 8, cost.lengths_s([0] * 8))
+    auto.rounds.observe_round([0] * 8, cost.lengths_s([0] * 8))
     assert set(auto.choose(list(range(8)), 8).values()) == {0}
 
 
@@ -469,12 +471,12 @@ def test_auto_starts_new_requests_from_every_requests_acceptance_and_probes_long
     first = auto.best([7])
     assert first < 8  # a pessimistic prior: short drafts
     for r in range(150):  # earlier requests accepted everything they drafted
-        auto.observe(r, 15, 15)
+        auto.slots.observe(r, 15, 15)
         auto.forget(r)
-    assert min(auto.population) > 0.65 and auto.best([99]) >= 8  # a new request starts from their profile
+    assert min(auto.slots.population) > 0.65 and auto.best([99]) >= 8  # a new request starts from their profile
     rejecting = AutoDraftLength(block_size=16, cost=cost, prior=0.9, probe_every=4)
     for _ in range(30):
-        rejecting.observe(1, 15, 1)  # slot 1 accepted, slot 2 never
+        rejecting.slots.observe(1, 15, 1)  # slot 1 accepted, slot 2 never
     choices = [rejecting.choose([1], 1) for _ in range(8)]
     L = choices[0]
     assert L < 15 and choices == [L, L, L, 2 * L + 1] * 2  # every 4th choice probes 2L + 1
@@ -487,10 +489,10 @@ def test_a_slot_observed_a_few_times_moves_the_curve_more_than_its_tracking_rate
     auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0)
     slow = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), prior=0.9, probe_every=0, prior_weight=1e9)
     for r in range(10):  # ten requests each got to slot 8 once and were rejected there
-        auto.observe(r, 15, 7)
-        slow.observe(r, 15, 7)
-    assert auto.population[7] < 0.7 < 0.85 < slow.population[7]
-    assert auto.population[6] > 0.9 and auto.population[8] == pytest.approx(0.9)  # accepted slots; one never observed
+        auto.slots.observe(r, 15, 7)
+        slow.slots.observe(r, 15, 7)
+    assert auto.slots.population[7] < 0.7 < 0.85 < slow.slots.population[7]
+    assert auto.slots.population[6] > 0.9 and auto.slots.population[8] == pytest.approx(0.9)  # accepted slots; one never observed
 
 
 def test_a_requests_shift_carries_its_early_slots_to_its_late_ones():
@@ -498,10 +500,10 @@ def test_a_requests_shift_carries_its_early_slots_to_its_late_ones():
     slots it never reached, while the curve keeps what easy requests showed there."""
     auto = AutoDraftLength(block_size=16, cost=VerifyCost(1e-3, 2e-5, 2e-4), probe_every=0)
     for r in range(40):  # easy requests: twelve drafts accepted a round
-        auto.observe(r, 15, 12)
+        auto.slots.observe(r, 15, 12)
     for _ in range(10):
-        auto.observe(100, 15, 1)
-    hard, new = auto.acceptance(100), auto.acceptance(101)
+        auto.slots.observe(100, 15, 1)
+    hard, new = auto.slots.of(100), auto.slots.of(101)
     assert all(h < n - 0.2 for h, n in zip(hard[4:12], new[4:12]))  # slots 5-12: never reached by 100
     assert auto.expected_tokens(100, 15) < 4 < 8 < auto.expected_tokens(101, 15)
 
@@ -519,7 +521,7 @@ def decode_with_policy(decoder: Decoder, policy, prompts, limit, decoys: int = 0
             if r < n:
                 out[r] += toks
             if rec.round > 0:
-                policy.observe(r, rec.drafted[k], len(toks) - 1)
+                policy.slots.observe(r, rec.drafted[k], len(toks) - 1)
             alive.add(r)
             if done is not None:
                 alive.discard(r)
@@ -567,7 +569,7 @@ def test_per_request_auto_draft_lengths_in_the_loop_give_the_greedy_tokens(qwen3
     cost = VerifyCost(fixed=1e-3, per_token=1e-5, draft=1e-5, per_slot=1e-6, packed=True)  # drafting pays a little
     policy = AutoDraftLength(block_size=drafter.block_size, cost=cost, prior=0.5, probe_every=3)
     for _ in range(20):  # request 0 starts out believed to accept everything: the rounds mix lengths
-        policy.observe(0, drafter.block_size - 1, drafter.block_size - 1)
+        policy.slots.observe(0, drafter.block_size - 1, drafter.block_size - 1)
     got, chosen = decode_with_policy(Decoder(target, drafter, max_len=64), policy, prompts, 30, decoys=2)
     assert got == ar
     assert any(len(set(c)) > 1 for c in chosen), f"every round gave every request one length: {chosen}"
@@ -592,7 +594,7 @@ def test_start_up_times_every_uniform_shape_and_the_policy_starts_from_them(monk
     """measure_cost keeps each uniform shape's time (VerifyCost.timed) next to the linear fit, and
     AutoDraftLength starts its per-shape correction from them: a round's time is not linear in its
     tokens (kernel tiles), so a shape the fit gets wrong is right from the first round."""
-    import trtllm_dflash.reference.draft_policy as dp
+    import trtllm_dflash.policy.cost as dp
 
     clock = [0.0]
     monkeypatch.setattr(dp.time, "perf_counter", lambda: clock[0])

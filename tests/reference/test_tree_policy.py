@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from trtllm_dflash.reference import generate, load_pair
-from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost, tree_budget_menu
+from trtllm_dflash.policy.auto import AutoDraftLength
+from trtllm_dflash.policy.cost import VerifyCost
+from trtllm_dflash.policy.acceptance import running_products
+from trtllm_dflash.policy.trees import tree_budget_menu
 from trtllm_dflash.reference.generate import Decoder, StepRecord
 
 
@@ -92,15 +95,15 @@ def _policy(cost, **kw) -> AutoDraftLength:
 def test_trees_at_low_load_chains_then_plain_decoding_as_verifying_gets_dearer():
     cheap = _policy(VerifyCost(fixed=5e-3, per_token=1e-5, draft=1e-3, per_slot=1e-5, packed=True))
     for n, tokens in ((32, 6.0), (16, 5.0), (8, 4.0)):
-        cheap.tree_tokens[n] = tokens
-    cheap.slot_logits = [_logit(0.7)] * 15
+        cheap.trees.tokens[n] = tokens
+    cheap.slots.logits = [_logit(0.7)] * 15
     assert cheap.choose_tree([0], 1) == (15, 32)  # cheap verify: the biggest tree
     dear = _policy(VerifyCost(fixed=5e-3, per_token=4e-4, draft=1e-3, per_slot=1e-4, packed=True))
-    dear.tree_tokens, dear.slot_logits = dict(cheap.tree_tokens), list(cheap.slot_logits)
+    dear.trees.tokens, dear.slots.logits = dict(cheap.trees.tokens), list(cheap.slots.logits)
     lengths, budget = dear.choose_tree(list(range(16)), 16)
     assert budget == 0 and 0 < max(lengths.values()) < 15  # 16 requests: short chains beat any tree
     dearer = _policy(VerifyCost(fixed=1e-3, per_token=5e-3, draft=1e-3, per_slot=5e-3, packed=True))
-    dearer.tree_tokens, dearer.slot_logits = dict(cheap.tree_tokens), [_logit(0.3)] * 15
+    dearer.trees.tokens, dearer.slots.logits = dict(cheap.trees.tokens), [_logit(0.3)] * 15
     lengths, budget = dearer.choose_tree(list(range(16)), 16)
     assert budget == 0 and set(lengths.values()) == {0}  # plain decoding
 
@@ -108,23 +111,23 @@ def test_trees_at_low_load_chains_then_plain_decoding_as_verifying_gets_dearer()
 def test_an_unobserved_budget_is_tried_and_a_tree_round_teaches_tokens_cost_and_the_chain():
     cost = VerifyCost(fixed=5e-3, per_token=1e-4, draft=1e-3, per_slot=1e-4, packed=True)
     auto = _policy(cost, prior=0.9)
-    assert auto.tree_tokens_of(32) > auto.expected_tokens(0, 15)  # optimistic before any observation
+    assert auto.trees.tokens_of(32, running_products(auto.slots.population)) > auto.expected_tokens(0, 15)  # optimistic before any observation
     rec = StepRecord(3, [0, 1, 2], [[5, 6, 7], [8], [9, 9]], [None, None, "length"], [32, 32, 32],
                      tree_budget=32, chain=[(5, 2), (4, 0), (6, 1)])
     modelled = cost.round_s(3, 32)
     auto.projected.update(rec.seq_ids)  # not their first drafting round, whose drafter time is not learnt
     auto.learn(rec, seconds=2 * modelled)
-    assert auto.tree_tokens[32] == pytest.approx(2.0)  # requests 0 and 1; request 2's last round is cut short
-    assert auto.tree_correction[(3, 32)] == pytest.approx(2.0)
-    assert auto.tree_round_s(3, 32) == pytest.approx(2 * modelled)
+    assert auto.trees.tokens[32] == pytest.approx(2.0)  # requests 0 and 1; request 2's last round is cut short
+    assert auto.trees.correction[(3, 32)] == pytest.approx(2.0)
+    assert auto.trees.round_s(auto.cost, 3, 32) == pytest.approx(2 * modelled)
     # request 0's chain accepted slots 1, 2 and was rejected at 3; request 1's at slot 1
-    assert auto.slot_seen[:4] == [2.0, 1.0, 1.0, 0.0]
+    assert auto.slots.seen[:4] == [2.0, 1.0, 1.0, 0.0]
     s0 = 0.0
     for j, hit in enumerate((1.0, 1.0, 0.0)):  # request 0's shift: one gradient step per slot
-        s0 += auto.request_rate * (hit - 0.9 if j == 0 else hit - _sigmoid(_logit(0.9) + s0))
-    assert auto.shifts[0] == pytest.approx(s0)
+        s0 += auto.config.acceptance.request_rate * (hit - 0.9 if j == 0 else hit - _sigmoid(_logit(0.9) + s0))
+    assert auto.slots.shifts[0] == pytest.approx(s0)
     # request 1 misses slot 1, whose logit request 0's hit moved by 0.1 / (prior_weight 2 + 0 seen)
-    assert auto.shifts[1] == pytest.approx(-auto.request_rate * _sigmoid(_logit(0.9) + 0.1 / 2))
-    assert 2 not in auto.shifts and auto.correction == {}  # chain costs are not tree costs
+    assert auto.slots.shifts[1] == pytest.approx(-auto.config.acceptance.request_rate * _sigmoid(_logit(0.9) + 0.1 / 2))
+    assert 2 not in auto.slots.shifts and auto.rounds.correction == {}  # chain costs are not tree costs
     auto.learn(StepRecord(4, [0], [[1, 2, 3, 4]], [None], [32], tree_budget=32, chain=None))  # sampling: no chain
-    assert auto.tree_tokens[32] == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
+    assert auto.trees.tokens[32] == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)

@@ -8,6 +8,7 @@ import torch
 from serve_helpers import make_pair
 
 from trtllm_dflash.reference import generate, load_pair
+from trtllm_dflash.policy.decision import Drafts
 from trtllm_dflash.reference.generate import Decoder
 from trtllm_dflash.runtime.local_model import LocalModel
 from trtllm_dflash.serve.batcher import Job, ServingEngine
@@ -175,7 +176,8 @@ def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair, trees):
     trees at full depth; with them every DDTree round is a tree of one of those budgets, a chain or
     plain decoding (here verified tokens cost so much that trees lose to chains). Every request
     still gets its solo output."""
-    from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
+    from trtllm_dflash.policy.auto import AutoDraftLength
+    from trtllm_dflash.policy.cost import VerifyCost
 
     target, drafter, tokenizer = pair
     cost = VerifyCost(fixed=1e-3, per_token=1e-5 if not trees else 1e-2, draft=2e-4)
@@ -186,8 +188,8 @@ def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair, trees):
         def decoder(self, **kwargs):
             d = super().decoder(**kwargs)
             step = d.step
-            d.step = lambda draft_len=None, tree_budget=None, trim=None: \
-                calls.append((kwargs["mode"], draft_len, tree_budget)) or step(draft_len, tree_budget, trim)
+            d.step = lambda drafts: calls.append((kwargs["mode"], drafts.per_request or drafts.length,
+                                                  drafts.tree_budget)) or step(drafts)
             return d
 
     engine = ServingEngine(Recording(target, drafter), tokenizer, max_seq_len=64, ddtree_budget=32, policy=policy)
@@ -216,15 +218,16 @@ def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair, trees):
         assert {n for m, L, n in calls if m == "ddtree"} <= {0, *trees}
         assert any(n == 0 for m, L, n in calls if m == "ddtree")  # trees cost too much here: chains
     assert all(L is not None and n is None for m, L, n in calls if m == "dflash")
-    assert len(policy.population) == drafter.block_size - 1
+    assert len(policy.slots.population) == drafter.block_size - 1
 
 
 def test_auto_observe_ignores_slots_past_the_block():
-    from trtllm_dflash.reference.draft_policy import AutoDraftLength, VerifyCost
+    from trtllm_dflash.policy.auto import AutoDraftLength
+    from trtllm_dflash.policy.cost import VerifyCost
 
     auto = AutoDraftLength(block_size=4, cost=VerifyCost(1e-3, 1e-5, 2e-4), prior=0.6)
-    auto.observe(1, 32, 15)  # a tree round's numbers: no IndexError, three slots accepted
-    assert len(auto.slot_logits) == 3 and auto.slot_seen == [1.0] * 3 and auto.shifts[1] > 0
+    auto.slots.observe(1, 32, 15)  # a tree round's numbers: no IndexError, three slots accepted
+    assert len(auto.slots.logits) == 3 and auto.slots.seen == [1.0] * 3 and auto.slots.shifts[1] > 0
 
 
 def test_stop_answers_every_request_it_leaves(pair):
@@ -287,11 +290,8 @@ def test_the_policy_learns_round_times_in_seconds(pair):
     class Recorder:
         modes = ("dflash",)
 
-        def trimmer(self, batch):
-            return None
-
-        def choose(self, requests, concurrency):
-            return 2
+        def decide(self, requests, concurrency, mode):
+            return Drafts(2)
 
         def learn(self, rec, seconds=None):
             seen.append(seconds)

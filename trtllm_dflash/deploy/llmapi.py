@@ -150,7 +150,7 @@ def speculative_config(recipe: Recipe, artifact: Path) -> dict:
     out = {
         "decoding_type": "DFlash",
         # The first band is the longest draft (rule): the schedule's smallest key maps to it.
-        "max_draft_len": max(bands[0].draft_len, MIN_RUNTIME_DRAFT_LEN) if bands else spec.block_size - 1,
+        "max_draft_len": max(spec.draft_len_at(1), MIN_RUNTIME_DRAFT_LEN),
         # A local directory, so upstream could also read dflash_config; the ids are written
         # anyway (with a hub id nothing would capture the target's hidden states).
         "speculative_model": str(Path(artifact).resolve() / "drafter"),

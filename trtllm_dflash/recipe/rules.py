@@ -60,7 +60,8 @@ def pytorch_draft_len_schedule(recipe: Recipe) -> dict[int, int]:
     upstream's get_draft_len_for_batch_size), never drafting 0: lengths floored at
     MIN_RUNTIME_DRAFT_LEN, and a last key at build.max_batch_size so no batch falls past it
     (PR #16888 above). Empty when the recipe has no bands (a static max_draft_len)."""
-    schedule = {b.max_concurrency: max(b.draft_len, MIN_RUNTIME_DRAFT_LEN) for b in recipe.speculative.bands}
+    spec = recipe.speculative
+    schedule = {b.max_concurrency: max(spec.draft_len_at(b.max_concurrency), MIN_RUNTIME_DRAFT_LEN) for b in spec.bands}
     if schedule and max(schedule) < recipe.build.max_batch_size:
         schedule[recipe.build.max_batch_size] = MIN_RUNTIME_DRAFT_LEN
     return schedule

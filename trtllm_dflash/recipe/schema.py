@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.policy.bands import band_draft_len
 from trtllm_dflash.recipe.hardware import Format, GpuSpec, hardware_catalog
 from trtllm_dflash.recipe.models import ArchFacts, catalog_facts, facts_from_config
 from trtllm_dflash.recipe.support import NATIVE_ONLY
@@ -202,12 +203,14 @@ class Speculative(_Section):
         """The static bands ([] with `auto` or none given)."""
         return [] if self.auto else list(self.draft_len)
 
+    @property
+    def band_pairs(self) -> list[tuple[int, int]]:
+        """The static bands as [(max_concurrency, draft_len)], the form policy/bands.py reads."""
+        return [(b.max_concurrency, b.draft_len) for b in self.bands]
+
     def draft_len_at(self, concurrency: int) -> int:
         """The static draft length at `concurrency` (block_size - 1 without bands, and under `auto`)."""
-        for band in self.bands:
-            if concurrency <= band.max_concurrency:
-                return band.draft_len
-        return self.bands[-1].draft_len if self.bands else self.block_size - 1
+        return band_draft_len(self.band_pairs, concurrency, self.block_size)
 
 
 def same_ports(http_port: int, grpc_port: int, metrics_port: int) -> str | None:

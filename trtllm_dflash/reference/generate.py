@@ -31,6 +31,7 @@ from typing import Callable, Iterator, Mapping, Protocol, Sequence
 import torch
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.policy.decision import Drafts
 from trtllm_dflash.reference.ddtree import build_tree, chain_outcome, walk
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target
@@ -42,7 +43,7 @@ MODES = ("ar", "dflash", "ddtree")
 
 # trim(requests, lengths, confidence [B, T - 1]) -> each request's drafts to verify, at most its
 # length: the round's drafts are drafted, and which prefix of them is verified is chosen from how
-# sure the drafter was of each slot (draft_policy.AutoDraftLength.trim). confidence is the top
+# sure the drafter was of each slot (policy/auto.py AutoDraftLength.trim). confidence is the top
 # probability of the drafter's distribution at each slot, not the probability of the drawn draft:
 # under sampling, a choice that looked at the draw would skew what is accepted (the slot's
 # verification would depend on its own token), one that looks at the distribution does not.
@@ -278,10 +279,11 @@ class DecoderProtocol(Protocol):
         """Prefill new requests and add them to the batch. Per request: its bad words (token
         sequences its output never contains) and whether its records carry log-probabilities."""
 
-    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
+    def step(self, draft_len: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
              tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
-        """One round for every running request (draft_len: drafts this round, one for all, one per
-        running request in batch order, or {request id: drafts}; None: block_size - 1).
+        """One round for every running request: draft_len, a `Drafts` (policy/decision.py), or as shorthand a
+        length for all, one per running request in batch order, or {request id: drafts}, with
+        tree_budget and trim beside it; None: block_size - 1.
         tree_budget (DDTree decoders): this round's tree nodes, at most the decoder's budget;
         0: a chain round; None: the decoder's budget. trim: chain rounds verify a prefix of the
         drafts that trim(requests, lengths, confidence) chooses (see Decoder.step)."""
@@ -412,12 +414,14 @@ class Decoder:
             self.rules.add(i, p, bad, bool(lp))
 
     @torch.inference_mode()
-    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None,
+    def step(self, draft_len: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
              tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
-        """One round for every running request. draft_len: drafts to verify this round (0 = a
-        plain target step, speculation off), one for all, one per running request (rows in
-        the order StepRecord.seq_ids lists them), or {request id: drafts} (a request it does not
-        name drafts block_size - 1); None = block_size - 1. A request's
+        """One round for every running request. draft_len: this round's decision (a policy's
+        `Drafts`: draft lengths, tree budget and trim in one value), or as shorthand the drafts to
+        verify (0 = a plain target step, speculation off), one for all, one per running request
+        (rows in the order StepRecord.seq_ids lists them), or {request id: drafts} (a request it
+        does not name drafts block_size - 1), with tree_budget and trim beside it; None =
+        block_size - 1. A request's
         drafts never go past the tokens it has left. Every length is lossless. In a round of
         different lengths the batch drafts the longest; each request verifies its own (a packed
         target runner runs only those tokens, another pads).
@@ -428,21 +432,20 @@ class Decoder:
         drafts trim chooses (lossless as any length; the record's `drafted` is what was verified,
         its `block` what was drafted). Drafters that choose their own path (DFlash2) are not
         trimmed: their slots' distributions depend on the path drawn before them."""
+        st = self.st
+        assert st is not None, "nothing is running: admit requests first"
+        d = _decision(draft_len, tree_budget, trim, st.rows)
+        tree_budget, trim = d.tree_budget, d.trim
         budget = self.budget if tree_budget is None else tree_budget
         if self.mode != "ddtree" and tree_budget:
             raise UserError(f"tree_budget {tree_budget}: only a ddtree decoder builds trees (this one decodes {self.mode})")
         if self.mode == "ddtree" and not 0 <= budget <= self.budget:
             raise UserError(f"tree_budget {tree_budget}: expected 0..{self.budget} (the decoder's ddtree budget)")
-        st = self.st
-        assert st is not None, "nothing is running: admit requests first"
         self.rounds += 1
         self.target.full_logits = self.rules.active
         t0 = _now()
         B, longest = len(st.rows), self.block_size - 1
-        if isinstance(draft_len, Mapping):
-            want = [draft_len.get(r, longest) for r in st.rows]
-        else:
-            want = [longest] * B if draft_len is None else _per_request(draft_len, B, "draft_len", nested=False)
+        want = d.wanted(st.rows, longest)
         left = [self.limits[r] - len(self.generated[r]) for r in st.rows]
         lengths = [0 if self.mode == "ar" else max(0, min(n, longest, rest - 1)) for n, rest in zip(want, left)]
         T = max(lengths) + 1
@@ -459,6 +462,18 @@ class Decoder:
         self._drop({r for r, d in zip(rows, done) if d})
         return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2,
                           budget if tree else 0, chain, T if conf is not None else 0, conf, _cut(lps, toks))
+
+
+def _decision(drafts, tree_budget: int | None, trim: Trim | None, rows: Sequence[int]) -> Drafts:
+    """Decoder.step's `drafts` as the typed decision (its shorthands: a length, one per row, or
+    {request: length}, with tree_budget and trim beside them)."""
+    if isinstance(drafts, Drafts):
+        if tree_budget is not None or trim is not None:
+            raise ValueError("Decoder.step: a Drafts decision carries its own tree_budget and trim")
+        return drafts
+    if isinstance(drafts, (list, tuple)):
+        drafts = dict(zip(rows, _per_request(list(drafts), len(rows), "draft_len", nested=False)))
+    return Drafts.of(drafts, tree_budget, trim)
 
 
 def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, lengths: list[int], sampling,

@@ -25,10 +25,10 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
-from trtllm_dflash.reference.draft_policy import DraftPolicy
-from trtllm_dflash.reference.generate import DecoderProtocol, StepRecord, Trim
+from trtllm_dflash.policy.decision import DraftPolicy, Drafts
+from trtllm_dflash.reference.generate import DecoderProtocol, StepRecord
 from trtllm_dflash.reference.verify import SamplingParams
 from trtllm_dflash.serve.trace import now
 
@@ -109,10 +109,18 @@ def _stop_prefix(text: str, stop_words: list[str]) -> int:
     return best
 
 
-def _group_key(job: "Job", default_mode: str) -> tuple:
+class GroupKey(NamedTuple):
     """Requests decoded together: the same sampling setting, draft-length request and mode."""
+
+    sampling: tuple  # ("greedy",) or (temperature, top_p, top_k, seed)
+    draft_len: int | None  # the requests' own draft length, None: the policy's
+    mode: str  # "ar" | "dflash" | "ddtree"
+
+
+def _group_key(job: "Job", default_mode: str) -> GroupKey:
     s = job.sampling
-    return (("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed)), job.draft_len, job.mode or default_mode
+    return GroupKey(("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed), job.draft_len,
+                    job.mode or default_mode)
 
 
 class ServingModel(Protocol):
@@ -134,7 +142,7 @@ class ServingModel(Protocol):
 
 
 class ServingEngine:
-    """policy: what each round's draft length is (reference/draft_policy.py: the recipe's bands or
+    """policy: what each round's draft length is (trtllm_dflash/policy: the recipe's bands or
     `auto`); None = block_size - 1 always. A request's own `draft_len` overrides it, and its own
     `mode` ("ar" | "dflash" | "ddtree") replaces `mode` for it (front ends check that a ddtree
     request has a budget: serve/requests.check_mode)."""
@@ -151,7 +159,7 @@ class ServingEngine:
         self.max_batch_size = max_batch_size
         self.histogram_len = block_size or 1  # drafts accepted per pass: 0 .. block_size - 1
         self.inbox: queue.Queue[Job] = queue.Queue()
-        self.groups: dict[tuple, tuple] = {}  # key -> (decoder, {request id: Job})
+        self.groups: dict[GroupKey, tuple] = {}  # key -> (decoder, {request id: Job})
         self._next_id = 0
         self._stop = threading.Event()
         self._inbox_lock = threading.Lock()  # a submit racing stop() is answered, never left in the inbox
@@ -201,15 +209,15 @@ class ServingEngine:
                             self._finish(self._leave(jobs, i), "cancelled")
                     if decoder.running:
                         t0 = now()
-                        rec = decoder.step(*self._round(key, jobs))
+                        rec = decoder.step(self._round(key, jobs))
                         t1 = now()
-                        if self.policy is not None and key[2] in self.policy.modes:
+                        if self.policy is not None and key.mode in self.policy.modes:
                             # every round teaches (requests with their own draft_len too): acceptance,
                             # and what a round of its shape costs under this server's real load (but
                             # for the drafter's pass after a join: AutoDraftLength.learn)
                             self.policy.learn(rec, (t1 - t0) * 1e-9)  # now(): ns
                         tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
-                        self._deliver(decoder, jobs, rec, mode=key[2])
+                        self._deliver(decoder, jobs, rec, mode=key.mode)
                         if self.trace:
                             self.trace.add("round", tags, t0, t1, now())
                             if any(rec.finished):
@@ -231,16 +239,13 @@ class ServingEngine:
             on_fatal, self.on_fatal = self.on_fatal, None
             on_fatal(self.model.failed)
 
-    def _round(self, key: tuple, jobs: dict[int, Job]) -> tuple[int | dict[int, int] | None, int | None, Trim | None]:
-        """Decoder.step's (draft_len, tree_budget, trim) for this group's next round."""
-        if key[1] is not None:  # the requests asked for a draft length
-            return key[1], None, None
-        if self.policy is None or key[2] not in self.policy.modes:
-            return None, None, None
-        trim = self.policy.trimmer(len(jobs))
-        if key[2] == "ddtree":
-            return *self.policy.choose_tree(list(jobs), self.running), trim
-        return self.policy.choose(list(jobs), self.running), None, trim
+    def _round(self, key: GroupKey, jobs: dict[int, Job]) -> Drafts:
+        """This group's next round: the requests' own draft length, else the policy's decision."""
+        if key.draft_len is not None:
+            return Drafts(key.draft_len)
+        if self.policy is None or key.mode not in self.policy.modes:
+            return Drafts()
+        return self.policy.decide(list(jobs), self.running, key.mode)
 
     def _admit(self) -> None:
         arrivals: list[Job] = []
@@ -251,7 +256,7 @@ class ServingEngine:
                 arrivals.append(self.inbox.get(timeout=0.1) if idle and not arrivals else self.inbox.get_nowait())
             except queue.Empty:
                 break
-        by_key: dict[tuple, list[Job]] = {}
+        by_key: dict[GroupKey, list[Job]] = {}
         for job in arrivals:
             if job.cancelled():
                 self._finish(job, "cancelled")
@@ -260,7 +265,7 @@ class ServingEngine:
         for key, new in by_key.items():
             if key not in self.groups:
                 try:
-                    decoder = self.model.decoder(sampling=new[0].sampling, **{**self.decoder_args, "mode": key[2]})
+                    decoder = self.model.decoder(sampling=new[0].sampling, **{**self.decoder_args, "mode": key.mode})
                 except Exception as e:  # e.g. a mode these runners cannot decode: fail these requests only
                     for job in new:
                         self._finish(job, f"error: {type(e).__name__}: {e}")

@@ -133,12 +133,15 @@ def draft_policy(recipe, model):
     """Each round's draft length: the recipe's bands, `auto` (live acceptance x the verify cost
     of chain rounds, measured here at start-up; DDTree rounds choose among tree budgets, chains
     and plain decoding on it), or None (block_size - 1 always)."""
-    from trtllm_dflash.reference.draft_policy import AutoDraftLength, Bands, measure_cost, tree_budget_menu
+    from trtllm_dflash.policy.auto import AutoConfig, AutoDraftLength
+    from trtllm_dflash.policy.bands import Bands
+    from trtllm_dflash.policy.cost import measure_cost
+    from trtllm_dflash.policy.trees import tree_budget_menu
     from trtllm_dflash.reference.verify import SamplingParams
 
     spec = recipe.speculative
     if spec.bands:
-        return Bands([(b.max_concurrency, b.draft_len) for b in spec.bands], spec.block_size)
+        return Bands(spec.band_pairs, spec.block_size)
     if not spec.auto:
         return None
     made = []
@@ -156,7 +159,7 @@ def draft_policy(recipe, model):
     finally:
         for d in made:
             model.release(d)
-    return AutoDraftLength(spec.block_size, cost, tree_budgets=tree_budget_menu(spec.ddtree_budget))
+    return AutoDraftLength(spec.block_size, cost, AutoConfig(tree_budgets=tree_budget_menu(spec.ddtree_budget)))
 
 
 def deploy_dir_of(version_dir: Path) -> Path:
