@@ -130,12 +130,13 @@ def test_the_parse_check_fails_on_a_broken_command():
 WRAPPER = """
 set -uo pipefail
 # Stage commands on the stand-ins: their facts come from their config.json (guide_models.STANDIN_SETS).
+# check / plan / project answer from the recipe's catalog facts, as they do over the real downloads
+# (which agree with the catalog), so they do not see the stand-ins.
 trtllm-dflash() {{
-  if [ -n "${{TRTLLM_DFLASH_MODELS:-}}" ] && [ "$1" != recipes ] && [ "$1" != project ]; then
-    command trtllm-dflash "$@" {sets}
-  else
-    command trtllm-dflash "$@"
-  fi
+  case "$1" in
+    recipes|check|plan|project) env -u TRTLLM_DFLASH_MODELS trtllm-dflash "$@" ;;
+    *) if [ -n "${{TRTLLM_DFLASH_MODELS:-}}" ]; then command trtllm-dflash "$@" {sets}; else command trtllm-dflash "$@"; fi ;;
+  esac
 }}
 """
 
