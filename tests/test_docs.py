@@ -1,4 +1,4 @@
-"""The README's recipe reference and commands stay in sync with the code."""
+"""The README and docs/ stay in sync with the code: generated tables, the commands, every relative link."""
 
 import re
 import shutil
@@ -19,18 +19,75 @@ def generated_block(path: Path, marker: str) -> str:
     return block.group(1)
 
 
-def test_readme_recipe_reference_is_generated_from_the_schema():
-    assert generated_block(ROOT / "README.md", "recipe-reference") == recipe_reference_markdown(), (
-        "README recipe reference is stale: regenerate it from trtllm_dflash.recipe.recipe_reference_markdown()"
+def test_recipe_reference_is_generated_from_the_schema():
+    assert generated_block(ROOT / "docs" / "recipe-reference.md", "recipe-reference") == recipe_reference_markdown(), (
+        "docs/recipe-reference.md is stale: regenerate it from trtllm_dflash.recipe.recipe_reference_markdown()"
     )
 
 
-def test_readme_support_table_is_generated_from_the_support_table():
+def test_support_table_is_generated_from_the_support_table():
     from trtllm_dflash.recipe.support import support_markdown
 
-    assert generated_block(ROOT / "README.md", "support-table") == support_markdown().rstrip("\n"), (
-        "README support table is stale: regenerate it from trtllm_dflash.recipe.support.support_markdown()"
+    assert generated_block(ROOT / "docs" / "support.md", "support-table") == support_markdown().rstrip("\n"), (
+        "docs/support.md's table is stale: regenerate it from trtllm_dflash.recipe.support.support_markdown()"
     )
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links of `path` (outside code blocks) whose file, or heading anchor, is missing,
+    or which leave the repository."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    bad = []
+    for link in re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", link):
+            continue
+        file, _, anchor = link.partition("#")
+        target = (path.parent / file).resolve() if file else path
+        if ROOT.resolve() not in target.parents or not target.exists():
+            bad.append(link)
+        elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+            bad.append(link)
+    return bad
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    bad = {str(p.relative_to(ROOT)): broken_links(p) for p in markdown_files()}
+    assert not {p: b for p, b in bad.items() if b}, bad
+
+
+def test_the_link_check_catches_a_missing_file_and_a_missing_anchor(tmp_path):
+    doc = ROOT / "docs" / "_link_probe.md"
+    try:
+        doc.write_text("# Top\n[a](missing.md) [b](#top) [c](#nowhere) [d](../README.md) [e](../../outside.md)\n")
+        assert broken_links(doc) == ["missing.md", "#nowhere", "../../outside.md"]
+    finally:
+        doc.unlink()
+
+
+def test_the_readme_is_for_deployers():
+    """At most 300 lines; the path table and the status per backend on its first screen; no dated
+    notes; no file outside the repository named anywhere in it or in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, len(lines)
+    first = "\n".join(lines[:60])
+    assert "## Pick your path" in first and "## Status" in first
+    for backend in ("`reference`", "`engine`", "`pytorch`"):
+        assert backend in first
+    assert not re.search(r"20\d\d-\d\d-\d\d", "\n".join(lines)), "dated notes belong in docs/results or docs/design"
+    for p in markdown_files():
+        text = p.read_text()
+        for outside in ("perf-anchors", "engine-path.md", "../shared", "ecosystem-2026"):
+            assert outside not in text, f"{p.relative_to(ROOT)} names {outside}, which is not in this repository"
 
 
 def test_ci_runs_the_readme_test_command():

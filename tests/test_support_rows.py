@@ -1,4 +1,4 @@
-"""Every support row (recipe/support.py support_rows, the README's table and `recipes --support`)
+"""Every support row (recipe/support.py support_rows, docs/support.md's table and `recipes --support`)
 that is marked runnable runs: a tiny random target of its architecture and a tiny drafter of its
 variant go through `run --until deploy` on this CPU, at every precision the row lists (GPU
 recipes stop where this machine cannot go on; quantized precisions run ModelOpt / our formats

@@ -44,7 +44,7 @@ def test_attention_ptx_with_tensorrts_argument_list(kernel, fp8, record_property
     if fp8:
         scales = dict(k_scale=torch.full((HKV,), 0.01, device="cuda"), v_scale=torch.full((HKV,), 0.01, device="cuda"))
         # Saturating, as the plugin's own append does: on CUDA a plain .to(float8_e4m3fn) turns
-        # |x| >= 480 into NaN (randn / 0.01 reaches that ~10 times in 6.3M draws; H200 run, docs/gpu-runs.md).
+        # |x| >= 480 into NaN (randn / 0.01 reaches that ~10 times in 6.3M draws; H200 run, docs/results/gpu-runs.md).
         kc, vc = quantize_to_cache(kc, scales["k_scale"]), quantize_to_cache(vc, scales["v_scale"])
     else:
         kc, vc = kc.bfloat16(), vc.bfloat16()

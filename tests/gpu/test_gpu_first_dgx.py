@@ -3,7 +3,7 @@
 2-layer drafter builds with trtllm-build and drafts like the torch network; at tp 2 the split
 drafter's shards open on their ranks' GPUs (two GPUs); one request served by tritonserver gives
 the reference backend's greedy tokens. Without TensorRT-LLM they skip with the reason. Not run
-yet on such a box: the lent GPU machines have no TensorRT-LLM (docs/gpu-runs.md)."""
+yet on such a box: the lent GPU machines have no TensorRT-LLM (docs/results/gpu-runs.md)."""
 
 import json
 import os

@@ -1,7 +1,7 @@
 """The attention kernel's achieved HBM bandwidth at Qwen3-8B drafter shapes (perf/bench_kv_inject.py's
 measurement: bytes it must move / time, against the hardware catalog's peak). The floor is loose
 (a broken or badly tiled kernel lands far below it); the numbers go to $OUT when it is set
-(docs/gpu.md) and are what docs/gpu-runs.md records."""
+(docs/gpu.md) and are what docs/results/gpu-runs.md records."""
 
 import argparse
 import json

@@ -40,6 +40,7 @@ def make_target(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.floa
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     elif arch == "qwen3_moe":
         cfg = dict(common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+        cfg.update(overrides)
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**cfg))
     elif arch == "gpt_oss":  # MoE experts with biases, sliding-window layers alternating with full ones
         cfg = dict(common, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,

@@ -2,7 +2,7 @@
 
 The package compares no backend or architecture name outside it (at most 3 comparisons left,
 each commented); the weight maps and engine classes it names exist; `recipes --support` prints it
-(the README's table: tests/test_docs.py)."""
+(docs/support.md's table: tests/test_docs.py)."""
 
 import json
 import re

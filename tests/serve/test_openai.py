@@ -154,7 +154,7 @@ def test_chat_completions_use_the_documented_fallback_template(client):
 
 def test_sampling_with_a_seed_is_reproducible(client):
     """With the request's draft length fixed: under the recipe's `auto` the rounds' lengths follow
-    the server's state, which decides how the seeded stream is consumed (README, OpenAI API)."""
+    the server's state, which decides how the seeded stream is consumed (docs/serving.md, OpenAI-compatible endpoint)."""
     kw = dict(model="dflash", prompt=PROMPT, max_tokens=16, temperature=0.8, top_p=0.9, seed=7,
               extra_body={"dflash": {"draft_len": 7}})
     a, b = client.completions.create(**kw), client.completions.create(**kw)

@@ -3,7 +3,7 @@
 With one length for all, closed-loop clients of a non-speculative curve finish together and admit
 their successors between their own tokens, while speculation desyncs its requests, which then pay
 every other request's prefill inside their own token stream: a spread of lengths puts both curves
-under the same arrival process (README, 'Draft length: auto')."""
+under the same arrival process (docs/design/draft-length-history.md)."""
 
 import asyncio
 import json
