@@ -249,8 +249,8 @@ class Sweep(_Section):
     output_len_range: float = Field(
         default=0.0, ge=0.0, lt=1.0,
         description="request i asks for output_len x (1 + u_i x range) tokens, u_i uniform in [-1, 1] (seeded, the same "
-                    "for every curve); 0: all ask output_len, which keeps AR's requests in lockstep (README, 'Draft "
-                    "length: auto')",
+                    "for every curve); 0: all ask output_len, which keeps AR's requests in lockstep "
+                    "(docs/design/draft-length-policy.md)",
     )
     dataset: str = Field(default="random", description="'random', 'builtin:NAME' or a JSONL of prompts")
     requests_factor: int = Field(default=5, ge=5, description="requests per level = factor x concurrency")
