@@ -11,7 +11,7 @@ re-run; `--force STAGE` makes STAGE stale. Every write is atomic, convert and qu
 finished shards, so a killed run resumes where it stopped.
 
 Every stage has the same door, `trtllm_dflash/<stage>/stage.py` (the contract:
-recipe/stages.py), and `DOORS` is the one table the run walks: it knows nothing of any stage.
+recipe/stages.py), and `DOORS` is the one table the run walks, with no branch for any one stage.
 
 serve writes no directory: on the reference backend `run` starts the deployed model behind
 tritonserver on free loopback ports, sweeps it and stops it (skipped both when the sweep is
