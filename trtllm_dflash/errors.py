@@ -11,3 +11,8 @@ class UserError(Exception):
     """A problem with the user's input, reported as one line with exit code 2."""
 
     exit_code = 2
+
+
+class StopHere(Exception):
+    """A stage runs on another machine; the message says which command to run where (the
+    pipeline stops there with exit code 3, not an error)."""

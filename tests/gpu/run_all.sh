@@ -32,7 +32,7 @@ export PYTHONPATH="$overlay:$site${PYTHONPATH:+:$PYTHONPATH}"
 print('triton appends', p.triton_extra_params(), 'kernel parameters: the AOT plugins declare that many padding outputs')" \
         2>/dev/null || echo "triton ABI probe: failed (no GPU?)"
     python3 -P -c "import tensorrt_llm; print('tensorrt_llm', tensorrt_llm.__version__)" 2>/dev/null \
-        || echo "tensorrt_llm: not installed (engine-path.md §10 items 1-4 skip)"
+        || echo "tensorrt_llm: not installed (first-GPU checklist items 1-4 skip: docs/design/engine-path.md)"
 } 2>&1 | tee "$OUT/env.txt"
 
 python3 -P -m pytest -q -p no:cacheprovider -m gpu -rA -o junit_family=xunit1 tests/gpu --junitxml="$OUT/gpu_tests.xml" 2>&1 \

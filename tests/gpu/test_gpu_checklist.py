@@ -1,4 +1,4 @@
-"""engine-path.md §10, the first-GPU checklist, as tests (in its order).
+"""The first-GPU checklist of docs/design/engine-path.md as tests (in its order).
 
 Items 1-4 need TensorRT-LLM 1.2.x, i.e. NVIDIA's Triton 25.12 trtllm-python-py3 container: they
 convert the shipped tiny-pystd pair, build its two engines in bf16 with the build stage
@@ -36,7 +36,7 @@ def cpu_engine(info):
 
 @needs_trtllm
 def test_1_additional_outputs_follow_the_1_2_1_row_rules(built):
-    """Binding names, result names and shapes, rows of a mixed step with KV reuse (§2.3)."""
+    """Binding names, result names and shapes, rows of a mixed step with KV reuse (docs/design/engine-path.md, the row rules)."""
     from trtllm_dflash.runtime.trt_runners import open_executor
 
     info, _, out = built
@@ -153,5 +153,5 @@ def test_4_drafter_engine_with_the_aot_plugins_loads_and_drafts_like_the_torch_n
 
 
 def test_5_design_a_checks_wait_for_design_a():
-    pytest.skip("engine-path.md §10 item 5 (all-ones packed mask in XQA / trtllm-gen, layer-0 mask caching, EAGLE "
+    pytest.skip("first-GPU checklist item 5 (docs/design/engine-path.md: all-ones packed mask in XQA / trtllm-gen, layer-0 mask caching, EAGLE "
                 "buffers in bf16) belongs to design A (DFlash-as-EAGLE), which is not implemented")

@@ -25,7 +25,7 @@ def checklist_recipe() -> Recipe:
 
 WHY_NOT = cannot_build_here()
 needs_trtllm = pytest.mark.skipif(
-    WHY_NOT is not None, reason=f"{WHY_NOT}: engine-path.md §10 items 1-4 build and run TensorRT-LLM 1.2.x engines; run "
+    WHY_NOT is not None, reason=f"{WHY_NOT}: the first-GPU checklist's items 1-4 (docs/design/engine-path.md) build and run TensorRT-LLM 1.2.x engines; run "
                                 "them inside NVIDIA's Triton 25.12 trtllm-python-py3 container (docs/gpu.md)")
 TIMINGS: dict = {}
 

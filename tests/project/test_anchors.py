@@ -1,7 +1,7 @@
 """Published performance points reproduced by the step-time model with ONE set of assumptions
 (stepmodel.Assumptions() defaults, the same object for every test here: nothing is tuned per
 anchor). Each test names its source; the figures are collected, with their sources, in
-../shared/reference/perf-anchors.md and ecosystem-2026-11.md.
+docs/design/performance-anchors.md.
 
 Workload facts the sources do not give are assumed once and shared (UNKNOWN_WORKLOAD): prompts of
 128 tokens and 2048 output tokens (the z-lab benchmark's output limit), so the mean running
@@ -37,7 +37,7 @@ def qwen3_8b_b200(extra=()):
 
 
 def test_llama_3_1_8b_fp8_h100_batch1_floor_is_2_4_ms_and_bandwidth_bound():
-    """perf-anchors.md 4.2 (ESTIMATE from vendor specs): FP8 linear layers (6.98B) + BF16 LM head
+    """docs/design/performance-anchors.md, "Bandwidth floor" (an estimate from vendor specs): FP8 linear layers (6.98B) + BF16 LM head
     (0.525B) = 8.03 GB per step at 3.35 TB/s -> 2.40 ms/step; tolerance 5%."""
     r = load_recipe(RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml")
     m = StepModel(Deployment.from_recipe(r), DEFAULTS)
@@ -54,7 +54,7 @@ def test_llama_3_1_8b_fp8_h100_batch1_floor_is_2_4_ms_and_bandwidth_bound():
 @pytest.mark.parametrize("concurrency,published_speedup", [(1, 5.1), (8, 4.5), (32, 2.8)])
 def test_dflash_paper_sglang_b200_qwen3_8b_math500_speedups(concurrency, published_speedup):
     """DFlash paper (arXiv 2602.06036), SGLang on B200, Qwen3-8B MATH-500, tau 8.01 (block 16):
-    5.1x at c=1, 4.5x at c=8, 2.8x at c=32 over AR (perf-anchors.md 1.2); tolerance 25% each.
+    5.1x at c=1, 4.5x at c=8, 2.8x at c=32 over AR (docs/design/performance-anchors.md); tolerance 25% each.
     Speed-up at equal concurrency = ratio of tokens/s (equivalently tokens/s/user)."""
     r, m = qwen3_8b_b200()
     prof = published(r, "math500-sglang")

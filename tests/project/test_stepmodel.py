@@ -75,7 +75,7 @@ def test_kv_and_context_cache_grow_with_sequences_and_context():
 
 
 def test_moe_verify_reads_the_expected_distinct_experts():
-    """perf-anchors.md 4.3: under uniform top-4 routing over 128 experts, 16 tokens touch 51.0
+    """docs/design/performance-anchors.md, "Mixture-of-experts verify": under uniform top-4 routing over 128 experts, 16 tokens touch 51.0
     experts per layer on average; a 1-token step touches 4."""
     r, m = model(GPT_OSS, ["parallel.tp=1", "hardware.count=1"])
     t = r.target_facts

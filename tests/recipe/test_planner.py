@@ -22,7 +22,7 @@ def row(p, name):
 
 def test_param_counts_match_published_sizes():
     llama = catalog_facts("llama-3.1-8b-instruct", "t")
-    # perf-anchors Appendix A: linear = 32 * (2*4096^2 + 2*4096*1024 + 3*4096*14336) = 6.979B
+    # docs/design/performance-anchors.md: linear = 32 * (2*4096^2 + 2*4096*1024 + 3*4096*14336) = 6.979B
     assert llama.linear_params == 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     assert llama.total_params == pytest.approx(8.03e9, rel=2e-3)
     oss = catalog_facts("gpt-oss-120b", "t")
@@ -65,7 +65,7 @@ def test_llama_fp8_h100_plan_by_hand():
     # the largest batch has a closed form (the planner bisects).
     grow = (fixed - plan(load_recipe(LLAMA_H100, ["build.max_batch_size=1"], check_rules=False)).fixed_bytes) / 63
     assert p.max_concurrency == math.floor((80e9 - (fixed - 64 * grow)) / (grow + max(kv / 0.8, after / 0.2)))
-    # Batch-1 bandwidth floor: 8.03 GB read per step at 3.35 TB/s = 2.40 ms (perf-anchors 4.2).
+    # Batch-1 bandwidth floor: 8.03 GB read per step at 3.35 TB/s = 2.40 ms (docs/design/performance-anchors.md).
     assert p.bandwidth_floor_ms == pytest.approx(2.40, abs=0.01)
 
 

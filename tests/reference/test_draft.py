@@ -57,7 +57,7 @@ def test_config_variants():
 
 
 def test_default_layer_ids_match_published_drafts():
-    # Published z-lab configs (dflash-reference.md section 2.2).
+    # Published z-lab configs (docs/design/upstream-facts.md).
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_target_layer_ids(32, 5) == [1, 8, 15, 22, 29]
     assert default_target_layer_ids(64, 5) == [1, 16, 31, 46, 61]

@@ -468,14 +468,14 @@ def test_dns_label_from_recipe_names():
 
 
 def test_run_stops_before_a_multi_node_serve_with_the_launcher_to_write():
-    from trtllm_dflash.pipeline import _where
+    from trtllm_dflash.serve.stage import where
 
-    one = _where(load_recipe(GPT_OSS), "serve", Path("runs/x"), "R")
-    two = _where(load_recipe(GPT_OSS, CASES["two-nodes"][1]), "serve", Path("runs/x"), "R")
+    one = where(load_recipe(GPT_OSS), Path("runs/x"), "R")
+    two = where(load_recipe(GPT_OSS, CASES["two-nodes"][1]), Path("runs/x"), "R")
     assert "serves on 8x b300" in one and "--run --api openai" in one
     assert "serves on 2 nodes of 8x b300" in two and "--launcher srun` (or `--launcher k8s`)" in two
     assert "--run" not in two
-    copies = _where(load_recipe(GPT_OSS, CASES["replicas"][1]), "serve", Path("runs/x"), "R")
+    copies = where(load_recipe(GPT_OSS, CASES["replicas"][1]), Path("runs/x"), "R")
     assert "serves 2 copies (parallel.replicas), each on 8x b300" in copies and "--launcher srun" in copies
 
 

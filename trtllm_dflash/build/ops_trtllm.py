@@ -9,7 +9,7 @@ TensorRT-LLM's own. The rest maps one op to a few functional calls; the drafter'
 the AOT plugins of plugins/kv_inject_attention (trt_plugin.kv_append_trtllm and
 kv_inject_attention_trtllm).
 
-Arena transport (engine-path.md §6.2): each drafter layer's context cache is a pair of network
+Arena transport (docs/design/engine-path.md, "Drafter engine"): each drafter layer's context cache is a pair of network
 inputs `k_cache_{l}` / `v_cache_{l}` [B, S_max, Hkv, D]; `inject` appends this step's rows with
 the kv_append plugin, whose outputs (`present_*`) trtllm_models.py marks as engine outputs and the
 runner binds to the input buffers; `attend` reads the input buffers with the append's lens_out

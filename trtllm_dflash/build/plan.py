@@ -1,7 +1,7 @@
 """The build plan: per engine, the `build_config.json`, the stock `trtllm-build` command, the
 plugins and the I/O tensors, all derived from the recipe (pure functions, no TensorRT).
 
-Two engines (engine-path.md §8.2, design C):
+Two engines (design C, docs/design/engine-path.md):
 
 target   `DFlashQwen3Target` / `DFlashLlamaTarget` (build/trtllm_models.py): the stock
          `QWenForCausalLM` / `LLaMAForCausalLM` with the DFlash tap. No speculative decoding
@@ -119,7 +119,7 @@ MODELS_FILE = "trtllm_models.py"
 CHECKPOINT_ARCHITECTURES = {**{m: ARCHITECTURES[m].trtllm_architecture for m in TARGET_CLASSES},
                             "drafter": DRAFTER_ENGINE_CLASS}
 
-TOKENS_PER_BLOCK = 32  # engine-path.md §8.2: 32 or 64; PluginConfig's default
+TOKENS_PER_BLOCK = 32  # 32 or 64 serve the paged context FMHA; PluginConfig's default
 FROM_PLACEHOLDER = "FROM_DIR"  # --checkpoint_dir when the plan is made without --from
 TIMING_CACHE = "timing.cache"  # per engine, beside its build_config.json
 
@@ -301,7 +301,7 @@ def _kv_dtype(recipe: Recipe, role: Role) -> str:
 def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
     """Inputs: the stock ones of GenerationMixin.prepare_basic_inputs (tensorrt_llm/models/
     generation_mixin.py) for gpt_attention_plugin + packed input + paged KV, fed by the Executor;
-    outputs: logits plus the DFlash tap (engine-path.md §8.2)."""
+    outputs: logits plus the DFlash tap (docs/design/engine-path.md)."""
     t = recipe.target_facts
     act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("target")]
     layers = math.ceil(t.num_layers / recipe.parallel.pp)
@@ -346,8 +346,8 @@ def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor
 
 
 def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
-    """The drafter engine's own interface (§8.2 'Drafter engine', in the shapes of
-    runtime/networks.py `drafter_forward` and the plugin's contract: plugins/kv_inject_attention/
+    """The drafter engine's own interface (docs/design/engine-path.md, "Drafter engine"; in the
+    shapes of runtime/networks.py `drafter_forward` and the plugin's contract: plugins/kv_inject_attention/
     README.md). build/trtllm_models.py declares these in `prepare_inputs`; the TensorRT drafter
     runner feeds them."""
     d = recipe.drafter_facts

@@ -20,6 +20,10 @@ without `--overwrite` (it holds no engines).
 
 The only GPU-side step is running `trtllm-build` (tensorrt_llm/commands/build.py) as a
 subprocess; nothing here imports tensorrt or tensorrt_llm.
+
+The door (`run`, the contract: recipe/stages.py) is what the pipeline calls: it builds where it
+can and writes the dry-run plan elsewhere. Stale when: the recipe fields build depends on or its
+input changed, or a dry-run plan meets a machine that can build (and the other way round).
 """
 
 from __future__ import annotations
@@ -49,7 +53,10 @@ from trtllm_dflash.build.upstream import CONTAINER, SUPPORTED_LINE, TRTLLM_BUILD
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.planner import drafter_placement
-from trtllm_dflash.recipe.stages import input_stage
+from trtllm_dflash.recipe.stages import StageOptions, input_stage
+
+NAME = "build"
+WRITES_OUTPUT = True
 
 
 class NotBuiltHere(UserError):
@@ -218,3 +225,16 @@ def build(recipe: Recipe, from_dir: Path | None, out: Path, *, dry_run: bool = F
                         f"built no engines; build them inside {CONTAINER}: trtllm-dflash build "
                         f"{recipe.file or 'RECIPE'} --from {from_dir or 'FROM_DIR'} --out {out}", plan)
     return BuildResult(out, plan, building)
+
+
+def fingerprint(recipe: Recipe, options: StageOptions) -> dict:
+    return {"dry_run": cannot_build_here() is not None}
+
+
+def run(recipe: Recipe, input_dir: Path | None, out: Path, options: StageOptions) -> BuildResult:
+    """Build the engines of `input_dir` into `out`, or write the dry-run plan where TensorRT-LLM
+    1.2.x is not installed (saying so)."""
+    why_not = cannot_build_here()
+    if why_not:
+        options.say(f"build: {why_not}: writing the dry-run plan (plan.json, build_config.json per engine), no engines")
+    return build(recipe, input_dir, out, dry_run=why_not is not None, overwrite=True, say=options.say)

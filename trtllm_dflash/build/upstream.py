@@ -23,7 +23,7 @@ main before `release/1.2` branched (tensorrtllm_backend `9e828d3` pins `release/
 model with the same field names [I: read in the PR's review threads, not line by line], so
 a build_config.json holding only the names below is read identically by `from_dict` in both
 forms: the dataclass ignores unknown keys, a strict pydantic model would reject them. Version
-caveat (engine-path.md §1.1): re-check both lists against the 1.2.1 wheel on the first GPU
+caveat (docs/design/engine-path.md): re-check both lists against the 1.2.1 wheel on the first GPU
 machine (`tests/build` prints the check: `BuildConfig.from_dict(json.load(f))` round-trips).
 
 What `BuildConfig.from_dict` reads without a default differs between the stored copies of
@@ -176,7 +176,7 @@ TRTLLM_BUILD = "trtllm-build"
 TRTLLM_BUILD_FLAGS = ("--checkpoint_dir", "--build_config", "--model_cls_file", "--model_cls_name", "--output_dir",
                       "--workers")
 
-# Where the engine path runs (trtllm-triton.md §5; tensorrtllm_backend r25.12 / 9e828d3).
+# Where the engine path runs (docs/design/upstream-facts.md; tensorrtllm_backend r25.12 / 9e828d3).
 SUPPORTED_LINE = (1, 2)
 CONTAINER_IMAGE = TRITON_TRTLLM_1_2  # on NGC; recipe/containers.py names every backend's image
 CONTAINER = f"NVIDIA's Triton 25.12 trtllm-python-py3 container ({CONTAINER_IMAGE}: TensorRT-LLM 1.2.x, TensorRT 10.14)"

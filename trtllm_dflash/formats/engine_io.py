@@ -3,7 +3,7 @@ trtllm-build loads (trtllm_models.py, GPU-only) and the runners (runtime/drafter
 runtime/trt_runners.py): tensor names, dimension ranges, and the pure functions behind the
 in-graph pieces, written here in torch so they are tested on CPU.
 
-Target engine (design C, engine-path.md §8.2): besides the stock `logits`, per step
+Target engine (design C, docs/design/engine-path.md): besides the stock `logits`, per step
   dflash_ctx     [num_tokens, H]       one fused context row per packed token (gather_context)
   dflash_tail    [num_seq, tail, H]    the rows of each sequence's last `tail` tokens
   dflash_logits  [num_seq, tail, V]    their logits (float32, like `logits`)

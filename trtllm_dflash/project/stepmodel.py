@@ -97,7 +97,7 @@ class Assumptions:
 
     Where the defaults come from (none is fitted to a single published point):
     - hbm_efficiency 0.80: decode GEMV/GEMM kernels stream weights at 75-90% of peak HBM
-      bandwidth (perf-anchors.md Appendix A uses 80% for its "@80% BW" column).
+      bandwidth (docs/design/performance-anchors.md, "Bandwidth floor").
     - tensor_efficiency 0.50: dense GEMMs with tens to hundreds of rows (decode and verify
       batches) reach 40-70% of the dense peak, FP8/FP4 ones the lower end; large prefill GEMMs do
       better, so this is conservative for prompts.

@@ -10,9 +10,9 @@ quantized one it just wrote, before that one becomes the stage's output, and com
 Prompts: the first GUARD_PROMPTS calibration sequences cut to GUARD_PROMPT_LEN tokens, or the
 user's own (`quantize --prompts FILE`, prompts/user.py); GUARD_NEW_TOKENS greedy tokens each, no
 stop token, one batch per checkpoint. The two checkpoints' greedy texts part ways, so each tau is
-measured on its own text: with 4 or 8 prompts of 32 or 64 tokens the shipped FP8 pair's drop
-ranged from -15% to +6% between prompt sets; with 16 x 64 it is 0.3% (held-out prompts) and 4.2%
-(calibration sequences), hence 16 x 64: two decodes of about 2 s each on the tiny CPU pair.
+measured on its own text; 16 prompts of 64 tokens are the fewest that keep the drop's noise well
+under the 10% default limit (docs/design/measurements.md), at two decodes of about 2 s each on
+the tiny CPU pair.
 
 How a checkpoint is decoded is the caller's (`measure`): the stage cannot import the serving
 code that opens checkpoints (a later stage), so the pipeline and the `quantize` command hand it

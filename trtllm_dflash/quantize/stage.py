@@ -8,6 +8,10 @@ tensors out per rank (an earlier stage, so importing it is allowed). Output layo
           tensors and scales, written by the converter with a QuantTransform
   hf      (pytorch backend) ModelOpt's HF export of the target + the drafter in z-lab layout
 Both carry `calibration.json` (every amax, so every scale can be re-derived).
+
+The door (`run`, the contract: recipe/stages.py) is what the pipeline calls; the `quantize`
+command calls `quantize` with its own options. Stale when: the recipe fields quantize depends
+on (convert's and `quantization`) or its convert input changed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,21 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import guard
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.planner import drafter_placement
+from trtllm_dflash.recipe.stages import StageOptions
+
+NAME = "quantize"
+WRITES_OUTPUT = True
+
+
+def fingerprint(recipe: Recipe, options: StageOptions) -> dict:
+    return {}
+
+
+def run(recipe: Recipe, input_dir: Path | None, out: Path, options: StageOptions) -> Path:
+    """Quantize the convert output `input_dir` into `out`, resuming from finished shards, with the
+    acceptance guardrail where `options.measure` gives this machine a decoder."""
+    measure = options.measure(recipe) if options.measure else None
+    return quantize(recipe, input_dir, out, overwrite=True, resume=True, progress=options.progress, measure=measure)
 
 
 def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = None, samples: int | None = None,

@@ -2,8 +2,7 @@
 
 Names without a registry: they live on NVIDIA's registry NGC, `nvcr.io` (not Docker Hub); the
 cluster launchers put NVIDIA_REGISTRY in front, or the mirror `serve --registry` names
-(launch/cluster.py). Facts from
-reference/trtllm-triton.md §5 and §7.3 and reference/ecosystem-2026-11.md "Triton images":
+(launch/cluster.py). Facts, with their upstream sources: docs/design/upstream-facts.md:
 - engine backend: Triton 25.12 `trtllm-python-py3` (TensorRT-LLM 1.2.1, TensorRT 10.14; the
   Triton image line 25.12-26.07 all carry 1.2.1, the last TensorRT-LLM with `trtllm-build`);
 - pytorch backend behind trtllm-serve: TensorRT-LLM's release image of the recipe's version

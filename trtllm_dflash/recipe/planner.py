@@ -28,7 +28,7 @@ activations, runtime buffers and the verify logits first ("start-up", S); then t
 manager takes the fraction f = KV_CACHE_FREE_GPU_MEM_FRACTION of the memory still free ("KV pool":
 the target KV cache); the drafter's context arena is allocated after that, from what the pool
 left ("after pool"). That order is TensorRT-LLM's DFlash arena (its warning that the arena lands
-after the KV cache manager has carved its pool; shared reference pytorch-backend.md section 2.4;
+after the KV cache manager has carved its pool; docs/design/upstream-facts.md;
 an arena sized for max_batch_size x max_seq_len that does not fit there starves admission or
 fails to allocate: https://github.com/NVIDIA/TensorRT-LLM/issues/16005, open. `check` refuses such
 a recipe before launch instead: the "after pool" term below)

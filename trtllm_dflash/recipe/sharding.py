@@ -31,8 +31,8 @@ line that 1.3 branched from. Re-check on a 1.2.1 wheel when one can be read.
   converter writes moe_tp_size = tp, moe_ep_size = 1 (convert/convert.py `_mapping`): every expert
   split, so moe_intermediate_size % tp == 0.
 - The drafter's fc (n x hidden -> hidden) is column-split by our converter (hidden_size % tp);
-  TensorRT-LLM's DFlash keeps fc and hidden_norm replicated on every rank (shared
-  reference/pytorch-backend.md section 2.7, read in modeling_dflash.py).
+  TensorRT-LLM's DFlash keeps fc and hidden_norm replicated on every rank (modeling_dflash.py;
+  docs/design/upstream-facts.md).
 """
 
 from __future__ import annotations

@@ -10,13 +10,27 @@ refuses an input directory whose fields differ from the recipe it runs (naming t
 
 Which stages a recipe runs (`stages_for`): quantize only when it quantizes something, build
 only for the engine backend.
+
+Every stage has the same door, `trtllm_dflash/<stage>/stage.py`, which the pipeline
+(trtllm_dflash/pipeline.py) walks in `STAGES` order:
+
+    NAME                                    the stage's name in STAGES
+    WRITES_OUTPUT                           False for serve: it writes no directory
+    fingerprint(recipe, options) -> dict    settings outside the recipe that its output must
+                                            have been made with (recorded in manifest extra)
+    run(recipe, input_dir, out, options)    make the output in `out` from the output of its
+                                            input stage in `input_dir` (None for convert)
+
+An output is stale when its recipe fields (`stage_fields`), its input, its fingerprint, its
+source files or its own files changed (pipeline.staleness).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from trtllm_dflash.recipe.schema import BUILTIN_PREFIX, ModelSource, Recipe
 from trtllm_dflash.recipe.support import backend as backend_spec
@@ -32,6 +46,19 @@ OWN_FIELDS: dict[str, tuple[str, ...]] = {
     "serve": (),
     "sweep": ("sweep",),
 }
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """What a run hands every stage's door besides the recipe and the directories."""
+
+    progress: bool = True  # progress bars
+    say: Callable[[str], None] = print  # one line per event
+    levels: list[int] | None = None  # sweep: the concurrency levels (None: the recipe's)
+    recipe_arg: str = "RECIPE"  # how the user named the recipe, for commands to run elsewhere
+    # quantize: recipe -> the acceptance guardrail's decoder (quantize/guard.Measure) or None.
+    # Handed in because the decoder is serving code, a later stage than quantize.
+    measure: Callable[[Any], Any] | None = None
 
 
 def source_ref(src: ModelSource) -> str:

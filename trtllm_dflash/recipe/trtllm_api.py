@@ -3,10 +3,9 @@ has each LLM-API field or value a deployment may write, and the upstream fixes a
 on. `check` refuses a recipe whose `backend.trtllm_version` lacks a field it needs; deploy
 (deploy/llmapi.py) writes only what the version has; `doctor` and the sweep read the fixes.
 
-Release dates (NVIDIA/TensorRT-LLM version bumps on main): 1.3.0rc21 2026-06-30 (#15742), rc23
-07-22 (#16758), rc24 07-30 (#17070), rc25 08-10 (#17481), rc28 09-17 (#19346); API references
-exist for 1.3.0rc27 and 1.4.0rc1. A PR merged between two bumps is first in the later release;
-a PR merged on a bump day is taken to be in the next one.
+A pull request's first release is the first version bump on NVIDIA/TensorRT-LLM main after it
+merged (one merged on a bump day counts for the next); the bumps and merge dates behind each
+entry are in docs/design/upstream-facts.md.
 """
 
 from __future__ import annotations
@@ -25,25 +24,22 @@ class Since:
 
 # LLM-API fields and values, named as written (`speculative_config` is a DFlashDecodingConfig).
 FIELDS: dict[str, Since] = {
-    # DFlash in the PyTorch backend came with PR #12794 (merged about 2026-04-27); 1.3.0rc20 is the
-    # oldest release whose DFlash we read (PR #15666 ran Laguna drafters on it).
+    # 1.3.0rc20 is the oldest release whose DFlash we read (PR #15666 ran Laguna drafters on it).
     "speculative_config.decoding_type=DFlash": Since("1.3.0rc20", "#12794", "DFlash in the PyTorch backend"),
-    # PR #16914 (merged about 2026-07-27): RoPE / SWA / TRTLLM-gen attention for the drafter.
     "speculative_config.attention_backend": Since("1.3.0rc24", "#16914", "the drafter's attention backend field"),
-    # PR #18553 (September 2026): FA4 selectable on SM90; in the 1.3.0rc27 API reference.
+    # FA4 selectable on SM90; in the 1.3.0rc27 API reference.
     "speculative_config.attention_backend=FA4": Since("1.3.0rc27", "#18553", "FA4 drafter attention"),
     "speculative_config.context_recompute_tail": Since("1.4.0rc1", "1.4.0rc1 API reference",
                                                        "prompt tokens recomputed after a prefix-cache hit"),
-    # PR #9104 (November 2025): `--config` as an alias of `--extra_llm_api_options`.
     "trtllm-serve --config": Since("1.2.0rc1", "#9104", "trtllm-serve's --config option"),
 }
 
 # Upstream fixes a deployment relies on.
 FIXES: dict[str, Since] = {
-    # PR #17082 (merged about 2026-07-30, after the rc24 bump): one-engine speculative decoding fills
-    # request_perf_metrics.speculative_decoding; before it DFlash's per-request acceptance reads 0.
+    # One-engine speculative decoding fills request_perf_metrics.speculative_decoding; before it
+    # DFlash's per-request acceptance reads 0.
     "per_request_acceptance": Since("1.3.0rc25", "#17082", "per-request DFlash acceptance in the perf metrics"),
-    # PR #17935 (merged 2026-08-18): max_draft_len + 1 > the drafter's block_size raises.
+    # max_draft_len + 1 > the drafter's block_size raises.
     "block_size_guard": Since("1.3.0rc26", "#17935", "max_draft_len + 1 <= block_size enforced"),
 }
 

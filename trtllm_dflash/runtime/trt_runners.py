@@ -85,7 +85,7 @@ def executor_config(world_size: int, *, kv_block_reuse: bool = True,
     max_num_tokens x block x vocab fp32, recipe/engine_memory.py], parallel_config=parallel_config(...)):
     tensorrt_llm.bindings.executor
     (cpp/tensorrt_llm/nanobind/executor/executorConfig.cpp). Chunked context stays off: a chunk
-    boundary would split a verify request's tail rows across steps (engine-path.md §8.2).
+    boundary would split a verify request's tail rows across steps (docs/design/engine-path.md).
     `kv_block_reuse`: what the engine can honour (engine_kv_reuse); asking more only earns
     fixExecutorConfig's warning. free_gpu_memory_fraction is each rank's, but every rank gets the
     KV token count of the tightest one (kvCacheManager.cpp: an MPI all-reduce MIN)."""

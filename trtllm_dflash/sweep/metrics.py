@@ -1,4 +1,4 @@
-"""Serving metrics: one definition everywhere (DESIGN.md, "Metrics").
+"""Serving metrics: one definition everywhere (this module).
 
 All functions are pure: they take timestamps recorded by a client and return numbers.
 Times are integer nanoseconds from `time.perf_counter_ns()`; results are in seconds.

@@ -11,6 +11,11 @@ Writes OUT/ atomically with a manifest (results.jsonl, summary.csv, summary.json
 sweep/summary.py): a sweep that is interrupted leaves no directory that looks finished. When
 the server serves a deploy output of this pipeline (`from_dir`), the manifest names it as its
 input, so `run` knows whether the measurement is still current.
+
+The door (`run`, the contract: recipe/stages.py) is what the pipeline calls: it serves the
+deploy output here (serve/stage.py served_here) and sweeps it. Stale when: the recipe fields
+sweep depends on or its deploy input changed, or the levels, the runners or the curves differ,
+or the last sweep had failed requests.
 """
 
 from __future__ import annotations
@@ -21,12 +26,35 @@ from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.prompts.sources import load_prompts
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.stages import StageOptions
 from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.reference.generate import MODES
+from trtllm_dflash.serve.stage import served_here, serving_runners
 from trtllm_dflash.sweep import summary as files
 from trtllm_dflash.sweep.loadgen import OUTPUTS, ModelIO, SweepResult, Variant, openai_model, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
 from trtllm_dflash.sweep.tune import fixed_curve
+
+NAME = "sweep"
+WRITES_OUTPUT = True
+
+
+def fingerprint(recipe: Recipe, options: StageOptions) -> dict:
+    return {"levels": options.levels or recipe.sweep.concurrency, "runners": serving_runners(recipe),
+            "curves": [v.name for v in sweep_variants(recipe)]}
+
+
+def run(recipe: Recipe, input_dir: Path | None, out: Path, options: StageOptions) -> SweepResult:
+    """Serve the deploy output `input_dir` on this machine and sweep it into `out`; a sweep with
+    failed requests is an error (its results stay in `out` for reading)."""
+    with served_here(recipe, input_dir, options.say) as endpoints:
+        result = sweep(recipe, endpoints.grpc_url, out, levels=options.levels, from_dir=input_dir,
+                       note={"runners": serving_runners(recipe)},
+                       metrics_url=f"http://{endpoints.host}:{endpoints.metrics_port}/metrics")
+    failed = sum(s.failed for s in result.levels)
+    if failed:
+        raise UserError(f"sweep: {failed} requests failed; see {out / 'results.jsonl'}")
+    return result
 
 
 def served_mode(recipe: Recipe) -> str:
