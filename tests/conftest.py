@@ -11,11 +11,28 @@ import pytest
 import torch
 from checkpoints import make_drafter, make_target
 
-torch.set_num_threads(2)
+# Two threads in a lone run; under pytest-xdist the workers share the cores.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:  # xdist hands its workers COLUMNS=80 / LINES=24; the commands' tables read COLUMNS
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 2) // _workers)))
 # Triton picks interpreter or compiler when a module defines its kernels (and triton.language
 # its helpers), i.e. at import: set it before any test module can import triton.
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_cmdline_main(config):
+    """With pytest-xdist installed and no -n given, the suite runs on every core (-n auto), one
+    test file per worker (--dist loadfile: a file's module fixtures and servers stay in one
+    process). Not on a CUDA machine, whose tests share its one device, and not under --pdb.
+    -n 0 (or -p no:xdist) runs it in one process."""
+    if (not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER")
+            or config.option.numprocesses is not None or config.getoption("usepdb", False)
+            or torch.cuda.is_available() or (os.cpu_count() or 1) < 2):
+        return
+    config.option.numprocesses, config.option.dist = "auto", "loadfile"
 
 
 def pytest_collection_modifyitems(config, items):
