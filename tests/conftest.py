@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into workers
 def pytest_cmdline_main(config):
     """With pytest-xdist installed and no -n given, the suite runs on every core (-n auto), one
     test file per worker (--dist loadfile: a file's module fixtures and servers stay in one

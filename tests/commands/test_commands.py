@@ -59,18 +59,17 @@ def test_recipes_lists_everything_as_json():
     assert "b300x8-gpt-oss-120b-nvfp4" in names and "cpu-tiny-pystd" in names
 
 
-def test_output_that_is_not_a_terminal_gets_room_for_the_tables(monkeypatch):
-    """A log or a pipe gets 120 columns: the sweep and projection tables are laid out for 100, and
-    a sweep's wider numbers (a c=64 level's tokens/s) must not cut a header to '…' (rich's own
-    default there is 80); COLUMNS still wins."""
+def test_output_that_is_not_a_terminal_gets_the_tables_100_columns(monkeypatch):
+    """A log or a pipe gets the 100 columns the sweep and projection tables are laid out for
+    (rich's own default there is 80, which cuts numbers to '…'); COLUMNS still wins."""
     import io
 
     from trtllm_dflash.commands.common import LOG_COLUMNS, make_console
 
     monkeypatch.delenv("COLUMNS", raising=False)
-    assert LOG_COLUMNS == 120 and make_console(file=io.StringIO()).width == 120
-    monkeypatch.setenv("COLUMNS", "90")
-    assert make_console(file=io.StringIO()).width == 90
+    assert LOG_COLUMNS == 100 and make_console(file=io.StringIO()).width == 100
+    monkeypatch.setenv("COLUMNS", "120")
+    assert make_console(file=io.StringIO()).width == 120
 
 
 def test_every_command_has_a_description_in_its_help():

@@ -53,9 +53,7 @@ def gib(x: float) -> str:
     return f"{x / 2**30:,.2f}"
 
 
-# The tables (sweep, headline, projection) are laid out for a 100-column terminal; a log has no
-# width, so it gets room for a sweep's wider numbers too.
-LOG_COLUMNS = 120
+LOG_COLUMNS = 100  # the tables (sweep, headline, projection) are laid out for a 100-column terminal
 
 
 def make_console(**kwargs):

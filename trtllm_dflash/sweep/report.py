@@ -49,6 +49,11 @@ def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = 
     return path
 
 
+def _num(x: float) -> str:
+    """One decimal below 100, none above: a loaded machine's milliseconds keep the table in 100 columns."""
+    return f"{x:.1f}" if abs(x) < 100 else f"{x:,.0f}"
+
+
 def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
     """One row per curve and level; * marks the levels on their curve's Pareto front."""
     from rich import box
@@ -65,11 +70,11 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
     for n, (name, rows) in enumerate(curves.items()):
         front = set(pareto_front(points(rows)))
         for i, s in enumerate(rows):
-            ms = lambda d, stat: f"{getattr(d, stat) * 1e3:.1f}" if d else "-"  # noqa: E731
+            ms = lambda d, stat: _num(getattr(d, stat) * 1e3) if d else "-"  # noqa: E731
             cells = [
                 label(name) if i == 0 else "", str(s.concurrency) + (" *" if i in front else "  "),
                 str(s.requests) + (f" ({s.failed} failed)" if s.failed else ""),
-                f"{s.output_tok_s_per_gpu:.1f}", f"{s.tok_s_user.p50:.1f}" if s.tok_s_user else "-",
+                _num(s.output_tok_s_per_gpu), _num(s.tok_s_user.p50) if s.tok_s_user else "-",
                 ms(s.ttft_s, "p50"), ms(s.ttft_s, "p99"), ms(s.tpot_s, "p50"), ms(s.inter_chunk_s, "p50"),
                 f"{s.tau:.2f}" if s.tau else "unknown",  # the server reported no verify passes
                 *([_spread(s.tau_request)] if spread else []),
