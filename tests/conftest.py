@@ -36,7 +36,22 @@ def pytest_cmdline_main(config):
     config.option.numprocesses, config.option.dist = "auto", "loadfile"
 
 
+# The longest test files (about 15-80 s each on 2 cores), longest first: started first, they do not
+# leave one worker running alone at the end (xdist hands out files in collection order).
+LONGEST_FILES = ("test_pipeline.py", "serve/test_server.py", "reference/test_greedy.py", "sweep/test_sweep_apis.py",
+                 "serve/test_engine_runners.py", "reference/test_bad_words.py", "serve/test_openai.py",
+                 "reference/test_sampling.py", "serve/test_dialect_server.py", "reference/test_draft_len.py",
+                 "serve/test_upstream_clients.py", "serve/test_tp_server.py", "reference/test_dflash2_loop.py",
+                 "sweep/test_bands_sweep.py", "reference/test_laguna.py", "project/test_project_cmd.py")
+
+
+def _file_rank(item) -> int:
+    path = item.nodeid.split("::")[0].removeprefix("tests/")
+    return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_file_rank)  # stable: a file's own order is kept
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
