@@ -241,16 +241,32 @@ def test_concurrent_requests_on_every_model_share_the_engine_and_stay_exact(serv
             assert "".join(r["text_output"][0].decode() for r in got) == reference_text(recipe, prompt, 12)
 
 
-def stub_pids() -> dict[str, int]:
-    """{model: pid} of this machine's Python backend stubs (the model's name is in the stub's argv)."""
+def stub_pids(server) -> dict[str, int]:
+    """{model: pid} of `server`'s Python backend stubs: its tritonserver's children (other test
+    workers run servers of the same models), the model's name in the stub's argv."""
     pids = {}
     for proc in Path("/proc").iterdir():
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
+            stat = (proc / "stat").read_text()
         except OSError:  # not a process, or it ended
             continue
-        if argv[0].endswith(b"triton_python_backend_stub"):
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])
+        if argv[0].endswith(b"triton_python_backend_stub") and parent in _server_pids(server):
             pids[Path(argv[1].decode()).parent.parent.name] = int(proc.name)
+    return pids
+
+
+def _server_pids(server) -> set[int]:
+    """The launcher's process and its direct children (tritonserver runs as the launcher or under it)."""
+    pids = {server.proc.pid}
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == server.proc.pid:
+            pids.add(int(proc.name))
     return pids
 
 
@@ -260,7 +276,7 @@ def test_the_forwarding_stubs_outlive_many_finished_streams(served):
     segfaulted within a few dozen streams (python_backend PR #390; serve/dialect_model.py
     _Graveyard). 96 short streams, 8 at a time, must leave every stub alive and every answer whole."""
     recipe, server = served
-    before = stub_pids()
+    before = stub_pids(server)
     assert {"dflash", "ensemble", "tensorrt_llm_bls"} <= set(before)
 
     async def many():
@@ -276,7 +292,7 @@ def test_the_forwarding_stubs_outlive_many_finished_streams(served):
     results = asyncio.run(asyncio.wait_for(many(), 60))  # about 1 s here; a dead stub hangs some
     assert [error for _, error in results if error is not None] == []
     assert all(got for got, _ in results)
-    assert stub_pids() == before
+    assert stub_pids(server) == before
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"])
