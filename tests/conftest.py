@@ -6,6 +6,7 @@ Markers (declared in pyproject.toml):
 """
 
 import os
+import sys
 
 import pytest
 import torch
@@ -48,6 +49,32 @@ LONGEST_FILES = ("test_pipeline.py", "serve/test_server.py", "reference/test_gre
 def _file_rank(item) -> int:
     path = item.nodeid.split("::")[0].removeprefix("tests/")
     return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+
+
+# The parity lanes run NVIDIA's containers' Python, 3.12, on the tritonserver nvidia-pytriton 0.7.0
+# bundles (python_backend r24.10). Its stub frees response tensors on threads that do not hold the
+# GIL, which Python 3.12 turns into a segfault that kills a model's stub mid-stream ("Stub process
+# 'dflash_0_0' is not healthy"; fixed by triton-inference-server/python_backend PR #390, r25.01,
+# which NVIDIA's containers carry; serve/dialect_model.py _Graveyard works round the BLS half).
+# In those lanes a test that starts this bundled server in-process is skipped; the main lane
+# (Python 3.11) serves every one of them.
+BUNDLED_STUB_CRASHES = bool(os.environ.get("TRTLLM_DFLASH_LANE")) and sys.version_info >= (3, 12)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _bundled_tritonserver_in_the_lanes():
+    if not BUNDLED_STUB_CRASHES:
+        yield
+        return
+    from trtllm_dflash.launch.server import TritonServer
+
+    def start(self, *args, **kwargs):
+        pytest.skip("the bundled tritonserver's Python 3.12 stub crashes (python_backend PR #390); "
+                    "served in the main lane")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TritonServer, "start", start)
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -28,6 +28,7 @@ engine (serve/batcher.py).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import queue
 import threading
@@ -165,6 +166,7 @@ class TritonPythonModel:
         from trtllm_dflash.deploy.settings import ModelSettings
         from trtllm_dflash.serve.deployed import open_deployed
 
+        faulthandler.enable()  # a stub that crashes leaves its threads' Python stacks in the server log
         check_stub_numpy()
         cfg = json.loads(args["model_config"])
         name = args["model_name"]
