@@ -1,4 +1,4 @@
-"""Every stage has the same door (recipe/stages.py): `trtllm_dflash/<stage>/stage.py` with NAME,
+"""Every stage has the same door (recipe/stages.py): `trtllm_dflash/<package>/stage.py` with NAME,
 WRITES_OUTPUT, fingerprint(recipe, options) and run(recipe, input_dir, out, options), and
 pipeline.py walks one table of them with no per-stage branch."""
 
@@ -12,7 +12,8 @@ import pytest
 from trtllm_dflash import pipeline
 from trtllm_dflash.errors import StopHere
 from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.recipe.stages import STAGES, StageOptions
+from trtllm_dflash.recipe.stages import PACKAGE as STAGE_PACKAGE
+from trtllm_dflash.recipe.stages import STAGES, StageOptions, door_module
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "trtllm_dflash"
@@ -20,8 +21,10 @@ PACKAGE = ROOT / "trtllm_dflash"
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_stage_folder_has_the_same_door(stage):
-    assert (PACKAGE / stage / "stage.py").is_file(), f"trtllm_dflash/{stage}/stage.py is missing"
-    door = importlib.import_module(f"trtllm_dflash.{stage}.stage")
+    path = PACKAGE / STAGE_PACKAGE.get(stage, stage) / "stage.py"
+    assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
+    door = importlib.import_module(door_module(stage))
+    assert Path(door.__file__).resolve() == path.resolve()
     assert door.NAME == stage and isinstance(door.WRITES_OUTPUT, bool)
     assert list(inspect.signature(door.run).parameters) == ["recipe", "input_dir", "out", "options"]
     assert list(inspect.signature(door.fingerprint).parameters) == ["recipe", "options"]
@@ -59,3 +62,11 @@ def test_fingerprints_name_what_outside_the_recipe_makes_an_output_stale():
     assert prints["convert"] == prints["quantize"] == prints["serve"] == {}
     assert prints["sweep"]["levels"] == [1, 2] and prints["sweep"]["runners"] == "reference"
     assert set(prints["build"]) == {"dry_run"} and set(prints["deploy"]) == {"inputs"}
+
+
+def test_no_stage_package_is_named_like_build_output():
+    """Common ignore templates (GitHub's Python .gitignore: `build/`) and structure tools take a
+    `build/` folder for build output; the build stage's package is engines/, its name stays build."""
+    assert not (PACKAGE / "build").exists()
+    assert door_module("build") == "trtllm_dflash.engines.stage" and door_module("deploy") == "trtllm_dflash.deploy.stage"
+    assert set(STAGE_PACKAGE) <= set(STAGES)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from trtllm_dflash.artifacts import MANIFEST, Manifest, changed_source, check_files, fields_diff, manifest_sha256
-from trtllm_dflash.build import stage as build_door
+from trtllm_dflash.engines import stage as build_door
 from trtllm_dflash.convert import stage as convert_door
 from trtllm_dflash.deploy import stage as deploy_door
 from trtllm_dflash.errors import StopHere, UserError

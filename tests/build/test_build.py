@@ -1,6 +1,6 @@
 """build: the plan (trtllm-build commands, plugins, I/O tensors) of every engine recipe is pinned by
 golden files; build_config.json holds TensorRT-LLM 1.2.x BuildConfig / PluginConfig fields only
-(trtllm_dflash/build/upstream.py names the upstream files) and every key we require; bad input
+(trtllm_dflash/engines/upstream.py names the upstream files) and every key we require; bad input
 is one line, exit 2, nothing written; `run` takes the CPU engine recipe through convert, build
 (dry run) and deploy.
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from trtllm_dflash.artifacts import Manifest, verify_input
-from trtllm_dflash.build.plan import FROM_PLACEHOLDER, make_plan, max_draft_len, models_file, render
-from trtllm_dflash.build.stage import build, cannot_build_here
-from trtllm_dflash.build.upstream import (
+from trtllm_dflash.engines.plan import FROM_PLACEHOLDER, make_plan, max_draft_len, models_file, render
+from trtllm_dflash.engines.stage import build, cannot_build_here
+from trtllm_dflash.engines.upstream import (
     BUILD_CONFIG_FIELDS,
     FROM_DICT_REQUIRED,
     KV_CACHE_TYPES,
@@ -47,7 +47,7 @@ def golden_text(path: Path, out: Path) -> str:
     recipe = load_recipe(path)
     plan = build(recipe, None, out, dry_run=True, say=lambda _: None).plan
     text = render(plan) + "\n"
-    return text.replace(str(out.resolve()), OUT).replace(str(models_file()), "<PKG>/build/trtllm_models.py")
+    return text.replace(str(out.resolve()), OUT).replace(str(models_file()), "<PKG>/engines/trtllm_models.py")
 
 
 def test_every_hopper_and_blackwell_engine_recipe_is_covered():
@@ -277,7 +277,7 @@ def test_build_fails_naming_a_plugin_setting_trtllm_build_did_not_keep(tmp_path,
     """commands/build.py hands BuildConfig.from_json_file the CLI's PluginConfig too: if the engine's
     config.json disagrees with the planned build_config.json, build fails in one line naming the
     key and both values, and writes nothing."""
-    from trtllm_dflash.build import stage
+    from trtllm_dflash.engines import stage
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(stage, "cannot_build_here", lambda: None)
@@ -305,7 +305,7 @@ def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted
     opening every path as trtllm-build does: relative to its working directory."""
     import subprocess
 
-    from trtllm_dflash.build import stage
+    from trtllm_dflash.engines import stage
 
     ran = []
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trtllm_dflash.build.plan import make_plan
+from trtllm_dflash.engines.plan import make_plan
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import load_recipe

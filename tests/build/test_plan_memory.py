@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash.build.stage import build
+from trtllm_dflash.engines.stage import build
 from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.engine_memory import EXECUTOR_OUTPUTS

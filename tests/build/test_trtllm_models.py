@@ -1,4 +1,4 @@
-"""build/trtllm_models.py and build/ops_trtllm.py (GPU-only code) run on CPU against a torch-backed
+"""engines/trtllm_models.py and engines/ops_trtllm.py (GPU-only code) run on CPU against a torch-backed
 stand-in of TensorRT-LLM's functional API, layers and model base classes (tests/helpers/
 fake_trtllm.py), loaded the way trtllm-build loads them (SourceFileLoader('models', file)):
 
@@ -20,7 +20,7 @@ import fake_trtllm
 import pytest
 import torch
 
-from trtllm_dflash.build.plan import make_plan, models_file
+from trtllm_dflash.engines.plan import make_plan, models_file
 from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.reference.runners import PAD
@@ -232,10 +232,10 @@ def test_classes_pickle_under_the_package_name(monkeypatch):
     import sys
 
     fake_trtllm.install(monkeypatch)
-    monkeypatch.delitem(sys.modules, "trtllm_dflash.build.trtllm_models", raising=False)
+    monkeypatch.delitem(sys.modules, "trtllm_dflash.engines.trtllm_models", raising=False)
     models = fake_trtllm.load_models_file(models_file())
     for cls in (models.DFlashDrafter, models.DFlashQwen3Target, models.DFlashDrafterConfig):
-        assert cls.__module__ == "trtllm_dflash.build.trtllm_models"
+        assert cls.__module__ == "trtllm_dflash.engines.trtllm_models"
         assert pickle.loads(pickle.dumps(cls)) is cls
 
 
@@ -246,7 +246,7 @@ def test_the_drafter_network_passes_the_graph_rewriting_that_build_runs(converte
     mirrors the upstream file; the real module is used where it imports)."""
     import sys
 
-    models, model = _drafter(converted, monkeypatch)  # loads build/trtllm_models.py as trtllm-build does
+    models, model = _drafter(converted, monkeypatch)  # loads engines/trtllm_models.py as trtllm-build does
     trt, rewriting = sys.modules["tensorrt"], sys.modules["tensorrt_llm.graph_rewriting"]
     # The drafter's layers as TensorRT holds them: per draft layer the append and attention plugin
     # layers (add_plugin(..., aot=True): IPluginV3Layer), among ordinary ones.

@@ -28,7 +28,7 @@ def built(tmp_path_factory):
     engines built (tests/helpers/checklist.py), once per session."""
     from checklist import checklist_recipe, record
 
-    from trtllm_dflash.build.stage import build
+    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.runtime.checkpoint import read_checkpoint
 

@@ -3,7 +3,7 @@
 Items 1-4 need TensorRT-LLM 1.2.x, i.e. NVIDIA's Triton 25.12 trtllm-python-py3 container: they
 convert the shipped tiny-pystd pair, build its two engines in bf16 with the build stage
 (tests/helpers/checklist.py: recipes/cpu/tiny-pystd-engine.yaml in bf16, the stock trtllm-build
-with build/trtllm_models.py) once per session, and check the engines against the CPU engine
+with engines/trtllm_models.py) once per session, and check the engines against the CPU engine
 runners on the same checkpoint. bf16, not the recipe's fp32: an fp32 engine has no context FMHA,
 so no paged context FMHA and no KV block reuse, which item 1 checks. Without
 TensorRT-LLM they skip with the reason (the lent GPU machines have torch and triton only; the

@@ -49,7 +49,7 @@ def test_1_doctor_says_this_container_can_serve_the_built_deployment(built, tmp_
 
 @needs_trtllm
 def test_2_a_two_layer_drafter_builds_with_trtllm_build_and_drafts_like_the_torch_network(tmp_path):
-    from trtllm_dflash.build.stage import build
+    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.runtime.checkpoint import read_checkpoint

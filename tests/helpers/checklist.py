@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash.build.stage import cannot_build_here
+from trtllm_dflash.engines.stage import cannot_build_here
 from trtllm_dflash.recipe import Recipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

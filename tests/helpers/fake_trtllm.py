@@ -1,5 +1,5 @@
 """A torch-backed stand-in for the parts of TensorRT-LLM 1.2.x (and `tensorrt`) that
-build/ops_trtllm.py and build/trtllm_models.py call, so the GPU-only network code runs on CPU:
+engines/ops_trtllm.py and engines/trtllm_models.py call, so the GPU-only network code runs on CPU:
 every functional op is evaluated eagerly on torch tensors, network inputs take their values
 from a feed, marked outputs are collected.
 
@@ -364,7 +364,7 @@ class BuildConfig:
     keys are popped with no default, `kv_cache_type` too whenever `plugin_config` is present
     (KVCacheType.from_string of a member name), every other key has a default; the plugin dict
     updates a default PluginConfig. Upstream imports tensorrt, so it cannot run here: this is
-    written from the reading, independently of trtllm_dflash/build/upstream.py's list."""
+    written from the reading, independently of trtllm_dflash/engines/upstream.py's list."""
 
     def __init__(self, **values):
         self.__dict__.update(values)
@@ -590,8 +590,8 @@ HELPER = _AllReduceHelper()
 
 
 def install(monkeypatch) -> Net:
-    """Put the stand-ins in sys.modules (tensorrt, tensorrt_llm.*) and reload build/ops_trtllm.py and
-    build/trtllm_models.py against them, with the plugins replaced by their torch reference."""
+    """Put the stand-ins in sys.modules (tensorrt, tensorrt_llm.*) and reload engines/ops_trtllm.py and
+    engines/trtllm_models.py against them, with the plugins replaced by their torch reference."""
     global NET
     NET = Net()
     mods = {}
@@ -620,10 +620,10 @@ def install(monkeypatch) -> Net:
     mod("tensorrt_llm._utils", str_dtype_to_torch=_dtype, str_dtype_to_trt=_dtype)
     for name, m in mods.items():
         monkeypatch.setitem(sys.modules, name, m)
-    for name in ("trtllm_dflash.build.ops_trtllm", "trtllm_dflash.build.trtllm_models", "models"):
+    for name in ("trtllm_dflash.engines.ops_trtllm", "trtllm_dflash.engines.trtllm_models", "models"):
         monkeypatch.delitem(sys.modules, name, raising=False)
 
-    from trtllm_dflash.build import ops_trtllm
+    from trtllm_dflash.engines import ops_trtllm
     from trtllm_dflash.plugins.kv_inject_attention import append_context_reference, kv_inject_attention_reference
 
     def append(k_cache, v_cache, k_new, v_new, cache_lens, new_lens, *, k_scale=None, v_scale=None):

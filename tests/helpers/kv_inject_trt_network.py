@@ -1,7 +1,7 @@
 """One draft layer's plugin pair, built the way the engine backend builds it, on TensorRT's own
 plugin layer (trt_plugin_layer.installed()) and our stand-in network (trt_core).
 
-As in build/ops_trtllm.py: the context cache and the step's new rows go through
+As in engines/ops_trtllm.py: the context cache and the step's new rows go through
 trtllm_dflash::kv_append; the attention reads the same cache inputs with the append's lens_out
 as its cache lengths. B, T (block), S_max and N (new rows) are dynamic; Hq, Hkv, D static.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash.build.plan import make_plan
+from trtllm_dflash.engines.plan import make_plan
 from trtllm_dflash.cli import main
 from trtllm_dflash.project.acceptance import resolve as resolve_profile
 from trtllm_dflash.project.projection import AR, BANDS, project

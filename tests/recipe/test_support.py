@@ -49,7 +49,7 @@ def test_the_maps_and_classes_the_table_names_exist():
     mapped = {m: a.trtllm_architecture for m, a in ARCHITECTURES.items() if a.trtllm_architecture}
     assert {m: WEIGHT_MAPS[m].architecture for m in WEIGHT_MAPS} == mapped
     assert DRAFTER_MAP.architecture == DRAFTER_ENGINE_CLASS
-    models = (ROOT / "trtllm_dflash" / "build" / "trtllm_models.py").read_text()
+    models = (ROOT / "trtllm_dflash" / "engines" / "trtllm_models.py").read_text()
     for cls in [a.engine_class for a in ARCHITECTURES.values() if a.engine_class] + [DRAFTER_ENGINE_CLASS]:
         assert re.search(rf"^class {cls}\b", models, re.M), cls
     # an engine class only for an architecture the engine backend serves, with a weight map

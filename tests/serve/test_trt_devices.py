@@ -24,7 +24,7 @@ DTYPES = {"ctx_rows": "BF16", "k_cache_0": "BF16"}
 def tp8_split(tmp_path_factory):
     """A build output laid out as `trtllm-build` writes a tp 8 target and a split drafter (one
     engine per rank; the engines' bytes are empty: the stand-in runtime takes any)."""
-    from trtllm_dflash.build.stage import build
+    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.recipe import load_recipe, recipes_root
 

@@ -184,7 +184,7 @@ def tp2_build(tmp_path_factory):
     """A tp 2 build output of the shipped pair's engine recipe whose engine files are empty
     stand-ins (configs as trtllm-build writes them: pretrained_config = the checkpoint's
     config.json, build_config = the plan's), with the drafter placed by the rule: rank 0."""
-    from trtllm_dflash.build.stage import build
+    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.convert.convert import convert
     from trtllm_dflash.recipe import load_recipe, recipes_root
 

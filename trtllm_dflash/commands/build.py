@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtllm_dflash.build.plan import render
-    from trtllm_dflash.build.stage import NotBuiltHere, build
+    from trtllm_dflash.engines.plan import render
+    from trtllm_dflash.engines.stage import NotBuiltHere, build
     from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)

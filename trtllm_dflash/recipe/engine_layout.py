@@ -1,7 +1,7 @@
 """How TensorRT-LLM 1.2.x lays out the engine backend's target engine, as rules over a recipe:
 which attention features `build()` leaves on, whether the Executor then honours KV-cache block
 reuse, and the longest prompt it accepts. One definition, used by the recipe rules (`check`)
-and by the build plan (build/plan.py), read from upstream (NVIDIA/TensorRT-LLM, 1.2 line):
+and by the build plan (engines/plan.py), read from upstream (NVIDIA/TensorRT-LLM, 1.2 line):
 
 - tensorrt_llm/builder.py build(), the block "Logics to control paged_context_fmha and
   fp8_context_fmha" (stored copies: the October 2025 main line before PR #8330, and

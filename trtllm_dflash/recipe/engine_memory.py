@@ -1,6 +1,6 @@
 """What the engine backend's two engines allocate beyond weights and caches, per rank, from the
 engines' own tensors at the largest shapes their optimization profiles take (the tensors and
-dims build/plan.py writes to plan.json; tests/build/test_plan_memory.py derives these rows from
+dims engines/plan.py writes to plan.json; tests/build/test_plan_memory.py derives these rows from
 plan.json, so a changed shape or dim range that is not followed here fails that test).
 
 With B = build.max_batch_size, N = build.max_num_tokens, C = build.max_input_len (the drafter's
@@ -18,7 +18,7 @@ target output buffers (start-up)
     B x its row: dflash_logits would take N x T x V x 4 bytes (75 GiB per rank for Qwen3-8B at
     N = 8192, T = 16), so it is not registered and the engine backend verifies greedily on GPU.
 verify logits (start-up)
-    The target engine's activations for its tail logits (build/trtllm_models.py _mark_dflash: the
+    The target engine's activations for its tail logits (engines/trtllm_models.py _mark_dflash: the
     stock lm_head, a ColumnLinear with gather_output=True): the bf16 logits of B x T rows over the
     full vocabulary, before the cast to the fp32 output and the argmax; at tp > 1 also the rank's
     V / tp slice and the all-gather's full-vocab buffer before the concat.

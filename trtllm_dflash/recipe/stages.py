@@ -11,8 +11,9 @@ refuses an input directory whose fields differ from the recipe it runs (naming t
 Which stages a recipe runs (`stages_for`): quantize only when it quantizes something, build
 only for the engine backend.
 
-Every stage has the same door, `trtllm_dflash/<stage>/stage.py`, which the pipeline
-(trtllm_dflash/pipeline.py) walks in `STAGES` order:
+Every stage has the same door, `trtllm_dflash/<package>/stage.py` (`door_module`: the package is
+the stage's name, except build's, `engines/`: ignore templates and tools take a `build/` folder
+for build output), which the pipeline (trtllm_dflash/pipeline.py) walks in `STAGES` order:
 
     NAME                                    the stage's name in STAGES
     WRITES_OUTPUT                           False for serve: it writes no directory
@@ -36,6 +37,13 @@ from trtllm_dflash.recipe.schema import BUILTIN_PREFIX, ModelSource, Recipe
 from trtllm_dflash.recipe.support import backend as backend_spec
 
 STAGES = ("convert", "quantize", "build", "deploy", "serve", "sweep")
+# The package folder of a stage whose folder is not its name (trtllm_dflash/<folder>/).
+PACKAGE = {"build": "engines"}
+
+
+def door_module(stage: str) -> str:
+    """The dotted module of a stage's door, e.g. "trtllm_dflash.engines.stage" for build."""
+    return f"trtllm_dflash.{PACKAGE.get(stage, stage)}.stage"
 
 # The fields each stage adds to what the stages before it depend on (dotted prefixes).
 OWN_FIELDS: dict[str, tuple[str, ...]] = {

@@ -7,7 +7,7 @@ quantize, build, deploy, serve, sweep, the planner, the docs' support table and
 (tests/recipe/test_support.py greps the package). Adding a target architecture is a row of
 ARCHITECTURES; backends of the trtllm layout (reference, engine) also need its weight map
 (formats/weight_maps.py WEIGHT_MAPS), and the engine backend its model class
-(build/trtllm_models.py); the pytorch backend's hf layout passes HF checkpoints through.
+(engines/trtllm_models.py); the pytorch backend's hf layout passes HF checkpoints through.
 Every row support_rows() marks runnable goes through `run --until deploy` in
 tests/test_support_rows.py; `check` refuses the others (recipe/rules.py)."""
 
@@ -83,7 +83,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai"),
             tensorrt_lines=("10.14",), drafters=("dflash",), drafter_gaps=(
                 ("dflash2", "the TensorRT drafter engine has neither DFlash2's convolutions and selector nor the "
-                 "logit scalars yet (build/plan.py DFLASH2_ENGINE_NOTE)"),
+                 "logit scalars yet (engines/plan.py DFLASH2_ENGINE_NOTE)"),
                 ("laguna", "the TensorRT drafter engine has no feature norms or head gates yet")),
             ),
     Backend("pytorch", "TensorRT-LLM >= 1.3's native DFlash (DFlashDecodingConfig), trtllm-serve or Triton", "hf",
@@ -116,7 +116,7 @@ class Architecture:
     qk_norm: bool  # per-head q / k RMSNorm (Qwen3)
     trtllm_architecture: str | None  # TensorRT-LLM checkpoint `architecture` (trtllm layout); None: no weight map
     qwen_type: str | None  # TensorRT-LLM's `qwen_type` config key
-    engine_class: str | None  # build/trtllm_models.py class for trtllm-build --model_cls_name
+    engine_class: str | None  # engines/trtllm_models.py class for trtllm-build --model_cls_name
     native_formats: tuple[str, ...] = ()  # weight formats its checkpoints ship in besides bf16 / fp16 / fp32
 
 
@@ -158,7 +158,7 @@ def drafter_variant(raw: dict) -> str:
     return "dflash" if off and DFLASH2_ARCH not in (raw.get("architectures") or []) else "dflash2"
 
 
-DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # build/trtllm_models.py, and the drafter's trtllm checkpoint architecture
+DRAFTER_ENGINE_CLASS = "DFlashDrafter"  # engines/trtllm_models.py, and the drafter's trtllm checkpoint architecture
 # Weight formats only some architectures' checkpoints come in (Architecture.native_formats).
 NATIVE_ONLY = ("mxfp4",)
 

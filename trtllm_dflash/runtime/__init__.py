@@ -1,4 +1,4 @@
-"""What decodes a deployment, shared by serve/ (the loop) and build/ (the same networks on
+"""What decodes a deployment, shared by serve/ (the loop) and engines/ (the same networks on
 TensorRT-LLM):
 
 checkpoint.py       a convert / quantize output read into reference modules, one rank's shard
@@ -7,7 +7,7 @@ sharded.py          one model over `tp` worker processes (torch.distributed)
 checkpoint_runner.py  `open_checkpoint` / `checkpoint_steps`: a checkpoint ready to decode
 local_model.py      a reference target and drafter in this process
 networks.py         the drafter network and the target tap, written once over an op set;
-                    ops_torch.py runs them on torch (build/ops_trtllm.py on TensorRT-LLM)
+                    ops_torch.py runs them on torch (engines/ops_trtllm.py on TensorRT-LLM)
 engine_runners.py   the engine backend's runners: the round loop over TensorRT-LLM engines or
                     their CPU stand-ins (fake_executor.py: the C++ Executor on torch)
 drafter_runner.py   the drafter engine's runner, which owns its context arena

@@ -20,7 +20,7 @@ DRAFTER_MAP: `transformer.layers.{i}.attention.q`, fused `attention.kv`, `mlp.fc
 `mlp.gate` = up, ...). Two implementations of `Ops`:
   TorchOps   (runtime/ops_torch.py)    torch tensors; runs on CPU; proven token-exact against
                                      the reference drafter on the shipped pair
-  TrtllmOps  (build/ops_trtllm.py)   TensorRT-LLM 1.2.1's functional API plus our AOT
+  TrtllmOps  (engines/ops_trtllm.py)   TensorRT-LLM 1.2.1's functional API plus our AOT
                                      TensorRT plugin; GPU-only, used by trtllm_models.py
 Tensors are [B, T, ...] (batch of sequences, tokens of each), shapes in the comments.
 """

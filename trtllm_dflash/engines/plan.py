@@ -3,7 +3,7 @@ plugins and the I/O tensors, all derived from the recipe (pure functions, no Ten
 
 Two engines (design C, docs/design/engine-path.md):
 
-target   `DFlashQwen3Target` / `DFlashLlamaTarget` (build/trtllm_models.py): the stock
+target   `DFlashQwen3Target` / `DFlashLlamaTarget` (engines/trtllm_models.py): the stock
          `QWenForCausalLM` / `LLaMAForCausalLM` with the DFlash tap. No speculative decoding
          mode: each verify round is a context request (committed tokens + drafts as prompt
          tokens, max_tokens=1) served by the C++ Executor, with KV block reuse where the engine
@@ -29,7 +29,7 @@ Paths: every path in the plan, its commands and build_config.json is relative to
 output directory, and the commands run there (`cd BUILD_DIR`), so a run directory moved as a
 whole still holds a plan that builds: the checkpoints as `../convert/target` (the --from
 directory relative to the output), `--model_cls_file trtllm_models.py` (the stage copies the
-installed build/trtllm_models.py beside plan.json: the classes the engines were built with),
+installed engines/trtllm_models.py beside plan.json: the classes the engines were built with),
 `--output_dir target/engines`. TensorRT-LLM opens each of them relative to its working
 directory (commands/build.py: SourceFileLoader, BuildConfig.from_json_file, os.makedirs).
 
@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Literal
 
 from trtllm_dflash.formats import engine_io
-from trtllm_dflash.build.upstream import (
+from trtllm_dflash.engines.upstream import (
     BUILD_CONFIG_FIELDS,
     CONTAINER,
     KV_CACHE_TYPES,
@@ -89,7 +89,7 @@ ROLES: tuple[Role, ...] = ("target", "drafter")
 DFLASH2_ENGINE_NOTE = """\
 DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the engine backend
 (TensorRT-LLM 1.2.x drafter engine), still to do:
-1. TrtllmOps (build/ops_trtllm.py): scale, softcap (tanh), conv_prepare / conv_finish: a
+1. TrtllmOps (engines/ops_trtllm.py): scale, softcap (tanh), conv_prepare / conv_finish: a
    replicated linear (kernel_projection, 2*K*H/g outputs), a view to [B, T, 2, K, G], for tap o
    a slice of the block axis shifted by o with o zero rows in front (slice + concat), times
    (base_kernel[side, o] + the tap weight broadcast over the group's g channels), summed over
@@ -111,7 +111,7 @@ DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the eng
    sliding layer whose window is shorter than the block is not expressible (z-lab's DFlash2
    uses 2048 >= block 16, so it is not hit in practice)."""
 
-# Model classes in build/trtllm_models.py (trtllm-build --model_cls_name), from the support table.
+# Model classes in engines/trtllm_models.py (trtllm-build --model_cls_name), from the support table.
 TARGET_CLASSES = {m: a.engine_class for m, a in ARCHITECTURES.items() if a.engine_class}
 DRAFTER_CLASS = DRAFTER_ENGINE_CLASS
 MODELS_FILE = "trtllm_models.py"
@@ -179,7 +179,7 @@ class BuildPlan:
 
 
 def models_file() -> Path:
-    """build/trtllm_models.py of the installed package (trtllm-build --model_cls_file)."""
+    """engines/trtllm_models.py of the installed package (trtllm-build --model_cls_file)."""
     return Path(__file__).resolve().with_name(MODELS_FILE)
 
 
@@ -348,7 +348,7 @@ def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor
 def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
     """The drafter engine's own interface (docs/design/engine-path.md, "Drafter engine"; in the
     shapes of runtime/networks.py `drafter_forward` and the plugin's contract: plugins/kv_inject_attention/
-    README.md). build/trtllm_models.py declares these in `prepare_inputs`; the TensorRT drafter
+    README.md). engines/trtllm_models.py declares these in `prepare_inputs`; the TensorRT drafter
     runner feeds them."""
     d = recipe.drafter_facts
     tp = drafter_placement(recipe).tp

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from trtllm_dflash.artifacts import MANIFEST, Manifest, atomic_stage_dir, check_out_dir, tool_versions, verify_input
-from trtllm_dflash.build.plan import (
+from trtllm_dflash.engines.plan import (
     CHECKPOINT_ARCHITECTURES,
     ROLES,
     BuildPlan,
@@ -49,7 +49,7 @@ from trtllm_dflash.build.plan import (
     max_draft_len,
     models_file,
 )
-from trtllm_dflash.build.upstream import CONTAINER, SUPPORTED_LINE, TRTLLM_BUILD
+from trtllm_dflash.engines.upstream import CONTAINER, SUPPORTED_LINE, TRTLLM_BUILD
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.planner import drafter_placement

@@ -1,5 +1,5 @@
 """The engine backend's model classes for TensorRT-LLM 1.2.x's stock `trtllm-build`
-(`--model_cls_file <this file> --model_cls_name <class>`; build/plan.py writes the commands).
+(`--model_cls_file <this file> --model_cls_name <class>`; engines/plan.py writes the commands).
 
 GPU-only: imports tensorrt_llm at the top (trtllm-build loads this file with
 importlib.machinery.SourceFileLoader('models', path) in tensorrt_llm/commands/build.py main,
@@ -11,10 +11,10 @@ DFlashQwen3Target / DFlashLlamaTarget   the stock QWenForCausalLM / LLaMAForCaus
     layers `target_layer_ids` -> networks.target_tap (the drafter's fc + hidden_norm, read from
     the drafter checkpoint beside the target one) -> `dflash_ctx`; each sequence's last `tail`
     rows of it (`dflash_tail`), their logits (`dflash_logits`) and greedy tokens
-    (`dflash_argmax`). Names and shapes: formats/engine_io.py, build/plan.py `_target_io`.
+    (`dflash_argmax`). Names and shapes: formats/engine_io.py, engines/plan.py `_target_io`.
 DFlashDrafter   our PretrainedModel (tensorrt_llm/models/modeling_utils.py) with parameters
     named as formats/weight_maps.py DRAFTER_MAP; forward = networks.drafter_forward over
-    TrtllmOps (build/ops_trtllm.py). I/O as build/plan.py `_drafter_io`.
+    TrtllmOps (engines/ops_trtllm.py). I/O as engines/plan.py `_drafter_io`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tensorrt_llm.module import Module, ModuleList
 from tensorrt_llm.parameter import Parameter
 from tensorrt_llm.plugin import current_all_reduce_helper
 
-from trtllm_dflash.build.ops_trtllm import TrtllmOps
+from trtllm_dflash.engines.ops_trtllm import TrtllmOps
 from trtllm_dflash.formats import engine_io
 from trtllm_dflash.formats.weight_maps import Heads
 from trtllm_dflash.reference.config import DraftConfig
@@ -249,7 +249,7 @@ class DFlashDrafter(PretrainedModel):
         return super().from_checkpoint(ckpt_dir, rank, config, preprocess_weights_hook=hook)
 
     def prepare_inputs(self, max_batch_size, max_input_len, max_seq_len, max_draft_len=0, **_):
-        """The drafter engine's inputs (build/plan.py `_drafter_io`) with one optimization profile
+        """The drafter engine's inputs (engines/plan.py `_drafter_io`) with one optimization profile
         (engine_io.drafter_dim_ranges). functional.Tensor(name, dtype, shape, dim_range) network
         inputs; CustomAllReduceHelper.set_workspace_tensor for tp > 1, as
         GenerationMixin.prepare_basic_inputs does (tensorrt_llm/models/generation_mixin.py)."""
@@ -308,7 +308,7 @@ RewriteLayer.TRT_LAYER_TYPE_TO_LAYER.setdefault(trt.LayerType.PLUGIN_V3, trt.IPl
 
 # trtllm-build imports this file as module "models"; `--workers > 1` pickles the classes into spawned
 # processes (commands/build.py parallel_build), which can import them only under the package name.
-_PACKAGE_NAME = "trtllm_dflash.build.trtllm_models"
+_PACKAGE_NAME = "trtllm_dflash.engines.trtllm_models"
 if __name__ != _PACKAGE_NAME:
     sys.modules.setdefault(_PACKAGE_NAME, sys.modules[__name__])
     for _cls in (DFlashQwen3Target, DFlashLlamaTarget, DFlashDrafterConfig, DFlashDrafter):
