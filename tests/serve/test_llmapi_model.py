@@ -12,16 +12,11 @@ from pathlib import Path
 
 import pytest
 from test_cluster_launchers import after_prelude, flag, parse_sbatch, rank, written
+from test_serve_gpu_commands import GPT_OSS, deploy_gpt_oss_standin
 
-from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.cli import main
-from trtllm_dflash.deploy.repository import deploy
 from trtllm_dflash.launch.llmapi_model import MODEL_DIR_ENV, LLMAPIModel, clears_mpi_test
-from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.recipe.stages import input_stage
 
-ROOT = Path(__file__).resolve().parents[2]
-GPT_OSS = ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"
 
 CLEARING = {  # name: model.py text that deletes the MPI job environment at import
     "a set over lines": ("import os\n_JOB = {\n    'OMPI_COMM_WORLD_SIZE',\n    'OMPI_COMM_WORLD_RANK',\n"
@@ -93,12 +88,7 @@ def test_without_a_model_directory_the_launch_stops_in_one_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pytorch")
-    recipe = load_recipe(GPT_OSS)
-    stage = input_stage(recipe, "deploy")
-    with atomic_stage_dir(root / stage, Manifest.for_stage(stage, recipe, extra={"layout": "hf"})) as d:
-        (d / "weights.safetensors").write_bytes(b"stand-in")
-    return deploy(recipe, root / stage, root / "deploy")
+    return deploy_gpt_oss_standin(tmp_path_factory.mktemp("pytorch"))[0]
 
 
 def serve(capsys, deployed, *args) -> tuple[int, str, str]:

@@ -20,15 +20,19 @@ ROOT = Path(__file__).resolve().parents[2]
 GPT_OSS = ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"
 
 
-@pytest.fixture(scope="module")
-def deployed_pytorch(tmp_path_factory):
-    """A deploy output of the gpt-oss recipe over a stand-in quantize output (deploy reads manifests only)."""
-    root = tmp_path_factory.mktemp("pytorch")
+def deploy_gpt_oss_standin(root: Path) -> tuple[Path, Path]:
+    """(deploy output, its input) of the gpt-oss recipe over a stand-in quantize output in `root`
+    (deploy reads manifests only)."""
     recipe = load_recipe(GPT_OSS)
     stage = input_stage(recipe, "deploy")
     with atomic_stage_dir(root / stage, Manifest.for_stage(stage, recipe, extra={"layout": "hf"})) as d:
         (d / "weights.safetensors").write_bytes(b"stand-in")
     return deploy(recipe, root / stage, root / "deploy"), (root / stage).resolve()
+
+
+@pytest.fixture(scope="module")
+def deployed_pytorch(tmp_path_factory):
+    return deploy_gpt_oss_standin(tmp_path_factory.mktemp("pytorch"))
 
 
 def serve(*args) -> subprocess.CompletedProcess:
