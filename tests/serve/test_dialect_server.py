@@ -242,8 +242,8 @@ def test_concurrent_requests_on_every_model_share_the_engine_and_stay_exact(serv
 
 
 def stub_pids(server) -> dict[str, int]:
-    """{model: pid} of `server`'s Python backend stubs: its tritonserver's children (other test
-    workers run servers of the same models), the model's name in the stub's argv."""
+    """{model: pid} of `server`'s Python backend stubs, the children of its tritonserver (other
+    test workers run servers of the same models); the model's name is in the stub's argv."""
     pids = {}
     for proc in Path("/proc").iterdir():
         try:
@@ -252,21 +252,8 @@ def stub_pids(server) -> dict[str, int]:
         except OSError:  # not a process, or it ended
             continue
         parent = int(stat[stat.rindex(")") + 2:].split()[1])
-        if argv[0].endswith(b"triton_python_backend_stub") and parent in _server_pids(server):
+        if argv[0].endswith(b"triton_python_backend_stub") and parent == server.proc.pid:
             pids[Path(argv[1].decode()).parent.parent.name] = int(proc.name)
-    return pids
-
-
-def _server_pids(server) -> set[int]:
-    """The launcher's process and its direct children (tritonserver runs as the launcher or under it)."""
-    pids = {server.proc.pid}
-    for proc in Path("/proc").iterdir():
-        try:
-            stat = (proc / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == server.proc.pid:
-            pids.add(int(proc.name))
     return pids
 
 
