@@ -152,7 +152,10 @@ def modelopt_nvfp4():
 
 # Unified HF export (pytorch backend): ModelOpt <= 0.42 writes FP8 KV scales clamped to >= 1.0
 # (export/quant_utils.py::postprocess_state_dict), 0.43 on the calibrated amax / 448; ModelOpt
-# < 0.45 leaves the (never quantized) embedding out of exclude_modules, 0.45 on lists it.
+# < 0.45 leaves the (never quantized) embedding and MoE routers that carry no quantizer (on
+# transformers >= 5 and for gpt-oss they are not nn.Linear: GptOssTopKRouter) out of
+# exclude_modules, 0.45 on lists both (export/quant_utils.py::_get_unquantized_moe_router_names,
+# NVIDIA/Model-Optimizer PR #1858). Unlisted, a loader may take the bf16 router for a quantized weight.
 MODELOPT_REAL_KV_SCALES = Version("0.43")
 MODELOPT_EXCLUDES_EMBEDDING = Version("0.45")
 
@@ -174,7 +177,30 @@ def modelopt_hf_export_as_current(model, export_dir: Path) -> None:
                     scales[f"{name}.{kv}_proj.{kv}_scale"] = q.amax.float() / q.maxbound
         _rewrite_tensors(export_dir, scales)
     embeddings = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
-    _add_excludes(export_dir, embeddings)
+    _add_excludes(export_dir, embeddings + _unquantized_moe_routers(model))
+
+
+MOE_ROUTER_ATTRS = ("gate", "router", "shared_expert_gate")
+
+
+def _unquantized_moe_routers(model) -> list[str]:
+    """The MoE routers left in the model dtype: a module with `experts` whose `gate` / `router` /
+    `shared_expert_gate` child owns a weight and has no enabled weight quantizer (0.45's rule)."""
+    import torch
+
+    names = []
+    for name, m in model.named_modules():
+        if not hasattr(m, "experts"):
+            continue
+        for attr in MOE_ROUTER_ATTRS:
+            router = getattr(m, attr, None)
+            if not isinstance(router, torch.nn.Module) or not isinstance(getattr(router, "weight", None), torch.Tensor):
+                continue
+            q = getattr(router, "weight_quantizer", None)
+            if q is not None and q.is_enabled:
+                continue
+            names.append(f"{name}.{attr}" if name else attr)
+    return names
 
 
 def _rewrite_tensors(export_dir: Path, values: dict) -> None:
