@@ -200,7 +200,7 @@ def bench(recipe, work: Path, *, prompts: int = 8, max_tokens: int | None = None
     import torch
 
     from trtllm_dflash import pipeline
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.launch.overlay import with_parameters
     from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.prompts.sources import load_prompts

@@ -43,7 +43,7 @@ def curves(recipe, fixed=FIXED):
 
 def bench(recipe, work: Path, levels=(1, 2, 4, 8, 16), repeats: int = 3, fixed=FIXED, say=print) -> dict:
     from trtllm_dflash import pipeline
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.sweep.loadgen import run_sweep

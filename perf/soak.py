@@ -87,7 +87,7 @@ async def client_loop(url: str, model: str, prompts: list[str], expected: list[s
 
 def soak(recipe, clients: int, seconds: float, max_tokens: int, prompts: list[str]) -> dict:
     from trtllm_dflash.artifacts import Manifest
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.pipeline import run
 

@@ -69,7 +69,7 @@ def test_the_moved_deployment_opens_and_serves_a_request(moved):
 
 
 def test_a_runners_overlay_of_the_moved_deployment_names_absolute_paths(moved, tmp_path):
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.launch.overlay import with_runners
     from trtllm_dflash.serve.deployed import repository_model
 

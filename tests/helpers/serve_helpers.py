@@ -104,7 +104,7 @@ def deployed(recipe, root: Path) -> Path:
 def served_pair(root: Path, overrides: list[str] = (), **pair):
     """The tiny pair (make_pair's `pair` options) converted, deployed and behind a real
     tritonserver on free ports: yields (recipe, server) and stops the server after."""
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.launch.server import Endpoints, TritonServer, free_ports
     from trtllm_dflash.recipe import load_recipe
 

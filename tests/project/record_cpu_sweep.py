@@ -22,7 +22,7 @@ import yaml
 from test_cpu_projection import DATA, OVERRIDES, served_rows
 
 from trtllm_dflash import pipeline
-from trtllm_dflash.deploy.repository import REPOSITORY
+from trtllm_dflash.deploy.settings import REPOSITORY
 from trtllm_dflash.launch.server import Endpoints, TritonServer
 from trtllm_dflash.project.calibrate import PROBE_LEVELS, calibrate
 from trtllm_dflash.project.report import read_measured

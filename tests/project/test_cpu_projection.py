@@ -83,7 +83,7 @@ def test_cpu_projection_matches_a_fresh_sweep(tmp_path):
     """Calibrate on this machine (passes, then probes of a served deployment), then sweep it with
     `pipeline.run` (convert, deploy, serve behind tritonserver, sweep) and compare."""
     from trtllm_dflash import pipeline
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.launch.server import Endpoints, TritonServer
     from trtllm_dflash.project.calibrate import calibrate
     from trtllm_dflash.project.report import read_measured

@@ -7,7 +7,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
-from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS
+from trtllm_dflash.deploy.settings import DFLASH_INPUTS
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.serve.dialect import handled, to_dflash, to_dflash_batch, to_dialect
 from trtllm_dflash.serve.requests import RequestError, parse_request

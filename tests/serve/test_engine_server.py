@@ -25,7 +25,7 @@ from test_server import (  # noqa: E402, F401
     test_streaming_deltas_concatenate_to_the_reference_completion,
 )
 
-from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
+from trtllm_dflash.deploy.settings import REPOSITORY  # noqa: E402
 from trtllm_dflash.launch.overlay import with_runners  # noqa: E402
 from trtllm_dflash.launch.server import Endpoints, TritonServer, free_ports  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402

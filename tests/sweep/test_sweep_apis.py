@@ -19,7 +19,7 @@ pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)
 
 from serve_helpers import start_openai_server, stop_server  # noqa: E402
 
-from trtllm_dflash.deploy.repository import REPOSITORY  # noqa: E402
+from trtllm_dflash.deploy.settings import REPOSITORY  # noqa: E402
 from trtllm_dflash.launch.server import Endpoints, TritonServer, free_port  # noqa: E402
 from trtllm_dflash.pipeline import run  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtllm_dflash.deploy.repository import REPOSITORY, deploy
+    from trtllm_dflash.deploy.repository import deploy
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)

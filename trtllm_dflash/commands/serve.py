@@ -214,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from trtllm_dflash.artifacts import verify_input
-    from trtllm_dflash.deploy.repository import REPOSITORY, plan_only_problem
+    from trtllm_dflash.deploy.repository import plan_only_problem
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.launch.overlay import with_runners
     from trtllm_dflash.launch.server import Endpoints

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtllm_dflash.deploy.triton_config import DFLASH_OUTPUTS, Tensor, _model_config
+from trtllm_dflash.deploy.settings import DFLASH_OUTPUTS, Tensor
+from trtllm_dflash.deploy.triton_config import _model_config
 from trtllm_dflash.recipe import Recipe
 
 S, B, I32, U64, F32, F16, U8 = (mc.TYPE_STRING, mc.TYPE_BOOL, mc.TYPE_INT32, mc.TYPE_UINT64, mc.TYPE_FP32,

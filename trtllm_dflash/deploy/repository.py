@@ -42,14 +42,13 @@ import yaml
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, relative_to, verify_input
 from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtllm_serve_commands
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
-from trtllm_dflash.deploy.settings import ModelSettings
+from trtllm_dflash.deploy.settings import DFLASH_INPUTS, REPOSITORY, ModelSettings
 from trtllm_dflash.deploy.triton_config import dflash_model_config, llmapi_model_config, render
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.stages import input_stage, source_ref
+from trtllm_dflash.recipe.stages import build_command, input_stage, source_ref
 from trtllm_dflash.recipe.support import backend as backend_spec
 
-REPOSITORY = "model_repository"
 TRTLLM_SERVE = "trtllm_serve"  # the pytorch backend's trtllm-serve deployment, beside the repository
 LAUNCH = "launch.json"
 OPTIONS = "extra_llm_api_options.yaml"
@@ -93,7 +92,7 @@ def _header(recipe: Recipe) -> str:
 def model_inputs(recipe: Recipe) -> list[str]:
     """The served model's request inputs (recorded in the manifest: a deployment made before an
     input was added is not current for `run`)."""
-    from trtllm_dflash.deploy.triton_config import DFLASH_INPUTS, LLMAPI_INPUTS
+    from trtllm_dflash.deploy.triton_config import LLMAPI_INPUTS
 
     llmapi = backend_spec(recipe.backend.name).triton_model == "llmapi"
     return [t.name for t in (LLMAPI_INPUTS if llmapi else DFLASH_INPUTS)]
@@ -110,7 +109,7 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
     dry_run = spec.builds_engines and bool(m.extra.get("dry_run"))
     if dry_run and not plan_only:
         raise UserError(f"--from {from_dir}: a dry-run build (plan.json, no engines); build the engines inside "
-                        f"{spec.container}: {build_command(recipe, m, from_dir)}; or deploy the plan alone with "
+                        f"{spec.container}: {build_command(recipe, _planned_from(from_dir), from_dir)}; or deploy the plan alone with "
                         "--plan-only (served only by --runners reference or emulated)")
     layout = None if spec.builds_engines else spec.layout  # a checkpoint's layout (its manifest records it)
     if layout is not None and m.extra.get("layout") != layout:
@@ -164,12 +163,6 @@ def _settings(spec, m: Manifest, from_dir: Path, artifact: Path, out_dir: Path) 
                          engine_dir=relative_to(artifact, out_dir) if spec.builds_engines else None)
 
 
-def build_command(recipe: Recipe, build: Manifest, build_dir: Path) -> str:
-    """The command that builds a dry-run build's engines in place, from the checkpoint it planned."""
-    src = build.input_dir(build_dir) if build.input else "CHECKPOINT_DIR"
-    return f"trtllm-dflash build {recipe.file or 'RECIPE'} --from {src} --out {build_dir} --overwrite"
-
-
 def plan_only_problem(recipe: Recipe, deploy_dir: Path) -> str | None:
     """Why the deployment in `deploy_dir` cannot serve with TensorRT engines (a --plan-only
     deployment of a dry-run build: one line saying what to build where), or None."""
@@ -178,8 +171,14 @@ def plan_only_problem(recipe: Recipe, deploy_dir: Path) -> str | None:
         return None
     build_dir = m.input_dir(deploy_dir)
     return (f"{deploy_dir}: a plan-only deployment ({build_dir} is a dry-run build: no engines); inside "
-            f"{backend_spec(recipe.backend.name).container}, run {build_command(recipe, Manifest.read(build_dir), build_dir)}"
+            f"{backend_spec(recipe.backend.name).container}, run {build_command(recipe, _planned_from(build_dir), build_dir)}"
             f" and deploy again without --plan-only (or serve it here with --runners reference or emulated)")
+
+
+def _planned_from(build_dir: Path) -> Path | None:
+    """The checkpoint a (dry-run) build was planned from."""
+    m = Manifest.read(build_dir)
+    return m.input_dir(build_dir) if m.input else None
 
 
 def _write_dialect_models(repository: Path, recipe: Recipe, header: str) -> None:

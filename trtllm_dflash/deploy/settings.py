@@ -1,4 +1,8 @@
-"""The dflash model's settings: what deploy writes into its config.pbtxt parameters and what serve
+"""The contract between deploy and serve, the only part of deploy that serve imports: where a
+deployment keeps its model repository, the dflash model's request and response tensors
+(config.pbtxt declares them; serve/triton_model.py reads and answers them) and its settings.
+
+The settings: what deploy writes into the dflash model's config.pbtxt parameters and what serve
 (the Triton model, `serve --api openai`, `profile`) reads back, as one typed record.
 
 Each setting has exactly one default, here. Triton hands a Python model its parameters as
@@ -13,9 +17,77 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.runtime import RUNNERS
+
+REPOSITORY = "model_repository"  # the Triton model repository inside a deploy output
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: int  # a model_config_pb2.DataType value
+    dims: tuple[int, ...] = (1,)
+    optional: bool = False
+
+
+# Requests of the dflash model (one prompt per request; Triton batching off, the engine batches in flight).
+DFLASH_INPUTS = (
+    Tensor("text_input", mc.TYPE_STRING, optional=True),  # required unless input_ids is given
+    Tensor("max_tokens", mc.TYPE_INT32),
+    Tensor("input_ids", mc.TYPE_INT32, (-1,), optional=True),  # a tokenized prompt instead of text_input
+    Tensor("end_id", mc.TYPE_INT32, optional=True),  # the token that ends this request (default: the target's eos)
+    Tensor("temperature", mc.TYPE_FP32, optional=True),
+    Tensor("top_p", mc.TYPE_FP32, optional=True),
+    Tensor("top_k", mc.TYPE_INT32, optional=True),
+    Tensor("seed", mc.TYPE_UINT64, optional=True),
+    Tensor("stop_words", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("stream", mc.TYPE_BOOL, optional=True),
+    Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
+    Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
+    Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
+    Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),  # text_output without special tokens (eos); default false
+    # tensorrtllm_backend's flag: true adds acceptance_rate and acceptance_histogram to the responses
+    Tensor("return_perf_metrics", mc.TYPE_BOOL, optional=True),
+    # true: cancel the running request that has this request's id (how the dialect models cancel
+    # what they forwarded where Triton's BLS cannot; upstream's tensorrt_llm model takes `stop` so)
+    Tensor("stop", mc.TYPE_BOOL, optional=True),
+    # Token-level stop and bad words, tensorrtllm_backend's: text words tokenized as its
+    # preprocessing tokenizes them, or token ids in its [2, N] word-list layout (ids; cumulative ends,
+    # -1 padded). A stop sequence ends the request and stays in the output; a bad word never appears.
+    Tensor("stop_sequences", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("stop_words_list", mc.TYPE_INT32, (2, -1), optional=True),
+    Tensor("bad_words", mc.TYPE_STRING, (-1,), optional=True),
+    Tensor("bad_words_list", mc.TYPE_INT32, (2, -1), optional=True),
+    Tensor("return_log_probs", mc.TYPE_BOOL, optional=True),  # adds output_log_probs / cum_log_probs
+    # true: the end token (end_id, else eos) that ends the request is left out of the output, as
+    # TensorRT-LLM's executor leaves it out (NVIDIA/TensorRT-LLM#2190); default false: it is kept
+    Tensor("skip_end_token", mc.TYPE_BOOL, optional=True),
+)
+DFLASH_OUTPUTS = (
+    Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response
+    Tensor("output_token_count", mc.TYPE_INT32),  # tokens committed in this response
+    Tensor("total_output_tokens", mc.TYPE_INT32),  # tokens generated so far
+    Tensor("rounds", mc.TYPE_INT32),  # target verify passes so far
+    Tensor("total_draft_tokens", mc.TYPE_INT32),
+    Tensor("total_accepted_draft_tokens", mc.TYPE_INT32),
+    Tensor("acceptance_length", mc.TYPE_FP32),  # tau so far: committed tokens per verify pass
+    Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
+    Tensor("output_ids", mc.TYPE_INT32, (-1,)),  # the tokens committed in this response; only when asked for
+    # With return_perf_metrics (or when named). acceptance_rate: accepted / drafted so far, FP32 [1]
+    # as tensorrtllm_backend's tensorrt_llm model declares it; acceptance_histogram (ours, the shape of
+    # TensorRT-LLM PR #19311's): [block_size] verify passes so far by the drafts each accepted.
+    Tensor("acceptance_rate", mc.TYPE_FP32),
+    Tensor("acceptance_histogram", mc.TYPE_INT32, (-1,)),
+    # return_log_probs: each of this response's tokens' log-probability under the target, and their
+    # sum over the whole output so far; only when asked for
+    Tensor("output_log_probs", mc.TYPE_FP32, (-1,)),
+    Tensor("cum_log_probs", mc.TYPE_FP32),
+)
+
 
 # Settings that name directories: relative to the deploy output (the directory holding
 # model_repository/ and manifest.json), resolved by `resolved` where the deployment is opened.

@@ -14,80 +14,17 @@ Two request interfaces:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtllm_dflash.deploy.settings import DFLASH_INPUTS, DFLASH_OUTPUTS, Tensor
 from trtllm_dflash.recipe import Recipe
 
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    dtype: int  # a model_config_pb2.DataType value
-    dims: tuple[int, ...] = (1,)
-    optional: bool = False
-
-
-# Requests of the dflash model (one prompt per request; Triton batching off, the engine batches in flight).
-DFLASH_INPUTS = (
-    Tensor("text_input", mc.TYPE_STRING, optional=True),  # required unless input_ids is given
-    Tensor("max_tokens", mc.TYPE_INT32),
-    Tensor("input_ids", mc.TYPE_INT32, (-1,), optional=True),  # a tokenized prompt instead of text_input
-    Tensor("end_id", mc.TYPE_INT32, optional=True),  # the token that ends this request (default: the target's eos)
-    Tensor("temperature", mc.TYPE_FP32, optional=True),
-    Tensor("top_p", mc.TYPE_FP32, optional=True),
-    Tensor("top_k", mc.TYPE_INT32, optional=True),
-    Tensor("seed", mc.TYPE_UINT64, optional=True),
-    Tensor("stop_words", mc.TYPE_STRING, (-1,), optional=True),
-    Tensor("stream", mc.TYPE_BOOL, optional=True),
-    Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
-    Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
-    Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
-    Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),  # text_output without special tokens (eos); default false
-    # tensorrtllm_backend's flag: true adds acceptance_rate and acceptance_histogram to the responses
-    Tensor("return_perf_metrics", mc.TYPE_BOOL, optional=True),
-    # true: cancel the running request that has this request's id (how the dialect models cancel
-    # what they forwarded where Triton's BLS cannot; upstream's tensorrt_llm model takes `stop` so)
-    Tensor("stop", mc.TYPE_BOOL, optional=True),
-    # Token-level stop and bad words, tensorrtllm_backend's: text words tokenized as its
-    # preprocessing tokenizes them, or token ids in its [2, N] word-list layout (ids; cumulative ends,
-    # -1 padded). A stop sequence ends the request and stays in the output; a bad word never appears.
-    Tensor("stop_sequences", mc.TYPE_STRING, (-1,), optional=True),
-    Tensor("stop_words_list", mc.TYPE_INT32, (2, -1), optional=True),
-    Tensor("bad_words", mc.TYPE_STRING, (-1,), optional=True),
-    Tensor("bad_words_list", mc.TYPE_INT32, (2, -1), optional=True),
-    Tensor("return_log_probs", mc.TYPE_BOOL, optional=True),  # adds output_log_probs / cum_log_probs
-    # true: the end token (end_id, else eos) that ends the request is left out of the output, as
-    # TensorRT-LLM's executor leaves it out (NVIDIA/TensorRT-LLM#2190); default false: it is kept
-    Tensor("skip_end_token", mc.TYPE_BOOL, optional=True),
-)
-DFLASH_OUTPUTS = (
-    Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response
-    Tensor("output_token_count", mc.TYPE_INT32),  # tokens committed in this response
-    Tensor("total_output_tokens", mc.TYPE_INT32),  # tokens generated so far
-    Tensor("rounds", mc.TYPE_INT32),  # target verify passes so far
-    Tensor("total_draft_tokens", mc.TYPE_INT32),
-    Tensor("total_accepted_draft_tokens", mc.TYPE_INT32),
-    Tensor("acceptance_length", mc.TYPE_FP32),  # tau so far: committed tokens per verify pass
-    Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
-    Tensor("output_ids", mc.TYPE_INT32, (-1,)),  # the tokens committed in this response; only when asked for
-    # With return_perf_metrics (or when named). acceptance_rate: accepted / drafted so far, FP32 [1]
-    # as tensorrtllm_backend's tensorrt_llm model declares it; acceptance_histogram (ours, the shape of
-    # TensorRT-LLM PR #19311's): [block_size] verify passes so far by the drafts each accepted.
-    Tensor("acceptance_rate", mc.TYPE_FP32),
-    Tensor("acceptance_histogram", mc.TYPE_INT32, (-1,)),
-    # return_log_probs: each of this response's tokens' log-probability under the target, and their
-    # sum over the whole output so far; only when asked for
-    Tensor("output_log_probs", mc.TYPE_FP32, (-1,)),
-    Tensor("cum_log_probs", mc.TYPE_FP32),
-)
 
 # The LLM-API model of TensorRT-LLM >= 1.3, as upstream declares it
 # (triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt; the multimodal `image_url` and
 # the LoRA inputs are left out: a DFlash deployment serves text with one adapter-free model).
-# A table like DFLASH_INPUTS by design: two request interfaces, each listed once.
+# A table like DFLASH_INPUTS (deploy/settings.py) by design: two request interfaces, each listed once.
 LLMAPI_INPUTS = (
     Tensor("text_input", mc.TYPE_STRING, (-1,)),
     Tensor("streaming", mc.TYPE_BOOL, optional=True),

@@ -53,7 +53,7 @@ from trtllm_dflash.engines.upstream import CONTAINER, SUPPORTED_LINE, TRTLLM_BUI
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.planner import drafter_placement
-from trtllm_dflash.recipe.stages import StageOptions, input_stage
+from trtllm_dflash.recipe.stages import StageOptions, build_command, input_stage
 
 NAME = "build"
 WRITES_OUTPUT = True
@@ -222,8 +222,8 @@ def build(recipe: Recipe, from_dir: Path | None, out: Path, *, dry_run: bool = F
                 _run(e, out, tmp, say)
     if why_not is not None:
         raise NotBuiltHere(f"{why_not}: wrote the build plan to {out} (plan.json, build_config.json per engine) but "
-                        f"built no engines; build them inside {CONTAINER}: trtllm-dflash build "
-                        f"{recipe.file or 'RECIPE'} --from {from_dir or 'FROM_DIR'} --out {out}", plan)
+                        f"built no engines; build them inside {CONTAINER}: "
+                        f"{build_command(recipe, from_dir, out)}", plan)
     return BuildResult(out, plan, building)
 
 

@@ -35,6 +35,7 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import GiB
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe.schema import Recipe
+from trtllm_dflash.recipe.stages import build_command
 from trtllm_dflash.recipe.support import backend as backend_spec
 
 Status = Literal["ok", "FAIL", "n/a", "cannot check"]
@@ -264,8 +265,9 @@ def check_files_chain(recipe: Recipe, deploy_dir: Path) -> list[Check]:
         except UserError as e:
             return out + [Check("files", "FAIL", str(e))]
         if m.stage == "build" and m.extra.get("dry_run"):
+            planned_from = m.input_dir(directory) if m.input else None
             return out + [Check("files", "FAIL", f"{directory}: a dry-run build (no engines); build them here: "
-                                f"`trtllm-dflash build {recipe.file or ''} --from ...` inside {backend_spec('engine').container}")]
+                                f"`{build_command(recipe, planned_from, directory)}` inside {backend_spec('engine').container}")]
         out.append(Check("files", "ok", f"{m.stage}: {directory} ({len(m.files)} files as recorded)"))
         expected_sha = m.input["manifest_sha256"] if m.input else None
         directory = _input_dir(directory, m)

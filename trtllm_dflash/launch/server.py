@@ -395,7 +395,7 @@ def served_paths(deploy_dir: Path) -> list[Path]:
     from tritonclient.grpc import model_config_pb2 as mc
 
     from trtllm_dflash.artifacts import Manifest
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
     from trtllm_dflash.deploy.settings import ModelSettings
 
     deploy_dir = Path(deploy_dir).resolve()

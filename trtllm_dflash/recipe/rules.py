@@ -24,7 +24,7 @@ from trtllm_dflash.recipe.placement import scale_out, span_problem
 from trtllm_dflash.recipe.trtllm_api import drafter_attention
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
 from trtllm_dflash.recipe.support import (
-    ARCHITECTURES, BACKENDS, DRAFTERS, NATIVE_ONLY, architectures_of, backend as backend_spec, format_gap, trtllm_line,
+    BACKENDS, DRAFTERS, NATIVE_ONLY, architectures_of, backend as backend_spec, format_gap, trtllm_line,
     trtllm_version_problem,
 )
 from trtllm_dflash.recipe.schema import FLOAT_FORMATS, ModelSource, Recipe
@@ -169,7 +169,9 @@ def _format_issues(recipe: Recipe) -> list[Issue]:
         out.err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
     if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
         out.err("quantization.activations", f"fp8 activations need fp8 or nvfp4 target_weights, got {q.target_weights}")
-    gap = format_gap(t.family, recipe.backend.name, q.target_weights) if t.family in ARCHITECTURES else ""
+    # Only for a backend that serves the architecture at all (else _backend_issues says so, alone).
+    served = t.family in architectures_of(recipe.backend.name)
+    gap = format_gap(t.family, recipe.backend.name, q.target_weights) if served else ""
     if gap:  # a precision the support table does not list for this architecture and backend
         out.err("quantization.target_weights", gap)
     elif q.target_weights in NATIVE_ONLY and q.quantizes:  # quantize would re-export the target from dequantized weights

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from trtllm_dflash.recipe.schema import BUILTIN_PREFIX, ModelSource, Recipe
@@ -67,6 +68,12 @@ class StageOptions:
     # quantize: recipe -> the acceptance guardrail's decoder (quantize/guard.Measure) or None.
     # Handed in because the decoder is serving code, a later stage than quantize.
     measure: Callable[[Any], Any] | None = None
+
+
+def build_command(recipe: Recipe, from_dir: Path | str | None, out: Path | str) -> str:
+    """The command that builds engines into `out` (a dry-run build's directory: --overwrite) from
+    the convert / quantize output `from_dir`; what every "build them inside the container" says."""
+    return f"trtllm-dflash build {recipe.file or 'RECIPE'} --from {from_dir or 'FROM_DIR'} --out {out} --overwrite"
 
 
 def source_ref(src: ModelSource) -> str:

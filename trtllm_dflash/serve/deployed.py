@@ -109,13 +109,14 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
 def _check_engines(recipe, engines: Path) -> None:
     """The build output the tensorrt runners open: engines built (not a dry run), files unchanged."""
     from trtllm_dflash.artifacts import Manifest, check_files
-    from trtllm_dflash.deploy.repository import build_command
+    from trtllm_dflash.recipe.stages import build_command
     from trtllm_dflash.recipe.support import backend as backend_spec
 
     built = Manifest.read(engines)
     if built.extra.get("dry_run"):
+        planned_from = built.input_dir(engines) if built.input else None
         raise UserError(f"{engines}: a dry-run build (no engines) cannot serve with the tensorrt runners; inside "
-                        f"{backend_spec(recipe.backend.name).container} run {build_command(recipe, built, engines)} "
+                        f"{backend_spec(recipe.backend.name).container} run {build_command(recipe, planned_from, engines)} "
                         "and deploy again")
     check_files(engines, built)
 
@@ -173,7 +174,7 @@ def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSett
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from trtllm_dflash.deploy.repository import REPOSITORY
+    from trtllm_dflash.deploy.settings import REPOSITORY
 
     model_dir = Path(deploy_dir) / REPOSITORY / model_name
     try:

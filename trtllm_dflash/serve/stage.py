@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from trtllm_dflash.deploy.repository import REPOSITORY
+from trtllm_dflash.deploy.settings import REPOSITORY
 from trtllm_dflash.errors import StopHere
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.placement import placement
