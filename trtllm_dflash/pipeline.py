@@ -132,13 +132,13 @@ def _step(door, recipe: Recipe, out: Path, options: StageOptions, forced: bool) 
 
 
 def acceptance_measure(recipe: Recipe):
-    """The quantize guardrail's decoder (serve/acceptance.checkpoint_tau: the servers' reference
+    """The quantize guardrail's decoder (runtime/acceptance.checkpoint_tau: the servers' reference
     decoder over the checkpoint), where this machine can decode the recipe's checkpoints: a cpu
     recipe, or any with a CUDA GPU here; None elsewhere (the manifest records that it did not run)."""
     import torch
 
     if not (recipe.gpu.is_cpu or torch.cuda.is_available()):
         return None
-    from trtllm_dflash.serve.acceptance import checkpoint_tau
+    from trtllm_dflash.runtime.acceptance import checkpoint_tau
 
     return checkpoint_tau

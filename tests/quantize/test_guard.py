@@ -14,7 +14,7 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize.quantize import QuantTransform
 from trtllm_dflash.quantize.stage import quantize
 from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.serve.acceptance import checkpoint_tau
+from trtllm_dflash.runtime.acceptance import checkpoint_tau
 
 FP8 = Path(__file__).resolve().parents[2] / "recipes/cpu/tiny-pystd-fp8.yaml"
 CALIB = dict(samples=4, length=64, progress=False)

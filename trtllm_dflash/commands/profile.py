@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.prompts.user import load_user_prompts
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.runtime.checkpoint import read_checkpoint
-    from trtllm_dflash.serve.acceptance import decode_rounds
+    from trtllm_dflash.runtime.acceptance import decode_rounds
 
     recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
     if args.max_new_tokens < 2:

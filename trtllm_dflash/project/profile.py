@@ -1,6 +1,6 @@
 """`profile`'s report: acceptance on the user's own prompts, per category and overall.
 
-The decoding is the deployment's (serve/acceptance.py decode_rounds over the deployed
+The decoding is the deployment's (runtime/acceptance.py decode_rounds over the deployed
 checkpoint); this module only summarizes what it returns (objects with `rounds` = [(accepted,
 drafted)], `verify_passes`, `tokens`, `seconds`, `tau`, `tokens_per_s`), one DFlash decode and
 one AR decode per category. Each category's entry is an acceptance profile in the shape

@@ -14,10 +14,10 @@ measured on its own text; 16 prompts of 64 tokens are the fewest that keep the d
 under the 10% default limit (docs/design/measurements.md), at two decodes of about 2 s each on
 the tiny CPU pair.
 
-How a checkpoint is decoded is the caller's (`measure`): the stage cannot import the serving
-code that opens checkpoints (a later stage), so the pipeline and the `quantize` command hand it
-serve/acceptance.checkpoint_tau, the decoder the servers run. Without one the stage records
-that the guard did not run.
+How a checkpoint is decoded, and whether this machine can decode it at all, is the caller's
+(`measure`): the pipeline and the `quantize` command hand it runtime/acceptance.checkpoint_tau,
+the decoder the servers run, where it can run (tests hand in their own). Without one the stage
+records that the guard did not run.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class StageOptions:
     levels: list[int] | None = None  # sweep: the concurrency levels (None: the recipe's)
     recipe_arg: str = "RECIPE"  # how the user named the recipe, for commands to run elsewhere
     # quantize: recipe -> the acceptance guardrail's decoder (quantize/guard.Measure) or None.
-    # Handed in because the decoder is serving code, a later stage than quantize.
+    # Handed in: whether this machine can decode the recipe's checkpoints is the caller's to say.
     measure: Callable[[Any], Any] | None = None
 
 
