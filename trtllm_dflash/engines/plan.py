@@ -106,7 +106,7 @@ DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the eng
    sampling (PathDrafterRunner.draft_path's contract).
 4. The engine runners (runtime/engine_runners.py, drafter_runner.py, trt_runners.py) expose
    selects_path / draft_path from those outputs; then lift the refusal in
-   convert/convert.py _check_drafter_backend for backend engine.
+   convert/sources.py check_drafter_backend for backend engine.
 5. The KV-injection plugin limits sliding-window keys behind the query only: a non-causal
    sliding layer whose window is shorter than the block is not expressible (z-lab's DFlash2
    uses 2048 >= block 16, so it is not hit in practice)."""

@@ -156,7 +156,7 @@ class DFlashLlamaTarget(_TapTarget, LLaMAForCausalLM):
 
 
 class DFlashDrafterConfig(PretrainedConfig):
-    """The drafter checkpoint's config.json (convert/convert.py drafter_config): PretrainedConfig
+    """The drafter checkpoint's config.json (convert/configs.py drafter_config): PretrainedConfig
     fields (tensorrt_llm/models/modeling_utils.py) + `dflash` and the raw HF config."""
 
     def __init__(self, *, dflash: dict, hf_config: dict, attn_bias: bool = False, rotary_base: float = 10000.0,

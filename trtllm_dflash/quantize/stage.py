@@ -26,7 +26,9 @@ from trtllm_dflash import compat
 from trtllm_dflash.artifacts import (
     MANIFEST, Manifest, atomic_stage_dir, check_out_dir, relative_to, replace_dir, tool_versions, verify_input,
 )
-from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, plan_trtllm, recorded_sources
+from trtllm_dflash.convert.convert import convert
+from trtllm_dflash.convert.shard_plan import plan_trtllm
+from trtllm_dflash.convert.sources import BACKEND_LAYOUT, recorded_sources
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import guard
 from trtllm_dflash.recipe import Recipe
