@@ -114,7 +114,7 @@ def placement_table() -> str:
     from trtllm_dflash.recipe import list_recipes, load_recipe
     from trtllm_dflash.recipe.hardware import GiB
     from trtllm_dflash.recipe.planner import drafter_placement, plan
-    from trtllm_dflash.recipe.schema import parse_recipe
+    from trtllm_dflash.recipe.reader import parse_recipe
 
     rows = ["| recipe | tp | whole drafter | a rank's target share | rank 0 fits | placement | split adds per round "
             "| max concurrency |", "|---|---|---|---|---|---|---|---|"]

@@ -30,7 +30,7 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe, list_recipes
 from trtllm_dflash.recipe.engine_layout import FP8_KV_REUSE_ISSUE, kv_block_reuse, resolve_attention
 from trtllm_dflash.recipe.rules import check
-from trtllm_dflash.recipe.schema import parse_recipe
+from trtllm_dflash.recipe.reader import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"

@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from trtllm_dflash.artifacts import Manifest, check_files, sha256_file
 from trtllm_dflash.cli import main
 from trtllm_dflash.convert import convert as convert_module
-from trtllm_dflash.convert.convert import convert, load_sources
+from trtllm_dflash.convert.convert import convert
+from trtllm_dflash.convert.sources import load_sources
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe
 

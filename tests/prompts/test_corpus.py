@@ -102,7 +102,7 @@ def test_prompts_and_calibration_do_not_read_the_interpreter(tmp_path, monkeypat
 
     from trtllm_dflash.prompts import corpus
     from trtllm_dflash.prompts.sources import heldout_token_prompts, load_prompts
-    from trtllm_dflash.quantize.quantize import calibration_data
+    from trtllm_dflash.quantize.calibration import calibration_data
     from trtllm_dflash.perf.bench_quant import shipped_pair
 
     target = shipped_pair()[0]
@@ -138,7 +138,7 @@ def test_a_calibration_file_is_recorded_with_its_checksum(tmp_path):
     """quantize's manifest says which text calibrated (`calibration_data`), down to its bytes: a
     file edited after quantizing reads as another source."""
     from trtllm_dflash.perf.bench_quant import shipped_pair
-    from trtllm_dflash.quantize.quantize import calibration_data
+    from trtllm_dflash.quantize.calibration import calibration_data
 
     target = shipped_pair()[0]
     text = tmp_path / "calib.txt"

@@ -11,7 +11,7 @@ import pytest
 
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.quantize.quantize import QuantTransform
+from trtllm_dflash.quantize.transform import QuantTransform
 from trtllm_dflash.quantize.stage import quantize
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.runtime.acceptance import checkpoint_tau

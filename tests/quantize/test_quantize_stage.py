@@ -47,7 +47,8 @@ def test_engine_checkpoint_equals_modelopt_trtllm_export(tmp_path, bf16_pair, fm
     from transformers import AutoModelForCausalLM
 
     from trtllm_dflash.compat import modelopt_nvfp4
-    from trtllm_dflash.quantize.quantize import Scheme, calibration_data, modelopt_config
+    from trtllm_dflash.quantize.calibration import calibration_data, modelopt_config
+    from trtllm_dflash.quantize.quantize import Scheme
 
     target, drafter = bf16_pair
     arch = modelopt_trtllm_export_archs()[0]  # ModelOpt < 0.44 exports no Qwen3: compare on Llama there
@@ -155,7 +156,7 @@ def test_reference_backend_weight_only_target_and_drafter(tmp_path, tiny_pair, f
 
 
 def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys, monkeypatch):
-    import trtllm_dflash.quantize.quantize as qmod
+    import trtllm_dflash.quantize.calibration as calibration_module
     from trtllm_dflash.cli import main
 
     def calibrating(*a, **k):
@@ -173,7 +174,7 @@ def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys, monke
     r = write_recipe(tmp_path / "c.yaml", wide, drafter, tp=4, fmt="nvfp4")
     c4 = converted(load_recipe(r), tmp_path / "c4")
     # the misaligned tensor comes after aligned ones in its plan: every tensor is checked, not the first
-    monkeypatch.setattr(qmod, "calibrate_target", calibrating)
+    monkeypatch.setattr(calibration_module, "calibrate_target", calibrating)
     with pytest.raises(UserError, match=r"transformer.layers.0.mlp.proj.weight: 24 input features per rank \(tp 4\) is not a multiple of 16"):
         quantize(load_recipe(r), c4, tmp_path / "q", **CALIB)
     monkeypatch.undo()

@@ -128,7 +128,7 @@ def test_tp16_replicates_kv_heads_but_one_node_has_eight_gpus():
 
 def test_convert_refuses_what_the_recipe_rules_refuse():
     """convert reads config.json and applies the same rules (our converter's layout)."""
-    from trtllm_dflash.convert.convert import check_tp
+    from trtllm_dflash.convert.shard_plan import check_tp
 
     t = SimpleNamespace(num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=1001, moe=None)
     d = SimpleNamespace(num_heads=4, num_kv_heads=2, intermediate_size=128, hidden_size=64)

@@ -5,6 +5,8 @@ upstream.py       the BuildConfig / PluginConfig fields, SpeculativeDecodingMode
                   commands/build.py)
 plan.py           per engine (target, drafter): build_config.json, the stock trtllm-build
                   command, plugins and I/O tensors, from the recipe (pure, CPU)
+build_config.py   the plan's build_config.json, plugins, attention features and KV cache dtype
+interfaces.py     the plan's I/O tensors of each engine
 stage.py          `trtllm-dflash build`: checks the --from checkpoints, writes the plan atomically
                   with a manifest, runs trtllm-build where TensorRT-LLM 1.2.x is installed
 ops_trtllm.py     runtime/networks.py's op set on TensorRT-LLM (GPU-only; runtime/ops_torch.py

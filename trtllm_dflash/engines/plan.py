@@ -1,5 +1,7 @@
 """The build plan: per engine, the `build_config.json`, the stock `trtllm-build` command, the
 plugins and the I/O tensors, all derived from the recipe (pure functions, no TensorRT).
+build_config.py gives each engine's build_config.json and plugins, interfaces.py its I/O tensors;
+this module puts them together with the commands (make_plan) and prints them (render).
 
 Two engines (design C, docs/design/engine-path.md):
 
@@ -48,38 +50,29 @@ workspace input).
 
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from trtllm_dflash.formats import engine_io
-from trtllm_dflash.engines.upstream import (
-    BUILD_CONFIG_FIELDS,
-    CONTAINER,
-    KV_CACHE_TYPES,
-    PLUGIN_CONFIG_FIELDS,
-    SPECULATIVE_DECODING_MODE,
-    TRTLLM_BUILD,
-)
 from trtllm_dflash.artifacts import relative_to
-from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.engine_layout import (
-    DTYPE_NAMES,
-    default_opt_num_tokens,
-    kv_block_reuse,
-    max_draft_len,
-    target_attention,
-    target_seq_len,
-    verify_cost,
+from trtllm_dflash.engines.build_config import (
+    Role,
+    build_config,
+    engine_attention,
+    engine_plugins,
+    engine_world,
+    kv_dtype,
 )
+from trtllm_dflash.engines.interfaces import Tensor, drafter_io, target_io
+from trtllm_dflash.engines.upstream import CONTAINER, KV_CACHE_TYPES, TRTLLM_BUILD
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.formats import engine_io
+from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.engine_layout import kv_block_reuse, max_draft_len, verify_cost
 from trtllm_dflash.recipe.planner import drafter_placement
-from trtllm_dflash.recipe.support import ARCHITECTURES, DRAFTER_ENGINE_CLASS, backend as backend_spec, backends_for
 from trtllm_dflash.recipe.stages import input_stage
+from trtllm_dflash.recipe.support import ARCHITECTURES, DRAFTER_ENGINE_CLASS, backend as backend_spec, backends_for
 
-Role = Literal["target", "drafter"]
 ROLES: tuple[Role, ...] = ("target", "drafter")
 
 # What the TensorRT side still needs before a DFlash2 drafter (z-lab's DFlash2DraftModel) builds
@@ -106,7 +99,7 @@ DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the eng
    sampling (PathDrafterRunner.draft_path's contract).
 4. The engine runners (runtime/engine_runners.py, drafter_runner.py, trt_runners.py) expose
    selects_path / draft_path from those outputs; then lift the refusal in
-   convert/convert.py _check_drafter_backend for backend engine.
+   convert/sources.py check_drafter_backend for backend engine.
 5. The KV-injection plugin limits sliding-window keys behind the query only: a non-causal
    sliding layer whose window is shorter than the block is not expressible (z-lab's DFlash2
    uses 2048 >= block 16, so it is not hit in practice)."""
@@ -119,19 +112,7 @@ MODELS_FILE = "trtllm_models.py"
 CHECKPOINT_ARCHITECTURES = {**{m: ARCHITECTURES[m].trtllm_architecture for m in TARGET_CLASSES},
                             "drafter": DRAFTER_ENGINE_CLASS}
 
-TOKENS_PER_BLOCK = 32  # 32 or 64 serve the paged context FMHA; PluginConfig's default
 FROM_PLACEHOLDER = "FROM_DIR"  # --checkpoint_dir when the plan is made without --from
-TIMING_CACHE = "timing.cache"  # per engine, beside its build_config.json
-
-@dataclass(frozen=True)
-class Tensor:
-    """One engine input or output. Shapes use the symbolic dims of EnginePlan.dims; a name with
-    `{l}` stands for one tensor per drafter layer (l = 0 .. num_layers-1)."""
-
-    name: str
-    dtype: str
-    shape: tuple[str | int, ...]
-    note: str = ""
 
 
 @dataclass
@@ -209,237 +190,6 @@ def check_buildable(recipe: Recipe) -> None:
                         f"was trained with block_size {trained}; allowed: max_draft_len <= {trained - 1}")
 
 
-def engine_world(recipe: Recipe, role: Role) -> int:
-    """The ranks an engine is built for: the target's world size; the drafter's placement tp."""
-    return recipe.world_size if role == "target" else drafter_placement(recipe).tp * recipe.parallel.pp
-
-
-def _plugin_config(recipe: Recipe, role: Role) -> dict:
-    """PluginConfig values (upstream.PLUGIN_CONFIG_FIELDS); "auto" = the model dtype. The target's
-    attention flags are what build() resolves them to (target_attention), not a wish it overrides."""
-    q = recipe.quantization
-    tp_nccl = "auto" if engine_world(recipe, role) > 1 else None
-    weights = q.target_weights if role == "target" else q.drafter
-    # builder.py build(): NVFP4 checkpoints get gemm_plugin "nvfp4" unless explicitly disabled; say so here.
-    gemm = "nvfp4" if weights == "nvfp4" else "auto"
-    if role == "target":
-        flags = target_attention(recipe)
-        return {
-            "dtype": DTYPE_NAMES[q.checkpoint_dtype("target")],
-            "gpt_attention_plugin": "auto",
-            "gemm_plugin": gemm,
-            "nccl_plugin": tp_nccl,
-            "context_fmha": flags.context_fmha,
-            "paged_kv_cache": True,
-            "remove_input_padding": True,
-            "tokens_per_block": TOKENS_PER_BLOCK,
-            "use_paged_context_fmha": flags.paged_context_fmha,  # what KV block reuse across verify rounds needs
-            "use_fp8_context_fmha": flags.fp8_context_fmha,
-        }
-    return {
-        "dtype": DTYPE_NAMES[q.checkpoint_dtype("drafter")],
-        "gpt_attention_plugin": None,  # the drafter's attention is trtllm_dflash::kv_inject_attention
-        "gemm_plugin": gemm,
-        "nccl_plugin": tp_nccl,
-        "context_fmha": False,
-        "paged_kv_cache": False,  # the context arena is the plugin's [batch, S_max, Hkv, D] layout
-        "remove_input_padding": True,  # context rows are packed
-        "tokens_per_block": TOKENS_PER_BLOCK,
-        "use_paged_context_fmha": False,
-        "use_fp8_context_fmha": False,
-    }
-
-
-def build_config(recipe: Recipe, role: Role) -> dict:
-    """The build_config.json of one engine: TensorRT-LLM 1.2.x BuildConfig fields only, in
-    upstream's declaration order."""
-    cfg = _build_config(recipe, role)
-    cfg["plugin_config"] = {k: cfg["plugin_config"][k] for k in PLUGIN_CONFIG_FIELDS if k in cfg["plugin_config"]}
-    return {k: cfg[k] for k in BUILD_CONFIG_FIELDS if k in cfg}
-
-
-def _build_config(recipe: Recipe, role: Role) -> dict:
-    b = recipe.build
-    common = {
-        "max_batch_size": b.max_batch_size,
-        "max_seq_len": target_seq_len(recipe),  # the last verify block may reach draft tokens past max_seq_len
-        "max_num_tokens": b.max_num_tokens,
-        # What check_max_num_tokens makes of an unset one, written out: older from_dict pops it without a default.
-        "opt_num_tokens": default_opt_num_tokens(b.max_batch_size, 1, b.max_num_tokens),
-        "max_beam_width": 1,
-        "speculative_decoding_mode": SPECULATIVE_DECODING_MODE["NONE"],
-        "gather_context_logits": False,
-        "gather_generation_logits": False,
-        "strongly_typed": True,
-        "input_timing_cache": None,  # a fresh cache: create_builder_config only warns about a missing file
-        "output_timing_cache": f"{role}/{TIMING_CACHE}",  # relative to the build directory, trtllm-build's cwd
-    }
-    if role == "target":
-        return {
-            **common,
-            # A verify round is a context request of the whole sequence (max_tokens=1): the
-            # Executor checks its length against its max input length (engine_layout.runtime_max_input_len).
-            "max_input_len": common["max_seq_len"] - 1,
-            "max_draft_len": 0,  # drafts are prompt tokens; no spec-decoding inputs in the engine
-            "kv_cache_type": "PAGED",
-            "plugin_config": _plugin_config(recipe, role),
-        }
-    return {
-        **common,
-        "max_input_len": b.max_input_len,  # the most context rows one sequence adds in a step (prefill)
-        "max_draft_len": max_draft_len(recipe),  # block = max_draft_len + 1 rows: anchor + drafts
-        "kv_cache_type": "CONTINUOUS",  # no TensorRT-LLM KV cache: the runner-owned arena is engine I/O
-        "plugin_config": _plugin_config(recipe, role),
-    }
-
-
-def _kv_dtype(recipe: Recipe, role: Role) -> str:
-    q = recipe.quantization
-    return "fp8" if q.kv_cache == "fp8" else DTYPE_NAMES[q.checkpoint_dtype(role)]
-
-
-def _target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
-    """Inputs: the stock ones of GenerationMixin.prepare_basic_inputs (tensorrt_llm/models/
-    generation_mixin.py) for gpt_attention_plugin + packed input + paged KV, fed by the Executor;
-    outputs: logits plus the DFlash tap (docs/design/engine-path.md)."""
-    t = recipe.target_facts
-    act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("target")]
-    layers = math.ceil(t.num_layers / recipe.parallel.pp)
-    dims = {
-        "num_tokens": cfg["max_num_tokens"], "num_seq": cfg["max_batch_size"], "max_seq_len": cfg["max_seq_len"],
-        "max_blocks_per_seq": math.ceil(cfg["max_seq_len"] / TOKENS_PER_BLOCK), "num_layers": layers,
-        "hidden": t.hidden_size, "vocab": t.vocab_size, "block": block,
-    }
-    stock = "stock (prepare_basic_inputs)"
-    inputs = [
-        Tensor("input_ids", "int32", ("num_tokens",), "packed tokens: context chunks, prompts + drafts of verify rounds"),
-        Tensor("position_ids", "int32", ("num_tokens",), stock),
-        Tensor("last_token_ids", "int32", ("num_seq",), "inclusive end offset of each sequence; the tail gather reads it"),
-        Tensor("sequence_length", "int32", ("num_seq",), stock),
-        Tensor("context_lengths", "int32", ("num_seq",), stock),
-        Tensor("host_context_lengths", "int32", ("num_seq",), stock),
-        Tensor("host_request_types", "int32", ("num_seq",), stock),
-        Tensor("host_past_key_value_lengths", "int32", ("num_seq",), stock),
-        Tensor("host_max_attention_window_sizes", "int32", ("num_layers",), stock),
-        Tensor("host_sink_token_length", "int32", (1,), stock),
-        Tensor("cache_indirection", "int32", ("num_seq", 1, "max_seq_len"), stock),
-        Tensor("kv_cache_block_offsets", "int32", (1, "num_seq", 2, "max_blocks_per_seq"), stock),
-        Tensor("host_kv_cache_block_offsets", "int32", (1, "num_seq", 2, "max_blocks_per_seq"), stock),
-        Tensor("host_kv_cache_pool_pointers", "int64", (1, 2), stock),
-        Tensor("host_kv_cache_pool_mapping", "int32", ("num_layers", 2), stock),
-        Tensor("host_runtime_perf_knobs", "int64", (16,), stock),
-        Tensor("host_context_progress", "int64", (1,), stock),
-    ]
-    if recipe.parallel.tp > 1:
-        inputs.append(Tensor("all_reduce_workspace", "int64", ("all_reduce_size",), stock + ", tp > 1"))
-    outputs = [
-        Tensor("logits", "float32", ("num_seq", "vocab"), "last token of each sequence (stock; the AR baseline uses it)"),
-        Tensor("dflash_ctx", act, ("num_tokens", "hidden"),
-               "hidden_norm(fc(concat of target_layer_ids taps)); gatherContext=true, requested on the prefill round"),
-        Tensor("dflash_tail", act, ("num_seq", "block", "hidden"),
-               "dflash_ctx rows of each sequence's last `block` tokens (clamped at its start); gatherContext=false"),
-        Tensor("dflash_logits", "float32", ("num_seq", "block", "vocab"),
-               "logits of those rows (lm_head); gatherContext=false, requested by sampling decoders"),
-        Tensor("dflash_argmax", "int32", ("num_seq", "block"), "greedy token after each of those rows (lm_head + top-1)"),
-    ]
-    return dims, inputs, outputs
-
-
-def _drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor], list[Tensor]]:
-    """The drafter engine's own interface (docs/design/engine-path.md, "Drafter engine"; in the
-    shapes of runtime/networks.py `drafter_forward` and the plugin's contract: plugins/kv_inject_attention/
-    README.md). engines/trtllm_models.py declares these in `prepare_inputs`; the TensorRT drafter
-    runner feeds them."""
-    d = recipe.drafter_facts
-    tp = drafter_placement(recipe).tp
-    act = DTYPE_NAMES[recipe.quantization.checkpoint_dtype("drafter")]
-    kv = _kv_dtype(recipe, "drafter")
-    ranges = engine_io.drafter_dim_ranges(cfg["max_batch_size"], cfg["max_input_len"], cfg["max_seq_len"], block)
-    dims = {
-        **{name: hi for name, (_, _, hi) in ranges.items() if name != "block"},
-        "hidden": d.hidden_size, "kv_heads": max(1, d.num_kv_heads // tp), "head_dim": d.head_dim,
-        "num_layers": d.num_layers, "block": block, "drafts": block - 1, "vocab": recipe.target_facts.vocab_size,
-    }
-    arena = "context arena of drafter layer {l}: rows < cache_lens valid; this step's rows are appended in place"
-    present = ("the arena after this step's append (trtllm_dflash::kv_append): the runner binds it to the "
-               "{kv}_cache_{l} buffer, so only the new rows are written")
-    inputs = [
-        Tensor("block_ids", "int32", ("batch", "block"), "[anchor = last accepted token, mask_token_id x drafts]"),
-        Tensor("block_positions", "int32", ("batch", "block"), "cache_lens + new_ctx_lens + 0..block-1"),
-        Tensor("ctx_rows", act, ("batch", "new_ctx", "hidden"), "new fused context rows (dflash_ctx / dflash_tail)"),
-        Tensor("ctx_positions", "int32", ("batch", "new_ctx"), "absolute position of each new row (its RoPE)"),
-        Tensor("new_ctx_lens", "int32", ("batch",), "valid new rows per sequence (the rest is padding)"),
-        Tensor("cache_lens", "int32", ("batch",), "rows already in the arena before this step"),
-        Tensor("k_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
-        Tensor("v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
-    ]
-    if tp > 1:
-        inputs.append(Tensor("all_reduce_workspace", "int64", ("all_reduce_size",), "tp > 1 (prepare_basic_inputs' form)"))
-    outputs = [
-        Tensor("draft_ids", "int32", ("batch", "drafts"), "the target's lm_head + top-1 on the mask slots"),
-        Tensor("draft_logits", act, ("batch", "drafts", "vocab"), "their logits (the DrafterRunner result)"),
-        Tensor("present_k_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), present.format(kv="k", l="{l}")),
-        Tensor("present_v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), present.format(kv="v", l="{l}")),
-    ]
-    return dims, inputs, outputs
-
-
-def _plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
-    """The plugins an engine is built with: TensorRT-LLM's own (cpp/tensorrt_llm/plugins, chosen by
-    PluginConfig) and, in the drafter, our AOT TensorRT Python plugin."""
-    from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import (
-        APPEND_INPUT_NAMES,
-        APPEND_OUTPUT_NAMES,
-        APPEND_PLUGIN_ID,
-        INPUT_NAMES,
-        PLUGIN_ID,
-    )
-
-    pc = cfg["plugin_config"]
-    dtype = lambda v: pc["dtype"] if v == "auto" else v  # noqa: E731
-    out: list[dict] = []
-    if pc["gpt_attention_plugin"]:
-        features = ["paged KV cache", "context FMHA" if pc["context_fmha"] else "unfused context attention"]
-        if pc["use_paged_context_fmha"]:
-            features.append("paged context FMHA (KV block reuse)")
-        if pc["use_fp8_context_fmha"]:
-            features.append("FP8 context FMHA")
-        out.append({"name": "gpt_attention_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["gpt_attention_plugin"]),
-                    "use": "every decoder layer's attention: " + ", ".join(features)})
-    if role == "drafter":
-        d = recipe.drafter_facts
-        sliding = d.sliding_layers
-        attrs = {"scale": f"1/sqrt({d.head_dim})", "causal_block": False, "window": 0}
-        use = f"the attention of every drafter layer ({d.num_layers}): block queries over the context arena + the block"
-        if sliding:
-            use += f" ({sliding} sliding layers: causal_block=true, window={d.sliding_window})"
-        kind = ("TensorRT Python plugin (tensorrt.plugin), AOT: PTX compiled by triton at build time and embedded in "
-                "the engine; no Python at inference")
-        out.append({"name": APPEND_PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py", "kind": kind,
-                    "inputs": list(APPEND_INPUT_NAMES), "outputs": list(APPEND_OUTPUT_NAMES), "attributes": {},
-                    "use": f"every drafter layer ({d.num_layers}): this step's context K/V rows into the layer's arena, "
-                           "in place (outputs present_*_cache_{l} bound to the k_cache_{l} / v_cache_{l} buffers)"})
-        out.append({"name": PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py", "kind": kind,
-                    "inputs": list(INPUT_NAMES), "attributes": attrs, "use": use})
-    if pc["gemm_plugin"]:
-        what = "NVFP4 GEMMs" if pc["gemm_plugin"] == "nvfp4" else "unquantized GEMMs (lm_head; all GEMMs of a float model)"
-        out.append({"name": "gemm_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["gemm_plugin"]), "use": what})
-    if pc["nccl_plugin"]:
-        out.append({"name": "nccl_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["nccl_plugin"]),
-                    "use": f"all-reduce / all-gather across the {engine_world(recipe, role)} tensor-parallel ranks"})
-    return out
-
-
-def _attention(recipe: Recipe, role: Role) -> dict:
-    """The engine's gpt_attention_plugin features as build() resolves them, and why."""
-    if role == "drafter":
-        return {"context_fmha": False, "paged_context_fmha": False, "fp8_context_fmha": False,
-                "why": ["no gpt_attention_plugin: the drafter's attention is the KV-injection plugin over its arena"]}
-    flags = target_attention(recipe)
-    return {"context_fmha": flags.context_fmha, "paged_context_fmha": flags.paged_context_fmha,
-            "fp8_context_fmha": flags.fp8_context_fmha, "why": list(flags.why)}
-
-
 def _reuse_note(recipe: Recipe) -> str:
     """What a verify round costs the target (engine_layout.verify_cost: KV block reuse or not)."""
     return verify_cost(recipe).describe()
@@ -465,7 +215,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
     for role in ROLES:
         cfg = build_config(recipe, role)
         assert cfg["kv_cache_type"] in KV_CACHE_TYPES
-        dims, inputs, outputs = (_target_io if role == "target" else _drafter_io)(recipe, cfg, block)
+        dims, inputs, outputs = (target_io if role == "target" else drafter_io)(recipe, cfg, block)
         cls = TARGET_CLASSES[recipe.target_facts.family] if role == "target" else DRAFTER_CLASS
         paths = (f"{src}/{role}", f"{role}/build_config.json", f"{role}/engines")
         n = engine_world(recipe, role)
@@ -474,9 +224,9 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
             if n > 1 else None
         ranges = (engine_io.drafter_dim_ranges(cfg["max_batch_size"], cfg["max_input_len"], cfg["max_seq_len"], block)
                   if role == "drafter" else {})
-        engines.append(EnginePlan(role, cls, paths[0], paths[1], paths[2], cfg, _kv_dtype(recipe, role),
-                                  _attention(recipe, role), _plugins(recipe, role, cfg), dims, inputs, outputs,
-                                  command, mpi, ranges))
+        engines.append(EnginePlan(role, cls, paths[0], paths[1], paths[2], cfg, kv_dtype(recipe, role),
+                                  engine_attention(recipe, role), engine_plugins(recipe, role, cfg), dims, inputs,
+                                  outputs, command, mpi, ranges))
     inp = input_stage(recipe, "build")
     launch = {
         "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
@@ -495,7 +245,7 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         f"FROM_DIR: the {inp} output of this recipe (trtllm-dflash {inp} RECIPE ... --out FROM_DIR)"
         if from_dir is None else f"checkpoints: the {inp} output {src}",
         "paths are relative to the build directory (plan.json's own): run the commands there",
-        f"the target's KV cache dtype ({_kv_dtype(recipe, 'target')}) comes from the checkpoint's "
+        f"the target's KV cache dtype ({kv_dtype(recipe, 'target')}) comes from the checkpoint's "
         "quantization.kv_cache_quant_algo, not from build_config.json",
         "target max_input_len = max_seq_len - 1: a verify round is a context request of the whole sequence; "
         f"prompts stay limited to build.max_input_len = {recipe.build.max_input_len} by the server",

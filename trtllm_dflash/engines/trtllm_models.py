@@ -11,10 +11,10 @@ DFlashQwen3Target / DFlashLlamaTarget   the stock QWenForCausalLM / LLaMAForCaus
     layers `target_layer_ids` -> networks.target_tap (the drafter's fc + hidden_norm, read from
     the drafter checkpoint beside the target one) -> `dflash_ctx`; each sequence's last `tail`
     rows of it (`dflash_tail`), their logits (`dflash_logits`) and greedy tokens
-    (`dflash_argmax`). Names and shapes: formats/engine_io.py, engines/plan.py `_target_io`.
+    (`dflash_argmax`). Names and shapes: formats/engine_io.py, engines/interfaces.py `target_io`.
 DFlashDrafter   our PretrainedModel (tensorrt_llm/models/modeling_utils.py) with parameters
     named as formats/weight_maps.py DRAFTER_MAP; forward = networks.drafter_forward over
-    TrtllmOps (engines/ops_trtllm.py). I/O as engines/plan.py `_drafter_io`.
+    TrtllmOps (engines/ops_trtllm.py). I/O as engines/interfaces.py `drafter_io`.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class DFlashLlamaTarget(_TapTarget, LLaMAForCausalLM):
 
 
 class DFlashDrafterConfig(PretrainedConfig):
-    """The drafter checkpoint's config.json (convert/convert.py drafter_config): PretrainedConfig
+    """The drafter checkpoint's config.json (convert/configs.py drafter_config): PretrainedConfig
     fields (tensorrt_llm/models/modeling_utils.py) + `dflash` and the raw HF config."""
 
     def __init__(self, *, dflash: dict, hf_config: dict, attn_bias: bool = False, rotary_base: float = 10000.0,
@@ -249,7 +249,7 @@ class DFlashDrafter(PretrainedModel):
         return super().from_checkpoint(ckpt_dir, rank, config, preprocess_weights_hook=hook)
 
     def prepare_inputs(self, max_batch_size, max_input_len, max_seq_len, max_draft_len=0, **_):
-        """The drafter engine's inputs (engines/plan.py `_drafter_io`) with one optimization profile
+        """The drafter engine's inputs (engines/interfaces.py `drafter_io`) with one optimization profile
         (engine_io.drafter_dim_ranges). functional.Tensor(name, dtype, shape, dim_range) network
         inputs; CustomAllReduceHelper.set_workspace_tensor for tp > 1, as
         GenerationMixin.prepare_basic_inputs does (tensorrt_llm/models/generation_mixin.py)."""

@@ -1,9 +1,10 @@
 """The `quantize` stage: `--from` a convert output, calibrate, write the quantized checkpoint.
 
 It quantizes exactly the model the convert output was made from: the source checkpoints its
-manifest lists, checked unchanged since (convert.recorded_sources). The quantize package
-calibrates and packs (quantize.py, formats/quant.py, calibrate.py); the convert package lays the
-tensors out per rank (an earlier stage, so importing it is allowed). Output layouts:
+manifest lists, checked unchanged since (convert/sources.py recorded_sources). The quantize
+package calibrates and packs (quantize.py, calibration.py, transform.py, formats/quant.py,
+calibrate.py); the convert package lays the tensors out per rank (an earlier stage, so importing
+it is allowed). Output layouts:
   trtllm  (reference / engine backends) per-rank TensorRT-LLM checkpoints with FP8 / NVFP4
           tensors and scales, written by the converter with a QuantTransform
   hf      (pytorch backend) ModelOpt's HF export of the target + the drafter in z-lab layout
@@ -26,7 +27,9 @@ from trtllm_dflash import compat
 from trtllm_dflash.artifacts import (
     MANIFEST, Manifest, atomic_stage_dir, check_out_dir, relative_to, replace_dir, tool_versions, verify_input,
 )
-from trtllm_dflash.convert.convert import BACKEND_LAYOUT, convert, plan_trtllm, recorded_sources
+from trtllm_dflash.convert.convert import convert
+from trtllm_dflash.convert.shard_plan import plan_trtllm
+from trtllm_dflash.convert.sources import BACKEND_LAYOUT, recorded_sources
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import guard
 from trtllm_dflash.recipe import Recipe
@@ -55,7 +58,8 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
     input, sources, tp alignment, output directory) is checked before calibrating. `measure`:
     how to decode a checkpoint for the acceptance guardrail (quantize/guard.py; None: not run);
     `prompts`: the guard's prompts (a JSONL / ShareGPT file) instead of the calibration data's."""
-    from trtllm_dflash.quantize.quantize import QuantTransform, export_hf, resolve
+    from trtllm_dflash.quantize.quantize import export_hf, resolve
+    from trtllm_dflash.quantize.transform import QuantTransform
 
     out, from_dir = Path(out), Path(from_dir)
     plan = resolve(recipe)
@@ -96,7 +100,8 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
 def _checked_input(recipe: Recipe, from_dir: Path, layout: str, plan):
     """(manifest, recorded sources) of the convert output, its layout and, for the TensorRT-LLM
     layout, every tensor's tp split and alignment checked before anything is calibrated."""
-    from trtllm_dflash.quantize.quantize import Calibration, QuantTransform
+    from trtllm_dflash.quantize.calibration import Calibration
+    from trtllm_dflash.quantize.transform import QuantTransform
 
     m = verify_input(from_dir, ("convert",), recipe)
     if m.extra.get("layout") != layout:
@@ -116,7 +121,8 @@ def _calibrate(recipe: Recipe, plan, src, calib: Path | None, samples: int, leng
     """(the calibrated HF target or None, {role: Calibration}, the calibration data)."""
     import torch
 
-    from trtllm_dflash.quantize.quantize import Calibration, Scheme, calibrate_drafter, calibrate_target, calibration_data
+    from trtllm_dflash.quantize.calibration import Calibration, calibrate_drafter, calibrate_target, calibration_data
+    from trtllm_dflash.quantize.quantize import Scheme
 
     calibrate_target_too = plan.target is not Scheme.NONE or plan.kv_fp8
     if calibrate_target_too:

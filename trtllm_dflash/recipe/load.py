@@ -1,11 +1,12 @@
-"""`load_recipe`: parse a recipe (schema.py) and check its rules (rules.py)."""
+"""`load_recipe`: parse a recipe (reader.py) and check its rules (rules.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from trtllm_dflash.recipe.reader import DEFAULT_RECIPE, parse_recipe
 from trtllm_dflash.recipe.rules import check
-from trtllm_dflash.recipe.schema import DEFAULT_RECIPE, Recipe, RecipeError, parse_recipe
+from trtllm_dflash.recipe.schema import Recipe, RecipeError
 
 
 def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None, check_rules: bool = True) -> Recipe:

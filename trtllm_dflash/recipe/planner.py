@@ -171,7 +171,7 @@ def context_cache_format(recipe: Recipe) -> str:
     kv, rule = recipe.quantization.kv_cache, backend_spec(recipe.backend.name).context_cache
     if rule == "bf16":
         return "bf16"  # TensorRT-LLM's DFlash keeps it in the drafter fc dtype (BF16)
-    if rule == "fp8-or-checkpoint":  # the drafter engine's arena (engines/plan.py _kv_dtype): FP8 or the model dtype
+    if rule == "fp8-or-checkpoint":  # the drafter engine's arena (engines/build_config.py kv_dtype): FP8 or the model dtype
         return "fp8" if kv == "fp8" else recipe.quantization.checkpoint_dtype("drafter")
     return kv
 

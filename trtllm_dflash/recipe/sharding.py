@@ -28,7 +28,7 @@ line that 1.3 branched from. Re-check on a 1.2.1 wheel when one can be read.
   tp_size. The pytorch backend deploys moe_expert_parallel_size = tp (deploy/llmapi.py), whole
   experts per rank, and its fused MoE asserts num_experts % ep_size == 0
   (tensorrt_llm/_torch/modules/fused_moe, the `ep_size` partition without a load balancer). Our
-  converter writes moe_tp_size = tp, moe_ep_size = 1 (convert/convert.py `_mapping`): every expert
+  converter writes moe_tp_size = tp, moe_ep_size = 1 (convert/configs.py `_mapping`): every expert
   split, so moe_intermediate_size % tp == 0.
 - The drafter's fc (n x hidden -> hidden) is column-split by our converter (hidden_size % tp);
   TensorRT-LLM's DFlash keeps fc and hidden_norm replicated on every rank (modeling_dflash.py;

@@ -211,7 +211,7 @@ def format_gap(model_type: str, backend_name: str, fmt: str) -> str:
     arch, spec = ARCHITECTURES[model_type], BACKENDS[backend_name]
     if fmt in NATIVE_ONLY and fmt not in arch.native_formats:
         return f"{fmt} is only the native format of {', '.join(m for m, a in ARCHITECTURES.items() if fmt in a.native_formats)} checkpoints"
-    if fmt in QUANTIZED and arch.moe and spec.layout == "trtllm":  # quantize/quantize.py QuantTransform.validate
+    if fmt in QUANTIZED and arch.moe and spec.layout == "trtllm":  # quantize/transform.py QuantTransform.validate
         return (f"{fmt} MoE experts are not written in the TensorRT-LLM checkpoint layout the {backend_name} backend "
                 f"loads; the {', '.join(n for n, b in BACKENDS.items() if b.layout == 'hf')} backend quantizes them "
                 "(ModelOpt HF export)")
