@@ -16,7 +16,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from checkpoints import make_drafter, make_target, write_recipe
+from checkpoints import write_recipe
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")

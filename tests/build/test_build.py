@@ -303,7 +303,6 @@ def test_the_timing_cache_is_written_inside_the_stage_output(tmp_path, converted
     """trtllm-build writes build_config's output_timing_cache (upstream default 'model.cache': the
     working directory). A stand-in of it does the same, from the --build_config file it is given,
     opening every path as trtllm-build does: relative to its working directory."""
-    import subprocess
 
     from trtllm_dflash.engines import stage
 

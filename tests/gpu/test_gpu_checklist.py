@@ -12,7 +12,6 @@ Timings go to $OUT/checklist.json when OUT is set (docs/gpu.md).
 """
 
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -30,7 +30,6 @@ import enum
 import itertools
 from types import SimpleNamespace
 
-import torch
 
 from trtllm_dflash.runtime.fake_executor import EngineLimits, cached_prefix, take_step
 

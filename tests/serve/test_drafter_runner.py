@@ -8,7 +8,7 @@ import torch
 from reference_helpers import make_drafter, make_target
 
 from trtllm_dflash.formats.engine_io import arena_names
-from trtllm_dflash.reference import SamplingParams, load_pair
+from trtllm_dflash.reference import load_pair
 from trtllm_dflash.reference.runners import PAD
 from trtllm_dflash.runtime.drafter_runner import ArenaDrafter, TorchDrafterSession
 from trtllm_dflash.runtime.engine_runners import EngineModel, drafter_weights, engine_model_from_pair

@@ -26,7 +26,6 @@ calibrates both models, transform.py (QuantTransform) quantizes the converter's 
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from dataclasses import dataclass
 from enum import Enum
@@ -131,6 +130,3 @@ def export_hf(model, tmp: Path, recipe: Recipe, target_dir: Path, drafter_dir: P
     # keep every key of the original drafter config (vocab_size, ...) that save_drafter does not write
     (tmp / "drafter" / "config.json").write_text(json.dumps({**raw, **saved}, indent=2) + "\n")
 
-
-def stderr_note(msg: str) -> None:
-    print(msg, file=sys.stderr)

@@ -24,8 +24,7 @@ from trtllm_dflash.recipe.placement import scale_out, span_problem
 from trtllm_dflash.recipe.trtllm_api import drafter_attention
 from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
 from trtllm_dflash.recipe.support import (
-    BACKENDS, DRAFTERS, NATIVE_ONLY, architectures_of, backend as backend_spec, format_gap, trtllm_line,
-    trtllm_version_problem,
+    BACKENDS, DRAFTERS, NATIVE_ONLY, architectures_of, backend as backend_spec, format_gap, trtllm_version_problem,
 )
 from trtllm_dflash.recipe.schema import FLOAT_FORMATS, ModelSource, Recipe
 from trtllm_dflash.recipe.sharding import tp_message
