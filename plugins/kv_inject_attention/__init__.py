@@ -7,7 +7,8 @@ Block queries attend over the injected context K/V cache plus the block itself.
   kernel on CUDA, the pure-torch reference elsewhere.
 - `kv_inject_attention_reference`, `append_context_reference`: the reference (reference.py).
 - kernel.py: the Triton kernels (imported only on demand; triton is optional).
-- trt_plugin.py: the TensorRT plugin (imported only on demand; needs tensorrt >= 10.9).
+- trt_plugin.py: the TensorRT plugins (imported only on demand; needs tensorrt >= 10.9), with
+  plugin_spec.py (what they take and check) and ptx.py (their kernels compiled to PTX).
 """
 
 from .checks import KVInjectArgumentError

@@ -10,7 +10,7 @@ late when a window hides the oldest entries), then the block's own keys, with ma
 on absolute positions (README.md).
 
 The parameter order is the TensorRT AOT plugin ABI: input pointers, then int32
-scalars, then the output pointer (trt_plugin.py compiles this same function to PTX).
+scalars, then the output pointer (ptx.py compiles this same function to PTX).
 Everything a plugin cannot pass as an int32 (softmax scale, window, causal flag,
 dtypes, tile sizes) is a constexpr.
 
@@ -197,7 +197,7 @@ def _append_context_aot(
 @triton.jit
 def _abi_probe(X, N, Y):
     """Three parameters: whatever else the compiled PTX declares is what this triton appends to
-    every kernel (trt_plugin.triton_extra_params)."""
+    every kernel (ptx.triton_extra_params)."""
     tl.store(Y, tl.load(X) + N)
 
 

@@ -28,7 +28,7 @@ export PYTHONPATH="$overlay:$site${PYTHONPATH:+:$PYTHONPATH}"
     nvidia-smi -L || echo "nvidia-smi: not found"
     python3 -P -c "import sys, torch, triton; print('python', sys.version.split()[0], '| torch', torch.__version__, \
 '| triton', triton.__version__, '| cuda', torch.version.cuda)"
-    python3 -P -c "import trtllm_dflash.plugins.kv_inject_attention.trt_plugin as p; \
+    python3 -P -c "import trtllm_dflash.plugins.kv_inject_attention.ptx as p; \
 print('triton appends', p.triton_extra_params(), 'kernel parameters: the AOT plugins declare that many padding outputs')" \
         2>/dev/null || echo "triton ABI probe: failed (no GPU?)"
     python3 -P -c "import tensorrt_llm; print('tensorrt_llm', tensorrt_llm.__version__)" 2>/dev/null \

@@ -1,5 +1,5 @@
 """The PTX the AOT plugins hand to TensorRT, launched the way TensorRT launches it, without TensorRT:
-compiled for this GPU by trt_plugin.compile_*_kernel (the plugin's problem as an engine sees it:
+compiled for this GPU by ptx.compile_*_kernel (the plugin's problem as an engine sees it:
 batch, block and arena length dynamic), loaded with the CUDA driver (cuda-python, else cupy) and
 launched with exactly TensorRT's argument list (input pointers, the aot_impl's int32 args, output
 pointers) plus the padding outputs that stand in for triton's trailing scratch parameters
@@ -11,7 +11,7 @@ import torch
 
 from aot_launch import append_launch, append_problem, attention_launch, attention_problem, ptx_launch, torch_launch
 from trtllm_dflash.plugins.kv_inject_attention import append_context_reference, kv_inject_attention_reference
-from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
+from trtllm_dflash.plugins.kv_inject_attention import ptx
 from trtllm_dflash.plugins.kv_inject_attention.reference import quantize_to_cache
 
 pytestmark = pytest.mark.gpu
@@ -51,8 +51,8 @@ def test_attention_ptx_with_tensorrts_argument_list(kernel, fp8, record_property
     lens = torch.tensor([2048, 5, 1000], dtype=torch.int32, device="cuda")
     launch = attention_launch(kernel, q, kb, vb, kc, vc, lens, dynamic=True, **scales)
     problem = attention_problem(*launch.inputs, dynamic=True)
-    compiled = trt_plugin.compile_attention_kernel(problem)
-    pad = trt_plugin.triton_extra_params()
+    compiled = ptx.compile_attention_kernel(problem)
+    pad = ptx.triton_extra_params()
     assert compiled.num_params == compiled.abi_params + pad == 8 + 22 + 1 + pad
     how = _launch(compiled, kernel._kv_inject_attention_fwd, launch, pad)
     record_property("launched_by", how)
@@ -75,8 +75,8 @@ def test_append_ptx_with_tensorrts_argument_list_writes_in_place(kernel, fp8, re
     expected = [kc.clone(), vc.clone(), lens.clone()]
     append_context_reference(*expected[:2], kn, vn, expected[2], new_lens, **scales)
     launch = append_launch(kernel, kc, vc, kn, vn, lens, new_lens, **scales)  # outputs bound to the caches
-    compiled = trt_plugin.compile_append_kernel(append_problem(*launch.inputs))
-    pad = trt_plugin.triton_extra_params()
+    compiled = ptx.compile_append_kernel(append_problem(*launch.inputs))
+    pad = ptx.triton_extra_params()
     assert compiled.num_params == compiled.abi_params + pad == 8 + 14 + 3 + pad
     record_property("launched_by", _launch(compiled, kernel._append_context_aot, launch, pad))
     view = (lambda t: t.view(torch.uint8)) if fp8 else (lambda t: t)  # noqa: E731

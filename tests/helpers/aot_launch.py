@@ -1,7 +1,7 @@
 """Launch the AOT plugins' kernels the way TensorRT does, without TensorRT.
 
 TensorRT's AOT launch of a `tensorrt.plugin` kernel passes, in order: the input pointers, the
-int32 extra args (`trt_plugin.scalar_args` / `append_scalar_args`), the output pointers; the
+int32 extra args (`plugin_spec.scalar_args` / `append_scalar_args`), the output pointers; the
 grid and block come from the plugin's KernelLaunchParams. Two ways here:
 
 - `torch_launch`: triton's own launcher with that argument list (interpreter on CPU, JIT on a
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtllm_dflash.plugins.kv_inject_attention import checks, trt_plugin
+from trtllm_dflash.plugins.kv_inject_attention import checks, plugin_spec, ptx
 from trtllm_dflash.plugins.kv_inject_attention.checks import tensor_meta
 
 
@@ -46,7 +46,7 @@ def attention_problem(q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale
     metas = [tensor_meta(t) for t in (q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale, v_scale)]
     if dynamic:
         metas = [_dynamic(m, {0, 1}) for m in metas[:5]] + [_dynamic(metas[5], {0})] + metas[6:]
-    return trt_plugin.plugin_problem(metas, 1.0 / q.shape[-1] ** 0.5, causal_block, window or 0)
+    return plugin_spec.plugin_problem(metas, 1.0 / q.shape[-1] ** 0.5, causal_block, window or 0)
 
 
 def attention_launch(kernel, q, k_block, v_block, k_cache, v_cache, cache_lens, k_scale=None, v_scale=None, *,
@@ -59,7 +59,7 @@ def attention_launch(kernel, q, k_block, v_block, k_cache, v_cache, cache_lens, 
                           causal_block=causal_block, window=window, dynamic=dynamic)
     tiles = kernel.tile_config(p)
     B, T, S = q.shape[0], q.shape[1], k_cache.shape[1]
-    ints = trt_plugin.scalar_args(B, T, S, p.num_q_heads, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
+    ints = plugin_spec.scalar_args(B, T, S, p.num_q_heads, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
     grid = (B * p.num_kv_heads, -(-T * p.group_size // tiles["BLOCK_M"]))
     constexprs = dict(SM_SCALE=p.scale, CAUSAL_BLOCK=p.causal_block, WINDOW=p.window or 0, GROUP=p.group_size,
                       HEAD_DIM=p.head_dim, BLOCK_M=tiles["BLOCK_M"], BLOCK_N=tiles["BLOCK_N"], HAS_KV_SCALE=fp8,
@@ -69,7 +69,7 @@ def attention_launch(kernel, q, k_block, v_block, k_cache, v_cache, cache_lens, 
 
 
 def append_problem(k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale):
-    return trt_plugin.append_plugin_problem([tensor_meta(t) for t in (k_cache, v_cache, k_new, v_new, cache_lens,
+    return plugin_spec.append_plugin_problem([tensor_meta(t) for t in (k_cache, v_cache, k_new, v_new, cache_lens,
                                                                       new_lens, k_scale, v_scale)])
 
 
@@ -82,10 +82,10 @@ def append_launch(kernel, k_cache, v_cache, k_new, v_new, cache_lens, new_lens, 
     v_scale = v_scale.reshape(-1) if fp8 else ones
     p = append_problem(k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale)
     N, S = k_new.shape[1], k_cache.shape[1]
-    ints = trt_plugin.append_scalar_args(N, S, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
+    ints = plugin_spec.append_scalar_args(N, S, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
     outputs = [k_cache if k_out is None else k_out, v_cache if v_out is None else v_out, torch.empty_like(cache_lens)]
-    grid = (k_new.shape[0] * p.num_kv_heads, max(1, -(-N // trt_plugin.APPEND_BLOCK_N)))
-    constexprs = dict(HEAD_DIM=p.head_dim, BLOCK_N=trt_plugin.APPEND_BLOCK_N, QUANTIZE=p.cache_dtype == checks.FP8_CACHE_DTYPE)
+    grid = (k_new.shape[0] * p.num_kv_heads, max(1, -(-N // plugin_spec.APPEND_BLOCK_N)))
+    constexprs = dict(HEAD_DIM=p.head_dim, BLOCK_N=plugin_spec.APPEND_BLOCK_N, QUANTIZE=p.cache_dtype == checks.FP8_CACHE_DTYPE)
     return Launch([k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale], ints, outputs, grid,
                   constexprs, 4)
 
@@ -95,7 +95,7 @@ def torch_launch(fn, launch: Launch) -> None:
     fn[launch.grid](*launch.inputs, *launch.ints, *launch.outputs, **launch.constexprs, num_warps=launch.num_warps)
 
 
-def ptx_launch(compiled: trt_plugin.CompiledKernel, launch: Launch, padding: int) -> str:
+def ptx_launch(compiled: ptx.CompiledKernel, launch: Launch, padding: int) -> str:
     """Load the PTX with the CUDA driver and launch it with exactly TensorRT's argument list: the
     input pointers, the int32 args, the output pointers, then `padding` more pointers (the
     plugin's padding outputs, tiny buffers here). Returns the driver binding that ran it

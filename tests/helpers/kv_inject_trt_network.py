@@ -79,11 +79,11 @@ def input_shapes(B: int, T: int, S: int, N: int) -> dict:
 
 def _layer_report(build, envs: dict) -> dict:
     from trt_build import evaluate
-    from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
+    from trtllm_dflash.plugins.kv_inject_attention import ptx
 
     return dict(
         types=[t.name for t in build.output_types], kernel=build.kernel_name,
-        ptx_params=trt_plugin.ptx_param_count(build.ptx.decode(), build.kernel_name),
+        ptx_params=ptx.ptx_param_count(build.ptx.decode(), build.kernel_name),
         ptx_target=re.findall(r"^\.target\s+(\S+)", build.ptx.decode(), re.M),
         shapes={k: [evaluate(s, env) for s in build.output_shapes] for k, env in envs.items()},
         launch={k: {n: e.evaluate(env) for n, e in build.launch.items()} for k, env in envs.items()},

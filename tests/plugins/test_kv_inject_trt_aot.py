@@ -17,7 +17,7 @@ import pytest
 import torch
 from kv_inject_trt_network import CASES, D, HKV, HQ, PROFILES
 
-from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
+from trtllm_dflash.plugins.kv_inject_attention import plugin_spec, ptx
 from trtllm_dflash.plugins.kv_inject_attention.checks import TensorMeta
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
@@ -44,7 +44,7 @@ def _block_m() -> int:
     from trtllm_dflash.plugins.kv_inject_attention import kernel
 
     metas = [TensorMeta((None, None, h, D), "float16") for h in (HQ, HKV, HKV, HKV, HKV)]
-    problem = trt_plugin.plugin_problem(metas + [TensorMeta((None,), "int32")] + [TensorMeta((1,), "float32")] * 2,
+    problem = plugin_spec.plugin_problem(metas + [TensorMeta((None,), "int32")] + [TensorMeta((1,), "float32")] * 2,
                                         0.125, True, 0)
     return kernel.tile_config(problem)["BLOCK_M"]
 
@@ -69,7 +69,7 @@ def test_attention_aot(report, name):
         rows = T * GROUP  # (t, head in group) rows, BLOCK_M per program
         assert (launch["grid_y"] - 1) * block_m < rows <= launch["grid_y"] * block_m
         assert launch["block_x"] % 32 == 0 and launch["block_y"] == launch["block_z"] == 1
-        assert 0 < launch["shared_mem"] <= trt_plugin.MAX_STATIC_SHARED_MEM
+        assert 0 < launch["shared_mem"] <= ptx.MAX_STATIC_SHARED_MEM
         q, kb, kc = torch.empty(B, T, HQ, D), torch.empty(B, T, HKV, D), torch.empty(B, S, HKV, D)
         per_head = int(case.scale_len == HKV)
         strides = [*q.stride()[:3], *kb.stride()[:3], *kb.stride()[:3], *kc.stride()[:3], *kc.stride()[:3],
@@ -87,7 +87,7 @@ def test_append_aot(report, name):
         B, S, N = p["B"], p["S"], p["N"]
         assert got["shapes"][key] == [[B, S, HKV, D]] * 2 + [[B]] * (1 + pad)
         launch = got["launch"][key]
-        blocks = -(-N // trt_plugin.APPEND_BLOCK_N)  # new rows in tiles of APPEND_BLOCK_N
+        blocks = -(-N // plugin_spec.APPEND_BLOCK_N)  # new rows in tiles of APPEND_BLOCK_N
         assert (launch["grid_x"], launch["grid_y"], launch["grid_z"]) == (B * HKV, blocks, 1)
         assert launch["block_x"] == 4 * 32  # compile_append_kernel: 4 warps
         kc, kn = torch.empty(B, S, HKV, D), torch.empty(B, N, HKV, D)

@@ -13,7 +13,7 @@ from kv_inject_trt_network import CASES, D, HKV, HQ, PAD, PROFILES, WINDOW, draf
 from trt_build import build_plugin_layer, evaluate, profile_env
 from trt_core import PluginCallbackError
 
-from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
+from trtllm_dflash.plugins.kv_inject_attention import plugin_spec, trt_plugin
 from trtllm_dflash.plugins.kv_inject_attention.checks import KVInjectArgumentError
 
 
@@ -44,7 +44,7 @@ def test_network_construction(trt, name):
 
 
 def test_attributes_reach_the_plugin_as_registered(trt):
-    """scale / window are 1-element arrays (trt_plugin.ScaleAttr), rebuilt by TensorRT's creator
+    """scale / window are 1-element arrays (plugin_spec.ScaleAttr), rebuilt by TensorRT's creator
     from PluginFields; the AOT plugin gets every attribute, in registration order."""
     _, _, attention = drafter_layer(trt, CASES["fp16"])
     plugin = attention.get_plugin()
@@ -88,7 +88,7 @@ def _direct_attention(trt, net, k_block, v_block, k_scale):
     lens = net.add_input("cache_lens", trt.DataType.INT32, (-1,))
     op = trt_plugin.register_plugin().attention
     return net.add_plugin(op(q, k_block, v_block, *caches, lens, k_scale, k_scale,
-                             **trt_plugin.attention_attrs(0.125, False, None)), aot=True)
+                             **plugin_spec.attention_attrs(0.125, False, None)), aot=True)
 
 
 def test_wrong_hkv_fails_with_our_message(trt):
@@ -131,7 +131,7 @@ def test_dynamic_fp8_scale_is_refused(trt):
     lens = net.add_input("cache_lens", trt.DataType.INT32, (-1,))
     scale = net.add_input("k_scale", trt.DataType.FLOAT, (-1,))
     layer = net.add_plugin(trt_plugin.register_plugin().attention(
-        q, *blocks, *caches, lens, scale, scale, **trt_plugin.attention_attrs(0.125, False, None)), aot=True)
+        q, *blocks, *caches, lens, scale, scale, **plugin_spec.attention_attrs(0.125, False, None)), aot=True)
     shapes = {**input_shapes(B=2, T=4, S=8, N=1), "k_scale": (HKV,)}
     with pytest.raises(PluginCallbackError, match="k_scale has a dynamic shape") as info:
         build_plugin_layer(layer, profile_env(net, shapes))
@@ -161,7 +161,7 @@ def test_attribute_arrays_must_hold_one_value(trt):
     """Attributes handed to trtp.op directly: a 2-element scale is refused by name."""
     net = trt.INetworkDefinition()
     blocks = [net.add_input(n, trt.DataType.HALF, (-1, -1, HKV, D)) for n in ("k_block", "v_block")]
-    attrs = {**trt_plugin.attention_attrs(0.125, False, None), "scale": np.array([0.1, 0.2])}
+    attrs = {**plugin_spec.attention_attrs(0.125, False, None), "scale": np.array([0.1, 0.2])}
     q = net.add_input("q", trt.DataType.HALF, (-1, -1, HQ, D))
     caches = [net.add_input(n, trt.DataType.HALF, (-1, -1, HKV, D)) for n in ("k_cache", "v_cache")]
     one = _scale_constant(trt, net)

@@ -116,7 +116,7 @@ def kv_dtype(recipe: Recipe, role: Role) -> str:
 def engine_plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
     """The plugins an engine is built with: TensorRT-LLM's own (cpp/tensorrt_llm/plugins, chosen by
     PluginConfig) and, in the drafter, our AOT TensorRT Python plugin."""
-    from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import (
+    from trtllm_dflash.plugins.kv_inject_attention.plugin_spec import (
         APPEND_INPUT_NAMES,
         APPEND_OUTPUT_NAMES,
         APPEND_PLUGIN_ID,

@@ -121,7 +121,8 @@ class LocalBox:
         import tensorrt as trt
         import tensorrt_llm  # noqa: F401  (loads libnvinfer_plugin_tensorrt_llm: its creators register)
 
-        from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import APPEND_PLUGIN_ID, PLUGIN_ID, register_plugin
+        from trtllm_dflash.plugins.kv_inject_attention.plugin_spec import APPEND_PLUGIN_ID, PLUGIN_ID
+        from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import register_plugin
 
         register_plugin()
         registry = trt.get_plugin_registry()
@@ -180,7 +181,7 @@ def check_gpus(recipe: Recipe, box: Box) -> list[Check]:
 
 
 def check_plugins(recipe: Recipe, box: Box) -> list[Check]:
-    from trtllm_dflash.plugins.kv_inject_attention.trt_plugin import APPEND_PLUGIN_ID, PLUGIN_ID
+    from trtllm_dflash.plugins.kv_inject_attention.plugin_spec import APPEND_PLUGIN_ID, PLUGIN_ID
 
     if not backend_spec(recipe.backend.name).builds_engines:
         return [Check("plugins", "n/a", f"the {recipe.backend.name} backend loads no TensorRT plugins of ours")]
