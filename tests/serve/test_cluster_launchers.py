@@ -1,5 +1,5 @@
 """`serve --launcher srun` writes a Slurm batch script and `--launcher k8s` a LeaderWorkerSet
-manifest (launch/cluster.py): parsed back (the #SBATCH lines and the srun line with shlex; the
+manifest (launch/cluster.py, slurm.py, kubernetes.py): parsed back (the #SBATCH lines and the srun line with shlex; the
 manifest with yaml.safe_load_all) and checked against the recipe's placement, for the 8-GPU B300
 recipe (1 node x 8), the same recipe at tp 16 (2 nodes x 8), and single-GPU deployments (pytorch
 at tp 1, and the engine backend). The shell around the commands runs here against stand-ins of
@@ -18,7 +18,9 @@ import yaml
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.cli import main
 from trtllm_dflash.deploy.repository import deploy
-from trtllm_dflash.launch.cluster import SSH_KEYS, SSH_PORT, dns_label, enroot_uri, source_checkout
+from trtllm_dflash.launch.cluster_job import dns_label, source_checkout
+from trtllm_dflash.launch.kubernetes import SSH_KEYS, SSH_PORT
+from trtllm_dflash.launch.slurm import enroot_uri
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.containers import TRITON_TRTLLM_1_2, TRTLLM_RELEASE
 from trtllm_dflash.recipe.placement import placement

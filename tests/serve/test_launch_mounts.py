@@ -18,7 +18,7 @@ from test_cluster_launchers import REGISTRY, flag, parse_sbatch, rank, written
 from trtllm_dflash.artifacts import Manifest, atomic_stage_dir
 from trtllm_dflash.cli import main
 from trtllm_dflash.deploy.repository import deploy
-from trtllm_dflash.launch import cluster
+from trtllm_dflash.launch import cluster_job
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.containers import TRITON_TRTLLM_1_2
 
@@ -113,7 +113,7 @@ def test_docker_run_mounts_every_path_the_deployment_names(capsys, deployments, 
     image = cmd.index("image:1")
     mounts = [cmd[i + 1].split(":")[0] for i, a in enumerate(cmd[:image]) if a == "-v"]
     assert not covered(referenced(d) | {d.resolve()}, mounts)
-    src = cluster.source_checkout()
+    src = cluster_job.source_checkout()
     if backend == "engine":  # NVIDIA's image lacks trtllm_dflash: this checkout is installed first, offline
         assert src is not None and str(src) in mounts and cmd[image + 1:image + 3] == ["bash", "-c"]
         install, _, server = cmd[image + 3].partition(" && exec ")
@@ -144,7 +144,7 @@ def test_kubernetes_pods_install_the_checkout_from_the_claim(capsys, deployments
     d = deployments["engine"]
     src = d.parents[1] / "checkout"  # a checkout beside runs/, as when runs/ lives in it
     src.mkdir(exist_ok=True)
-    monkeypatch.setattr(cluster, "source_checkout", lambda: src)
+    monkeypatch.setattr(cluster_job, "source_checkout", lambda: src)
     rc, out, err = serve(capsys, "engine", d, "--launcher", "k8s", "--registry", REGISTRY)
     assert rc == 0, err
     lws = next(doc for doc in yaml.safe_load_all(written(out).read_text()) if doc["kind"] == "LeaderWorkerSet")
@@ -155,6 +155,6 @@ def test_kubernetes_pods_install_the_checkout_from_the_claim(capsys, deployments
     assert container["image"] == f"{REGISTRY}/{TRITON_TRTLLM_1_2}"
     assert container["command"][:2] == ["bash", "-c"] and f"-e {src}" in container["command"][2]
     # An installed (not source) trtllm_dflash cannot be installed by the job: --image is asked for.
-    monkeypatch.setattr(cluster, "source_checkout", lambda: None)
+    monkeypatch.setattr(cluster_job, "source_checkout", lambda: None)
     rc, _, err = serve(capsys, "engine", d, "--launcher", "k8s", "--registry", REGISTRY)
     assert rc == 2 and err.count("\n") == 1 and "--image: the engine backend's Triton model imports trtllm_dflash" in err

@@ -153,7 +153,7 @@ def _one_node(args, recipe, repository: Path, endpoints) -> int:
     import subprocess
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.launch.cluster import checkout_to_install
+    from trtllm_dflash.launch.cluster_job import checkout_to_install
     from trtllm_dflash.launch.server import in_container, served_paths
 
     cmd, server = _gpu_command(args, recipe, repository, endpoints)
@@ -180,7 +180,8 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     import subprocess
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.launch.cluster import ClusterOptions, make_job, storage_note, write_launcher
+    from trtllm_dflash.launch.cluster import write_launcher
+    from trtllm_dflash.launch.cluster_job import ClusterOptions, make_job, storage_note
     from trtllm_dflash.launch.server import served_paths, server_command
 
     if args.container:
