@@ -137,7 +137,7 @@ def test_non_streaming_completion(server, client):
 
 
 def test_chat_completions_use_the_documented_fallback_template(client):
-    from trtllm_dflash.serve.openai import FALLBACK_CHAT_TEMPLATE  # noqa: F401  (the tiny tokenizer has no template)
+    from trtllm_dflash.serve.requests import FALLBACK_CHAT_TEMPLATE  # noqa: F401  (the tiny tokenizer has no template)
 
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os"}]
     r = client.chat.completions.create(model="dflash", messages=messages, max_tokens=16, temperature=0)

@@ -46,6 +46,9 @@ Bad input gets an OpenAI error object {"error": {"message", "type", "param", "co
 status 400 (404 for an unknown model), one line naming the field; a client that disconnects
 mid-stream frees its slot at the next round (the engine drops cancelled requests). The
 server keeps serving either way.
+
+This module holds the routes, the responses (whole or streamed) and the server; the request
+bodies are in openai_bodies.py, the semantics over the engine in openai_service.py.
 """
 
 from __future__ import annotations
@@ -55,281 +58,12 @@ import json
 import threading
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtllm_dflash.serve.requests import (  # noqa: F401  (FALLBACK_CHAT_TEMPLATE: this server's, defined there)
-    FALLBACK_CHAT_TEMPLATE,
-    MODES,
-    RequestError,
-    chat_prompt_ids,
-    check_lengths,
-    check_mode,
-)
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-class OpenAIError(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-# ----------------------------------------------------------------------------- request bodies
-
-
-class DFlashOptions(BaseModel):
-    """The request extension `dflash`: this request's decoding (the Triton model's mode / draft_len)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal[MODES] | None = None
-    draft_len: int | None = Field(default=None, ge=0)
-
-
-class _Body(BaseModel):
-    # OpenAI clients send fields this server does not use (user, metadata, ...): allowed and ignored,
-    # except the ones below that would change the result, which are refused when set.
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    max_tokens: int | None = Field(default=None, gt=0)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    n: int = Field(default=1, ge=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logprobs: Any = None
-    logit_bias: dict[str, float] | None = None
-    dflash: DFlashOptions | None = None
-
-
-class CompletionBody(_Body):
-    prompt: str | list[str] | list[int]
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]] | None = None
-
-
-class ChatBody(_Body):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, gt=0)
-    tools: list[Any] | None = None
-    top_logprobs: int | None = None
-
-
-def _validation_error(e: ValidationError) -> OpenAIError:
-    err = e.errors()[0]
-    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "list[", "str", "int"))]
-    param = ".".join(loc) or None
-    msg = err["msg"]
-    if err["type"] == "missing":
-        msg = "required"
-    shown = err.get("input")
-    got = "" if err["type"] == "missing" or isinstance(shown, (dict, list)) else f" (got {shown!r})"
-    return OpenAIError(f"{param}: {msg}{got}" if param else f"{msg}{got}", param)
-
-
-# Options that would change the result, refused when set to anything but their neutral value
-# (None, 0, False or empty); fields a route does not have are never set.
-_REFUSED = (
-    ("frequency_penalty", "not supported (only 0)"),
-    ("presence_penalty", "not supported (only 0)"),
-    ("logprobs", "not supported"),
-    ("top_logprobs", "not supported"),
-    ("logit_bias", "not supported"),
-    ("echo", "not supported (the prompt is never echoed)"),
-    ("suffix", "not supported"),
-    ("tools", "not supported"),
-)
-
-
-def _unsupported(body: _Body) -> None:
-    """Refuse the options that would change the result, naming the field."""
-    if body.n > 1:
-        raise OpenAIError(f"n: {body.n} > 1: this server returns one choice per request", "n")
-    if getattr(body, "best_of", None) not in (None, 1):
-        raise OpenAIError("best_of: only 1 is supported", "best_of")
-    for name, why in _REFUSED:
-        if getattr(body, name, None):
-            raise OpenAIError(f"{name}: {why}", name)
-
-
-# ----------------------------------------------------------------------------- the service
-
-
-@dataclass
-class _Stream:
-    """One request's updates, handed from the engine thread to the event loop."""
-
-    loop: asyncio.AbstractEventLoop
-    ended: Any  # Counter of finish reasons (the service's)
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    gone: threading.Event = field(default_factory=threading.Event)  # the client left
-    mode: str = "dflash"  # how the engine decodes this request
-    draft_len: int | None = None  # the drafts per round it asked for (None: the server's policy)
-
-    def emit(self, update) -> None:  # engine thread
-        if update.finish_reason is not None:
-            self.ended[update.finish_reason.split(":")[0]] += 1
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
-
-
-class Service:
-    """The OpenAI semantics over a `Deployed` (serve/deployed.py); FastAPI routes call it."""
-
-    def __init__(self, deployed, model_name: str):
-        self.deployed = deployed
-        self.model_name = model_name
-        # Requests are tokenized on the event loop; the engine thread detokenizes with a copy of
-        # its own (serve/deployed.py), so the deployed tokenizer is this side's.
-        self.tokenizer = tok = deployed.tokenizer
-        self.chat_template = getattr(tok, "chat_template", None) or FALLBACK_CHAT_TEMPLATE
-        self.fallback_template = self.chat_template is FALLBACK_CHAT_TEMPLATE
-        # Text of the stop tokens: a completion that stops on one ends before it.
-        self.stop_texts = sorted({tok.decode([i]) for i in deployed.model.eos_token_ids} - {""}, key=len, reverse=True)
-        self.created = int(time.time())
-        self.ended: Counter = Counter()
-
-    # -- parsing
-
-    def parse(self, raw: bytes, kind: type[_Body]) -> _Body:
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise OpenAIError(f"request body: not valid JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise OpenAIError("request body: expected a JSON object")
-        try:
-            body = kind.model_validate(data)
-        except ValidationError as e:
-            raise _validation_error(e) from None
-        if body.model != self.model_name:
-            raise OpenAIError(f"model: {body.model!r} does not exist; this server serves {self.model_name!r}",
-                              "model", status=404, code="model_not_found")
-        _unsupported(body)
-        if body.dflash is not None:
-            try:
-                check_mode(body.dflash.mode, self.deployed.engine.ddtree_budget, "dflash.mode")
-            except RequestError as e:
-                raise OpenAIError(str(e), "dflash.mode") from None
-        return body
-
-    def prompt_ids(self, body: _Body) -> tuple[list[int], str]:
-        """(token ids, the field they came from)."""
-        tok = self.tokenizer
-        if isinstance(body, ChatBody):
-            messages = []
-            for i, m in enumerate(body.messages):
-                content = m.content
-                if isinstance(content, list):
-                    parts = [p.get("text") for p in content]
-                    if any(p.get("type") != "text" or not isinstance(t, str) for p, t in zip(content, parts)):
-                        raise OpenAIError(f"messages.{i}.content: only text parts are supported", f"messages.{i}.content")
-                    content = "".join(parts)
-                messages.append({"role": m.role, "content": content or ""})
-            if not any(m["content"] for m in messages):
-                raise OpenAIError("messages: every message is empty", "messages")
-            return chat_prompt_ids(tok, messages, self.chat_template), "messages"
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
-            vocab = len(tok)
-            if any(not 0 <= x < vocab for x in prompt):
-                raise OpenAIError(f"prompt: token ids must be in 0..{vocab - 1}", "prompt")
-            return list(prompt), "prompt"
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise OpenAIError(f"prompt: one prompt per request, got {len(prompt)}", "prompt")
-            prompt = prompt[0]
-        if not prompt:
-            raise OpenAIError("prompt: empty prompt", "prompt")
-        return tok(prompt)["input_ids"], "prompt"
-
-    def max_tokens(self, body: _Body, prompt_tokens: int, prompt_field: str) -> int:
-        want = body.max_tokens
-        if isinstance(body, ChatBody):
-            want = body.max_completion_tokens or want
-            default = self.deployed.limits.max_seq_len - prompt_tokens
-        else:
-            default = COMPLETIONS_DEFAULT_MAX_TOKENS
-        n = want if want is not None else max(1, default)
-        field = "max_completion_tokens" if isinstance(body, ChatBody) and body.max_completion_tokens else "max_tokens"
-        try:
-            check_lengths(prompt_tokens, n, self.deployed.limits, prompt_field=prompt_field, max_tokens_field=field)
-        except RequestError as e:
-            raise OpenAIError(str(e), str(e).split(":")[0]) from None
-        return n
-
-    # -- running
-
-    def submit(self, body: _Body, ids: list[int], max_tokens: int, stream: _Stream) -> None:
-        from trtllm_dflash.reference.verify import SamplingParams
-        from trtllm_dflash.serve.batcher import Job
-
-        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                  seed=body.seed if body.seed is not None else 0)
-        stops = [body.stop] if isinstance(body.stop, str) else [w for w in body.stop or [] if w]
-        ext = body.dflash or DFlashOptions()
-        stream.mode, stream.draft_len = ext.mode or self.deployed.engine.mode, ext.draft_len
-        self.deployed.engine.submit(Job(ids, max_tokens, stream.emit, sampling, stop_words=stops,
-                                        cancelled=stream.gone.is_set, draft_len=ext.draft_len, mode=ext.mode))
-
-    def finish_text(self, text: str, reason: str | None) -> str:
-        if reason == "stop":
-            for s in self.stop_texts:
-                if text.endswith(s):
-                    return text[: -len(s)]
-        return text
-
-    def speculative_decoding(self, update, stream: _Stream) -> dict:
-        """A choice's `speculative_decoding` object (TensorRT-LLM PR #19311's field names)."""
-        return {"acceptance_rate": update.acceptance_rate, "total_accepted_draft_tokens": update.accepted,
-                "total_draft_tokens": update.drafted, "num_spec_steps": update.rounds,
-                "acceptance_histogram": list(update.histogram), "num_spec_tokens": self.spec_tokens(stream)}
-
-    def spec_tokens(self, stream: _Stream) -> int | None:
-        """The most drafts one verify pass of this request verifies; None where the server's draft
-        length policy chooses per pass."""
-        engine = self.deployed.engine
-        if stream.draft_len is not None:
-            return stream.draft_len
-        if stream.mode == "ar":
-            return 0
-        if engine.policy is not None and stream.mode in engine.policy.modes:
-            return None
-        return engine.histogram_len - 1
-
-    @staticmethod
-    def decoded(stream: _Stream) -> dict:
-        """The top-level `dflash` object: the request extension as the engine decoded it."""
-        return {"mode": stream.mode, "draft_len": stream.draft_len}
-
-    @staticmethod
-    def usage(prompt_tokens: int, update) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": update.total_tokens,
-                "total_tokens": prompt_tokens + update.total_tokens}
+from trtllm_dflash.serve.openai_bodies import Body, ChatBody, CompletionBody, OpenAIError
+from trtllm_dflash.serve.openai_service import Service, Stream
 
 
 def _engine_failure(reason: str) -> OpenAIError:
@@ -394,7 +128,7 @@ async def _health(deployed, service: "Service"):
     return {"status": "ok", "running": running, "queued": engine.inbox.qsize(), "ended": dict(service.ended)}
 
 
-async def _generate(service: "Service", request: Request, kind: type[_Body]):
+async def _generate(service: "Service", request: Request, kind: type[Body]):
     """One completion or chat completion: streamed (server-sent events) or whole."""
     body = service.parse(await request.body(), kind)
     ids, prompt_field = service.prompt_ids(body)
@@ -402,7 +136,7 @@ async def _generate(service: "Service", request: Request, kind: type[_Body]):
     chat = kind is ChatBody
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     obj = "chat.completion" if chat else "text_completion"
-    stream = _Stream(asyncio.get_running_loop(), service.ended)
+    stream = Stream(asyncio.get_running_loop(), service.ended)
     service.submit(body, ids, max_tokens, stream)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -421,7 +155,7 @@ def _choice(chat: bool, text: str, reason: str | None, delta: bool, spec: dict |
     return {"index": 0, key: message, "logprobs": None, "finish_reason": reason, **extra}
 
 
-async def _whole(service: Service, request, stream: _Stream, rid: str, obj: str, chat: bool, prompt_tokens: int) -> dict:
+async def _whole(service: Service, request, stream: Stream, rid: str, obj: str, chat: bool, prompt_tokens: int) -> dict:
     parts, update = [], None
     try:
         while True:
@@ -446,7 +180,7 @@ async def _whole(service: Service, request, stream: _Stream, rid: str, obj: str,
             "usage": service.usage(prompt_tokens, update), "dflash": service.decoded(stream)}
 
 
-async def _sse(service: Service, stream: _Stream, rid: str, obj: str, chat: bool, prompt_tokens: int,
+async def _sse(service: Service, stream: Stream, rid: str, obj: str, chat: bool, prompt_tokens: int,
                include_usage: bool):
     """Server-sent events of one request; the client leaving (the task is cancelled) frees its slot."""
     created = int(time.time())
