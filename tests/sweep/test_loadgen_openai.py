@@ -9,8 +9,9 @@ tau is known exactly, derived, or unknown.
 import asyncio
 import json
 
-from trtllm_dflash.sweep.loadgen import _consume, _openai_events, _openai_rounds, openai_base
+from trtllm_dflash.sweep.loadgen import _consume
 from trtllm_dflash.sweep.metrics import RequestRecord, request_tau, summarize_level
+from trtllm_dflash.sweep.protocols import _openai_rounds, openai_base, openai_events
 
 
 class _Response:
@@ -47,7 +48,7 @@ class _Session:
 
 def record(session, settings=None) -> RequestRecord:
     rec = RequestRecord(request_id=0, concurrency=1, start_ns=0)
-    return asyncio.run(_consume(rec, _openai_events(session, "127.0.0.1:9", "m", "p", 8, 3, 0.0, settings)))
+    return asyncio.run(_consume(rec, openai_events(session, "127.0.0.1:9", "m", "p", 8, 3, 0.0, settings)))
 
 
 def chunk(text, reason=None, **extra):

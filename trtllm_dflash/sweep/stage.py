@@ -31,8 +31,9 @@ from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.reference.generate import MODES
 from trtllm_dflash.serve.stage import served_here, serving_runners
 from trtllm_dflash.sweep import summary as files
-from trtllm_dflash.sweep.loadgen import OUTPUTS, ModelIO, SweepResult, Variant, openai_model, run_sweep
+from trtllm_dflash.sweep.loadgen import SweepResult, Variant, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
+from trtllm_dflash.sweep.protocols import OUTPUTS, ModelIO, openai_model
 from trtllm_dflash.sweep.tune import fixed_curve
 
 NAME = "sweep"
@@ -141,7 +142,7 @@ def server_acceptance(recipe: Recipe, url: str, protocol: str, from_dir: Path | 
     from trtllm_dflash.deploy.llmapi import ACCEPT_STATS_DIR
     from trtllm_dflash.deploy.repository import TRTLLM_SERVE
     from trtllm_dflash.recipe.trtllm_api import acceptance_source
-    from trtllm_dflash.sweep.loadgen import openai_base
+    from trtllm_dflash.sweep.protocols import openai_base
     from trtllm_dflash.sweep.trtllm_acceptance import ServerAcceptance
 
     if recipe.backend.name != "pytorch" or protocol != "openai":
@@ -155,7 +156,7 @@ def server_acceptance(recipe: Recipe, url: str, protocol: str, from_dir: Path | 
 def metrics_url_for(recipe: Recipe, url: str, protocol: str) -> str:
     """Where the server at `url` exports its speculative-decoding counters (serve/metrics.py): the
     OpenAI server on its own /metrics, Triton on the recipe's serve.metrics_port of the same host."""
-    from trtllm_dflash.sweep.loadgen import openai_base
+    from trtllm_dflash.sweep.protocols import openai_base
 
     if protocol == "openai":
         return f"{openai_base(url)}/metrics"

@@ -1,7 +1,7 @@
 """Per-request acceptance of a TensorRT-LLM (pytorch backend) deployment, read from the server.
 
 trtllm-serve's streamed responses carry no acceptance until TensorRT-LLM PR #19311 (a per-choice
-`speculative_decoding` object, which the load generator reads like ours: sweep/loadgen.py). Two
+`speculative_decoding` object, which the load generator reads like ours: sweep/protocols.py). Two
 server-side sources stand in, chosen by the deployed version (recipe/trtllm_api.py FIXES):
 
 - "perf_metrics": the server's per-request metrics, GET /perf_metrics (TensorRT-LLM
