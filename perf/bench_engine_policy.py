@@ -13,8 +13,8 @@ and repeat, runs every curve with `c` closed-loop clients over at least `--reque
 (median over repeats) and each `auto` over the best fixed length, side by side; then, per level,
 `auto`'s deciles of the requests' rates (each request's rate its median over the repeats; the
 same requests run in every curve) over that fixed length's deciles, quantile against quantile,
-and the same of their means: where in the distribution a policy gains or loses (README, "What
-the p50 measures").
+and the same of their means: where in the distribution a policy gains or loses (docs/design/
+draft-length-history.md, "What the p50 measures").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ kvh * GROUP + r % GROUP): the GQA group's query heads share every K/V tile, so e
 context tile is read from memory once per KV head, not once per query head. The
 program first walks the context cache in BLOCK_N tiles up to cache_lens[b] (starting
 late when a window hides the oldest entries), then the block's own keys, with masks
-on absolute positions (README.md).
+on absolute positions (README.md in this folder, "The math").
 
 The parameter order is the TensorRT AOT plugin ABI: input pointers, then int32
 scalars, then the output pointer (ptx.py compiles this same function to PTX).

@@ -3,7 +3,7 @@
 Same signatures as the public API. Everything is computed in float32 from the inputs
 (FP8 caches dequantized with their scales first) and the result is cast to q's dtype.
 
-Positions (see README.md): cache entry s (0 <= s < cache_lens[b]) is at absolute
+Positions (README.md in this folder, "The math"): cache entry s (0 <= s < cache_lens[b]) is at absolute
 position s; block query / key t is at position cache_lens[b] + t.
 """
 

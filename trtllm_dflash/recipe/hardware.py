@@ -107,8 +107,8 @@ def cpu_torch_threads(tp: int, cpu_count: int | None = None) -> int:
     """Torch threads per model process of a CPU deployment. tp 1: every core but one (the front
     end - Triton's gRPC / HTTP threads and the Python backend's messages, or uvicorn - and clients
     on the same machine need a core; a torch thread that shares one with them stalls every
-    parallel op: docs/design/measurements.md, README "Serving overhead"). tp > 1: the cores split
-    between the worker processes. The server, its tp workers and the projection's calibration all use this."""
+    parallel op: docs/design/measurements.md, docs/results/cpu-benchmarks.md "Serving overhead").
+    tp > 1: the cores split between the worker processes. The server, its tp workers and the projection's calibration all use this."""
     import os
 
     cores = cpu_count or os.cpu_count() or 1

@@ -233,7 +233,7 @@ class SupportRow:
 
 def support_rows() -> list[SupportRow]:
     """Every (target architecture, drafter variant, backend), from the tables above and the
-    hardware catalog's formats: what `recipes --support` prints and the README's support table."""
+    hardware catalog's formats: what `recipes --support` prints and docs/support.md's table."""
     from trtllm_dflash.recipe.hardware import hardware_catalog
 
     gpus = hardware_catalog()
@@ -266,7 +266,7 @@ def where_it_runs(row: SupportRow) -> str:
 
 
 def support_markdown() -> str:
-    """The README's support table."""
+    """docs/support.md's table (tests/test_docs.py checks it is current)."""
     lines = ["| target | drafter | backend | GPUs: target weight precisions | notes |", "|---|---|---|---|---|"]
     for r in support_rows():
         lines.append(f"| {r.target} | {r.drafter} | {r.backend} | {where_it_runs(r)} | "

@@ -9,9 +9,9 @@ writes only the real ones, packed: `write(rows=...)`).
 Sequences live in a pool of batch entries: `rows` maps the caller's row b to its entry.
 A sequence that leaves frees its entry (no copy) and one that joins takes a free entry
 (copying only its own K/V), so in-flight joins and leaves cost a row, not the whole cache
-(a served batch at concurrency 16 spent 40% of its time copying caches before: README,
-"Draft length: auto"). Reads gather the rows in the caller's order, unless they
-already are entries [0, B) in order.
+(a served batch at concurrency 16 spent 40% of its time copying caches before:
+docs/design/measurements.md, "The KV cache as a pool of batch entries"). Reads gather the
+rows in the caller's order, unless they already are entries [0, B) in order.
 """
 
 from __future__ import annotations
