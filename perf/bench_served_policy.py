@@ -19,7 +19,7 @@ c = 8 and 16, >= 1.5x ar at c = 1; ddtree >= 1.0x ar at c = 8 and 16; plus the s
 requests' rounds the server ran without drafts (its /metrics). Beside the goal's ratio: its range
 over the repeats (each repeat's dflash p50 over that repeat's max(ar, best fixed): how far one
 repeat's reading moves) and the same ratio of the mean tokens/s/user (`auto` maximises the
-batch's tokens per second, which raises the mean user's rate more than the median's: the README's
+batch's tokens per second, which raises the mean user's rate more than the median's: docs/design/draft-length-history.md,
 "What the p50 measures"). With --json the last stdout line is one JSON object.
 """
 
@@ -132,7 +132,7 @@ def rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown(result: dict) -> str:
-    """The result as a Markdown table (the README's served-policy block)."""
+    """The result as a Markdown table (the served-policy block of docs/design/draft-length-history.md)."""
     from trtllm_dflash.perf.report import markdown_table
 
     return markdown_table(*rows(result))

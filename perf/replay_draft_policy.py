@@ -16,7 +16,7 @@ took on this machine (it chooses and trims inside the server's rounds and learns
 Policies: every fixed draft length 0..15 and `auto` (the AutoDraftLength the server runs, one
 instance for the whole run, learning from every replayed round). Figures per level: tokens/s/user
 p50 (first token excluded, as the sweep's), over the served bench's requests (`bench policy
---set sweep.min_requests=N`, --served-min N, 64 as the README's: the first max(N, 5c) after the
+--set sweep.min_requests=N`, --served-min N, 64 as docs/design/draft-length-history.md's: the first max(N, 5c) after the
 two warm-ups) and over all --requests. `auto` trims the drafted rounds the server trims
 (AutoDraftLength.trim, from the drafter's confidences the recording keeps), paying the drafter
 for the block it drafted.
@@ -279,7 +279,7 @@ def rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown(result: dict) -> str:
-    """The result as a Markdown table (the README's replay block)."""
+    """The result as a Markdown table (the replay block of docs/design/draft-length-history.md)."""
     return markdown_table(*rows(result))
 
 
@@ -300,7 +300,7 @@ def main(argv=None) -> None:
                     help="torch threads while timing rounds (default: the CPU server's, "
                          "recipe/hardware.py cpu_torch_threads)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown (the README's)")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown (as docs/design/draft-length-history.md shows it)")
     a = ap.parse_args(argv)
     from trtllm_dflash.recipe.hardware import cpu_torch_threads
 

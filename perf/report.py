@@ -1,5 +1,5 @@
 """How the benchmarks show a result already laid out as (header, rows of cells): a rich table on
-the terminal, a Markdown table for the README blocks they write."""
+the terminal, a Markdown table for the docs/ blocks they write."""
 
 from __future__ import annotations
 

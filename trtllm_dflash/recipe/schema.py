@@ -1,7 +1,7 @@
 """The recipe schema: one typed YAML that drives every stage.
 
-Pydantic sections with unknown keys rejected (`extra="forbid"`) and the README's recipe
-reference generated from the same sections. The reader (`parse_recipe`: YAML, overrides,
+Pydantic sections with unknown keys rejected (`extra="forbid"`), and the recipe reference
+(docs/recipe-reference.md) generated from the same sections. The reader (`parse_recipe`: YAML, overrides,
 schema, architecture facts) is reader.py; cross-field rules live in rules.py;
 `load.load_recipe` runs both. Every problem is a `RecipeError` naming the file and the
 dotted field, the bad value and what is allowed.
@@ -339,7 +339,7 @@ def _type_name(annotation: Any) -> str:
 
 
 def recipe_reference_markdown() -> str:
-    """The README's recipe reference, generated from the typed sections (one source of truth)."""
+    """docs/recipe-reference.md, generated from the typed sections (one source of truth)."""
     lines = ["| field | type | default | meaning |", "|---|---|---|---|"]
     top = Recipe.model_fields
     for name, field in top.items():
