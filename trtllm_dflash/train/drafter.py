@@ -367,7 +367,8 @@ def evaluate(drafter: DFlashDraft, target: Target, prompt_ids: torch.Tensor, gre
     teacher-forced estimate (64 random anchors per prompt in the target's own greedy text)
     for comparison: it overstates tau, because the decode loop spends most of its rounds
     in the hard stretches."""
-    from trtllm_dflash.reference.generate import generate, pooled_tau
+    from trtllm_dflash.reference.generate import generate
+    from trtllm_dflash.reference.records import pooled_tau
 
     t0 = time.perf_counter()
     was = drafter.training
