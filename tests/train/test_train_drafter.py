@@ -7,7 +7,7 @@ import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.reference import DFlashDraft, Target, TargetConfig
-from trtllm_dflash.reference.config import RopeConfig
+from trtllm_dflash.reference.rope import RopeConfig
 from trtllm_dflash.train.drafter import (
     DrafterShape,
     block_loss,
