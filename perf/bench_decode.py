@@ -49,7 +49,7 @@ import torch
 from trtllm_dflash.reference import DFlashDraft, DraftConfig, Target, TargetConfig, generate_steps, load_drafter, load_pair
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.prompts.sources import heldout_token_prompts
-from trtllm_dflash.reference.config import RopeConfig
+from trtllm_dflash.reference.rope import RopeConfig
 
 
 def random_pair(seed: int = 0, dtype=torch.float32) -> tuple[Target, DFlashDraft]:

@@ -140,7 +140,7 @@ def replay(rec: Recording, policy, c: int, requests: Sequence[int], ids: Iterato
     """Closed-loop clients: `c` requests run at once, the next of `requests` joins when one ends.
     policy: a fixed draft length, or a DraftPolicy (decide / learn / forget, as serve/batcher.py).
     The policy's own calls take the time `clock` (seconds) says they took."""
-    from trtllm_dflash.reference.generate import StepRecord
+    from trtllm_dflash.reference.records import StepRecord
 
     K = rec.block_size - 1
     if isinstance(policy, int):  # a fixed length: one band for every concurrency

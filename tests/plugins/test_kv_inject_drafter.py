@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trtllm_dflash.reference import DFlashDraft, DraftConfig
-from trtllm_dflash.reference.config import RopeConfig
+from trtllm_dflash.reference.rope import RopeConfig
 from trtllm_dflash.reference.draft import DraftAttention
 from trtllm_dflash.reference.target import apply_rope
 

@@ -1,5 +1,5 @@
 """Published performance points reproduced by the step-time model with ONE set of assumptions
-(stepmodel.Assumptions() defaults, the same object for every test here: nothing is tuned per
+(rates.Assumptions() defaults, the same object for every test here: nothing is tuned per
 anchor). Each test names its source; the figures are collected, with their sources, in
 docs/design/performance-anchors.md.
 
@@ -14,7 +14,8 @@ import pytest
 
 from trtllm_dflash.project.acceptance import AcceptanceProfile, published
 from trtllm_dflash.project.projection import AR, project
-from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepModel
+from trtllm_dflash.project.rates import Assumptions
+from trtllm_dflash.project.stepmodel import Deployment, StepModel
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.sweep import fronts

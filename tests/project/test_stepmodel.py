@@ -6,12 +6,8 @@ from pathlib import Path
 import pytest
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.project.stepmodel import (
-    Assumptions,
-    Deployment,
-    StepModel,
-    rates_for,
-)
+from trtllm_dflash.project.rates import Assumptions, rates_for
+from trtllm_dflash.project.stepmodel import Deployment, StepModel
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.hardware import Measured, hardware_catalog
 from trtllm_dflash.recipe.planner import plan

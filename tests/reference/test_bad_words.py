@@ -16,7 +16,7 @@ from reference_helpers import hf_model, make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.reference import SamplingParams, generate, load_pair
+from trtllm_dflash.reference import SamplingParams, generate, load_pair, rounds
 from trtllm_dflash.reference.token_rules import bans
 
 loop = importlib.import_module("trtllm_dflash.reference.generate")
@@ -66,7 +66,7 @@ def refs(qwen3_pair):
 
 def install_oracle(monkeypatch, futures):
     """The drafter proposes futures[r][position + 1 ...] (the real drafter still runs)."""
-    real = loop._draft_logits
+    real = rounds._draft_logits
 
     def oracle(target, drafter, st, T):
         logits = real(target, drafter, st, T)
@@ -77,7 +77,7 @@ def install_oracle(monkeypatch, futures):
                 fake[b, j, future[j]] = 10.0
         return fake
 
-    monkeypatch.setattr(loop, "_draft_logits", oracle)
+    monkeypatch.setattr(rounds, "_draft_logits", oracle)
 
 
 @pytest.mark.parametrize("mode", ["ar", "dflash", "ddtree"])

@@ -17,7 +17,9 @@ from trtllm_dflash.reference import SamplingParams, generate, load_pair
 from trtllm_dflash.policy.auto import AutoDraftLength
 from trtllm_dflash.policy.bands import Bands
 from trtllm_dflash.policy.cost import VerifyCost
-from trtllm_dflash.reference.generate import Decoder, StepRecord
+from trtllm_dflash.reference import rounds
+from trtllm_dflash.reference.generate import Decoder
+from trtllm_dflash.reference.records import StepRecord
 
 
 def decode(decoder: Decoder, prompts, limit, schedule):
@@ -117,19 +119,16 @@ def test_trimmed_rounds_give_the_greedy_tokens_and_verify_only_what_was_kept(qwe
     drafter confidence (the top of the softmax of its logits), then verifies only the prefix trim
     keeps: the target runs max(kept) + 1 tokens, the record says what was kept and drafted, and
     the tokens are still the target's greedy ones."""
-    import sys
-
     import torch
 
-    gen = sys.modules[Decoder.__module__]  # the module (reference/__init__ exports a function of its name)
     target, drafter = load_pair(*qwen3_pair)
     rng = random.Random(20 + seed)
     prompts = [[rng.randrange(255) for _ in range(rng.randint(3, 12))] for _ in range(3)]
     ar = [g.tokens for g in generate(target, None, prompts, 30, mode="ar", stop_token_ids=[])]
     decoder, longest = Decoder(target, drafter, max_len=64), drafter.block_size - 1
     drafted_logits, widths, shown, kept = [], [], [], []
-    real_logits, real_verify = gen._draft_logits, decoder.target.verify
-    monkeypatch.setattr(gen, "_draft_logits", lambda *a: drafted_logits.append(real_logits(*a)) or drafted_logits[-1])
+    real_logits, real_verify = rounds._draft_logits, decoder.target.verify
+    monkeypatch.setattr(rounds, "_draft_logits", lambda *a: drafted_logits.append(real_logits(*a)) or drafted_logits[-1])
     decoder.target.verify = lambda ids, *a: widths.append(ids.shape[1]) or real_verify(ids, *a)
 
     def trim(rows, lengths, confidence):

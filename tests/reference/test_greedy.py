@@ -6,16 +6,13 @@ full-acceptance and partial-acceptance rounds. Each test asserts the kinds of ro
 is meant to exercise actually happened.
 """
 
-import importlib
 import random
 
 import pytest
 import torch
 from reference_helpers import hf_model
 
-from trtllm_dflash.reference import generate, load_pair
-
-loop = importlib.import_module("trtllm_dflash.reference.generate")  # the module (the package exports the function)
+from trtllm_dflash.reference import generate, load_pair, rounds
 
 
 _REFS: dict = {}
@@ -85,7 +82,7 @@ def install_oracle(monkeypatch, futures, corrupt_every=0):
     """Make the drafter propose the target's true greedy continuation. futures[r] is
     request r's prompt + greedy output; every `corrupt_every`-th round one slot (cycling)
     is replaced by a wrong token. The real drafter still runs (its cache stays in use)."""
-    real = loop._draft_logits
+    real = rounds._draft_logits
     calls = [0]
 
     def oracle(target, drafter, st, T):
@@ -101,7 +98,7 @@ def install_oracle(monkeypatch, futures, corrupt_every=0):
                 fake[b, j, tok] = 10.0
         return fake
 
-    monkeypatch.setattr(loop, "_draft_logits", oracle)
+    monkeypatch.setattr(rounds, "_draft_logits", oracle)
 
 
 @pytest.mark.parametrize("mode", ["dflash", "ddtree"])

@@ -9,15 +9,12 @@ deliberately wrong sampler (resampling from p instead of the residual after a re
 Everything is seeded, so the outcome is deterministic.
 """
 
-import importlib
-
 import pytest
 from reference_helpers import make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
 
-from trtllm_dflash.reference import SamplingParams, generate, load_pair
+from trtllm_dflash.reference import SamplingParams, generate, load_pair, rounds
 
-loop = importlib.import_module("trtllm_dflash.reference.generate")
 ALPHA = 1e-3
 N = 12000
 
@@ -64,10 +61,10 @@ def test_wrong_sampler_is_detected(tiny, monkeypatch):
 
     def wrong(draft, q, p, gen, lengths=None):  # correct acceptance, wrong distribution after a rejection
         accepted, _ = correct(draft, q, p, gen, lengths)
-        return accepted, loop.sample(p.gather(1, accepted[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0], gen)
+        return accepted, rounds.sample(p.gather(1, accepted[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0], gen)
 
-    correct = loop.rejection_verify
-    monkeypatch.setattr(loop, "rejection_verify", wrong)
+    correct = rounds.rejection_verify
+    monkeypatch.setattr(rounds, "rejection_verify", wrong)
     s = SamplingParams(temperature=1.0, seed=1)
     samples, _ = run(tiny[8], "dflash", s)
     p = chi_square_p(samples, exact_joint(tiny[8][0], s))

@@ -9,7 +9,6 @@ network) drive the one round loop to exactly the reference runners' tokens.
 - a runner failure mid-round fails only that batch's requests in the serving batcher.
 """
 
-import importlib
 import random
 
 import pytest
@@ -18,7 +17,7 @@ from reference_helpers import make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
 
 from trtllm_dflash.recipe import recipes_root
-from trtllm_dflash.reference import SamplingParams, load_pair
+from trtllm_dflash.reference import SamplingParams, load_pair, rounds
 from trtllm_dflash.reference.generate import Decoder
 from trtllm_dflash.runtime.engine_runners import EngineTarget, TapEngine, drafter_weights, engine_model_from_pair
 from trtllm_dflash.runtime.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
@@ -75,8 +74,7 @@ def oracle_drafts(monkeypatch, futures: dict[int, list[int]], corrupt_every: int
     """Drafts = the target's true greedy continuation (futures[r] = prompt + output of request r),
     one slot corrupted every few rounds, so rounds accept ragged amounts. The real drafter still
     runs (its context state stays in use)."""
-    loop = importlib.import_module("trtllm_dflash.reference.generate")  # the package exports a `generate` function
-    real = loop._draft_logits
+    real = rounds._draft_logits
 
     def oracle(target, drafter, st, T):
         logits = real(target, drafter, st, T)
@@ -89,7 +87,7 @@ def oracle_drafts(monkeypatch, futures: dict[int, list[int]], corrupt_every: int
                 fake[b, j, (future[j] + bad) % logits.shape[-1]] = 10.0
         return fake
 
-    monkeypatch.setattr(loop, "_draft_logits", oracle)
+    monkeypatch.setattr(rounds, "_draft_logits", oracle)
 
 
 @pytest.mark.parametrize("seed,per_request", [(0, False), (1, False), (2, False), (3, False), (4, True), (5, True)])

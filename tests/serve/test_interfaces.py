@@ -7,7 +7,8 @@ import inspect
 
 import pytest
 
-from trtllm_dflash.reference.generate import Decoder, DecoderProtocol
+from trtllm_dflash.reference.generate import Decoder
+from trtllm_dflash.reference.records import DecoderProtocol
 from trtllm_dflash.reference.verify import SamplingParams
 from trtllm_dflash.runtime.engine_runners import EngineModel
 from trtllm_dflash.runtime.local_model import LocalModel

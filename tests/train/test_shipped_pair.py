@@ -131,7 +131,7 @@ def test_shipped_dflash2_sampling_keeps_the_target_distribution(dirs):
 def test_drafting_resumes_at_full_acceptance_after_rounds_without_drafts(dirs):
     """TensorRT-LLM PR #16888: rounds that skipped the drafter left its state stale, and
     acceptance collapsed once drafting resumed. Our loop queues those rounds' target features
-    for the next drafter pass (generate._pend): after 32 rounds of draft length 0, requests
+    for the next drafter pass (rounds._pend): after 32 rounds of draft length 0, requests
     accept per round what requests that drafted throughout accept over the same text (greedy
     fp32: the same tokens; rounds counted once 32 tokens are committed). The 10% margin covers
     the two runs' different round boundaries; scrambling the queued features drops the ratio

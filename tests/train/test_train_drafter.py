@@ -7,17 +7,10 @@ import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.reference import DFlashDraft, Target, TargetConfig
-from trtllm_dflash.reference.config import RopeConfig
-from trtllm_dflash.train.drafter import (
-    DrafterShape,
-    block_loss,
-    draft_blocks,
-    draft_config,
-    freeze,
-    new_drafter,
-    sample_anchors,
-    target_features,
-)
+from trtllm_dflash.reference.rope import RopeConfig
+from trtllm_dflash.train.drafter_config import DrafterShape
+from trtllm_dflash.train.drafter_init import draft_config, new_drafter
+from trtllm_dflash.train.drafter_loss import block_loss, draft_blocks, freeze, sample_anchors, target_features
 
 V, MASK = 128, 1
 
@@ -209,7 +202,7 @@ def test_dflash2_selector_learns_and_its_choice_is_the_inference_path():
         sel = d.candidate_selector
         N, K = anchors.shape
         path = sel.select(out.flatten(0, 1), logits.flatten(0, 1), ids.gather(1, anchors).flatten()).path
-        from trtllm_dflash.train.drafter import selector_loss
+        from trtllm_dflash.train.drafter_loss import selector_loss
 
         prev = torch.cat([ids.gather(1, anchors).flatten()[:, None], path[:, :-1]], dim=1)
         _, picks = selector_loss(sel, out.flatten(0, 1), logits.flatten(0, 1), prev, path, torch.ones(N * K, 3))

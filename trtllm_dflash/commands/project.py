@@ -42,7 +42,7 @@ def parse_assumptions(items: list[str]):
     from dataclasses import fields
 
     from trtllm_dflash.errors import UserError
-    from trtllm_dflash.project.stepmodel import Assumptions
+    from trtllm_dflash.project.rates import Assumptions
 
     known = {f.name for f in fields(Assumptions)}
     values = {}
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         calibration = calibrate(recipe)
         dep = replace(dep, gpu=recipe.gpu.model_copy(update={"measured": calibration.measured}))
     if args.attention_bench is not None:
-        from trtllm_dflash.project.stepmodel import attention_fraction_from_bench
+        from trtllm_dflash.project.rates import attention_fraction_from_bench
         from trtllm_dflash.recipe.hardware import Measured
 
         fraction = attention_fraction_from_bench(args.attention_bench, recipe.hardware.gpu)

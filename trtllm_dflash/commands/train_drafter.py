@@ -11,7 +11,7 @@
 --target is an HF checkpoint directory (Qwen3 / Llama / Qwen3-MoE); --data is a directory
 written by `python -m trtllm_dflash.train.data` (the target's greedy continuations, with
 held-out prompts for the in-loop evaluation). The recipe is described in
-trtllm_dflash/train/drafter.py. Checkpoints go to --ckpt-dir (default OUT.ckpt); --resume
+trtllm_dflash/train/drafter_loss.py. Checkpoints go to --ckpt-dir (default OUT.ckpt); --resume
 continues from the last one; --max-minutes stops this session with a checkpoint. At the
 end the drafter is written to --out in the z-lab layout (config.json + model.safetensors,
 --dtype), with training.json (settings, loss and in-loop tau history).

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 # trim(requests, lengths, confidence [B, max(lengths)]) -> the drafts each request verifies
-# (reference/generate.py Trim; the confidence is a torch tensor)
+# (reference/records.py Trim; the confidence is a torch tensor)
 TrimFn = Callable[[list, list, object], Sequence[int]]
 
 

@@ -33,7 +33,8 @@ import time
 from dataclasses import dataclass, replace
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepModel
+from trtllm_dflash.project.rates import Assumptions
+from trtllm_dflash.project.stepmodel import Deployment, StepModel
 from trtllm_dflash.recipe.hardware import Measured, cpu_torch_threads
 
 BATCHES = (1, 4)

@@ -7,8 +7,8 @@ and `output_len` output tokens; the step time is taken at the mean running conte
 ctx = input_len + output_len / 2. Levels beyond build.max_batch_size or beyond the memory plan's
 largest concurrency (recipe/planner.py) are left out and listed in `skipped`.
 
-A projected row reads like a measured one (stepmodel.py, "Metrics"): tokens/s/user = tau / T
-(= 1 / TPOT), TPOT = T / tau, inter-chunk latency = T (one chunk per step), TTFT, E2E, and output
+A projected row reads like a measured one (stepmodel.py, "Metrics"; costs.py StepCost):
+tokens/s/user = tau / T (= 1 / TPOT), TPOT = T / tau, inter-chunk latency = T (one chunk per step), TTFT, E2E, and output
 tokens/s per GPU = c * output_len / E2E / GPUs. Distributions of a projection are single values
 (n = 0: no requests were measured).
 """
@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.project.acceptance import AcceptanceProfile
-from trtllm_dflash.project.stepmodel import Assumptions, Deployment, StepCost, StepModel
+from trtllm_dflash.project.costs import StepCost
+from trtllm_dflash.project.rates import Assumptions
+from trtllm_dflash.project.stepmodel import Deployment, StepModel
 from trtllm_dflash.recipe.engine_layout import verify_cost
 from trtllm_dflash.recipe.placement import scale_out
 from trtllm_dflash.recipe.planner import plan, smallest_tp

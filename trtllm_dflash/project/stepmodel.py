@@ -60,10 +60,10 @@ on the K draft slots. It is split over the ranks recipe/planner.py drafter_place
 (like the target, with its all-reduces), or 1 where rank 0 holds the whole drafter (engine backend).
 
 Rates: B_hbm, P_fmt from the hardware catalog (recipe/catalog/hardware.yaml) times the assumed
-efficiencies below, or the catalog entry's `measured` rates (used as they are, efficiency 1);
-P_fmt is the dense rate of the GEMM input format: the activation format for the target (fp8 ->
-FP8, nvfp4 -> FP4, bf16 -> BF16), the weight format for a quantized drafter, BF16 for attention
-and the LM head. Metrics, as a sweep measures them (sweep/metrics.py):
+efficiencies (rates.py Assumptions), or the catalog entry's `measured` rates (used as they are,
+efficiency 1); P_fmt is the dense rate of the GEMM input format: the activation format for the
+target (fp8 -> FP8, nvfp4 -> FP4, bf16 -> BF16), the weight format for a quantized drafter, BF16
+for attention and the LM head. Metrics, as a sweep measures them (sweep/metrics.py; costs.py):
 
     tokens/s/user = tau / T                                  (= 1 / TPOT)
     TTFT          = t_prefill(ISL) + T (c > 1: a new request waits for the step in progress)
@@ -73,9 +73,11 @@ and the LM head. Metrics, as a sweep measures them (sweep/metrics.py):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.project.costs import ZERO, PassCost, StepCost
+from trtllm_dflash.project.rates import Assumptions, rates_for
 from trtllm_dflash.recipe.engine_layout import verify_cost
 from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GpuSpec
 from trtllm_dflash.recipe.models import ArchFacts
@@ -88,216 +90,6 @@ from trtllm_dflash.recipe.planner import (
 from trtllm_dflash.recipe.schema import Recipe
 
 ACT_BYTES = 2.0  # bytes per activation element all-reduced between tp ranks (BF16)
-
-
-@dataclass(frozen=True)
-class Assumptions:
-    """Every number the model needs that no catalog gives: one set of defaults for every GPU.
-    A catalog entry's `measured` block replaces the matching assumption (cpu: all of them).
-
-    Where the defaults come from (none is fitted to a single published point):
-    - hbm_efficiency 0.80: decode GEMV/GEMM kernels stream weights at 75-90% of peak HBM
-      bandwidth (docs/design/performance-anchors.md, "Bandwidth floor").
-    - tensor_efficiency 0.50: dense GEMMs with tens to hundreds of rows (decode and verify
-      batches) reach 40-70% of the dense peak, FP8/FP4 ones the lower end; large prefill GEMMs do
-      better, so this is conservative for prompts.
-    - attention_efficiency 0.50: decode/verify attention (few queries over a long KV cache) reaches
-      about half of peak bandwidth; replaced by the kernel's measured fraction (`measured.
-      attention_fraction`, e.g. perf/bench_kv_inject.py's hbm_fraction on that GPU) when a GPU run
-      records one.
-    - nvlink_efficiency 0.70 and allreduce_latency_us 6: NCCL/custom one-shot all-reduce bus
-      bandwidth reaches 60-80% of one NVLink direction; a small-message all-reduce costs a few us.
-    - fabric_efficiency 0.80: NCCL over InfiniBand / RoCE reaches about 80% of the NIC's line rate
-      on large messages (its latency is the catalog's fabric_latency_us).
-    - layer_overhead_us 16: kernel boundaries per decoder layer per pass (12-16 kernels with launch
-      gaps, ramp-up and tail under CUDA graphs, about 1 us each).
-    - step_overhead_ms 0.5: host scheduling, input preparation, CUDA-graph launch and sampling of
-      one forward pass.
-    - seq_overhead_us 30: per sequence per step: request bookkeeping, acceptance, detokenize and
-      stream (the Python executor loops over the requests in flight).
-    """
-
-    hbm_efficiency: float = 0.80
-    tensor_efficiency: float = 0.50
-    attention_efficiency: float = 0.50
-    nvlink_efficiency: float = 0.70
-    allreduce_latency_us: float = 6.0
-    fabric_efficiency: float = 0.80
-    layer_overhead_us: float = 16.0
-    step_overhead_ms: float = 0.5
-    seq_overhead_us: float = 30.0
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Rates:
-    """The rates one projection runs with (SI units), and where they came from."""
-
-    memory_bps: float  # weight streaming bandwidth, B/s
-    attention_bps: float  # attention kernel bandwidth, B/s
-    attention_flops: float  # attention kernel FLOP/s
-    link_bps: float | None  # all-reduce bus bandwidth (one direction x efficiency), B/s
-    allreduce_latency_s: float
-    fabric_bps: float | None  # inter-node all-reduce bandwidth per GPU (x efficiency), B/s
-    fabric_latency_s: float | None
-    domain: int  # GPUs on one NVLink domain
-    layer_s: float
-    step_s: float
-    seq_s: float
-    tensor: dict[str, float]  # GEMM input format -> FLOP/s
-    source: str
-
-    def gemm_flops(self, fmt: str) -> float:
-        if fmt not in self.tensor:
-            raise UserError(f"no dense tensor rate for {fmt} GEMMs on this device ({self.source})")
-        return self.tensor[fmt]
-
-
-def attention_fraction_from_bench(path, gpu: str) -> float:
-    """The attention kernel's achieved fraction of peak HBM bandwidth from the JSON line that
-    perf/bench_kv_inject.py prints on a GPU (median hbm_fraction over its rows); it must have been
-    measured on the recipe's GPU."""
-    import json
-    import statistics
-    from pathlib import Path
-
-    try:
-        lines = [ln for ln in Path(path).read_text().splitlines() if ln.lstrip().startswith("{")]
-        data = json.loads(lines[-1]) if lines else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"--attention-bench {path}: not the JSON bench_kv_inject.py prints ({type(e).__name__})") from None
-    if not isinstance(data, dict) or data.get("bench") != "kv_inject_attention":
-        raise UserError(f"--attention-bench {path}: no kv_inject_attention JSON line (python -m "
-                        "trtllm_dflash.perf.bench_kv_inject --hardware GPU prints one)")
-    if data.get("skipped"):
-        raise UserError(f"--attention-bench {path}: the benchmark was skipped there ({data['skipped']})")
-    if data.get("hardware") != gpu:
-        raise UserError(f"--attention-bench {path}: measured on {data.get('hardware')!r}, the recipe runs on {gpu!r}")
-    fractions = [r["hbm_fraction"] for r in data.get("rows", []) if 0 < r.get("hbm_fraction", 0) <= 1]
-    if not fractions:
-        raise UserError(f"--attention-bench {path}: no row with an hbm_fraction in (0, 1]")
-    return statistics.median(fractions)
-
-
-def rates_for(gpu: GpuSpec, a: Assumptions) -> Rates:
-    """Catalog peaks x assumed efficiencies, with the entry's measured values taking precedence."""
-    m = gpu.measured
-    if m is not None and m.memory_bandwidth_gbs:
-        mem = m.memory_bandwidth_gbs * 1e9
-        att_base = mem
-    elif gpu.hbm_bandwidth_tbs:
-        mem = gpu.hbm_bandwidth_tbs * 1e12 * a.hbm_efficiency
-        att_base = gpu.hbm_bandwidth_tbs * 1e12
-    else:
-        raise UserError(f"hardware {gpu.name}: no memory bandwidth in the catalog and none measured "
-                        f"(calibrate it: trtllm-dflash project RECIPE --calibrate)")
-    att_fraction = (m.attention_fraction if m and m.attention_fraction else None)
-    if m is not None and m.tensor_gflops:
-        tensor = {f: m.tensor_gflops * 1e9 for f in ("fp32", "bf16", "fp16", "fp8", "nvfp4", "mxfp4")}
-        att_flops = m.tensor_gflops * 1e9 * (att_fraction or 1.0)
-        att_bps = att_base * (att_fraction or 1.0)
-    else:
-        tensor = {f: gpu.dense_tflops(f) * 1e12 * a.tensor_efficiency
-                  for f in ("bf16", "fp16", "fp8", "nvfp4", "mxfp4") if gpu.dense_tflops(f)}
-        att_flops = (gpu.bf16_tflops or 0) * 1e12 * (att_fraction or a.attention_efficiency)
-        att_bps = att_base * (att_fraction or a.attention_efficiency)
-    link = gpu.nvlink_gbs / 2 * 1e9 * a.nvlink_efficiency if gpu.nvlink_gbs else None
-
-    def pick(field: str, default: float) -> float:
-        v = getattr(m, field) if m is not None else None
-        return default if v is None else v
-
-    measured = f"; measured: {m.source}" if m is not None else ""
-    return Rates(
-        memory_bps=mem, attention_bps=att_bps, attention_flops=att_flops, link_bps=link,
-        allreduce_latency_s=a.allreduce_latency_us * 1e-6,
-        fabric_bps=gpu.fabric_gbs * 1e9 * a.fabric_efficiency if gpu.fabric_gbs else None,
-        fabric_latency_s=gpu.fabric_latency_us * 1e-6 if gpu.fabric_latency_us else None, domain=gpu.domain,
-        layer_s=pick("layer_overhead_us", a.layer_overhead_us) * 1e-6,
-        step_s=pick("step_overhead_ms", a.step_overhead_ms) * 1e-3,
-        seq_s=pick("seq_overhead_us", a.seq_overhead_us) * 1e-6,
-        tensor=tensor, source=f"catalog {gpu.name}{measured}",
-    )
-
-
-@dataclass(frozen=True)
-class PassCost:
-    """One forward pass on one rank: what it moves and computes, and the time of each part [s]."""
-
-    weight_bytes: float
-    kv_bytes: float
-    gemm_flops: float
-    attention_flops: float
-    t_weights: float
-    t_gemm: float
-    t_attention: float
-    t_allreduce: float
-    t_layers: float
-
-    @property
-    def seconds(self) -> float:
-        return self.t_weights + self.t_gemm + self.t_attention + self.t_allreduce + self.t_layers
-
-    def __add__(self, other: PassCost) -> PassCost:
-        return PassCost(*(getattr(self, f) + getattr(other, f) for f in PassCost.__dataclass_fields__))
-
-
-ZERO = PassCost(0, 0, 0, 0, 0, 0, 0, 0, 0)
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """One decoding step (AR) or round (DFlash) of `concurrency` sequences."""
-
-    concurrency: int
-    draft_len: int  # 0 = AR
-    tau: float  # tokens committed per step per sequence
-    target: PassCost
-    drafter: PassCost
-    t_overhead: float  # fixed step + per-sequence costs
-    t_prefill_share: float  # the prompt passes of new requests, per step
-    t_prefill: float  # one request's prompt pass, with its launch
-    output_len: int = 0  # tokens per request (0: a steady decode, no request boundaries)
-
-    @property
-    def seconds(self) -> float:
-        return self.target.seconds + self.drafter.seconds + self.t_overhead + self.t_prefill_share
-
-    @property
-    def tok_s_user(self) -> float:
-        return self.tau / self.seconds
-
-    @property
-    def ttft(self) -> float:
-        """A new request's prompt pass, after the step in progress when there is one (c > 1)."""
-        return self.t_prefill + (self.seconds if self.concurrency > 1 else 0.0)
-
-    @property
-    def e2e(self) -> float:
-        return self.ttft + max(0, self.output_len - 1) * self.seconds / self.tau
-
-    def tok_s_gpu(self, gpus: int) -> float:
-        """Output tokens/s per GPU: every one of c request slots delivers output_len tokens per
-        request lifetime (E2E, the first token's wait included), as a closed-loop sweep measures;
-        c * tau / T without request boundaries."""
-        if self.output_len > 0:
-            return self.concurrency * self.output_len / self.e2e / gpus
-        return self.concurrency * self.tau / self.seconds / gpus
-
-    def breakdown_ms(self) -> dict:
-        t, d = self.target, self.drafter
-        return {
-            "step_ms": self.seconds * 1e3,
-            "target_weights_ms": t.t_weights * 1e3, "target_gemm_ms": t.t_gemm * 1e3,
-            "target_attention_ms": t.t_attention * 1e3, "target_allreduce_ms": t.t_allreduce * 1e3,
-            "target_layers_ms": t.t_layers * 1e3, "drafter_ms": d.seconds * 1e3,
-            "overhead_ms": self.t_overhead * 1e3, "prefill_share_ms": self.t_prefill_share * 1e3,
-            "bytes_read": t.weight_bytes + t.kv_bytes + d.weight_bytes + d.kv_bytes,
-            "weight_bytes": t.weight_bytes + d.weight_bytes, "kv_bytes": t.kv_bytes, "drafter_ctx_bytes": d.kv_bytes,
-            "verify_flops": t.gemm_flops + t.attention_flops, "drafter_flops": d.gemm_flops + d.attention_flops,
-        }
 
 
 def _compute_format(fmt: str, fallback: str) -> str:

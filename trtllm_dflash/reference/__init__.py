@@ -30,8 +30,9 @@ Glossary (one meaning per word, everywhere in this package):
 
 from trtllm_dflash.reference.config import DraftConfig, TargetConfig
 from trtllm_dflash.reference.draft import DFlashDraft
-from trtllm_dflash.reference.generate import MODES, Generation, Stats, StepRecord, generate, generate_steps, pooled_tau
+from trtllm_dflash.reference.generate import MODES, generate, generate_steps
 from trtllm_dflash.reference.loading import load_drafter, load_pair, load_target, save_drafter
+from trtllm_dflash.reference.records import Generation, Stats, StepRecord, pooled_tau
 from trtllm_dflash.reference.target import Target
 from trtllm_dflash.reference.verify import SamplingParams
 

@@ -5,10 +5,10 @@
 `rope_parameters`). `DraftConfig.from_dict` reads a z-lab DFlash drafter config.json
 (Qwen3 keys plus `block_size`, `num_target_layers` and `dflash_config`), and
 `DraftConfig.to_dict` writes that same layout back. Both share `DecoderConfig`: the fields
-of their decoder layers, read from the same keys.
+of their decoder layers, read from the same keys (their RoPE: rope.py).
 
-Every problem raises `UserError` naming the file and the field. Features we do not
-implement (other RoPE types, sliding-window targets, attention sinks...) are refused
+Every problem raises `UserError` naming the file and the field (fields.py). Features we do
+not implement (other RoPE types, sliding-window targets, attention sinks...) are refused
 loudly here, before any weight is read. DFlash2 drafters (z-lab's DFlash2DraftModel: the
 four `conv_*` / `selector_*` keys) are read into the same DraftConfig (`.dflash2`).
 """
@@ -16,17 +16,16 @@ four `conv_*` / `selector_*` keys) are read into the same DraftConfig (`.dflash2
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.support import (
     DFLASH2_ARCH, DFLASH2_KEYS, FEATURES_OFF, LAGUNA_ARCH, architecture, architectures_of,
 )
+from trtllm_dflash.reference.fields import Fields
+from trtllm_dflash.reference.rope import RopeConfig
 
 Arch = Literal["qwen3", "llama", "qwen3_moe"]
 ARCHS: tuple[str, ...] = architectures_of("reference")  # the reference model's architectures
@@ -42,103 +41,6 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
-
-
-class _Fields:
-    """Typed reads from one config dict; errors name `where` (e.g. 'target config.json')."""
-
-    def __init__(self, raw: dict[str, Any], where: str):
-        self.raw, self.where = raw, where
-
-    def fail(self, msg: str) -> UserError:
-        return UserError(f"{self.where}: {msg}")
-
-    def missing(self, key: str, default: Any) -> Any:
-        """The value of an absent (or null) field: `default`, or an error when it is required (`...`)."""
-        if default is ...:
-            raise self.fail(f"missing required field '{key}'")
-        return default
-
-    def int(self, key: str, default: Any = ..., lo: int = 1, src: dict | None = None) -> int:
-        v = (self.raw if src is None else src).get(key)
-        if v is None:
-            return self.missing(key, default)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise self.fail(f"'{key}' is {v!r}, expected an integer >= {lo}")
-        return v
-
-    def float(self, key: str, default: Any = ..., src: dict | None = None) -> float:
-        v = (self.raw if src is None else src).get(key)
-        if v is None:
-            return self.missing(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise self.fail(f"'{key}' is {v!r}, expected a positive number")
-        return float(v)
-
-    def bool(self, key: str, default: bool) -> bool:
-        v = self.raw.get(key, default)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise self.fail(f"'{key}' is {v!r}, expected true or false")
-        return v
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """Rotary embedding: NeoX rotate-half over the whole head_dim.
-
-    `scaling` is None (plain), ("linear", factor) or ("llama3", factor, low_freq_factor,
-    high_freq_factor, original_max_position_embeddings)."""
-
-    theta: float
-    scaling: tuple | None = None
-
-    def inv_freq(self, head_dim: int) -> torch.Tensor:  # [head_dim // 2] fp32
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv = 1.0 / (self.theta**exponent)
-        if self.scaling is None:
-            return inv
-        if self.scaling[0] == "linear":
-            return inv / self.scaling[1]
-        # Llama 3.1 frequency-dependent scaling: long wavelengths are divided by `factor`,
-        # short ones kept, the band in between interpolated smoothly.
-        _, factor, low, high, old_len = self.scaling
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
-        smooth = (old_len / wavelen - low) / (high - low)
-        blended = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        return torch.where(medium, blended, scaled)
-
-    @staticmethod
-    def from_dict(f: _Fields, head_dim_default_theta: float = 10000.0) -> RopeConfig:
-        raw = f.raw
-        params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        if not isinstance(params, dict):
-            raise f.fail(f"'rope_parameters' / 'rope_scaling' is {params!r}, expected an object")
-        if any(k in params for k in ("full_attention", "sliding_attention")):
-            # transformers 5 nests a RoPE per layer type (Laguna: YaRN on full layers, linear on sliding)
-            raise f.fail("rope_parameters per layer type (full_attention / sliding_attention) are not supported by "
-                         "the reference backend")
-        theta = f.float("rope_theta", default=None, src=params) or f.float("rope_theta", default=head_dim_default_theta)
-        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise f.fail("partial_rotary_factor != 1 is not supported by the reference backend")
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind == "default":
-            return RopeConfig(theta)
-        if kind == "linear":
-            return RopeConfig(theta, ("linear", f.float("factor", src=params)))
-        if kind == "llama3":
-            keys = ("factor", "low_freq_factor", "high_freq_factor")
-            vals = tuple(f.float(k, src=params) for k in keys)
-            old = params.get("original_max_position_embeddings") or raw.get("max_position_embeddings")
-            if vals[2] <= vals[1]:
-                raise f.fail("llama3 rope: high_freq_factor must be greater than low_freq_factor")
-            return RopeConfig(theta, ("llama3", *vals, float(old)))
-        raise f.fail(
-            f"rope type {kind!r} is not supported by the reference backend (supported: default, linear, llama3)"
-        )
 
 
 @dataclass(frozen=True)
@@ -165,7 +67,7 @@ class DecoderConfig:
     max_position_embeddings: int
 
     @staticmethod
-    def read(f: _Fields) -> dict[str, Any]:
+    def read(f: Fields) -> dict[str, Any]:
         """These fields from their config.json keys (the same in both files), checked."""
         hidden, heads = f.int("hidden_size"), f.int("num_attention_heads")
         kv_heads, layers = f.int("num_key_value_heads", heads), f.int("num_hidden_layers")
@@ -197,7 +99,7 @@ class TargetConfig(DecoderConfig):
 
     @staticmethod
     def from_dict(raw: dict[str, Any], where: str = "target config.json") -> TargetConfig:
-        f = _Fields(raw, where)
+        f = Fields(raw, where)
         arch = raw.get("model_type")
         if arch not in ARCHS:
             raise f.fail(f"model_type {arch!r} is not supported (supported: {', '.join(ARCHS)})")
@@ -312,7 +214,7 @@ class DraftConfig(DecoderConfig):
 
     @staticmethod
     def from_dict(raw: dict[str, Any], where: str = "drafter config.json") -> DraftConfig:
-        f = _Fields(raw, where)
+        f = Fields(raw, where)
         dcfg = raw.get("dflash_config") or {}
         if not isinstance(dcfg, dict):
             raise f.fail(f"'dflash_config' is {dcfg!r}, expected an object")
@@ -362,7 +264,7 @@ class DraftConfig(DecoderConfig):
         )
 
     @staticmethod
-    def _read_variant(f: _Fields, raw: dict[str, Any], dcfg: dict[str, Any], hidden: int) -> dict[str, Any]:
+    def _read_variant(f: Fields, raw: dict[str, Any], dcfg: dict[str, Any], hidden: int) -> dict[str, Any]:
         """The logit / embedding scalars and the DFlash2 fields, checked one by one."""
         out: dict[str, Any] = {}
         for key in ("input_embedding_scale", "output_multiplier"):
@@ -397,7 +299,7 @@ class DraftConfig(DecoderConfig):
         return out
 
     @staticmethod
-    def _read_laguna(f: _Fields, raw: dict[str, Any], heads: int, extras: dict[str, Any]) -> dict[str, Any]:
+    def _read_laguna(f: Fields, raw: dict[str, Any], heads: int, extras: dict[str, Any]) -> dict[str, Any]:
         """A Laguna drafter's fields (none for others), and what of Laguna we do not run, refused."""
         if not any("Laguna" in str(a) for a in raw.get("architectures") or []):
             return {}

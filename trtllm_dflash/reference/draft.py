@@ -55,7 +55,7 @@ def key_limit(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, kind: str,
     positions, broadcast against each other -> bool of their broadcast shape, True =
     visible; None = all of them (a full, bidirectional layer). A causal layer hides keys
     ahead of the query; a sliding layer hides keys `window` or more positions behind it
-    (bidirectional: or ahead of it). The training forward (train/drafter.py) uses it too."""
+    (bidirectional: or ahead of it). The training forward (train/drafter_loss.py) uses it too."""
     if not causal and kind == "full_attention":
         return None
     dist = q_pos - k_pos  # query pos - key pos
@@ -84,7 +84,7 @@ class DraftAttention(Attention):
 
     def out(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The heads' output o [.., Hq * D] of attention input x [.., H] through the gate (Laguna)
-        and o_proj -> [.., H]. The training forward (train/drafter.py) uses it too."""
+        and o_proj -> [.., H]. The training forward (train/drafter_loss.py) uses it too."""
         return self.o_proj(o if self.g_proj is None else head_gate(o, self.g_proj(x)))
 
 

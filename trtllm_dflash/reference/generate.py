@@ -19,162 +19,27 @@ max_new_tokens, and leave the batch when done.
 The loop runs on a TargetRunner and a DrafterRunner (runners.py): our torch modules
 (`Decoder(target, drafter)` wraps a Target and a DFlashDraft in the reference runners) or
 the engine backend's runners (TensorRT-LLM engines, or their CPU stand-ins). Everything in
-this file is shared by both backends.
+this file, rounds.py (one round's draft, verify and accept) and records.py (what the loop
+yields) is shared by both backends.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.policy.decision import Drafts
-from trtllm_dflash.reference.ddtree import build_tree, chain_outcome, walk
 from trtllm_dflash.reference.draft import DFlashDraft
-from trtllm_dflash.reference.target import Target
+from trtllm_dflash.reference.records import Generation, Stats, StepRecord, Trim
+from trtllm_dflash.reference.rounds import Batch, block_round, ddtree_round, now
 from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceDrafter, ReferenceTarget, TargetRunner
+from trtllm_dflash.reference.target import Target
 from trtllm_dflash.reference.token_rules import TokenRules
-from trtllm_dflash.reference.verify import SamplingParams, greedy_verify, probs, rejection_verify, sample
+from trtllm_dflash.reference.verify import SamplingParams, probs, sample
 
 MODES = ("ar", "dflash", "ddtree")
-
-# trim(requests, lengths, confidence [B, T - 1]) -> each request's drafts to verify, at most its
-# length: the round's drafts are drafted, and which prefix of them is verified is chosen from how
-# sure the drafter was of each slot (policy/auto.py AutoDraftLength.trim). confidence is the top
-# probability of the drafter's distribution at each slot, not the probability of the drawn draft:
-# under sampling, a choice that looked at the draw would skew what is accepted (the slot's
-# verification would depend on its own token), one that looks at the distribution does not.
-Trim = Callable[[list[int], list[int], torch.Tensor], Sequence[int]]
-
-
-@dataclass
-class StepRecord:
-    """One round. Round 0 is the prefill (its time is in t_verify); rounds >= 1 are one
-    target verify pass each. Lists are aligned with `seq_ids` (the requests that ran)."""
-
-    round: int
-    seq_ids: list[int]
-    tokens: list[list[int]]  # tokens committed this round (accepted drafts + bonus)
-    finished: list[str | None]  # None while running, then "stop" (stop token, kept) or "length"
-    drafted: list[int] = field(default_factory=list)  # draft tokens verified this round (0 in round 0)
-    t_draft: float = 0.0  # seconds, drafter pass + proposal (tree build), shared by the batch
-    t_verify: float = 0.0  # seconds, target pass
-    t_overhead: float = 0.0  # seconds, acceptance and bookkeeping
-    # A DDTree round: its node budget, and per row (depth of the drafter's argmax chain in the
-    # tree, how many of its slots the target accepted): what a chain round of that length would
-    # have accepted (greedy), so tree rounds teach a draft policy the chain's acceptance too.
-    tree_budget: int = 0  # 0: a chain round (or the prefill)
-    chain: list[tuple[int, int]] | None = None
-    # A trimmed round (Decoder.step's `trim`): the drafter's block (anchor + drafts it drafted), and
-    # per row the top probability of the drafter's distribution at each slot the row could verify
-    # (its draft length before the trim; `drafted` says how many of them it verified)
-    block: int = 0
-    confidence: list[list[float]] | None = None
-    # Per row, the log-probability of each committed token under the target (token_rules.py), for
-    # the requests admitted with logprobs (None for the others); None when no row asked.
-    logprobs: list[list[float] | None] | None = None
-
-
-@dataclass
-class Stats:
-    rounds: int = 0  # target verify passes after the prefill
-    accepted_per_round: list[int] = field(default_factory=list)  # committed tokens per round (incl. bonus)
-    t_prefill: float = 0.0
-    t_draft: float = 0.0
-    t_verify: float = 0.0
-    t_overhead: float = 0.0
-
-    @property
-    def tau(self) -> float:
-        """Acceptance length: tokens committed per target verify pass (counts the bonus)."""
-        return sum(self.accepted_per_round) / len(self.accepted_per_round) if self.accepted_per_round else 0.0
-
-
-def pooled_tau(gens: Sequence["Generation"]) -> float:
-    """tau over several requests: all committed tokens / all verify passes (0 with no rounds).
-    Long requests weigh more than in a mean of per-request taus."""
-    rounds = sum(g.stats.rounds for g in gens)
-    return sum(sum(g.stats.accepted_per_round) for g in gens) / rounds if rounds else 0.0
-
-
-@dataclass
-class Generation:
-    tokens: list[int]  # generated ids, without the prompt
-    stats: Stats
-    finish_reason: str  # "stop" (a stop token, kept) or "length"
-    logprobs: list[float] | None = None  # per token, with generate(..., logprobs=True)
-
-
-@dataclass
-class _Batch:
-    """The loop's state of the running sequences; row b is request rows[b] (and row b of the runners)."""
-
-    rows: list[int]
-    anchor: torch.Tensor  # [B] newest committed token; not yet run through the target
-    start: torch.Tensor  # [B] its position = committed positions
-    ctx: torch.Tensor | None  # [B, Tc, F] target context rows not yet given to the drafter
-    ctx_pos: torch.Tensor | None  # [B, Tc] their positions; PAD for padding
-
-    def extend(self, other: "_Batch") -> None:
-        """Append the rows of another batch (a newly prefilled one) to this batch."""
-        self.rows += other.rows
-        self.anchor = torch.cat([self.anchor, other.anchor])
-        self.start = torch.cat([self.start, other.start])
-        if self.ctx is not None:
-            n = max(self.ctx.shape[1], other.ctx.shape[1])
-            pad = lambda x, v: torch.nn.functional.pad(x, (0, 0, 0, n - x.shape[1]), value=v) if x.dim() == 3 else \
-                torch.nn.functional.pad(x, (0, n - x.shape[1]), value=v)  # noqa: E731
-            self.ctx = torch.cat([pad(self.ctx, 0.0), pad(other.ctx, 0.0)])
-            self.ctx_pos = torch.cat([pad(self.ctx_pos, PAD), pad(other.ctx_pos, PAD)])
-
-    def keep(self, idx: list[int]) -> None:
-        sel = torch.tensor(idx, device=self.anchor.device)
-        self.rows = [self.rows[i] for i in idx]
-        self.anchor, self.start = self.anchor[sel], self.start[sel]
-        if self.ctx is not None:
-            self.ctx, self.ctx_pos = self.ctx[sel], self.ctx_pos[sel]
-
-
-def _now() -> float:
-    return time.perf_counter()
-
-
-def _draft_logits(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int) -> torch.Tensor:
-    """One drafter pass over [anchor, mask x (T-1)] -> logits of the mask slots [B, T-1, V].
-    Hands the pending context rows to the drafter. (`target` is unused: the drafter runner
-    holds what it shares with the target; tests substitute this function.)"""
-    logits = drafter.draft(st.anchor, st.start, st.ctx, st.ctx_pos, T)
-    _handed_over(st)
-    return logits
-
-
-def _handed_over(st: _Batch) -> None:
-    """The drafter took the pending context rows: none are pending any more."""
-    st.ctx, st.ctx_pos = st.ctx[:, :0], st.ctx_pos[:, :0]
-
-
-def _propose(target: TargetRunner, drafter: DrafterRunner, st: _Batch, T: int, sampling, gen,
-             confidence: bool = False):
-    """Draft tokens [B, T-1], when sampling the distributions q [B, T-1, V] they were drawn
-    from, and with `confidence` each slot's top probability [B, T-1] (of the softmax of its
-    logits: greedy; of q: sampling; see `Trim`). A drafter that selects its own path (DFlash2,
-    runners.PathDrafterRunner) returns draft and q, no confidence; otherwise each slot's token is
-    the argmax / a sample of its logits."""
-    if getattr(drafter, "selects_path", False):
-        draft, q = drafter.draft_path(st.anchor, st.start, st.ctx, st.ctx_pos, T, sampling, gen)
-        _handed_over(st)
-        return draft, q, None
-    dl = _draft_logits(target, drafter, st, T)  # [B, T-1, V]
-    if sampling.greedy:
-        if not confidence:
-            return dl.argmax(-1), None, None
-        top = dl.float().softmax(-1).max(-1)  # ties: the first index, as argmax
-        return top.indices, None, top.values
-    q = probs(dl, sampling)
-    return sample(q, gen), q, q.max(-1).values if confidence else None
 
 
 def _vocab_size(target: Target | TargetRunner) -> int:
@@ -224,6 +89,7 @@ def _per_request(value, n: int, name: str, nested: bool) -> list:
     return list(value)
 
 
+
 def generate_steps(
     target: Target,
     drafter: DFlashDraft | None,
@@ -263,35 +129,6 @@ def _run(decoder: "Decoder", ids, prompts, limits, stops, bad, logprobs) -> Iter
         yield decoder.step()
 
 
-class DecoderProtocol(Protocol):
-    """The decode loop as its callers drive it (the serving batcher, checkpoint_steps, the benches):
-    `Decoder` below, whatever runners it holds (reference, emulated engine, TensorRT), and the proxy
-    of a tensor-parallel rank group (runtime/sharded.py `_RemoteDecoder`). Every
-    implementation has exactly these signatures (tests/serve/test_interfaces.py)."""
-
-    @property
-    def running(self) -> int:
-        """Requests in the batch."""
-
-    def admit(self, ids: Sequence[int], prompts: Sequence[Sequence[int]], limits: Sequence[int],
-              stops: Sequence[Sequence[int]], bad_words: Sequence[Sequence[Sequence[int]] | None] | None = None,
-              logprobs: Sequence[bool] | None = None) -> StepRecord:
-        """Prefill new requests and add them to the batch. Per request: its bad words (token
-        sequences its output never contains) and whether its records carry log-probabilities."""
-
-    def step(self, draft_len: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
-             tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
-        """One round for every running request: draft_len, a `Drafts` (policy/decision.py), or as shorthand a
-        length for all, one per running request in batch order, or {request id: drafts}, with
-        tree_budget and trim beside it; None: block_size - 1.
-        tree_budget (DDTree decoders): this round's tree nodes, at most the decoder's budget;
-        0: a chain round; None: the decoder's budget. trim: chain rounds verify a prefix of the
-        drafts that trim(requests, lengths, confidence) chooses (see Decoder.step)."""
-
-    def cancel(self, ids: Sequence[int]) -> None:
-        """Remove requests from the batch."""
-
-
 class Decoder:
     """The state of the one decode loop, for requests that join and leave between rounds.
 
@@ -321,7 +158,7 @@ class Decoder:
         self.drafter: DrafterRunner | None = drafter if self.spec else None
         self.gen = None if sampling.greedy else torch.Generator(target.device).manual_seed(sampling.seed)
         self.max_len = max_len
-        self.st: _Batch | None = None
+        self.st: Batch | None = None
         self.rounds = 0
         self.limits: dict[int, int] = {}
         self.stops: dict[int, set[int]] = {}
@@ -384,7 +221,7 @@ class Decoder:
         self._register(ids, prompts, limits, stops, bad_words or [None] * B, logprobs or [False] * B)
         P = max(len(p) for p in prompts)
         plen = torch.tensor([len(p) for p in prompts], device=dev)
-        t0 = _now()
+        t0 = now()
         self.target.full_logits = self.rules.active
         logits, feats = self.target.prefill(prompts)  # logits at each prompt's last position [B, V]
         if self.spec:
@@ -392,18 +229,18 @@ class Decoder:
         logits = self.rules.mask(ids, lambda b: [[]], logits[:, None])  # [B, 1, V]
         first = logits[:, 0].argmax(-1) if sampling.greedy else sample(probs(logits[:, 0], sampling), self.gen)
         lps = self.rules.token_logprobs(ids, logits, [[0]] * B, [[t] for t in first.tolist()])
-        st = _Batch(list(ids), first, plen, None, None)
+        st = Batch(list(ids), first, plen, None, None)
         if self.spec:
             pos = torch.arange(P, device=dev).expand(B, -1)
             st.ctx, st.ctx_pos = feats, torch.where(pos < plen[:, None], pos, PAD)
-        t1 = _now()
+        t1 = now()
         toks, done = self._commit(st.rows, [[t] for t in first.tolist()])
         if self.st is None:
             self.st = st
         else:
             self.st.extend(st)
         self._drop({r for r, d in zip(ids, done) if d})
-        return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=_now() - t1,
+        return StepRecord(0, list(ids), toks, done, [0] * B, t_verify=t1 - t0, t_overhead=now() - t1,
                           logprobs=_cut(lps, toks))
 
     def _register(self, ids, prompts, limits, stops, bad_words, logprobs) -> None:
@@ -443,7 +280,7 @@ class Decoder:
             raise UserError(f"tree_budget {tree_budget}: expected 0..{self.budget} (the decoder's ddtree budget)")
         self.rounds += 1
         self.target.full_logits = self.rules.active
-        t0 = _now()
+        t0 = now()
         B, longest = len(st.rows), self.block_size - 1
         want = d.wanted(st.rows, longest)
         left = [self.limits[r] - len(self.generated[r]) for r in st.rows]
@@ -452,15 +289,15 @@ class Decoder:
         tree = self.mode == "ddtree" and T > 1 and budget > 0
         chain, conf = None, None
         if tree:  # one tree depth for the batch
-            new, drafted, chain, t1, t2, lps = _ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
-                                                             self.gen, self.rules)
+            new, drafted, chain, t1, t2, lps = ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
+                                                            self.gen, self.rules)
         else:
-            new, drafted, conf, t1, t2, lps = _block_round(self.target, self.drafter, st, lengths, self.sampling,
-                                                           self.gen, trim, self.rules)
+            new, drafted, conf, t1, t2, lps = block_round(self.target, self.drafter, st, lengths, self.sampling,
+                                                          self.gen, trim, self.rules)
         rows = list(st.rows)
         toks, done = self._commit(rows, new)
         self._drop({r for r, d in zip(rows, done) if d})
-        return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, _now() - t2,
+        return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, now() - t2,
                           budget if tree else 0, chain, T if conf is not None else 0, conf, _cut(lps, toks))
 
 
@@ -476,125 +313,11 @@ def _decision(drafts, tree_budget: int | None, trim: Trim | None, rows: Sequence
     return Drafts.of(drafts, tree_budget, trim)
 
 
-def _block_round(target: TargetRunner, drafter: DrafterRunner | None, st: _Batch, lengths: list[int], sampling,
-                 gen, trim: Trim | None = None, rules: TokenRules | None = None):
-    """dflash (a drafter block of max(lengths) + 1) or a plain AR step (every length 0). lengths:
-    drafts each row verifies, or, with `trim`, at most verifies. `rules` masks bad words in the
-    target's logits, slot by slot, before verification. Returns (committed tokens per row, drafts
-    verified per row, per row the confidences of the slots it could verify (its length before the
-    trim) or None, t1, t2, the committed tokens' log-probabilities (TokenRules.token_logprobs))."""
-    B, T = len(st.rows), max(lengths) + 1
-    q, conf = None, None
-    if T > 1:
-        draft, q, top = _propose(target, drafter, st, T, sampling, gen, confidence=trim is not None)
-        if top is not None:  # asked for, and the drafter gives it (a path drafter does not)
-            conf = [top[b, :L].tolist() for b, L in enumerate(lengths)]  # every slot the row may verify
-            lengths = _trimmed(trim, list(st.rows), lengths, top)
-            T = max(lengths) + 1
-            draft, q = draft[:, : T - 1], None if q is None else q[:, : T - 1]
-    else:  # AR, or the last round of a spec mode (T == 1 only when one token is left)
-        draft = st.anchor.new_zeros(B, 0)
-    t1 = _now()
-    own = None if min(lengths) == T - 1 else torch.tensor(lengths, device=st.anchor.device)
-    ids = torch.cat([st.anchor[:, None], draft], dim=1)  # [B, T]
-    logits, feats = target.verify(ids, st.start, own)
-    t2 = _now()
-    if rules is not None:  # slot j follows the committed tokens + the row's drafts before it
-        dl = draft.tolist()
-        logits = rules.mask(st.rows, lambda b: [dl[b][:j] for j in range(lengths[b] + 1)], logits)
-    if sampling.greedy:
-        accepted, bonus = greedy_verify(draft, logits, own)
-    else:
-        accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen, own)
-    acc = accepted.tolist()
-    new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
-    lps = None if rules is None else rules.token_logprobs(st.rows, logits, [range(a + 1) for a in acc], new)
-    if feats is not None and drafter is not None:  # accepted positions [start, start + a] become drafter context
-        _pend(st, feats[:, : max(acc) + 1], accepted + 1)
-    st.anchor, st.start = bonus, st.start + accepted + 1
-    return new, lengths, conf, t1, t2, lps
-
 
 def _cut(lps: list[list[float] | None] | None, toks: list[list[int]]) -> list[list[float] | None] | None:
     """Log-probabilities of the tokens a round committed (the commit may cut at a stop or the limit)."""
     return None if lps is None else [None if lp is None else lp[: len(t)] for lp, t in zip(lps, toks)]
 
-
-def _trimmed(trim: Trim, rows: list[int], lengths: list[int], confidence: torch.Tensor) -> list[int]:
-    """trim's lengths, checked: one per row, each 0..the row's length."""
-    got = [int(L) for L in trim(rows, lengths, confidence)]
-    if len(got) != len(rows) or any(not 0 <= g <= L for g, L in zip(got, lengths)):
-        raise ValueError(f"trim chose {got} for lengths {lengths}: expected one per row, each 0..its length")
-    return got
-
-
-def _pend(st: _Batch, feats: torch.Tensor, valid: torch.Tensor) -> None:
-    """Queue context rows for the drafter: row b's first valid[b] rows of feats [B, n, F], at
-    positions start_b + [0, valid_b). They follow what is already pending (a round without a
-    drafter pass, draft length 0, leaves its rows pending), each row's valid entries first."""
-    n = feats.shape[1]
-    j = torch.arange(n, device=feats.device)[None, :]
-    new_pos = torch.where(j < valid[:, None], st.start[:, None] + j, PAD)
-    if st.ctx is None or st.ctx.shape[1] == 0:
-        st.ctx, st.ctx_pos = feats, new_pos
-        return
-    have = (st.ctx_pos != PAD).sum(1).tolist()
-    width = max(h + v for h, v in zip(have, valid.tolist()))
-    ctx = feats.new_zeros(feats.shape[0], width, feats.shape[-1])
-    pos = new_pos.new_full((feats.shape[0], width), PAD)
-    for b, (h, v) in enumerate(zip(have, valid.tolist())):
-        ctx[b, :h], pos[b, :h] = st.ctx[b, :h], st.ctx_pos[b, :h]
-        ctx[b, h : h + v], pos[b, h : h + v] = feats[b, :v], new_pos[b, :v]
-    st.ctx, st.ctx_pos = ctx, pos
-
-
-def _ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: _Batch, T, budget, sampling, gen,
-                  rules: TokenRules | None = None):
-    B, dev = len(st.rows), st.anchor.device
-    dl = _draft_logits(target, drafter, st, T)  # [B, D, V], D = T - 1
-    logq = torch.log_softmax(dl.float(), -1) if sampling.greedy else probs(dl, sampling).log()
-    trees = [build_tree(logq[b].cpu(), budget, a) for b, a in enumerate(st.anchor.tolist())]
-    n = max(len(t) for t in trees)
-    tok = torch.zeros(B, n, dtype=torch.long)
-    depth = torch.ones(B, n, dtype=torch.long)
-    vis = torch.eye(n, dtype=torch.bool).repeat(B, 1, 1)  # padding nodes see only themselves
-    for b, tree in enumerate(trees):
-        m = len(tree)
-        tok[b, :m], depth[b, :m], vis[b, :m, :m] = torch.tensor(tree.tokens), torch.tensor(tree.depths), tree.visibility()
-    tok, depth, vis = tok.to(dev), depth.to(dev), vis.to(dev)
-    t1 = _now()
-    logits, feats = target.verify_tree(tok, depth, vis, st.start)
-    t2 = _now()
-    if rules is not None:  # node i follows the committed tokens + the tokens of its ancestors below the root
-        logits = rules.mask(st.rows, lambda b: [_ancestors(trees[b], i) for i in range(n)], logits)
-    follow = logits.argmax(-1) if sampling.greedy else sample(probs(logits, sampling), gen)  # [B, n]
-    top = logq.argmax(-1).tolist()  # [B, D]: the drafter's argmax chain
-    new, paths, chain = [], [], []
-    for b, (tree, nxt) in enumerate(zip(trees, follow.tolist())):
-        path, bonus = walk(tree, nxt)
-        new.append([tree.tokens[i] for i in path[1:]] + [bonus])
-        paths.append(path)
-        chain.append(chain_outcome(tree, path, top[b]))  # (exact under greedy decoding only)
-        if path != list(range(len(path))):  # compact accepted nodes' K/V into contiguous slots
-            src = torch.tensor(path, device=dev)
-            target.compact(b, st.start[b] + src, st.start[b] + torch.arange(len(path), device=dev))
-    m = max(len(p) for p in paths)
-    idx = torch.tensor([p + [0] * (m - len(p)) for p in paths], device=dev)  # [B, m]
-    length = torch.tensor([len(p) for p in paths], device=dev)
-    _pend(st, feats.gather(1, idx[..., None].expand(-1, -1, feats.shape[-1])), length)  # the accepted path's rows
-    st.anchor = torch.tensor([x[-1] for x in new], device=dev)
-    st.start = st.start + length
-    lps = None if rules is None else rules.token_logprobs(st.rows, logits, paths, new)
-    return new, [len(t) - 1 for t in trees], chain if sampling.greedy else None, t1, t2, lps
-
-
-def _ancestors(tree, i: int) -> list[int]:
-    """The tokens on the path to node i, root excluded (a padding node past the tree: none)."""
-    out = []
-    while 0 < i < len(tree):
-        out.append(tree.tokens[i])
-        i = tree.parents[i]
-    return out[::-1]
 
 
 def generate(

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtllm_dflash.reference.cache import KVCache
-from trtllm_dflash.reference.config import DraftConfig, RopeConfig, TargetConfig
+from trtllm_dflash.reference.config import DraftConfig, TargetConfig
+from trtllm_dflash.reference.rope import RopeConfig
 
 
 class RMSNorm(nn.Module):

@@ -13,7 +13,7 @@ import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
-from trtllm_dflash.reference.generate import Trim
+from trtllm_dflash.reference.records import Trim
 from trtllm_dflash.runtime.checkpoint import CheckpointInfo, read_checkpoint
 from trtllm_dflash.runtime.tp_layers import Comm
 

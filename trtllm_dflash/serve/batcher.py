@@ -15,7 +15,7 @@ per (sampling, draft length, mode).
 The model is a `ServingModel` (runtime/): local_model's `LocalModel` (target and drafter in
 this process), sharded's `ShardedModel` (tensor-parallel worker processes) or engine_runners'
 `EngineModel` (the engine backend's runners, emulated or TensorRT); its decoders are
-`reference.generate.DecoderProtocol`s. A model that can no longer serve at all (a dead rank)
+`reference.records.DecoderProtocol`s. A model that can no longer serve at all (a dead rank)
 says so in `failed`; the engine then fails every request, running and new, with that reason,
 and calls `on_fatal` once (the Triton model marks itself unavailable there).
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol
 
 from trtllm_dflash.policy.decision import DraftPolicy, Drafts
-from trtllm_dflash.reference.generate import DecoderProtocol, StepRecord
+from trtllm_dflash.reference.records import DecoderProtocol, StepRecord
 from trtllm_dflash.reference.verify import SamplingParams
 from trtllm_dflash.serve.trace import now
 
