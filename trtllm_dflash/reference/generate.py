@@ -281,7 +281,7 @@ class Decoder:
         self.rounds += 1
         self.target.full_logits = self.rules.active
         t0 = now()
-        B, longest = len(st.rows), self.block_size - 1
+        longest = self.block_size - 1
         want = d.wanted(st.rows, longest)
         left = [self.limits[r] - len(self.generated[r]) for r in st.rows]
         lengths = [0 if self.mode == "ar" else max(0, min(n, longest, rest - 1)) for n, rest in zip(want, left)]
