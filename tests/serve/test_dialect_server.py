@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import loaded_pair, served_pair
+from serve_helpers import loaded_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 grpcclient = pytest.importorskip("tritonclient.grpc.aio")
@@ -27,9 +27,8 @@ STREAM_TIMEOUT_S = 120  # a stream that takes longer hangs: fail it rather than 
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with served_pair(tmp_path_factory.mktemp("dialect")) as pair:
-        yield pair
+def served(default_served):
+    return default_served
 
 
 def reference_ids(recipe, prompt_ids: list[int], max_tokens: int, stop=None) -> list[int]:

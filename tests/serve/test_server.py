@@ -15,7 +15,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from serve_helpers import deployed, loaded_pair, make_pair, served_pair, write_recipe
+from serve_helpers import deployed, loaded_pair, make_pair, write_recipe
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 grpcclient = pytest.importorskip("tritonclient.grpc.aio")
@@ -26,9 +26,8 @@ from trtllm_dflash.recipe import load_recipe  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with served_pair(tmp_path_factory.mktemp("served")) as pair:
-        yield pair
+def served(default_served):
+    return default_served
 
 
 def reference_text(recipe, prompt: str, max_tokens: int) -> str:

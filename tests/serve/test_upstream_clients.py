@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from serve_helpers import loaded_pair, served_pair
+from serve_helpers import loaded_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 pytest.importorskip("tritonclient.grpc")
@@ -135,18 +135,18 @@ def run(argv):
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, default_served):
     """Every case's (check, return code, output), the cases run together on one server; then one
     more request, after the refusals."""
     root = tmp_path_factory.mktemp("upstream_clients")
-    with served_pair(root) as (recipe, _):
-        url = f"127.0.0.1:{recipe.serve.grpc_port}"
-        pair = loaded_pair(recipe.target.path, recipe.drafter.path)
-        ids = pair[0](PROMPT)["input_ids"]
-        cases = {**text_cases(url, pair, ids), **ids_cases(url, pair, ids, root, recipe.target.path)}
-        with ThreadPoolExecutor(4) as pool:
-            done = dict(zip(cases, pool.map(run, [argv for argv, _ in cases.values()])))
-        after = run(cases["ensemble streaming"][0])
+    recipe, _ = default_served
+    url = f"127.0.0.1:{recipe.serve.grpc_port}"
+    pair = loaded_pair(recipe.target.path, recipe.drafter.path)
+    ids = pair[0](PROMPT)["input_ids"]
+    cases = {**text_cases(url, pair, ids), **ids_cases(url, pair, ids, root, recipe.target.path)}
+    with ThreadPoolExecutor(4) as pool:
+        done = dict(zip(cases, pool.map(run, [argv for argv, _ in cases.values()])))
+    after = run(cases["ensemble streaming"][0])
     return {name: (cases[name][1], *done[name]) for name in cases} | {"served after": (cases["ensemble streaming"][1],
                                                                                       *after)}
 
