@@ -96,12 +96,10 @@ def compile_attention_kernel(problem: AttentionProblem, target=None) -> Compiled
     fn = kernel._kv_inject_attention_fwd
     p = problem
     pointer = _TRITON_POINTERS
-    signature = {"Q": pointer[p.dtype], "K_BLOCK": pointer[p.dtype], "V_BLOCK": pointer[p.dtype],
-                 "K_CACHE": pointer[p.cache_dtype], "V_CACHE": pointer[p.cache_dtype], "CACHE_LENS": "*i32",
-                 "K_SCALE": "*fp32", "V_SCALE": "*fp32"}
-    int_names = fn.arg_names[len(signature):fn.arg_names.index("OUT")]
-    signature.update({name: "i32" for name in int_names})
-    signature["OUT"] = pointer[p.dtype]
+    signature = _signature(fn, {"Q": pointer[p.dtype], "K_BLOCK": pointer[p.dtype], "V_BLOCK": pointer[p.dtype],
+                                "K_CACHE": pointer[p.cache_dtype], "V_CACHE": pointer[p.cache_dtype],
+                                "CACHE_LENS": "*i32", "K_SCALE": "*fp32", "V_SCALE": "*fp32"},
+                           {"OUT": pointer[p.dtype]})
     tiles = kernel.tile_config(p)
     constexprs = dict(
         SM_SCALE=p.scale, CAUSAL_BLOCK=p.causal_block, WINDOW=p.window or 0, GROUP=p.group_size,
@@ -110,6 +108,13 @@ def compile_attention_kernel(problem: AttentionProblem, target=None) -> Compiled
     )
     compiled = _compile(PLUGIN_ID, fn, signature, constexprs, target, tiles["num_warps"])
     return dataclasses.replace(compiled, block_m=tiles["BLOCK_M"])
+
+
+def _signature(fn, inputs: dict[str, str], outputs: dict[str, str]) -> dict[str, str]:
+    """triton's signature of kernel `fn` in its argument order: the pointer `inputs`, every
+    argument between them and the first of `outputs` as int32 (TensorRT's int32 args), `outputs`."""
+    ints = fn.arg_names[len(inputs):fn.arg_names.index(next(iter(outputs)))]
+    return {**inputs, **{name: "i32" for name in ints}, **outputs}
 
 
 def compile_append_kernel(problem: AppendProblem, target=None) -> CompiledKernel:
@@ -123,12 +128,10 @@ def compile_append_kernel(problem: AppendProblem, target=None) -> CompiledKernel
     fn = kernel._append_context_aot
     pointer = _TRITON_POINTERS
     p = problem
-    signature = {"K_CACHE": pointer[p.cache_dtype], "V_CACHE": pointer[p.cache_dtype], "K_NEW": pointer[p.new_dtype],
-                 "V_NEW": pointer[p.new_dtype], "CACHE_LENS": "*i32", "NEW_LENS": "*i32", "K_SCALE": "*fp32",
-                 "V_SCALE": "*fp32"}
-    int_names = fn.arg_names[len(signature):fn.arg_names.index("K_OUT")]
-    signature.update({name: "i32" for name in int_names})
-    signature.update(K_OUT=pointer[p.cache_dtype], V_OUT=pointer[p.cache_dtype], LENS_OUT="*i32")
+    signature = _signature(fn, {"K_CACHE": pointer[p.cache_dtype], "V_CACHE": pointer[p.cache_dtype],
+                                "K_NEW": pointer[p.new_dtype], "V_NEW": pointer[p.new_dtype], "CACHE_LENS": "*i32",
+                                "NEW_LENS": "*i32", "K_SCALE": "*fp32", "V_SCALE": "*fp32"},
+                           {"K_OUT": pointer[p.cache_dtype], "V_OUT": pointer[p.cache_dtype], "LENS_OUT": "*i32"})
     constexprs = dict(HEAD_DIM=p.head_dim, BLOCK_N=APPEND_BLOCK_N, QUANTIZE=p.cache_dtype == checks.FP8_CACHE_DTYPE)
     return _compile(APPEND_PLUGIN_ID, fn, signature, constexprs, target, num_warps=4)
 
