@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.schema import Recipe
-from trtllm_dflash.recipe.stages import fields_sha256, stage_fields
+from trtllm_dflash.recipe.stages import build_command, fields_sha256, stage_fields
 
 MANIFEST = "manifest.json"
 
@@ -114,6 +114,13 @@ def relative_to(path: str | Path, base: Path) -> str:
     """`path` relative to the directory `base` (both resolved), for a file that names another
     stage output: the pair then moves as a whole (a run directory renamed or copied to a GPU box)."""
     return os.path.relpath(Path(path).resolve(), Path(base).resolve())
+
+
+def planned_build_command(recipe: Recipe, build_dir: Path) -> str:
+    """The command that builds the engines of the (dry-run) build output in `build_dir` in place,
+    from the checkpoint its manifest says it was planned from."""
+    m = Manifest.read(build_dir)
+    return build_command(recipe, m.input_dir(build_dir) if m.input else None, build_dir)
 
 
 def manifest_sha256(directory: Path) -> str:

@@ -39,14 +39,16 @@ from pathlib import Path
 
 import yaml
 
-from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256, relative_to, verify_input
+from trtllm_dflash.artifacts import (
+    Manifest, atomic_stage_dir, manifest_sha256, planned_build_command, relative_to, verify_input,
+)
 from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtllm_serve_commands
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
 from trtllm_dflash.deploy.settings import DFLASH_INPUTS, REPOSITORY, ModelSettings
 from trtllm_dflash.deploy.triton_config import dflash_model_config, llmapi_model_config, render
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.stages import build_command, input_stage, source_ref
+from trtllm_dflash.recipe.stages import input_stage, source_ref
 from trtllm_dflash.recipe.support import backend as backend_spec
 
 TRTLLM_SERVE = "trtllm_serve"  # the pytorch backend's trtllm-serve deployment, beside the repository
@@ -109,7 +111,7 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
     dry_run = spec.builds_engines and bool(m.extra.get("dry_run"))
     if dry_run and not plan_only:
         raise UserError(f"--from {from_dir}: a dry-run build (plan.json, no engines); build the engines inside "
-                        f"{spec.container}: {build_command(recipe, _planned_from(from_dir), from_dir)}; or deploy the plan alone with "
+                        f"{spec.container}: {planned_build_command(recipe, from_dir)}; or deploy the plan alone with "
                         "--plan-only (served only by --runners reference or emulated)")
     layout = None if spec.builds_engines else spec.layout  # a checkpoint's layout (its manifest records it)
     if layout is not None and m.extra.get("layout") != layout:
@@ -171,14 +173,8 @@ def plan_only_problem(recipe: Recipe, deploy_dir: Path) -> str | None:
         return None
     build_dir = m.input_dir(deploy_dir)
     return (f"{deploy_dir}: a plan-only deployment ({build_dir} is a dry-run build: no engines); inside "
-            f"{backend_spec(recipe.backend.name).container}, run {build_command(recipe, _planned_from(build_dir), build_dir)}"
+            f"{backend_spec(recipe.backend.name).container}, run {planned_build_command(recipe, build_dir)}"
             f" and deploy again without --plan-only (or serve it here with --runners reference or emulated)")
-
-
-def _planned_from(build_dir: Path) -> Path | None:
-    """The checkpoint a (dry-run) build was planned from."""
-    m = Manifest.read(build_dir)
-    return m.input_dir(build_dir) if m.input else None
 
 
 def _write_dialect_models(repository: Path, recipe: Recipe, header: str) -> None:

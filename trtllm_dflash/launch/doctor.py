@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from trtllm_dflash.artifacts import Manifest, check_files, manifest_sha256, verify_input
+from trtllm_dflash.artifacts import Manifest, check_files, manifest_sha256, planned_build_command, verify_input
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import GiB
 from trtllm_dflash.recipe.planner import plan
 from trtllm_dflash.recipe.schema import Recipe
-from trtllm_dflash.recipe.stages import build_command
 from trtllm_dflash.recipe.support import backend as backend_spec
 
 Status = Literal["ok", "FAIL", "n/a", "cannot check"]
@@ -266,9 +265,8 @@ def check_files_chain(recipe: Recipe, deploy_dir: Path) -> list[Check]:
         except UserError as e:
             return out + [Check("files", "FAIL", str(e))]
         if m.stage == "build" and m.extra.get("dry_run"):
-            planned_from = m.input_dir(directory) if m.input else None
             return out + [Check("files", "FAIL", f"{directory}: a dry-run build (no engines); build them here: "
-                                f"`{build_command(recipe, planned_from, directory)}` inside {backend_spec('engine').container}")]
+                                f"`{planned_build_command(recipe, directory)}` inside {backend_spec('engine').container}")]
         out.append(Check("files", "ok", f"{m.stage}: {directory} ({len(m.files)} files as recorded)"))
         expected_sha = m.input["manifest_sha256"] if m.input else None
         directory = _input_dir(directory, m)

@@ -108,15 +108,13 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
 
 def _check_engines(recipe, engines: Path) -> None:
     """The build output the tensorrt runners open: engines built (not a dry run), files unchanged."""
-    from trtllm_dflash.artifacts import Manifest, check_files
-    from trtllm_dflash.recipe.stages import build_command
+    from trtllm_dflash.artifacts import Manifest, check_files, planned_build_command
     from trtllm_dflash.recipe.support import backend as backend_spec
 
     built = Manifest.read(engines)
     if built.extra.get("dry_run"):
-        planned_from = built.input_dir(engines) if built.input else None
         raise UserError(f"{engines}: a dry-run build (no engines) cannot serve with the tensorrt runners; inside "
-                        f"{backend_spec(recipe.backend.name).container} run {build_command(recipe, planned_from, engines)} "
+                        f"{backend_spec(recipe.backend.name).container} run {planned_build_command(recipe, engines)} "
                         "and deploy again")
     check_files(engines, built)
 
