@@ -27,9 +27,9 @@ if not torch.cuda.is_available():
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into workers
 def pytest_cmdline_main(config):
     """With pytest-xdist installed and no -n given, the suite runs on every core (-n auto), one
-    test file per worker (--dist loadfile: a file's module fixtures and servers stay in one
-    process). Not on a CUDA machine, whose tests share its one device, and not under --pdb.
-    -n 0 (or -p no:xdist) runs it in one process."""
+    test file per worker at a time (a file's module fixtures and servers stay in one process;
+    see pytest_xdist_make_scheduler). Not on a CUDA machine, whose tests share its one device,
+    and not under --pdb. -n 0 (or -p no:xdist) runs it in one process."""
     if (not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER")
             or config.option.numprocesses is not None or config.getoption("usepdb", False)
             or torch.cuda.is_available() or (os.cpu_count() or 1) < 2):
@@ -37,18 +37,47 @@ def pytest_cmdline_main(config):
     config.option.numprocesses, config.option.dist = "auto", "loadfile"
 
 
-# The longest test files (about 15-80 s each on 2 cores), longest first: started first, they do not
-# leave one worker running alone at the end (xdist hands out files in collection order).
-LONGEST_FILES = ("test_pipeline.py", "serve/test_server.py", "reference/test_greedy.py", "sweep/test_sweep_apis.py",
-                 "serve/test_engine_runners.py", "reference/test_bad_words.py", "serve/test_openai.py",
-                 "reference/test_sampling.py", "serve/test_dialect_server.py", "reference/test_draft_len.py",
-                 "serve/test_upstream_clients.py", "serve/test_tp_server.py", "reference/test_dflash2_loop.py",
-                 "sweep/test_bands_sweep.py", "reference/test_laguna.py", "project/test_project_cmd.py")
+# Test files that share one session fixture go to the same worker, as one unit: each worker that
+# ran one of them would otherwise build the fixture again (tests/serve/conftest.py default_served:
+# a convert, a deploy and a tritonserver, about 15 s on 2 busy cores).
+SHARED_FIXTURE_UNITS = {
+    "default_served": ("serve/test_server.py", "serve/test_dialect_server.py", "serve/test_upstream_clients.py"),
+}
+# The longest units (about 15-100 s each on 2 busy cores), longest first: started first, they do
+# not leave one worker running alone at the end.
+LONGEST_UNITS = ("test_pipeline.py", "default_served", "serve/test_engine_runners.py", "sweep/test_sweep_apis.py",
+                 "serve/test_tp_server.py", "reference/test_sampling.py", "perf/test_bench_draft_policy.py",
+                 "reference/test_bad_words.py", "reference/test_greedy.py", "serve/test_openai.py",
+                 "sweep/test_bands_sweep.py", "reference/test_draft_len.py", "quantize/test_guard.py",
+                 "project/test_project_cmd.py", "deploy/test_moved_run.py", "serve/test_engine_server.py")
 
 
-def _file_rank(item) -> int:
-    path = item.nodeid.split("::")[0].removeprefix("tests/")
-    return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+def _unit(nodeid: str) -> str:
+    """The scheduling unit of a test: its file, or the shared-fixture unit its file belongs to."""
+    path = nodeid.split("::")[0].removeprefix("tests/")
+    return next((name for name, files in SHARED_FIXTURE_UNITS.items() if path in files), path)
+
+
+def _unit_rank(item) -> int:
+    unit = _unit(item.nodeid)
+    return LONGEST_UNITS.index(unit) if unit in LONGEST_UNITS else len(LONGEST_UNITS)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown when it is not loaded (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's per-file scheduling with two changes: the files of a shared-fixture unit go to one
+    worker together, and units are handed out in collection order (longest first, see
+    pytest_collection_modifyitems) instead of xdist's default, most tests first."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class UnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    if config.option.dist != "loadfile":
+        return None
+    config.option.loadscopereorder = False
+    return UnitScheduling(config, log)
 
 
 # The parity lanes run NVIDIA's containers' Python, 3.12, on the tritonserver nvidia-pytriton 0.7.0
@@ -78,7 +107,7 @@ def _bundled_tritonserver_in_the_lanes():
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_file_rank)  # stable: a file's own order is kept
+    items.sort(key=_unit_rank)  # stable: a file's own order is kept
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")

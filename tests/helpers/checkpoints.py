@@ -6,13 +6,20 @@ place changes the output.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
 VOCAB = 256
+
+# For a test module that needs ModelOpt: a mark instead of a module-level importorskip, so that
+# collecting the suite does not import ModelOpt (about 7 s per test process).
+needs_modelopt = pytest.mark.skipif(importlib.util.find_spec("modelopt") is None,
+                                    reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
 
 
 def _perturb_norms(model: torch.nn.Module, seed: int) -> None:

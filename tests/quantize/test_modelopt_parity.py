@@ -14,31 +14,26 @@ import warnings
 
 import pytest
 import torch
+from checkpoints import needs_modelopt
+from safetensors.torch import load_file
 
-mtq = pytest.importorskip(
-    "modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')"
-)
-from modelopt.torch.export import export_hf_checkpoint  # noqa: E402
-from modelopt.torch.export.quant_utils import to_quantized_weight  # noqa: E402
-from modelopt.torch.quantization.qtensor import NVFP4QTensor  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-
-from trtllm_dflash.compat import modelopt_nvfp4  # noqa: E402
-from trtllm_dflash.quantize.calibrate import (  # noqa: E402
-    collect_linear_amax,
-    group_input_amax,
-    group_weight_amax,
-    shared_input_groups,
-)
-from trtllm_dflash.formats.quant import (  # noqa: E402
+from trtllm_dflash.compat import modelopt_nvfp4
+from trtllm_dflash.formats.quant import (
     dequantize_nvfp4,
     fp8_scale,
     nvfp4_global_scale,
     quantize_fp8,
     quantize_nvfp4,
 )
+from trtllm_dflash.quantize.calibrate import (
+    collect_linear_amax,
+    group_input_amax,
+    group_weight_amax,
+    shared_input_groups,
+)
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+# ModelOpt is imported by the tests that use it, not at collection (about 7 s per test process).
+pytestmark = [pytest.mark.filterwarnings("ignore"), needs_modelopt]
 
 
 def _crafted(dtype):
@@ -56,6 +51,8 @@ def _crafted(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_nvfp4_tensor_functions_match_modelopt(dtype):
     w = _crafted(dtype)
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
     ours = quantize_nvfp4(w)
     with modelopt_nvfp4():
         qt, bs, g = NVFP4QTensor.quantize(w, 16)
@@ -68,6 +65,8 @@ def test_nvfp4_tensor_functions_match_modelopt(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_tensor_functions_match_modelopt(dtype):
+    from modelopt.torch.export.quant_utils import to_quantized_weight
+
     w = _crafted(dtype)
     scale = torch.tensor(w.float().abs().max().item() / 448)
     # HF export: a 0-dim scale (quotient in the weight dtype); TensorRT-LLM export: a [1] scale (FP32)
@@ -82,6 +81,8 @@ CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 @pytest.fixture(scope="module", params=[(f, d) for f in CONFIGS for d in ("float32", "bfloat16")], ids=lambda p: "-".join(p))
 def exported(request, tmp_path_factory):
     """(format, original weights, our amax, ModelOpt's exported tensors) for a tiny Qwen3."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     fmt, dtype_name = request.param
