@@ -14,15 +14,25 @@ def cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "trtllm_dflash", *args], capture_output=True, text=True, cwd=cwd)
 
 
+def in_process(capsys, *args) -> subprocess.CompletedProcess:
+    """cli.main in this process (`python -m trtllm_dflash` exits with its value; test_help and the
+    error tests here check the process itself): what it returns and prints."""
+    from trtllm_dflash.cli import main
+
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), rc, out, err)
+
+
 def test_help_lists_subcommands():
     out = cli("--help").stdout
     for name in ("recipes", "check", "plan"):
         assert name in out
 
 
-def test_check_all_recipes_ok():
+def test_check_all_recipes_ok(capsys):
     for path in sorted(RECIPES.glob("*/*.yaml")):
-        r = cli("check", str(path))
+        r = in_process(capsys, "check", str(path))
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith("ok: ")
 
@@ -38,8 +48,8 @@ def test_invalid_recipe_exits_2_with_one_line(tmp_path):
     assert r.stderr.startswith(f"error: {bad}: quantization.target_weights:")
 
 
-def test_plan_json_for_the_headline_deployment():
-    r = cli("plan", str(RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml"), "--json")
+def test_plan_json_for_the_headline_deployment(capsys):
+    r = in_process(capsys, "plan", str(RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml"), "--json")
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
     assert p["device"] == "b300" and p["tp"] == 8 and p["fits"] is True
@@ -47,14 +57,15 @@ def test_plan_json_for_the_headline_deployment():
     assert {row["component"] for row in p["rows"]} >= {"target weights", "target KV cache", "drafter context cache"}
 
 
-def test_plan_table_names_per_device_memory():
-    r = cli("plan", str(RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"))
+def test_plan_table_names_per_device_memory(capsys):
+    r = in_process(capsys, "plan", str(RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"))
     assert r.returncode == 0, r.stderr
     assert "max concurrency that fits" in r.stdout and "target KV cache" in r.stdout
 
 
-def test_recipes_lists_everything_as_json():
-    r = cli("recipes", "--json")
+def test_recipes_lists_everything_as_json(capsys):
+    r = in_process(capsys, "recipes", "--json")
+    assert r.returncode == 0, r.stderr
     names = {row["name"] for row in json.loads(r.stdout)}
     assert "b300x8-gpt-oss-120b-nvfp4" in names and "cpu-tiny-pystd" in names
 

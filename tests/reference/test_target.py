@@ -113,3 +113,16 @@ def test_legacy_llama31_rope_config():
     assert cfg.head_dim == 128 and cfg.eos_token_ids == (128001, 128008, 128009) and not cfg.qk_norm
     ref, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"}), "cpu")
     torch.testing.assert_close(cfg.rope.inv_freq(128), ref, rtol=0, atol=0)
+
+
+def test_loading_a_pair_computes_nothing_on_the_meta_device(tiny_pair):
+    """The loaders build skeletons under torch.device("meta") and then load every tensor: an init or
+    a RoPE table computed there runs torch._refs, whose first use imports torch._dynamo (about 2 s
+    of every server's start-up)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from trtllm_dflash.reference import load_pair; load_pair(sys.argv[1], sys.argv[2]); "
+            "print('torch._dynamo' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, *map(str, tiny_pair)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]

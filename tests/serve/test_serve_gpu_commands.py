@@ -1,10 +1,11 @@
 """`serve` for the GPU backends prints (or runs) the launch command for NVIDIA's container:
 tritonserver over the repository, or trtllm-serve exactly as deploy wrote it to launch.json."""
 
+import contextlib
+import io
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,15 @@ def deployed_pytorch(tmp_path_factory):
     return deploy_gpt_oss_standin(tmp_path_factory.mktemp("pytorch"))
 
 
-def serve(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(GPT_OSS), *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+def serve(*args, recipe: Path = GPT_OSS) -> subprocess.CompletedProcess:
+    """`trtllm-dflash serve RECIPE ARGS` in process (`python -m trtllm_dflash` exits with main's
+    return value): what it prints and returns, without an interpreter start per call."""
+    from trtllm_dflash.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["serve", str(recipe), *map(str, args)])
+    return subprocess.CompletedProcess(["serve", str(recipe), *map(str, args)], rc, out.getvalue(), err.getvalue())
 
 
 def test_openai_api_prints_the_deployed_trtllm_serve_command(deployed_pytorch):
@@ -90,8 +97,7 @@ def test_engine_backend_has_no_openai_endpoint(tmp_path):
     with atomic_stage_dir(tmp_path / "build", Manifest.for_stage("build", recipe)) as d:
         (d / "x").write_bytes(b"stand-in")
     out = deploy(recipe, tmp_path / "build", tmp_path / "deploy")
-    r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe_path), "--from", str(out), "--api",
-                        "openai"], capture_output=True, text=True, timeout=120)
+    r = serve("--from", out, "--api", "openai", recipe=recipe_path)
     assert r.returncode == 2 and "--api openai: the engine backend serves Triton only" in r.stderr
 
 
@@ -125,8 +131,7 @@ def test_serve_prints_the_leader_mode_launch_whatever_the_launcher(tmp_path):
     out = deploy(recipe, tmp_path / "build", tmp_path / "deploy")
     sets = [a for o in overrides for a in ("--set", o)]
     for launcher in ("single_node", "mpirun"):
-        r = subprocess.run([sys.executable, "-m", "trtllm_dflash", "serve", str(recipe_path), *sets, "--from", str(out),
-                            "--launcher", launcher], capture_output=True, text=True, timeout=120)
+        r = serve(*sets, "--from", out, "--launcher", launcher, recipe=recipe_path)
         cmd = shlex.split(r.stdout.strip())
         assert cmd[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"], r.stderr
         assert cmd.count("/opt/tritonserver/bin/tritonserver") == 2 and cmd.count(":") == 1

@@ -11,6 +11,7 @@ round may accept one token fewer or more, so tau there agrees closely, not exact
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -32,15 +33,28 @@ SMALL = ["sweep.min_requests=4", "sweep.warmup_requests=1", "sweep.output_len=32
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
+    """The two servers start, and stop, side by side: most of a start or a stop is waiting (for a
+    model's load, for Triton's once-a-second unload poll)."""
     root = tmp_path_factory.mktemp("apis")
     recipe = load_recipe(None, SMALL)
     run(recipe, root, until="deploy", progress=False, say=lambda _: None)
-    triton = TritonServer(root / "deploy" / REPOSITORY, Endpoints.free()).start()
     port = free_port()
-    proc = start_openai_server([arg for kv in SMALL for arg in ("--set", kv)], root / "deploy", port)
+    with ThreadPoolExecutor(1) as pool:
+        openai = pool.submit(start_openai_server, [arg for kv in SMALL for arg in ("--set", kv)], root / "deploy", port)
+        triton = TritonServer(root / "deploy" / REPOSITORY, Endpoints.free())
+        try:
+            triton.start()
+            proc = openai.result()
+        except BaseException:  # neither server outlives a failed start
+            triton.stop()
+            if openai.exception() is None:
+                stop_server(openai.result())
+            raise
     yield recipe, root, triton, f"127.0.0.1:{port}"
-    triton.stop()
-    stop_server(proc)
+    with ThreadPoolExecutor(1) as pool:
+        stopped = pool.submit(stop_server, proc)
+        triton.stop()
+        stopped.result()
 
 
 def rows(out):

@@ -39,12 +39,23 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
+def building_on_meta() -> bool:
+    """Inside `with torch.device("meta")`, where the loaders build a model's skeleton and then load
+    every tensor (and rebuild the RoPE tables): computing anything there (an init, a table) runs
+    torch._refs, whose first use imports torch._dynamo, about 2 s of every server's start-up."""
+    return torch.get_default_device().type == "meta"
+
+
 class Rope(nn.Module):
     """Precomputed NeoX (rotate-half) tables, grown on demand. `sin` is stored with the
     rotate-half sign folded in (first half negated), see apply_rope."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_len: int = 4096):
         super().__init__()
+        if building_on_meta():  # shapes only
+            for name, shape in (("inv_freq", [head_dim // 2]), ("cos", [max_len, head_dim]), ("sin", [max_len, head_dim])):
+                self.register_buffer(name, torch.empty(shape), persistent=False)
+            return
         self.register_buffer("inv_freq", rope.inv_freq(head_dim), persistent=False)  # [D/2]
         self._build(max_len)
 
@@ -182,7 +193,8 @@ class Target(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        skeleton = torch.empty(cfg.vocab_size, cfg.hidden_size) if building_on_meta() else None  # no normal_ init
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=skeleton)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
