@@ -95,7 +95,8 @@ def soak(recipe, clients: int, seconds: float, max_tokens: int, prompts: list[st
     with tempfile.TemporaryDirectory() as tmp:
         run(recipe, Path(tmp), until="deploy", progress=False, say=lambda _: None)  # convert (+ quantize), deploy
         repo = Path(tmp) / "deploy"
-        expected = expected_outputs(recipe, Path(Manifest.read(repo).extra["artifact"]), prompts, max_tokens)
+        artifact = repo / Manifest.read(repo).extra["artifact"]  # relative to the deploy output
+        expected = expected_outputs(recipe, artifact, prompts, max_tokens)
         endpoints = Endpoints.free()
         with TritonServer(repo / REPOSITORY, endpoints):
             t0 = time.monotonic()
