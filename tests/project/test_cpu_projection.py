@@ -79,6 +79,7 @@ def test_project_calibrate_writes_what_it_measured(tmp_path, monkeypatch, capsys
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it times this machine: another test beside it skews the comparison
 def test_cpu_projection_matches_a_fresh_sweep(tmp_path):
     """Calibrate on this machine (passes, then probes of a served deployment), then sweep it with
     `pipeline.run` (convert, deploy, serve behind tritonserver, sweep) and compare."""
