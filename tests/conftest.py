@@ -24,6 +24,17 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Every test leaves torch's thread count as it found it. Commands and benches set their own in
+    process (`bench policy --threads 2`, a server's cpu_torch_threads); left behind in a worker,
+    2 threads beside the other worker's crawl on 2 cores for the rest of that worker's tests."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into workers
 def pytest_cmdline_main(config):
     """With pytest-xdist installed and no -n given, the suite runs on every core (-n auto), one
