@@ -81,7 +81,7 @@ class _Unpacked:
         self.admit, self.step = decoder.admit, decoder.step
 
 
-def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, threads=2) -> dict:
+def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, threads=2, fit_repeats=5) -> dict:
     from trtllm_dflash.perf.bench_quant import shipped_pair
     from trtllm_dflash.prompts.sources import heldout_token_prompts
 
@@ -92,7 +92,9 @@ def bench(levels=(1, 2, 4, 8, 16), max_new_tokens=64, prompt_len=64, repeats=3, 
     block, vocab = drafter.block_size, target.cfg.vocab_size
     factory = lambda max_len: Decoder(target, drafter, max_len=max_len)  # noqa: E731
     with torch.inference_mode():
-        packed, uniform = measure_cost(factory, block, vocab), measure_cost(lambda n: _Unpacked(factory(n)), block, vocab)
+        # fit_repeats: timed rounds per shape of each fit (5, as a server's start-up fit times them)
+        packed = measure_cost(factory, block, vocab, repeats=fit_repeats)
+        uniform = measure_cost(lambda n: _Unpacked(factory(n)), block, vocab, repeats=fit_repeats)
     policies = ["ar", *FIXED, "auto-batch", "auto"]
     # One instance of each auto policy for the whole run, as a server keeps one: a new request
     # starts from the acceptance of every request before it (the warm-up pass teaches them first).
