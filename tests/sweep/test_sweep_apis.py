@@ -21,7 +21,7 @@ pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)
 from serve_helpers import start_openai_server, stop_server  # noqa: E402
 
 from trtllm_dflash.deploy.settings import REPOSITORY  # noqa: E402
-from trtllm_dflash.launch.server import Endpoints, TritonServer, free_port  # noqa: E402
+from trtllm_dflash.launch.server import Endpoints, TritonServer, free_port, free_ports  # noqa: E402
 from trtllm_dflash.pipeline import run  # noqa: E402
 from trtllm_dflash.recipe import load_recipe  # noqa: E402
 from trtllm_dflash.sweep.stage import sweep  # noqa: E402
@@ -38,10 +38,12 @@ def both(tmp_path_factory):
     root = tmp_path_factory.mktemp("apis")
     recipe = load_recipe(None, SMALL)
     run(recipe, root, until="deploy", progress=False, say=lambda _: None)
-    port = free_port()
+    # Four different ports at once: the OpenAI server binds its own only once started, so ports
+    # chosen one call at a time could hand tritonserver the same one.
+    port, *triton_ports = free_ports(4)
     with ThreadPoolExecutor(1) as pool:
         openai = pool.submit(start_openai_server, [arg for kv in SMALL for arg in ("--set", kv)], root / "deploy", port)
-        triton = TritonServer(root / "deploy" / REPOSITORY, Endpoints.free())
+        triton = TritonServer(root / "deploy" / REPOSITORY, Endpoints("127.0.0.1", *triton_ports))
         try:
             triton.start()
             proc = openai.result()
