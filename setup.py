@@ -12,6 +12,7 @@ setup(
     package_dir={"trtllm_dflash.plugins": "plugins", "trtllm_dflash.recipes": "recipes", "trtllm_dflash.perf": "perf"},
     package_data={
         "trtllm_dflash.recipes": ["*/*.yaml"],
-        "trtllm_dflash": ["recipe/catalog/*.yaml", "assets/**/*", "prompts/data/*.jsonl"],
+        "trtllm_dflash": ["recipe/catalog/*.yaml", "recipe/catalog/*.json", "assets/**/*", "prompts/data/*.jsonl",
+                          "project/loop_cost.json"],
     },
 )

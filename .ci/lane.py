@@ -29,7 +29,7 @@ STACKS = ROOT / ".ci" / "stacks"
 # What installing the project must never move inside a container (the list).
 PROTECTED = ("torch", "transformers", "nvidia-modelopt", "numpy", "triton", "tokenizers")
 # Installed without their dependencies where they pin something a stack moves past:
-# nvidia-pytriton 0.7.0 requires numpy<2 (launch/server.py gives its stub a numpy<2 of its own).
+# nvidia-pytriton 0.7.0 requires numpy<2 (launch/stub_python.py gives its stub a numpy<2 of its own).
 NO_DEPS = ("nvidia-pytriton",)
 
 
@@ -90,7 +90,8 @@ def install(stack: str) -> None:
             run(*pip, "install", "-q", "-c", constraints, *deps)
     run(*pip, "install", "-q", "--no-deps", "-e", ROOT)
     if int(pinned.get("numpy", "1").split(".")[0]) >= 2:  # the bundled Triton stub's numpy < 2 (compat.py)
-        target = subprocess.run([*pip[:1], "-c", "from trtllm_dflash.compat import stub_numpy_dir; print(stub_numpy_dir())"],
+        target = subprocess.run([*pip[:1], "-c",
+                                 "from trtllm_dflash.compat import stub_numpy_dir; print(stub_numpy_dir())"],
                                 cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
         run(*pip, "install", "-q", "--no-deps", "--upgrade", "--target", target, "numpy>=1.26,<2")
 

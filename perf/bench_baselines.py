@@ -88,7 +88,8 @@ def run_baselines(
         draft.generation_config.assistant_confidence_threshold = 0.0
         methods["hf_assisted"] = {"assistant_model": draft}
         notes["hf_assisted"] = (f"AR draft {Path(ar_draft_dir).name}: {draft.config.num_hidden_layers} layers, "
-                                f"{sum(p.numel() for p in draft.parameters()):,} params, {assistant_tokens} tokens per round")
+                                f"{sum(p.numel() for p in draft.parameters()):,} params, {assistant_tokens} tokens per "
+                                "round")
     else:
         notes["hf_assisted"] = f"skipped: no AR draft model at {ar_draft_dir}"
     methods["hf_prompt_lookup"] = {"prompt_lookup_num_tokens": lookup_tokens, "max_matching_ngram_size": lookup_ngram}

@@ -39,16 +39,24 @@ import argparse
 import builtins
 import functools
 import json
-import sys
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from trtllm_dflash.reference import DFlashDraft, DraftConfig, Target, TargetConfig, generate_steps, load_drafter, load_pair
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.prompts.sources import heldout_token_prompts
+from trtllm_dflash.reference import (
+    DFlashDraft,
+    DraftConfig,
+    Target,
+    TargetConfig,
+    generate_steps,
+    load_drafter,
+    load_pair,
+)
 from trtllm_dflash.reference.rope import RopeConfig
 
 
@@ -112,6 +120,11 @@ def decode(target, drafter, prompts, n, mode, block_size, budget) -> dict:
     }
 
 
+def _same(a: list, b: list) -> int:
+    """How many of the prompts' token lists are identical in a and b."""
+    return sum(x == y for x, y in zip(a, b))
+
+
 def _median_ms(fn, reps: int = 30) -> float:
     fn()
     times = []
@@ -133,9 +146,11 @@ def micro(target: Target, drafters: dict[str, DFlashDraft], context: int, block:
     capture = tuple(sorted({i for d in drafters.values() for i in d.target_layer_ids}))
     _, feats = target(ids[:, :context], pos[:, :context], cache, context,
                       torch.ones(context, context, dtype=torch.bool).tril()[None, None], capture)
-    one = lambda: target(ids[:, context : context + 1], pos[:, context : context + 1], cache, context + 1, None)
+    def one():
+        return target(ids[:, context : context + 1], pos[:, context : context + 1], cache, context + 1, None)
     mask = (pos[0, : context + block][None, :] <= pos[0, context : context + block][:, None])[None, None]
-    verify = lambda: target(ids[:, context:], pos[:, context:], cache, context + block, mask, capture)
+    def verify():
+        return target(ids[:, context:], pos[:, context:], cache, context + block, mask, capture)
     out = {"target_step_ms": _median_ms(one), f"verify_{block}_ms": _median_ms(verify)}
     start, H = torch.tensor([context], device=target.device), target.cfg.hidden_size
     for name, d in drafters.items():
@@ -179,7 +194,8 @@ def run_modes(target, drafter, prompts, n, block, budget, batch, repeats, dflash
         runs = reps[mode][per_rep.index(statistics.median_low(per_rep))]
         res = {k: statistics.fmean(r[k] for r in runs) for k in runs[0] if k not in ("mode", "tokens", "tokens_per_s")}
         committed = sum(r["tau"] * r["rounds"] * len(r["tokens"]) for r in runs)
-        res["tau"] = committed / sum(r["rounds"] * len(r["tokens"]) for r in runs)  # tokens per verify pass, all prompts
+        # tokens per verify pass, all prompts
+        res["tau"] = committed / sum(r["rounds"] * len(r["tokens"]) for r in runs)
         res["tokens_per_s"] = statistics.median(per_rep)
         res["tokens_per_s_best"] = max(per_rep)
         res["tokens_per_s_runs"] = per_rep
@@ -200,7 +216,8 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         if dflash2_dir:
             dflash2 = load_drafter(dflash2_dir, target, dt)
             if not dflash2.cfg.dflash2:
-                raise UserError(f"drafter {dflash2_dir}/config.json: not a DFlash2 drafter (no dflash_config.conv_kernel_size)")
+                raise UserError(f"drafter {dflash2_dir}/config.json: not a DFlash2 drafter (no "
+                                "dflash_config.conv_kernel_size)")
             source += f" (+ DFlash2 {dflash2_dir})"
     else:
         target, drafter = random_pair(seed, dt)
@@ -211,7 +228,8 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         raise UserError(f"block size {block2} exceeds the DFlash2 drafter's block_size {dflash2.block_size}")
     budget = ddtree_budget or block - 1
     ps = heldout_token_prompts(target_dir, prompts, prompt_len) if target_dir else None
-    prompt_source = "the shipped held-out Python text (prompts/data)" if ps is not None else "random token ids (no tokenizer)"
+    prompt_source = ("the shipped held-out Python text (prompts/data)" if ps is not None
+                     else "random token ids (no tokenizer)")
     if ps is None:
         g = torch.Generator().manual_seed(seed)
         ps = [torch.randint(0, target.cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(prompts)]
@@ -241,7 +259,8 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         "ddtree_tok_s": by["ddtree"]["tokens_per_s"],
         "ddtree_speedup": by["ddtree"]["ratio_vs_ar"],
         **({"dflash2_tau": by["dflash2"]["tau"], "dflash2_tok_s": by["dflash2"]["tokens_per_s"],
-            "dflash2_speedup": by["dflash2"]["ratio_vs_ar"], "dflash2_block_size": block2} if dflash2 is not None else {}),
+            "dflash2_speedup": by["dflash2"]["ratio_vs_ar"], "dflash2_block_size": block2} if dflash2 is not None
+            else {}),
         "identical_to_ar": {r["mode"]: f"{r['same_as_ar']}/{len(ps)}" for r in results},
         "modes": [{k: v for k, v in r.items() if k != "tokens"} for r in results],
         "passes": mic,
@@ -254,13 +273,13 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         hf = run_baselines(Path(target_dir), ps, max_new_tokens, repeats, ar_draft, assistant_tokens,
                            lookup_tokens, lookup_ngram)
         base = {"notes": hf.pop("notes"), "hf_ar_tok_s": hf["hf_ar"]["tok_s"],
-                "hf_ar_identical_to_ar": f"{sum(a == b for a, b in zip(hf['hf_ar']['tokens'], ar['tokens']))}/{len(ps)}"}
+                "hf_ar_identical_to_ar": f"{_same(hf['hf_ar']['tokens'], ar['tokens'])}/{len(ps)}"}
         for m, r in hf.items():
             if m == "hf_ar":
                 continue
             base[f"{m}_tok_s"] = r["tok_s"]
             base[f"{m}_speedup"] = r["tok_s"] / hf["hf_ar"]["tok_s"]
-            base[f"{m}_identical_to_hf_ar"] = f"{sum(a == b for a, b in zip(r['tokens'], hf['hf_ar']['tokens']))}/{len(ps)}"
+            base[f"{m}_identical_to_hf_ar"] = f"{_same(r['tokens'], hf['hf_ar']['tokens'])}/{len(ps)}"
         base["tok_s_runs"] = {m: r["tok_s_runs"] for m, r in hf.items()}
         out["baselines"] = base
     return out
@@ -269,15 +288,15 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
 def print_report(res: dict, file=None) -> None:
     print = functools.partial(builtins.print, file=file or sys.stdout)
     s, pr = res["settings"], res["prompts"]
-    print(f"{res['source']}; {pr['count']} prompts x {pr['prompt_len']} tokens ({pr['from']}), {s['max_new_tokens']} new, "
-          f"batch {s['batch']}, block {s['block_size']}, ddtree budget {s['ddtree_budget']}, {s['dtype']}, "
+    print(f"{res['source']}; {pr['count']} prompts x {pr['prompt_len']} tokens ({pr['from']}), {s['max_new_tokens']} "
+          f"new, batch {s['batch']}, block {s['block_size']}, ddtree budget {s['ddtree_budget']}, {s['dtype']}, "
           f"{s['threads']} threads, greedy, median of {s['repeats']} interleaved runs")
     print(f"{'mode':18} {'tok/s':>8} {'speed-up':>9} {'tau':>6} {'ms/round':>9} {'draft':>7} {'verify':>7} "
           f"{'other':>7} {'break-even tau':>15} {'identical':>10}")
     for r in res["modes"]:
-        print(f"{r['mode']:18} {r['tokens_per_s']:8.1f} {r['ratio_vs_ar']:9.2f} {r['tau']:6.2f} {r['ms_per_round']:9.2f} "
-              f"{r['draft_ms_per_round']:7.2f} {r['verify_ms_per_round']:7.2f} {r['overhead_ms_per_round']:7.2f} "
-              f"{r['break_even_tau']:15.2f} {res['identical_to_ar'][r['mode']]:>10}")
+        print(f"{r['mode']:18} {r['tokens_per_s']:8.1f} {r['ratio_vs_ar']:9.2f} {r['tau']:6.2f} "
+              f"{r['ms_per_round']:9.2f} {r['draft_ms_per_round']:7.2f} {r['verify_ms_per_round']:7.2f} "
+              f"{r['overhead_ms_per_round']:7.2f} {r['break_even_tau']:15.2f} {res['identical_to_ar'][r['mode']]:>10}")
     b = res.get("baselines")
     if b:
         print(f"{'hf_ar':18} {b['hf_ar_tok_s']:8.1f} {1.0:9.2f} {'':6} (HF model; its greedy output equals ar on "

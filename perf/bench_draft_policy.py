@@ -36,10 +36,10 @@ from collections import Counter
 
 import torch
 
-from trtllm_dflash.reference import load_pair
 from trtllm_dflash.policy.auto import AutoDraftLength
 from trtllm_dflash.policy.cost import measure_cost
 from trtllm_dflash.policy.decision import Drafts
+from trtllm_dflash.reference import load_pair
 from trtllm_dflash.reference.generate import Decoder
 
 FIXED = (1, 3, 7, 15)

@@ -42,16 +42,19 @@ def join_rounds(model, spec, vocab: int, batch: int, draft_len: int, rounds: int
     def prompts(n):
         return torch.randint(0, vocab, (n, prompt_len), generator=g).tolist()
 
+    from trtllm_dflash.policy.decision import Drafts
+
+    drafts = Drafts.of(draft_len)
     try:
         decoder.admit(list(range(batch)), prompts(batch), [new] * batch, [[]] * batch)
         for _ in range(3):  # warm-up: the first rounds after the prefill
-            decoder.step(draft_len)
+            decoder.step(drafts)
         steady, joined = [], []
         for i in range(rounds):
-            steady.append(decoder.step(draft_len).t_draft)
+            steady.append(decoder.step(drafts).t_draft)
             decoder.cancel([decoder.st.rows[0]])  # the oldest leaves, a new request joins
             decoder.admit([batch + i], prompts(1), [new], [[]])
-            joined.append(decoder.step(draft_len).t_draft)
+            joined.append(decoder.step(drafts).t_draft)
     finally:
         model.release(decoder)
     return steady, joined

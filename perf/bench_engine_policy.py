@@ -31,7 +31,7 @@ from pathlib import Path
 def closed_loop(engine, prompts, lens, c: int, draft_len: int | None) -> dict[int, float]:
     """Tokens per second of each request (first token excluded; by index into `prompts`) of `c`
     clients taking the requests in turn, DFlash chains (the deployment's DDTree aside)."""
-    from trtllm_dflash.serve.batcher import Job
+    from trtllm_dflash.serve.record import Request
 
     todo, lock, rates = list(range(len(prompts))), threading.Lock(), {}
 
@@ -48,7 +48,7 @@ def closed_loop(engine, prompts, lens, c: int, draft_len: int | None) -> dict[in
                 if update.finish_reason is not None:
                     done.set()
 
-            engine.submit(Job(prompt_ids=prompts[i], max_tokens=lens[i], emit=emit, stop_token_ids=[],
+            engine.submit(Request(prompt_ids=prompts[i], max_tokens=lens[i], emit=emit, stop_token_ids=[],
                               draft_len=draft_len, mode="dflash"))
             done.wait()
             if lens[i] > 1 and times[-1] > times[0]:

@@ -39,7 +39,8 @@ import torch
 from trtllm_dflash.quantize.emulate import fake_quantize_
 from trtllm_dflash.reference import generate, load_pair, pooled_tau
 
-ROWS = [("bf16", "bf16"), ("fp8", "bf16"), ("nvfp4", "bf16"), ("bf16", "fp8"), ("bf16", "nvfp4"), ("fp8", "fp8"), ("nvfp4", "nvfp4")]
+ROWS = [("bf16", "bf16"), ("fp8", "bf16"), ("nvfp4", "bf16"), ("bf16", "fp8"), ("bf16", "nvfp4"), ("fp8", "fp8"),
+        ("nvfp4", "nvfp4")]
 
 
 def shipped_pair() -> tuple[Path, Path] | None:
@@ -87,7 +88,8 @@ def bench(target_dir=None, drafter_dir=None, *, prompts=4, prompt_len=64, max_ne
         source = "shipped tiny pair: trtllm_dflash/assets/tiny-pystd"
     else:
         target, drafter = random_pair(seed, torch.float32)
-        source = "random tiny models (the shipped tiny-pystd pair is not installed): Qwen3 8L x 256 + 2-layer drafter; tau ~ 1"
+        source = ("random tiny models (the shipped tiny-pystd pair is not installed): Qwen3 8L x 256 + 2-layer "
+                  "drafter; tau ~ 1")
     block = block_size or drafter.block_size
     ps = heldout_prompts(target_dir, prompts, prompt_len) if target_dir else None
     prompt_source = "the shipped held-out Python text (prompts/data)" if ps is not None else "random token ids"

@@ -138,7 +138,7 @@ def _served(url: str, model: str, prompt: str, max_tokens: int, pgid: int) -> di
 
 def _engine(deployed, ids: list[int], max_tokens: int, tag: str) -> dict:
     """One request through the ServingEngine of this process (its emit callback is the client)."""
-    from trtllm_dflash.serve.batcher import Job
+    from trtllm_dflash.serve.record import Request
     from trtllm_dflash.serve.trace import now
 
     arrivals, done, last = [], threading.Event(), []
@@ -151,20 +151,24 @@ def _engine(deployed, ids: list[int], max_tokens: int, tag: str) -> dict:
             done.set()
 
     cpu0, start = time.process_time(), now()
-    deployed.engine.submit(Job(ids, max_tokens, emit, tag=tag))
+    deployed.engine.submit(Request(ids, max_tokens, emit, tag=tag))
     if not done.wait(600) or last[0].finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"in-process engine request {tag} did not finish: {last[0].finish_reason if last else 'timeout'}")
-    return {"rate": user_rate(arrivals, last[0].total_tokens), "rounds": last[0].rounds, "tokens": last[0].total_tokens,
+        raise RuntimeError(f"in-process engine request {tag} did not finish: "
+                           f"{last[0].finish_reason if last else 'timeout'}")
+    return {"rate": user_rate(arrivals, last[0].total_tokens), "rounds": last[0].spec.rounds,
+            "tokens": last[0].total_tokens,
             "request": (tag, start, now(), arrivals), "cpu_s": {"process": time.process_time() - cpu0}}
 
 
 def _inprocess(deployed, ids: list[int], max_tokens: int) -> dict:
     """One request through the Decoder in a plain loop: what decoding costs without any serving."""
+    from trtllm_dflash.policy.decision import FULL_BLOCK
     from trtllm_dflash.reference.verify import SamplingParams
     from trtllm_dflash.serve.trace import now
 
     engine, model = deployed.engine, deployed.model
-    policy = engine.policy if engine.policy is not None and engine.mode in engine.policy.modes else None
+    # as serve/batcher.py: the engine's policy for the modes it sets, else the full block
+    policy = engine.policy if engine.mode in engine.policy.modes else FULL_BLOCK
     decode = []
     cpu0 = time.process_time()
     decoder = model.decoder(sampling=SamplingParams(), **engine.decoder_args)
@@ -172,16 +176,14 @@ def _inprocess(deployed, ids: list[int], max_tokens: int) -> dict:
         rec = decoder.admit([0], [ids], [max_tokens], [model.eos_token_ids])
         arrivals, n = [now()], len(rec.tokens[0])
         while decoder.running:
-            L = None if policy is None else policy.choose([0], 1)
+            drafts = policy.decide([0], 1, engine.mode)
             t0 = now()
-            rec = decoder.step(L)
+            rec = decoder.step(drafts)
             arrivals.append(now())
             decode.append(arrivals[-1] - t0)
-            if policy is not None:  # as serve/batcher.py
-                policy.learn(rec, decode[-1] * 1e-9)  # now(): ns
+            policy.learn(rec, decode[-1] * 1e-9)  # now(): ns
             n += len(rec.tokens[0])
-        if policy is not None:
-            policy.forget(0)
+        policy.forget(0)
     finally:
         model.release(decoder)
     return {"rate": user_rate(arrivals, n), "rounds": len(arrivals) - 1, "tokens": n, "decode_ns": decode,

@@ -19,8 +19,8 @@ c = 8 and 16, >= 1.5x ar at c = 1; ddtree >= 1.0x ar at c = 8 and 16; plus the s
 requests' rounds the server ran without drafts (its /metrics). Beside the goal's ratio: its range
 over the repeats (each repeat's dflash p50 over that repeat's max(ar, best fixed): how far one
 repeat's reading moves) and the same ratio of the mean tokens/s/user (`auto` maximises the
-batch's tokens per second, which raises the mean user's rate more than the median's: docs/design/draft-length-history.md,
-"What the p50 measures"). With --json the last stdout line is one JSON object.
+batch's tokens per second, which raises the mean user's rate more than the median's:
+docs/design/draft-length-history.md, "What the p50 measures"). With --json the last stdout line is one JSON object.
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def rows(result: dict) -> tuple[list[str], list[list[str]]]:
         spread = f"{min(each):.3f}-{max(each):.3f}" if each else "-"
         on_mean = f"{r['dflash_over_best_mean']:.3f}" if "dflash_over_best_mean" in r else "-"
         out.append([str(r["concurrency"]), f"{m['ar']:.1f}", f"{m[r['best_fixed']]:.1f} ({r['best_fixed'][7:]})",
-                    f"{m['dflash']:.1f}", f"{r['dflash_over_ar']:.2f}x", f"{r['dflash_over_best']:.3f}", spread, on_mean, zero,
+                    f"{m['dflash']:.1f}", f"{r['dflash_over_ar']:.2f}x", f"{r['dflash_over_best']:.3f}", spread,
+                    on_mean, zero,
                     *((f"{m['ddtree']:.1f}", f"{r['ddtree_over_ar']:.2f}x") if has_tree else ())])
     return head, out
 

@@ -26,8 +26,8 @@ Greedy decoding is deterministic, so a replayed round commits exactly the tokens
 the same figures every time, the policy's own time aside: what differs between policies is the
 policies and the request sample, not the machine. Rounds are timed with the CPU server's torch threads (every core but
 one). Left out: serving overhead, the sweep's load on round times (rounds under load take 10-25%
-longer than at start-up, the drafter's pass up to 1.5x), DDTree. --recording PATH keeps the recording (about 1.5 s a request on
-2 cores) and reuses it when it was made for the same requests and seed.
+longer than at start-up, the drafter's pass up to 1.5x), DDTree. --recording PATH keeps the recording (about 1.5 s a
+request on 2 cores) and reuses it when it was made for the same requests and seed.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from trtllm_dflash.perf.report import markdown_table, print_table
 from trtllm_dflash.policy.auto import AutoDraftLength
 from trtllm_dflash.policy.bands import Bands
 from trtllm_dflash.policy.cost import VerifyCost
+from trtllm_dflash.policy.decision import Drafts
 
 FIXED = tuple(range(16))
 
@@ -95,7 +96,7 @@ def record(target, drafter, prompts: Sequence[Sequence[int]], lens: Sequence[int
     rec = ar.admit(list(range(n)), prompts, list(lens), [[]] * n)
     out = {r: list(t) for r, t in zip(rec.seq_ids, rec.tokens)}
     while ar.running:
-        rec = ar.step(0)
+        rec = ar.step(Drafts(0))
         for r, t in zip(rec.seq_ids, rec.tokens):
             out[r] += t
     accepted, confidence = [], []
@@ -205,10 +206,10 @@ def load_or_record(n: int, seed: int, path: Path | None, say=print) -> Recording
     from transformers import AutoTokenizer
 
     from trtllm_dflash.perf.bench_quant import shipped_pair
+    from trtllm_dflash.policy.cost import measure_cost
     from trtllm_dflash.prompts.sources import load_prompts
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.reference import load_pair
-    from trtllm_dflash.policy.cost import measure_cost
     from trtllm_dflash.reference.generate import Decoder
 
     settings = {"requests": n, "seed": seed, "recording": 2}  # 2: with the drafter's confidences
@@ -300,7 +301,8 @@ def main(argv=None) -> None:
                     help="torch threads while timing rounds (default: the CPU server's, "
                          "recipe/hardware.py cpu_torch_threads)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown (as docs/design/draft-length-history.md shows it)")
+    ap.add_argument("--markdown", action="store_true",
+                    help="also print the table as Markdown (as docs/design/draft-length-history.md shows it)")
     a = ap.parse_args(argv)
     from trtllm_dflash.recipe.hardware import cpu_torch_threads
 

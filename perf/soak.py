@@ -27,7 +27,6 @@ def expected_outputs(recipe, checkpoint: Path, prompts: list[str], max_tokens: i
     from transformers import AutoTokenizer
 
     from trtllm_dflash.runtime.checkpoint import read_checkpoint
-
     from trtllm_dflash.runtime.checkpoint_runner import checkpoint_steps
 
     tok = AutoTokenizer.from_pretrained(read_checkpoint(checkpoint).tokenizer_dir)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+
 from checkpoints import make_drafter, make_target
 
 # Two threads in a lone run; under pytest-xdist the workers share the cores.
@@ -52,15 +53,17 @@ def pytest_cmdline_main(config):
 # ran one of them would otherwise build the fixture again (tests/serve/conftest.py default_served:
 # a convert, a deploy and a tritonserver, about 15 s on 2 busy cores).
 SHARED_FIXTURE_UNITS = {
-    "default_served": ("serve/test_server.py", "serve/test_dialect_server.py", "serve/test_upstream_clients.py"),
+    "default_served": ("serve/test_server.py", "serve/test_dialect_server.py", "serve/test_upstream_clients.py",
+                       "serve/test_client_wire.py", "serve/test_dynamo.py"),
+    "embedded_run": ("serve/test_openai.py", "commands/test_profile.py"),
 }
-# The longest units (about 15-100 s each on 2 busy cores), longest first: started first, they do
-# not leave one worker running alone at the end.
-LONGEST_UNITS = ("test_pipeline.py", "default_served", "serve/test_engine_runners.py", "sweep/test_sweep_apis.py",
-                 "serve/test_tp_server.py", "reference/test_sampling.py", "perf/test_bench_draft_policy.py",
-                 "reference/test_bad_words.py", "reference/test_greedy.py", "serve/test_openai.py",
-                 "sweep/test_bands_sweep.py", "reference/test_draft_len.py", "quantize/test_guard.py",
-                 "project/test_project_cmd.py", "deploy/test_moved_run.py", "serve/test_engine_server.py")
+# The longest units of the default run (5-45 s each on a quiet 2-core machine, from its JUnit
+# report), longest first: started first, they do not leave one worker running alone at the end.
+LONGEST_UNITS = ("default_served", "embedded_run", "runtime/test_engine_runners.py", "reference/test_greedy.py",
+                 "project/test_project_cmd.py", "serve/test_engine_server.py", "reference/test_sampling.py",
+                 "test_pipeline.py", "plugins/test_kv_inject_kernel.py", "commands/test_commands.py",
+                 "policy/test_draft_len.py", "reference/test_bad_words.py", "reference/test_dflash2_loop.py",
+                 "reference/test_batch.py", "serve/test_batcher.py", "runtime/test_mpi_ranks.py")
 
 
 def _unit(nodeid: str) -> str:
@@ -144,3 +147,23 @@ def embedded_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("embedded-run")
     run(load_recipe(None), root, until="deploy", progress=False, say=lambda _: None)
     return root
+
+
+@pytest.fixture(scope="session")
+def qwen3_pair(tmp_path_factory):
+    """A tiny random Qwen3 target and its drafter on disk (reference_helpers)."""
+    from reference_helpers import make_drafter, make_target
+
+    root = tmp_path_factory.mktemp("qwen3_pair")
+    t = make_target(root / "target", "qwen3")
+    return t, make_drafter(root / "drafter", t)
+
+
+@pytest.fixture(scope="session")
+def llama_pair(tmp_path_factory):
+    """A tiny random Llama target and its drafter on disk (reference_helpers)."""
+    from reference_helpers import make_drafter, make_target
+
+    root = tmp_path_factory.mktemp("llama_pair")
+    t = make_target(root / "target", "llama", seed=1)
+    return t, make_drafter(root / "drafter", t, seed=1, target_layer_ids=(1, 3))

@@ -6,7 +6,14 @@ import sys
 
 import pytest
 
-from trtllm_dflash.artifacts import MANIFEST, Manifest, atomic_stage_dir, manifest_sha256, verify_input
+from trtllm_dflash.artifacts import (
+    MANIFEST,
+    Manifest,
+    atomic_stage_dir,
+    check_files,
+    manifest_sha256,
+    verify_input,
+)
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe
 
@@ -55,12 +62,40 @@ def test_leftovers_of_a_killed_writer_are_removed_by_the_next(tmp_path, recipe):
     assert not stale.exists() and mine.exists()
 
 
+def test_editable_files_may_change_but_not_go(tmp_path, recipe):
+    """A stage output's editable files (a deployment's config.pbtxt) are recorded as written but
+    not held to it: check_files reports them edited; every other file is still checked."""
+    files = {"model_repository/m/config.pbtxt": b"a", "model_repository/m/1/model.py": b"b"}
+    with atomic_stage_dir(tmp_path / "d", Manifest.for_stage("convert", recipe,
+                                                             editable=["model_repository/*/config.pbtxt"])) as d:
+        for name, data in files.items():
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_bytes(data)
+    out = tmp_path / "d"
+    assert check_files(out, Manifest.read(out)) == []
+    (out / "model_repository/m/config.pbtxt").write_bytes(b"edited")
+    assert check_files(out, Manifest.read(out)) == ["model_repository/m/config.pbtxt"]
+    verify_input(out, ("convert",), recipe)
+    (out / "model_repository/m/1/model.py").write_bytes(b"edited")
+    with pytest.raises(UserError, match="file model_repository/m/1/model.py does not match its checksum"):
+        verify_input(out, ("convert",), recipe)
+    (out / "model_repository/m/1/model.py").write_bytes(b"b")
+    older = Manifest.read(out)
+    older.stage, older.editable = "deploy", []  # a deployment written before config.pbtxt was editable
+    with pytest.raises(UserError, match="a deployment from before config.pbtxt could be edited in place: deploy again"):
+        check_files(out, older)
+    (out / "model_repository/m/config.pbtxt").unlink()
+    with pytest.raises(UserError, match="file model_repository/m/config.pbtxt listed in manifest.json is missing"):
+        verify_input(out, ("convert",), recipe)
+
+
 def test_verify_input_names_the_field_or_file(tmp_path, recipe):
     out = write(tmp_path / "out", recipe)
     with pytest.raises(UserError, match=r"manifest field stage is 'convert'; expected a quantize output"):
         verify_input(out, ("quantize",), recipe)
     other = load_recipe(None, ["parallel.tp=2"])
-    with pytest.raises(UserError, match=r"manifest field recipe_fields.parallel.tp is 1, recipe 'cpu-tiny-pystd' has 2"):
+    with pytest.raises(UserError,
+                       match=r"manifest field recipe_fields.parallel.tp is 1, recipe 'cpu-tiny-pystd' has 2"):
         verify_input(out, ("convert",), other)
     # fields a stage does not depend on do not matter to it
     verify_input(out, ("convert",), load_recipe(None, ["sweep.seed=7", "serve.http_port=9000"]))
@@ -82,9 +117,11 @@ def test_never_clobbers_a_different_output(tmp_path, recipe):
     with pytest.raises(UserError, match="already holds a convert output of recipe 'cpu-tiny-pystd' made from other "
                                         r"recipe fields \(parallel.tp\); pass --overwrite"):
         write(out, load_recipe(None, ["parallel.tp=2"]))
-    with pytest.raises(UserError, match="already holds a convert output .* for the same recipe fields; pass --overwrite"):
+    with pytest.raises(UserError,
+                       match="already holds a convert output .* for the same recipe fields; pass --overwrite"):
         write(out, recipe)
-    with pytest.raises(UserError, match="already holds a convert output of recipe 'cpu-tiny-pystd'; choose another --out"):
+    with pytest.raises(UserError,
+                       match="already holds a convert output of recipe 'cpu-tiny-pystd'; choose another --out"):
         with atomic_stage_dir(out, Manifest.for_stage("deploy", recipe), overwrite=True):
             pass
     with atomic_stage_dir(out, Manifest.for_stage("convert", recipe), overwrite=True) as d:

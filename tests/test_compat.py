@@ -50,7 +50,8 @@ def _cfg(shape: str) -> dict:
 
 def _kv(shape: str) -> dict:
     if shape == "dict":
-        return {"quant_cfg": {"*[kv]_bmm_quantizer": {"num_bits": (4, 3), "enable": True}, "default": {"enable": False}}}
+        return {"quant_cfg": {"*[kv]_bmm_quantizer": {"num_bits": (4, 3), "enable": True},
+                              "default": {"enable": False}}}
     return {"quant_cfg": [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": (4, 3)}}]}
 
 
@@ -77,7 +78,8 @@ def test_quant_cfg_edits_mean_the_same_in_both_shapes(shape):
 
 def test_modelopt_too_old_or_missing_is_one_line(monkeypatch):
     for found, needle in ((None, "needs nvidia-modelopt >= 0.37; install it"), ("0.35.1", "found 0.35.1")):
-        monkeypatch.setattr(compat, "version_of", lambda pkg, v=found: Version(v) if v and pkg == "nvidia-modelopt" else None)
+        monkeypatch.setattr(compat, "version_of", lambda pkg, v=found: Version(v) if v and pkg == "nvidia-modelopt"
+                            else None)
         with pytest.raises(UserError, match=needle) as e:
             compat.require_modelopt()
         assert "\n" not in str(e.value)
@@ -109,3 +111,29 @@ def test_llama3_rope_reaches_the_installed_transformers():
     plain = LlamaRotaryEmbedding(LlamaConfig(**common, **compat.rope_config_kwargs(10000.0)))
     assert not torch.allclose(scaled.inv_freq, plain.inv_freq)
     assert torch.allclose(plain.inv_freq, 1.0 / 10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+
+
+def test_the_dynamo_extra_is_ai_dynamos_requirements_but_aisimulate():
+    """pyproject's `dynamo` extra lists ai-dynamo 1.6.1's own requirements (its METADATA, read from
+    the installed wheel) but aisimulate, which only its planner, profiler and simulators import, so
+    that `pip install --no-deps ai-dynamo==1.6.1` leaves nothing missing that the frontend and a
+    worker import (docs/compat.md "NVIDIA Dynamo")."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    try:
+        wanted = [Requirement(r) for r in requires("ai-dynamo")]
+    except PackageNotFoundError:
+        pytest.skip("ai-dynamo is not installed (pip install --no-deps ai-dynamo==1.6.1)")
+    listed = PROJECT["optional-dependencies"]["dynamo"]
+    extra = {Requirement(r).name.lower().replace("_", "-"): Requirement(r) for r in listed}
+    assert version("ai-dynamo") == "1.6.1" and str(extra["ai-dynamo-runtime"].specifier) == "==1.6.1"
+    plain = [r for r in wanted if r.marker is None or r.marker.evaluate({"extra": ""})]  # no extra of its own
+    for r in plain:
+        name = r.name.lower().replace("_", "-")
+        if name == "aisimulate":
+            assert name not in extra
+            continue
+        assert name in extra and extra[name].specifier == r.specifier, f"{r} is not in the dynamo extra as written"
+    assert "trtllm_dflash[cpu,serve,quant,kernels,dynamo]" in PROJECT["optional-dependencies"]["dev"]

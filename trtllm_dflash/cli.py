@@ -19,6 +19,7 @@ from trtllm_dflash.errors import UserError
 # Order is the order shown by --help. Add a module here when its stage lands.
 COMMANDS = [
     "recipes",
+    "models",
     "check",
     "plan",
     "run",
@@ -56,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)  # inside: an option's own check (--models DIR) is a UserError
         rc = args.run(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -5,7 +5,7 @@ The package runs inside NVIDIA's TensorRT-LLM containers without moving their pi
 
 | stack                    | Python | torch          | transformers | ModelOpt | numpy |
 |--------------------------|--------|----------------|--------------|----------|-------|
-| TensorRT-LLM 1.2.1 / Triton 25.12 | 3.12 | 2.9 (NGC 2.9.0a0 / 2.10.0a0) | 4.57.3 | 0.37 | 1.26 |
+| TensorRT-LLM 1.2.1 / Triton 26.07 | 3.12 | 2.9 (NGC 2.10.0a0 in Triton) | 4.57.3 | 0.37 | 1.26 |
 | TensorRT-LLM >= 1.3      | 3.12   | 2.10 -> 2.13   | 4.57 / 5.x   | 0.37+    | 2.x   |
 | CPU quick start / CI     | 3.11   | 2.13.0 (CPU)   | 5.x          | 0.4x     | 1.26  |
 
@@ -126,8 +126,8 @@ def modelopt_nvfp4():
     if v is None or v.release >= MODELOPT_NVFP4_AS_CURRENT.release:
         yield
         return
-    import torch
     import modelopt.torch.quantization.backends.utils as backend_utils
+    import torch
     from modelopt.torch.quantization.qtensor import nvfp4_tensor
 
     cls = nvfp4_tensor.NVFP4QTensor
@@ -240,7 +240,7 @@ def _add_excludes(export_dir: Path, modules: list[str]) -> None:
 # BYTES inputs kill the stub and every output comes back empty. python_backend moved to
 # pybind11 2.12 in triton-inference-server/python_backend PR #384 (Nov 2024, Triton 24.11);
 # nvidia-pytriton 0.7.0 (the CPU server we serve with) bundles Triton 2.51 = 24.10, before it.
-# So under numpy 2 the bundled stub gets a numpy < 2 of its own (launch/server.py).
+# So under numpy 2 the bundled stub gets a numpy < 2 of its own (launch/stub_python.py).
 STUB_NUMPY_ENV = "TRTLLM_DFLASH_STUB_NUMPY"
 
 

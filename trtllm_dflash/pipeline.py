@@ -28,10 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trtllm_dflash.artifacts import MANIFEST, Manifest, changed_source, check_files, fields_diff, manifest_sha256
-from trtllm_dflash.engines import stage as build_door
+from trtllm_dflash.artifacts import (
+    MANIFEST,
+    Manifest,
+    changed_source,
+    check_files,
+    edited_files,
+    fields_diff,
+    manifest_sha256,
+)
 from trtllm_dflash.convert import stage as convert_door
 from trtllm_dflash.deploy import stage as deploy_door
+from trtllm_dflash.engines import stage as build_door
 from trtllm_dflash.errors import StopHere, UserError
 from trtllm_dflash.quantize import stage as quantize_door
 from trtllm_dflash.recipe import Recipe
@@ -124,11 +132,27 @@ def _step(door, recipe: Recipe, out: Path, options: StageOptions, forced: bool) 
         say(f"{door.NAME}: skipped (up to date: {stage_out})")
         return StageRun(door.NAME, "skipped", f"up to date: {stage_out}")
     say(f"{door.NAME}: running ({why})")
+    edits = _edits(stage_out)
     t0 = time.perf_counter()
     door.run(recipe, input_dir, stage_out, options)
     done = StageRun(door.NAME, "ran", why, time.perf_counter() - t0)
     say(f"{door.NAME}: done in {done.seconds:.1f} s -> {stage_out}")
+    for name, text in edits.items():  # the new output is the recipe's: the user's edits are kept beside it
+        kept = stage_out / f"{name}.edited"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_bytes(text)
+        say(f"{door.NAME}: {name} had been edited; the new one is written from the recipe, your edit is kept as "
+            f"{kept} (apply it again)")
     return done
+
+
+def _edits(out: Path) -> dict[str, bytes]:
+    """The editable files of the output in `out` that were edited since it was written (their
+    contents), before a rerun replaces them."""
+    try:
+        return {name: (out / name).read_bytes() for name in edited_files(out, Manifest.read(out))}
+    except (UserError, OSError):  # no finished output: nothing edited to keep
+        return {}
 
 
 def acceptance_measure(recipe: Recipe):

@@ -1,16 +1,16 @@
 # Triton Inference Server with TensorRT-LLM >= 1.3, for the pytorch backend behind Triton
-# (`serve --api triton`: TensorRT-LLM's LLM-API Python model). NVIDIA publishes no such image:
-# every Triton `trtllm-python-py3` image up to 26.07 carries TensorRT-LLM 1.2.1
-# (triton-inference-server/server#8805 asks for one). This one starts from NVIDIA's TensorRT-LLM
+# (`serve --api triton`: TensorRT-LLM's LLM-API Python model). NVIDIA publishes no such image: the
+# last Triton `trtllm-python-py3` images, 26.04-26.07, carry TensorRT-LLM 1.2.1, and none was built
+# after them (triton-inference-server/server#8805 asks for one). This one starts from NVIDIA's TensorRT-LLM
 # release image, whose torch and TensorRT-LLM stay as they are, adds tritonserver with its Python
 # backend from the Triton image of the same Ubuntu and Python, and the LLM-API model repository
 # of the same TensorRT-LLM release. Not built by this project's CI (linted with hadolint); build
 # it on a machine with network access, then run `trtllm-dflash doctor` inside it on the GPU box.
 #
 #   docker build -f docs/docker/triton-trtllm-llmapi.Dockerfile \
-#       --build-arg TRTLLM_VERSION=1.3.0rc27 --build-arg TRITON_VERSION=26.07 -t triton-trtllm:1.3.0rc27 .
+#       --build-arg TRTLLM_VERSION=1.3.0rc29 --build-arg TRITON_VERSION=26.07 -t triton-trtllm:1.3.0rc29 .
 
-ARG TRTLLM_VERSION=1.3.0rc27
+ARG TRTLLM_VERSION=1.3.0rc29
 ARG TRITON_VERSION=26.07
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-py3 AS triton

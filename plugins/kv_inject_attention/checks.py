@@ -261,7 +261,8 @@ def check_append(
     B, S_max, Hkv, D = k_cache.shape
     N = k_new.shape[1]
     _check_shape(op, "v_cache", v_cache, k_cache.shape, "[B, S_max, Hkv, D]", "(like k_cache)")
-    _check_shape(op, "k_new", k_new, (B, N, Hkv, D), "[B, N, Hkv, D]", f"(B, Hkv, D from k_cache {_fmt(k_cache.shape)})")
+    _check_shape(op, "k_new", k_new, (B, N, Hkv, D), "[B, N, Hkv, D]",
+                 f"(B, Hkv, D from k_cache {_fmt(k_cache.shape)})")
     _check_shape(op, "v_new", v_new, k_new.shape, "[B, N, Hkv, D]", "(like k_new)")
     _check_shape(op, "cache_lens", cache_lens, (B,), "[B]", f"(B from k_cache {_fmt(k_cache.shape)})")
     _check_shape(op, "new_lens", new_lens, (B,), "[B]", f"(B from k_cache {_fmt(k_cache.shape)})")
@@ -286,7 +287,8 @@ def check_append(
                          new_dtype=k_new.dtype, cache_dtype=k_cache.dtype, kv_scale_per_head=per_head)
 
 
-def check_append_values(cache_lens: Sequence[int], new_lens: Sequence[int], max_new_len: int, max_cache_len: int) -> None:
+def check_append_values(cache_lens: Sequence[int], new_lens: Sequence[int], max_new_len: int,
+                        max_cache_len: int) -> None:
     """Data-dependent check: 0 <= new_lens[b] <= N and cache_lens[b] + new_lens[b] <= S_max."""
     op = "append_context"
     check_cache_lens_values(cache_lens, max_cache_len, op)

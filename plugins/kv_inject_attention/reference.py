@@ -34,7 +34,8 @@ def quantize_to_cache(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
-# Not reference.draft.key_limit: the kernel's independent oracle ([cache ; block] layout; window limits keys behind only).
+# Not reference.draft.key_limit: the kernel's independent oracle ([cache ; block] layout; window limits keys behind
+# only).
 def visible_keys(cache_lens: torch.Tensor, max_cache_len: int, block_len: int,
                  causal_block: bool, window: Optional[int]) -> torch.Tensor:
     """[B, T, S_max + T] bool: may block query t see key j of [cache ; block]?"""

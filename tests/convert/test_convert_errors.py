@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import make_drafter, make_target, write_recipe
 from safetensors.torch import load_file, save_file
 
+from checkpoints import make_drafter, make_target, write_recipe
 from trtllm_dflash.artifacts import Manifest, check_files, sha256_file
 from trtllm_dflash.cli import main
 from trtllm_dflash.convert import convert as convert_module
@@ -88,11 +88,15 @@ def test_unknown_architecture_is_named(tmp_path, tiny_pair):
     # pytorch backend's hf layout passes it through (no weight map), and names what it serves
     (target / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_oss"}))
     r = load_recipe(write_recipe(tmp_path / "r2.yaml", target, tiny_pair[1], gpu="b200", fmt="bf16", backend="pytorch"))
-    with pytest.raises(UserError, match="model_type 'gpt_oss' has no weight map for the trtllm layout; supported: qwen3, llama, qwen3_moe"):
+    with pytest.raises(UserError,
+                       match="model_type 'gpt_oss' has no weight map for the trtllm layout; supported: qwen3, llama, "
+                             "qwen3_moe"):
         load_sources(r, "trtllm")
     assert load_sources(r).target_cfg.arch == "gpt_oss"
     (target / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
-    with pytest.raises(UserError, match="model_type 'mistral' is not served from the hf layout; supported: qwen3, llama, qwen3_moe, gpt_oss"):
+    with pytest.raises(UserError,
+                       match="model_type 'mistral' is not served from the hf layout; supported: qwen3, llama, "
+                             "qwen3_moe, gpt_oss"):
         load_sources(r, "hf")
     _nothing_written(tmp_path, tmp_path / "out")
 
@@ -124,11 +128,14 @@ def test_a_native_format_must_be_the_checkpoints_own(tmp_path, tiny_pair):
     assert rc == 2 and "quantization.target_weights: mxfp4 serves the checkpoint's own mxfp4 weights" in err
     recipe = write_recipe(tmp_path / "r.yaml", mx, tiny_pair[1], fmt="bf16", gpu="b200", backend="pytorch")
     rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress")
-    assert rc == 2 and "the checkpoint ships mxfp4 weights (quantization_config), so quantization.target_weights bf16" in err
+    assert rc == 2
+    assert "the checkpoint ships mxfp4 weights (quantization_config), so quantization.target_weights bf16" in err
     _nothing_written(tmp_path, tmp_path / "out")
-    recipe = write_recipe(tmp_path / "r.yaml", mx, tiny_pair[1], gpu="b200", backend="pytorch", quantization={**q, "kv_cache": "fp8"})
+    recipe = write_recipe(tmp_path / "r.yaml", mx, tiny_pair[1], gpu="b200", backend="pytorch",
+                          quantization={**q, "kv_cache": "fp8"})
     rc, err = _cli("check", recipe)
-    assert rc == 2 and "mxfp4 serves the checkpoint's own weights as shipped, but kv_cache fp8 needs the quantize stage" in err
+    assert rc == 2
+    assert "mxfp4 serves the checkpoint's own weights as shipped, but kv_cache fp8 needs the quantize stage" in err
 
 
 def test_nvfp4_on_hopper_is_refused_before_writing(tmp_path, tiny_pair):
@@ -136,7 +143,8 @@ def test_nvfp4_on_hopper_is_refused_before_writing(tmp_path, tiny_pair):
     rc, err = _cli("convert", recipe, "--out", tmp_path / "out", "--no-progress",
                    "--set", "quantization.target_weights=nvfp4", "--set", "quantization.activations=nvfp4")
     assert rc == 2
-    assert "quantization.target_weights: nvfp4 is not supported on h100-sxm (NVFP4 needs Blackwell: b200 or b300)" in err
+    assert ("quantization.target_weights: nvfp4 is not supported on h100-sxm (NVFP4 needs Blackwell: b200 or "
+            "b300)") in err
     _nothing_written(tmp_path, tmp_path / "out")
 
 
@@ -145,7 +153,8 @@ def test_out_dir_holding_a_different_checkpoint_is_refused(tmp_path, tiny_pair):
     convert(load_recipe(write_recipe(tmp_path / "a.yaml", *tiny_pair, tp=1)), out, progress=False)
     before = (out / "manifest.json").read_text()
     rc, err = _cli("convert", write_recipe(tmp_path / "b.yaml", *tiny_pair, tp=2), "--out", out, "--no-progress")
-    assert rc == 2 and "already holds a convert output of recipe 'tiny-test' made from other recipe fields (parallel.tp)" in err
+    assert rc == 2 and ("already holds a convert output of recipe 'tiny-test' made from other recipe fields "
+                        "(parallel.tp)") in err
     assert (out / "manifest.json").read_text() == before
     check_files(out, Manifest.read(out))
     # a non-stage directory is refused too
@@ -176,7 +185,8 @@ def test_interrupted_conversion_leaves_nothing_complete_and_resumes(tmp_path, ti
     assert written == ["rank0.safetensors.partial", "rank1.safetensors.partial"]
 
     written.clear()
-    monkeypatch.setattr(convert_module, "_write_rank", lambda path, role, *a, **k: (written.append((role, path.name)), real(path, role, *a, **k)))
+    monkeypatch.setattr(convert_module, "_write_rank",
+                        lambda path, role, *a, **k: (written.append((role, path.name)), real(path, role, *a, **k)))
     convert(recipe, out, progress=False, resume=True)
     assert [r for r, _ in written] == ["drafter", "drafter"]  # target shards were kept
     check_files(out, Manifest.read(out))

@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
-from checkpoints import make_drafter, make_target, modelopt_trtllm_export_archs, read_config, write_recipe
 from safetensors.torch import load_file
 
+from checkpoints import make_drafter, make_target, modelopt_trtllm_export_archs, read_config, write_recipe
 from trtllm_dflash.artifacts import Manifest, check_files
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.recipe import load_recipe
@@ -56,7 +56,8 @@ def test_target_shards_reassemble_to_the_hf_weights(tmp_path, tiny_pair, tp):
         else:  # tp 4 > 2 KV heads: ranks 2r and 2r+1 hold KV head r
             for r in range(tp):
                 assert torch.equal(ks[r], _heads(k, 2)[r // 2]) and torch.equal(vs[r], _heads(v, 2)[r // 2])
-        assert torch.equal(torch.cat([s[trt + "attention.dense.weight"] for s in shards], 1), src[hf + "self_attn.o_proj.weight"])
+        assert torch.equal(torch.cat([s[trt + "attention.dense.weight"] for s in shards], 1),
+                           src[hf + "self_attn.o_proj.weight"])
         assert torch.equal(torch.cat([s[trt + "mlp.fc.weight"] for s in shards]), src[hf + "mlp.gate_proj.weight"])
         assert torch.equal(torch.cat([s[trt + "mlp.gate.weight"] for s in shards]), src[hf + "mlp.up_proj.weight"])
         assert torch.equal(torch.cat([s[trt + "mlp.proj.weight"] for s in shards], 1), src[hf + "mlp.down_proj.weight"])
@@ -64,7 +65,8 @@ def test_target_shards_reassemble_to_the_hf_weights(tmp_path, tiny_pair, tp):
             assert torch.equal(s[trt + "attention.q_layernorm.weight"], src[hf + "self_attn.q_norm.weight"])
             assert torch.equal(s[trt + "attention.k_layernorm.weight"], src[hf + "self_attn.k_norm.weight"])
             assert torch.equal(s[trt + "post_layernorm.weight"], src[hf + "post_attention_layernorm.weight"])
-    assert torch.equal(torch.cat([s["transformer.vocab_embedding.weight"] for s in shards]), src["model.embed_tokens.weight"])
+    assert torch.equal(torch.cat([s["transformer.vocab_embedding.weight"] for s in shards]),
+                       src["model.embed_tokens.weight"])
     assert torch.equal(torch.cat([s["lm_head.weight"] for s in shards]), src["lm_head.weight"])
 
 
@@ -91,7 +93,8 @@ def test_drafter_layout_splits_the_kv_injection_projection(tmp_path, tiny_pair):
         assert torch.equal(s["dflash.hidden_norm.weight"], src["hidden_norm.weight"])
         assert torch.equal(s["transformer.ln_f.weight"], src["norm.weight"])
     # the target's embedding and LM head travel with the drafter engine
-    assert torch.equal(torch.cat([s["transformer.vocab_embedding.weight"] for s in shards]), tsrc["model.embed_tokens.weight"])
+    assert torch.equal(torch.cat([s["transformer.vocab_embedding.weight"] for s in shards]),
+                       tsrc["model.embed_tokens.weight"])
     assert torch.equal(torch.cat([s["lm_head.weight"] for s in shards]), tsrc["lm_head.weight"])
 
 
@@ -142,7 +145,8 @@ def test_hf_layout_for_the_pytorch_backend(tmp_path, tiny_pair):
     out = convert(recipe, tmp_path / "hf", progress=False)
     assert json.loads((out / "manifest.json").read_text())["extra"]["layout"] == "hf"
     assert not list(out.glob("target/rank*"))
-    ours = transformers.AutoModelForCausalLM.from_pretrained(out / "target", dtype="auto")  # the saved dtype (4.x loads fp32 by default)
+    # the saved dtype (4.x loads fp32 by default)
+    ours = transformers.AutoModelForCausalLM.from_pretrained(out / "target", dtype="auto")
     ref = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16)
     assert ours.dtype == torch.bfloat16
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -154,7 +158,8 @@ def test_hf_layout_for_the_pytorch_backend(tmp_path, tiny_pair):
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("arch,decoder", [("qwen3", "qwen"), ("llama", "llama")])
 def test_target_equals_modelopt_trtllm_export(tmp_path, arch, decoder):
-    pytest.importorskip("modelopt.torch.export", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
+    pytest.importorskip("modelopt.torch.export",
+                        reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
     import transformers
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
@@ -193,11 +198,13 @@ def test_the_hf_layout_passes_a_gpt_oss_checkpoint_through(tmp_path):
     weights = sorted(p.name for p in src.glob("*.safetensors"))
     assert len(weights) > 1 and (src / "model.safetensors.index.json").is_file()
     drafter = make_drafter(tmp_path / "d")
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", src, drafter, tp=2, fmt="bf16", gpu="b200", backend="pytorch"))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", src, drafter, tp=2, fmt="bf16", gpu="b200",
+                                      backend="pytorch"))
     out = convert(recipe, tmp_path / "out", progress=False)
     m = Manifest.read(out)
     check_files(out, m)
-    assert m.extra["layout"] == "hf" and m.extra["weights"] == "linked unchanged" and m.extra["source_quantization"] is None
+    assert m.extra["layout"] == "hf" and m.extra["weights"] == "linked unchanged"
+    assert m.extra["source_quantization"] is None
     for name in weights + ["model.safetensors.index.json"]:
         assert sha256_file(out / "target" / name) == sha256_file(src / name), name
     assert sha256_file(out / "drafter/model.safetensors") == sha256_file(drafter / "model.safetensors")

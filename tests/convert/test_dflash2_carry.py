@@ -3,9 +3,9 @@ backend serves what they wrote; backends that cannot run DFlash2 yet refuse it a
 
 import pytest
 import torch
-from checkpoints import DFLASH2, converted, make_drafter, read_config, step_tokens, write_recipe
 from safetensors.torch import load_file
 
+from checkpoints import DFLASH2, converted, make_drafter, read_config, step_tokens, write_recipe
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe
@@ -17,7 +17,8 @@ from trtllm_dflash.runtime.tp_layers import Comm
 PROMPTS = [[5, 9, 2, 77, 31], [8, 8, 100, 3]]
 EXTRA = [f"layers.{i}.{c}.{w}" for i in range(2) for c in ("attention_conv", "mlp_conv")
          for w in ("base_kernel", "kernel_projection.weight")]
-SELECTOR = [f"candidate_selector.{w}" for w in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")]
+SELECTOR = [f"candidate_selector.{w}"
+            for w in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")]
 
 
 def _dst(name: str) -> str:
@@ -34,13 +35,15 @@ def pair2(tmp_path_factory, tiny_pair):
 def test_convert_replicates_dflash2_tensors_and_the_reference_backend_serves_them(tmp_path, pair2):
     target, drafter = pair2
     src = load_file(drafter / "model.safetensors")
-    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2)), tmp_path / "c2", progress=False)
+    out = convert(load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2)), tmp_path / "c2",
+                  progress=False)
     assert read_config(out / "drafter")["hf_config"]["dflash_config"]["selector_top_k"] == 8
     for rank in range(2):
         shard = load_file(out / "drafter" / f"rank{rank}.safetensors")
         for name in EXTRA + SELECTOR:  # every rank holds all of them, unchanged
             assert torch.equal(shard[_dst(name)], src[name]), name
-    one = convert(load_recipe(write_recipe(tmp_path / "r1.yaml", target, drafter, tp=1)), tmp_path / "c1", progress=False)
+    one = convert(load_recipe(write_recipe(tmp_path / "r1.yaml", target, drafter, tp=1)), tmp_path / "c1",
+                  progress=False)
     t_mem, d_mem = load_pair(target, drafter)
     expect = [g.tokens for g in generate(t_mem, None, PROMPTS, 20, mode="ar", stop_token_ids=[])]
     _, d_ckpt = load_rank(read_checkpoint(one), Comm())
@@ -51,7 +54,8 @@ def test_convert_replicates_dflash2_tensors_and_the_reference_backend_serves_the
 
 
 def test_quantize_keeps_dflash2_parameters_in_the_drafter_dtype(tmp_path, pair2):
-    pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
+    pytest.importorskip("modelopt.torch.quantization",
+                        reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
     from trtllm_dflash.quantize.stage import quantize
 
     target, drafter = pair2

@@ -15,7 +15,7 @@ from trtllm_dflash.artifacts import Manifest, atomic_stage_dir, manifest_sha256,
 from trtllm_dflash.deploy.llmapi import model_yaml
 from trtllm_dflash.deploy.repository import deploy
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe import load_recipe, list_recipes
+from trtllm_dflash.recipe import list_recipes, load_recipe
 from trtllm_dflash.recipe.stages import input_stage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +24,12 @@ ARTIFACT, SHA, DEPLOY = "<ARTIFACT>", "<MANIFEST_SHA256>", "<DEPLOY>"
 
 PYTORCH_RECIPES = {"gptoss": "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml",
                    "qwen3coder": "recipes/hopper/h200-qwen3-coder-30b-a3b-fp8.yaml"}
-PYTORCH_FILES = {"config.pbtxt": "model_repository/dflash/config.pbtxt", "model.yaml": "model_repository/dflash/1/model.yaml",
+PYTORCH_FILES = {"config.pbtxt": "model_repository/dflash/config.pbtxt",
+                 "model.yaml": "model_repository/dflash/1/model.yaml",
                  "extra_llm_api_options.yaml": "trtllm_serve/extra_llm_api_options.yaml",
-                 "launch.json": "trtllm_serve/launch.json"}
+                 "launch.json": "trtllm_serve/launch.json",
+                 # NVIDIA Dynamo's TensorRT-LLM worker (deploy/dynamo.py)
+                 "dynamo.engine_args.yaml": "dynamo/engine_args.yaml", "dynamo.launch.json": "dynamo/launch.json"}
 CASES = {
     # golden name: (recipe, overrides, file inside the deploy output)
     "reference.config.pbtxt": ("recipes/cpu/tiny-pystd.yaml", (), "model_repository/dflash/config.pbtxt"),
@@ -35,11 +38,12 @@ CASES = {
     # tensorrtllm_backend's interface beside dflash (deploy/dialect.py), the same on both backends.
     **{f"dialect.{m}.config.pbtxt": ("recipes/cpu/tiny-pystd.yaml", (), f"model_repository/{m}/config.pbtxt")
        for m in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")},
-    # Every pytorch recipe, at the TensorRT-LLM version it names (1.3.0) and at 1.4.
+    # Every pytorch recipe, at the TensorRT-LLM version it names (1.3.0rc29) and at 1.4.0rc1.
     **{f"pytorch-{key}.{name}": (path, (), inner) for key, path in PYTORCH_RECIPES.items()
        for name, inner in PYTORCH_FILES.items()},
-    **{f"pytorch-{key}-1.4.{name}": (path, ("backend.trtllm_version=1.4.0",), PYTORCH_FILES[name])
-       for key, path in PYTORCH_RECIPES.items() for name in ("model.yaml", "extra_llm_api_options.yaml")},
+    **{f"pytorch-{key}-1.4.{name}": (path, ("backend.trtllm_version=1.4.0rc1",), PYTORCH_FILES[name])
+       for key, path in PYTORCH_RECIPES.items()
+       for name in ("model.yaml", "extra_llm_api_options.yaml", "dynamo.engine_args.yaml", "dynamo.launch.json")},
 }
 LAYOUT = {"reference": "trtllm", "pytorch": "hf", "engine": None}
 
@@ -48,7 +52,8 @@ def artifact(recipe, root: Path, stage: str | None = None) -> Path:
     """A stand-in for the stage output deploy takes (deploy reads manifests, never weights)."""
     stage = stage or input_stage(recipe, "deploy")
     layout = LAYOUT[recipe.backend.name]
-    with atomic_stage_dir(root / stage, Manifest.for_stage(stage, recipe, extra={"layout": layout} if layout else {})) as d:
+    with atomic_stage_dir(root / stage,
+                          Manifest.for_stage(stage, recipe, extra={"layout": layout} if layout else {})) as d:
         (d / "weights.safetensors").write_bytes(b"stand-in")
     return root / stage
 
@@ -59,7 +64,8 @@ def generate(name: str, tmp: Path) -> str:
     src = artifact(recipe, tmp)
     out = deploy(recipe, src, tmp / "out")
     text = (out / inner).read_text()
-    return text.replace(str(src.resolve()), ARTIFACT).replace(manifest_sha256(src), SHA).replace(str(out.resolve()), DEPLOY)
+    text = text.replace(str(src.resolve()), ARTIFACT).replace(manifest_sha256(src), SHA)
+    return text.replace(str(out.resolve()), DEPLOY)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -122,7 +128,8 @@ def test_pytorch_model_is_the_quantize_output(tmp_path, path):
 
 
 def test_llmapi_yaml_maps_draft_bands(tmp_path):
-    spec = model_yaml(load_recipe(ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"), tmp_path)["speculative_config"]
+    spec = model_yaml(load_recipe(ROOT / "recipes/blackwell/b300x8-gpt-oss-120b-nvfp4.yaml"),
+                      tmp_path)["speculative_config"]
     assert spec["max_draft_len"] == 9 and spec["draft_len_schedule"] == {16: 9, 64: 7, 256: 3}
     assert spec["target_layer_ids"] == [1, 9, 17, 25, 33] and spec["attention_backend"] == "TRTLLM"
 
@@ -177,7 +184,7 @@ def test_field_tables_are_upstreams():
         "VANILLA", "TRTLLM", "FA4"}
 
 
-@pytest.mark.parametrize("version", ["1.3.0", "1.3.0rc27", "1.4.0", "1.4.0rc1"])
+@pytest.mark.parametrize("version", ["1.3.0rc29", "1.3.0rc27", "1.4.0rc1", "1.4.0rc4"])
 @pytest.mark.parametrize("key", sorted(PYTORCH_RECIPES))
 def test_every_speculative_key_is_a_field_of_the_chosen_version(tmp_path, key, version):
     from trtllm_dflash.deploy.llmapi import DFLASH_FIELDS
@@ -196,19 +203,22 @@ def test_every_speculative_key_is_a_field_of_the_chosen_version(tmp_path, key, v
 def test_prefix_reuse_follows_the_version_and_the_target():
     qwen = ROOT / PYTORCH_RECIPES["qwen3coder"]
     old = model_yaml(load_recipe(qwen), Path("/a"))
-    new = model_yaml(load_recipe(qwen, ["backend.trtllm_version=1.4.0"]), Path("/a"))
+    new = model_yaml(load_recipe(qwen, ["backend.trtllm_version=1.4.0rc1"]), Path("/a"))
     # 1.3: a prefix-cache hit would starve the drafter, nothing to fix it -> reuse off.
-    assert old["kv_cache_config"]["enable_block_reuse"] is False and "context_recompute_tail" not in old["speculative_config"]
+    assert old["kv_cache_config"]["enable_block_reuse"] is False
+    assert "context_recompute_tail" not in old["speculative_config"]
     # 1.4: reuse on, a recompute tail keeps the drafter's context; chunked prefill (the V1 gate).
     assert new["kv_cache_config"]["enable_block_reuse"] is True and new["enable_chunked_prefill"] is True
     assert new["speculative_config"]["context_recompute_tail"] > 0
     # Sliding-window targets: the tail does not apply, reuse stays off even on 1.4.
-    oss = model_yaml(load_recipe(ROOT / PYTORCH_RECIPES["gptoss"], ["backend.trtllm_version=1.4.0"]), Path("/a"))
-    assert oss["kv_cache_config"]["enable_block_reuse"] is False and "context_recompute_tail" not in oss["speculative_config"]
+    oss = model_yaml(load_recipe(ROOT / PYTORCH_RECIPES["gptoss"], ["backend.trtllm_version=1.4.0rc1"]), Path("/a"))
+    assert oss["kv_cache_config"]["enable_block_reuse"] is False
+    assert "context_recompute_tail" not in oss["speculative_config"]
 
 
 @pytest.mark.parametrize("version,message", [
-    ("1.5.0", r"backend.trtllm_version: 1.5.0: no DFlashDecodingConfig field table for TensorRT-LLM 1.5; known: 1.3.x, 1.4.x"),
+    ("1.5.0",
+     r"backend.trtllm_version: 1.5.0: no DFlashDecodingConfig field table for TensorRT-LLM 1.5; known: 1.3.x, 1.4.x"),
     ("2.0.0", r"known: 1.3.x, 1.4.x"),
     ("1.2.1", r"needs TensorRT-LLM >= 1.3"),
 ])
@@ -233,7 +243,8 @@ def test_drafter_stays_bf16_and_the_first_band_is_the_longest():
     with pytest.raises(RecipeError, match=r"quantization.drafter: fp8: TensorRT-LLM's native DFlash loads only BF16"):
         load_recipe(path, ["quantization.drafter=fp8"])
     with pytest.raises(RecipeError, match=r"speculative.draft_len.1.draft_len: 15 > the first band's 9"):
-        load_recipe(path, ["speculative.draft_len=[{max_concurrency: 4, draft_len: 9}, {max_concurrency: 32, draft_len: 15}]"])
+        load_recipe(path, ["speculative.draft_len=[{max_concurrency: 4, draft_len: 9}, "
+                           "{max_concurrency: 32, draft_len: 15}]"])
 
 
 @pytest.mark.parametrize("key", sorted(PYTORCH_RECIPES))
@@ -271,7 +282,8 @@ def test_trtllm_serve_files(tmp_path, key):
     extra = yaml.safe_load(options.read_text())
     # The same LLM arguments as the Triton model, less what trtllm-serve's command line carries.
     assert {k: v for k, v in model.items() if k not in ("model", "backend", "triton_config")} == \
-        {k: v for k, v in extra.items() if k not in ("enable_iter_perf_stats", "perf_metrics_max_requests")}
+        {k: v for k, v in extra.items()
+         if k not in ("enable_iter_perf_stats", "perf_metrics_output_dir", "per_request_spec_decode_stats")}
     single = launch["single_node"]
     assert single[:2] == ["trtllm-serve", str(src.resolve() / "target")]
     assert single[single.index("--config") + 1] == str(options.resolve())  # PR #9104's name, in every 1.3
@@ -285,7 +297,7 @@ def test_trtllm_serve_files(tmp_path, key):
 
 def test_trtllm_serve_commands_launch_one_model_copy_of_several(tmp_path):
     """parallel.replicas 2 of tp 8 on 16 GPUs: every launch.json command is one copy (8 ranks, one
-    node); `serve --launcher srun` runs one such step per copy (tests/serve/test_cluster_launchers.py)."""
+    node); `serve --launcher srun` runs one such step per copy (tests/launch/test_cluster_launchers.py)."""
     import json
 
     recipe = load_recipe(ROOT / PYTORCH_RECIPES["gptoss"], ["parallel.replicas=2", "hardware.count=16"])
@@ -300,7 +312,6 @@ def test_pytorch_model_is_the_quantize_output_in_a_pipeline_run(tmp_path, tiny_p
     model.yaml and trtllm-serve's options serve the quantize output, not the source."""
     pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed")
     from checkpoints import write_recipe
-
     from trtllm_dflash.pipeline import run
 
     path = write_recipe(tmp_path / "r.yaml", *tiny_pair, fmt="fp8", gpu="h100-sxm", backend="pytorch",

@@ -33,7 +33,8 @@ def test_no_output_names_where_the_run_was(moved):
         if path.is_file() and path.suffix != ".safetensors":
             assert str(old) not in path.read_text(), path.relative_to(new)
     plan = (new / "build" / "plan.json").read_text()
-    assert '"--model_cls_file",\n' in plan and '"trtllm_models.py"' in plan and (new / "build/trtllm_models.py").is_file()
+    assert '"--model_cls_file",\n' in plan and '"trtllm_models.py"' in plan
+    assert (new / "build/trtllm_models.py").is_file()
 
 
 def test_the_pipeline_chain_holds_after_the_move(moved):
@@ -42,11 +43,12 @@ def test_the_pipeline_chain_holds_after_the_move(moved):
     assert [s.status for s in done] == ["skipped"] * len(done)
 
 
+@pytest.mark.slow
 def test_the_moved_deployment_opens_and_serves_a_request(moved):
     """What the Triton model does in `initialize` (config.pbtxt settings, the runners over the
     checkpoint they name), from the moved copy, then one greedy request through its engine."""
-    from trtllm_dflash.serve.batcher import Job
     from trtllm_dflash.serve.deployed import open_deployed, repository_model
+    from trtllm_dflash.serve.record import Request
 
     recipe, _, new = moved
     version, settings = repository_model(new / "deploy", recipe.serve.model_name)
@@ -61,7 +63,7 @@ def test_the_moved_deployment_opens_and_serves_a_request(moved):
             done.set()
 
     try:
-        deployed.engine.submit(Job(deployed.tokenizer.encode("def add(a, b):"), 8, emit))
+        deployed.engine.submit(Request(deployed.tokenizer.encode("def add(a, b):"), 8, emit))
         assert done.wait(60), "the engine did not finish the request"
     finally:
         deployed.close()

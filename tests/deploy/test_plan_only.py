@@ -27,7 +27,7 @@ def planned(tmp_path_factory):
 def test_deploy_refuses_a_dry_run_build_in_one_line(planned, tmp_path, capsys):
     recipe, root = planned
     with pytest.raises(UserError, match=r"a dry-run build \(plan.json, no engines\); build the engines inside Triton "
-                                        r"25.12 trtllm-python-py3 .*: trtllm-dflash build .* --from .*convert .*"
+                                        r"26.07-trtllm-python-py3 .*: trtllm-dflash build .* --from .*convert .*"
                                         r"--plan-only") as e:
         deploy(recipe, root / "build", tmp_path / "deploy")
     assert "\n" not in str(e.value) and not (tmp_path / "deploy").exists()
@@ -44,7 +44,7 @@ def test_a_plan_only_deployment_serves_only_on_the_cpu_runners(planned, tmp_path
     for launcher in ("single_node", "srun"):
         assert main(["serve", str(ENGINE), "--from", str(out), "--launcher", launcher]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "a plan-only deployment" in err and "inside Triton 25.12" in err
+        assert err.count("\n") == 1 and "a plan-only deployment" in err and "inside Triton 26.07" in err
         assert f"trtllm-dflash build {ENGINE} --from" in err and "--runners reference or emulated" in err
 
 

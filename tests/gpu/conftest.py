@@ -9,7 +9,8 @@ without CUDA). docs/gpu.md gives the one command that runs them all on a lent GP
   test_gpu_aot_launch.py         the AOT plugins' PTX launched with TensorRT's argument list (+ padding)
   test_gpu_kernel_bandwidth.py   achieved HBM bandwidth (perf/bench_kv_inject.py), floor 25% of peak
   test_gpu_reference.py          the reference backend on CUDA stays lossless
-  test_gpu_checklist.py          docs/design/engine-path.md, first-GPU checklist (items 1-4 need TensorRT-LLM 1.2.x: the container)
+  test_gpu_checklist.py          docs/design/engine-path.md, first-GPU checklist (items 1-4 need
+                                 TensorRT-LLM 1.2.x: the container)
 
 The KV-injection problem generator lives beside the CPU kernel tests
 (tests/helpers/kv_inject_cases.py); the AOT launch helpers in tests/helpers/aot_launch.py.
@@ -27,9 +28,8 @@ def built(tmp_path_factory):
     """(checkpoint info, convert output, build output) of the checklist's tiny engine recipe with its
     engines built (tests/helpers/checklist.py), once per session."""
     from checklist import checklist_recipe, record
-
-    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.convert.convert import convert
+    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.runtime.checkpoint import read_checkpoint
 
     root = tmp_path_factory.mktemp("engines")

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from aot_launch import append_launch, append_problem, attention_launch, attention_problem, ptx_launch, torch_launch
-from trtllm_dflash.plugins.kv_inject_attention import append_context_reference, kv_inject_attention_reference
-from trtllm_dflash.plugins.kv_inject_attention import ptx
+from trtllm_dflash.plugins.kv_inject_attention import append_context_reference, kv_inject_attention_reference, ptx
 from trtllm_dflash.plugins.kv_inject_attention.reference import quantize_to_cache
 
 pytestmark = pytest.mark.gpu

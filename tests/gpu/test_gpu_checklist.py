@@ -1,6 +1,6 @@
 """The first-GPU checklist of docs/design/engine-path.md as tests (in its order).
 
-Items 1-4 need TensorRT-LLM 1.2.x, i.e. NVIDIA's Triton 25.12 trtllm-python-py3 container: they
+Items 1-4 need TensorRT-LLM 1.2.x, i.e. NVIDIA's Triton 26.07 trtllm-python-py3 container: they
 convert the shipped tiny-pystd pair, build its two engines in bf16 with the build stage
 (tests/helpers/checklist.py: recipes/cpu/tiny-pystd-engine.yaml in bf16, the stock trtllm-build
 with engines/trtllm_models.py) once per session, and check the engines against the CPU engine
@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+
 from checklist import drafts_like_the_torch_network, needs_trtllm, record
 
 pytestmark = pytest.mark.gpu
@@ -27,7 +28,7 @@ BF16_TOL = dict(atol=1e-1, rtol=1e-1)
 
 def cpu_engine(info):
     """The CPU stand-in of the target engine (TapEngine) on the same checkpoint."""
-    from trtllm_dflash.runtime.checkpoint_runner import rank_model
+    from trtllm_dflash.runtime.rank_model import rank_model
     from trtllm_dflash.runtime.tp_layers import Comm
 
     return rank_model("emulated", info, Comm(), torch.float32, "cpu", 256)
@@ -35,7 +36,8 @@ def cpu_engine(info):
 
 @needs_trtllm
 def test_1_additional_outputs_follow_the_1_2_1_row_rules(built):
-    """Binding names, result names and shapes, rows of a mixed step with KV reuse (docs/design/engine-path.md, the row rules)."""
+    """Binding names, result names and shapes, rows of a mixed step with KV reuse (docs/design/engine-path.md, the
+    row rules)."""
     from trtllm_dflash.runtime.trt_runners import open_executor
 
     info, _, out = built
@@ -45,11 +47,13 @@ def test_1_additional_outputs_follow_the_1_2_1_row_rules(built):
     amo = lambda name, g: b.AdditionalModelOutput(name, gather_context=g)  # noqa: E731
 
     def request(tokens, salt, context):
-        names = [amo("dflash_tail", False), amo("dflash_argmax", False)] + ([amo("dflash_ctx", True)] if context else [])
+        names = ([amo("dflash_tail", False), amo("dflash_argmax", False)]
+                 + ([amo("dflash_ctx", True)] if context else []))
         oc = b.OutputConfig(exclude_input_from_output=True, return_perf_metrics=True, additional_model_outputs=names)
         return ex.ex.enqueue_request(b.Request(tokens, 1, output_config=oc, cache_salt_id=salt))
 
-    first = [int(t) for t in torch.randint(1, info.target_cfg.vocab_size, (70,), generator=torch.Generator().manual_seed(0))]
+    first = [int(t)
+             for t in torch.randint(1, info.target_cfg.vocab_size, (70,), generator=torch.Generator().manual_seed(0))]
     (resp,) = ex.ex.await_responses(request(first, 1, True))
     assert not resp.has_error(), resp.error_msg
     shapes = {o.name: tuple(o.output.shape) for o in resp.result.additional_outputs}
@@ -128,7 +132,8 @@ def test_3_costs_per_round(built):
     costs = {}
     for conc in (1, 4, 16):
         dec = model.decoder(sampling=SamplingParams(), max_len=200)
-        prompts = [torch.randint(1, vocab, (64,), generator=torch.Generator().manual_seed(c)).tolist() for c in range(conc)]
+        prompts = [torch.randint(1, vocab, (64,), generator=torch.Generator().manual_seed(c)).tolist()
+                   for c in range(conc)]
         dec.admit(list(range(conc)), prompts, [64] * conc, [[]] * conc)
         steps = []
         while dec.running and len(steps) < 16:
@@ -152,5 +157,6 @@ def test_4_drafter_engine_with_the_aot_plugins_loads_and_drafts_like_the_torch_n
 
 
 def test_5_design_a_checks_wait_for_design_a():
-    pytest.skip("first-GPU checklist item 5 (docs/design/engine-path.md: all-ones packed mask in XQA / trtllm-gen, layer-0 mask caching, EAGLE "
-                "buffers in bf16) belongs to design A (DFlash-as-EAGLE), which is not implemented")
+    pytest.skip("first-GPU checklist item 5 (docs/design/engine-path.md: all-ones packed mask in XQA / trtllm-gen, "
+                "layer-0 mask caching, EAGLE buffers in bf16) belongs to design A (DFlash-as-EAGLE), which is not "
+                "implemented")

@@ -1,5 +1,5 @@
 """The first-DGX checks of docs/gpu.md, in its order, for a user's GPU box inside NVIDIA's Triton
-25.12 trtllm-python-py3 container (TensorRT-LLM 1.2.x): doctor passes on a built deployment; a
+26.07 trtllm-python-py3 container (TensorRT-LLM 1.2.1): doctor passes on a built deployment; a
 2-layer drafter builds with trtllm-build and drafts like the torch network; at tp 2 the split
 drafter's shards open on their ranks' GPUs (two GPUs); one request served by tritonserver gives
 the reference backend's greedy tokens. Without TensorRT-LLM they skip with the reason. Not run
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from checklist import TINY, checklist_recipe, drafts_like_the_torch_network, needs_trtllm, record
 from checkpoints import make_drafter, make_target, write_recipe
 
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16_TOL = dict(atol=1e-1, rtol=1e-1)  # as test_gpu_checklist.py: bf16 engine against the fp32 torch network
-BF16_SETS = [a for o in ("quantization.target_weights=bf16", "quantization.activations=bf16", "quantization.kv_cache=bf16",
+BF16_SETS = [a for o in ("quantization.target_weights=bf16", "quantization.activations=bf16",
+                         "quantization.kv_cache=bf16",
                          "quantization.drafter=bf16") for a in ("--set", o)]
 
 
@@ -49,8 +51,8 @@ def test_1_doctor_says_this_container_can_serve_the_built_deployment(built, tmp_
 
 @needs_trtllm
 def test_2_a_two_layer_drafter_builds_with_trtllm_build_and_drafts_like_the_torch_network(tmp_path):
-    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.convert.convert import convert
+    from trtllm_dflash.engines.stage import build
     from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.runtime.checkpoint import read_checkpoint
 
@@ -83,7 +85,8 @@ def test_3_tp2_split_drafter_opens_each_shard_on_its_ranks_gpu(tmp_path):
                             str(ROOT / "tests/gpu/rank_devices.py"), str(run / "build")],
                            capture_output=True, text=True, timeout=600)
     assert probe.returncode == 0, probe.stderr[-4000:]
-    ranks = {d["rank"]: d for d in map(json.loads, (line for line in probe.stdout.splitlines() if line.startswith("{")))}
+    ranks = {d["rank"]: d
+             for d in map(json.loads, (line for line in probe.stdout.splitlines() if line.startswith("{")))}
     record("tp2_rank_devices", ranks)
     assert sorted(ranks) == [0, 1]
     for rank, d in ranks.items():

@@ -41,5 +41,5 @@ def test_kernel_bandwidth_at_qwen3_8b_drafter_shapes(fp8, record_property):
         name = f"bench_kv_inject_{'fp8' if fp8 else 'bf16'}.json"
         (Path(out) / name).write_text(json.dumps({"hardware": hardware, "device": torch.cuda.get_device_name(),
                                                   "rows": rows}, indent=1))
-    assert best["hbm_fraction"] >= FLOOR, (f"{best['gbs']:.0f} GB/s = {best['hbm_fraction']:.1%} of {hardware}'s HBM peak "
-                                           f"at batch {best['batch']} x {best['cache_len']} (floor {FLOOR:.0%})")
+    assert best["hbm_fraction"] >= FLOOR, (f"{best['gbs']:.0f} GB/s = {best['hbm_fraction']:.1%} of {hardware}'s HBM "
+                                           f"peak at batch {best['batch']} x {best['cache_len']} (floor {FLOOR:.0%})")

@@ -1,4 +1,5 @@
-"""The reference backend on CUDA with the shipped tiny pair (and a tiny random Laguna drafter): DFlash and DDTree stay lossless.
+"""The reference backend on CUDA with the shipped tiny pair (and a tiny random Laguna drafter): DFlash and DDTree stay
+lossless.
 
 Greedy decoding in fp32 on the GPU: every mode must give the target's own greedy tokens
 (exact equality; all modes run the same kernels in the same dtype, and the CPU tests check
@@ -9,8 +10,8 @@ drafter reaches ~4 on CPU; a broken device path would accept ~nothing).
 import pytest
 import torch
 
-from trtllm_dflash.prompts.sources import heldout_token_prompts as heldout_prompts
 from trtllm_dflash.perf.bench_quant import shipped_pair
+from trtllm_dflash.prompts.sources import heldout_token_prompts as heldout_prompts
 from trtllm_dflash.reference import generate, load_pair, pooled_tau
 
 pytestmark = pytest.mark.gpu
@@ -39,6 +40,7 @@ def test_joins_leaves_and_tree_budgets_on_cuda(pair):
     """The KV cache's pool of batch entries (joins take free entries, leaves free theirs, reads
     gather rows) and DDTree rounds of any budget, chains and plain rounds, on CUDA: every request
     still gets the target's greedy tokens."""
+    from trtllm_dflash.policy.decision import Drafts
     from trtllm_dflash.reference.generate import Decoder
 
     target, drafter = load_pair(*pair, torch.float32, device="cuda")
@@ -53,7 +55,7 @@ def test_joins_leaves_and_tree_budgets_on_cuda(pair):
         k = 0
         while decoder.running:
             choice = schedule[k % len(schedule)]
-            rec = decoder.step(*choice) if isinstance(choice, tuple) else decoder.step(choice)
+            rec = decoder.step(Drafts.of(*choice) if isinstance(choice, tuple) else Drafts.of(choice))
             for r, toks in zip(rec.seq_ids, rec.tokens):
                 out[r] += toks
             k += 1
@@ -70,7 +72,6 @@ def test_a_laguna_drafter_on_cuda_drafts_what_it_drafts_on_cpu(tmp_path):
     causal) on CUDA: the drafter pass gives the CPU's draft logits (fp32, 1e-4: other kernels, the
     same math) and greedy decoding gives the target's tokens."""
     from checkpoints import LAGUNA, make_drafter, make_target
-
     from trtllm_dflash.reference.runners import ReferenceDrafter
 
     t_dir, d_dir = make_target(tmp_path / "t"), make_drafter(tmp_path / "d", **LAGUNA)

@@ -85,7 +85,8 @@ def append_launch(kernel, k_cache, v_cache, k_new, v_new, cache_lens, new_lens, 
     ints = plugin_spec.append_scalar_args(N, S, p.num_kv_heads, p.head_dim, bool(p.kv_scale_per_head))
     outputs = [k_cache if k_out is None else k_out, v_cache if v_out is None else v_out, torch.empty_like(cache_lens)]
     grid = (k_new.shape[0] * p.num_kv_heads, max(1, -(-N // plugin_spec.APPEND_BLOCK_N)))
-    constexprs = dict(HEAD_DIM=p.head_dim, BLOCK_N=plugin_spec.APPEND_BLOCK_N, QUANTIZE=p.cache_dtype == checks.FP8_CACHE_DTYPE)
+    constexprs = dict(HEAD_DIM=p.head_dim, BLOCK_N=plugin_spec.APPEND_BLOCK_N,
+                      QUANTIZE=p.cache_dtype == checks.FP8_CACHE_DTYPE)
     return Launch([k_cache, v_cache, k_new, v_new, cache_lens, new_lens, k_scale, v_scale], ints, outputs, grid,
                   constexprs, 4)
 

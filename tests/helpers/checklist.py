@@ -1,7 +1,7 @@
 """The first-GPU checklist's shared pieces (tests/gpu): its recipe, the skip without TensorRT-LLM,
-the timings it records. The recipe is the shipped tiny engine recipe built in bf16. The shipped recipe is fp32 for exact CPU emulation, but an fp32
-target engine has no fused context attention (attentionOp.cpp falls back to unfused MHA), hence
-no paged context FMHA and no KV block reuse (recipe/engine_layout.py), which checklist item 1
+the timings it records. The recipe is the shipped tiny engine recipe built in bf16. The shipped recipe is fp32 for exact
+CPU emulation, but an fp32 target engine has no fused context attention (attentionOp.cpp falls back to unfused MHA),
+hence no paged context FMHA and no KV block reuse (recipe/plan/engine_layout.py), which checklist item 1
 measures. tests/build checks on CPU that this recipe's plan keeps reuse on."""
 
 import json
@@ -25,8 +25,10 @@ def checklist_recipe() -> Recipe:
 
 WHY_NOT = cannot_build_here()
 needs_trtllm = pytest.mark.skipif(
-    WHY_NOT is not None, reason=f"{WHY_NOT}: the first-GPU checklist's items 1-4 (docs/design/engine-path.md) build and run TensorRT-LLM 1.2.x engines; run "
-                                "them inside NVIDIA's Triton 25.12 trtllm-python-py3 container (docs/gpu.md)")
+    WHY_NOT is not None,
+    reason=f"{WHY_NOT}: the first-GPU checklist's items 1-4 (docs/design/engine-path.md) build and run TensorRT-LLM "
+                                "1.2.x engines; run them inside NVIDIA's Triton 26.07 trtllm-python-py3 container "
+                                "(docs/gpu.md)")
 TIMINGS: dict = {}
 
 
@@ -52,7 +54,8 @@ def drafts_like_the_torch_network(info, build_out: Path, tol: dict) -> float:
 
     session = TrtSession(build_out / "drafter" / "engines", "cuda")
     d = info.drafter_cfg
-    torch_session = TorchDrafterSession(read_rank(info, "drafter", 0, torch.float32, "cuda"), DrafterSpec.from_config(d),
+    torch_session = TorchDrafterSession(read_rank(info, "drafter", 0, torch.float32, "cuda"),
+                                        DrafterSpec.from_config(d),
                                         Rope(d.rope, d.head_dim).to("cuda"), max_len=128)
     kw = dict(block_size=d.block_size, mask_token_id=d.mask_token_id, target_layer_ids=tuple(d.target_layer_ids),
               max_len=128)

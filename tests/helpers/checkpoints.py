@@ -54,7 +54,8 @@ def make_target(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.floa
                    layer_types=["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2))
         cfg.update(overrides)
         cfg.setdefault("rope_parameters", {  # YaRN as published, its factor consistent with the context length
-            "rope_type": "yarn", "factor": cfg["max_position_embeddings"] / 128, "original_max_position_embeddings": 128,
+            "rope_type": "yarn", "factor": cfg["max_position_embeddings"] / 128,
+            "original_max_position_embeddings": 128,
             "rope_theta": 150000.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})
         model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**cfg))
     else:

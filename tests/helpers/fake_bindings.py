@@ -30,7 +30,6 @@ import enum
 import itertools
 from types import SimpleNamespace
 
-
 from trtllm_dflash.runtime.fake_executor import EngineLimits, cached_prefix, take_step
 
 # An engine built with paged context FMHA and room to spare, for tests that do not probe limits.
@@ -140,6 +139,10 @@ class Executor:
         else:
             self._queue[rid] = request
         return rid
+
+    def enqueue_requests(self, requests: list[Request]) -> list[int]:
+        """executor.cpp's enqueue_requests(requests): their ids, every one queued before a step runs."""
+        return [self.enqueue_request(r) for r in requests]
 
     def _reused_blocks(self, salt, tokens) -> int:
         if not self.reuse:

@@ -25,6 +25,8 @@ import enum
 import sys
 from types import ModuleType, SimpleNamespace
 
+import stand_in
+
 
 class FakeCuda:
     """`gpus` CUDA devices and the current one (0 until set, as CUDA's)."""
@@ -89,7 +91,7 @@ class _DataType(enum.Enum):
 def tensorrt_module(cuda: FakeCuda, shapes: dict, dtypes: dict) -> ModuleType:
     """`tensorrt` with Logger, Runtime -> engine -> execution context, each bound to the device
     current at its creation."""
-    trt = ModuleType("tensorrt")
+    trt = stand_in.module("tensorrt")
 
     class Logger:
         WARNING = 2
@@ -143,7 +145,7 @@ def tensorrt_llm_modules(cuda: FakeCuda) -> dict[str, ModuleType]:
     """tensorrt_llm, tensorrt_llm.mapping (Mapping), tensorrt_llm.plugin.plugin
     (CustomAllReduceHelper) and cuda.cudart, recording where the workspace was allocated and
     which peer access was enabled from which device."""
-    root, mapping, plugin_pkg, plugin = (ModuleType(n) for n in (
+    root, mapping, plugin_pkg, plugin = (stand_in.module(n) for n in (
         "tensorrt_llm", "tensorrt_llm.mapping", "tensorrt_llm.plugin", "tensorrt_llm.plugin.plugin"))
 
     class Mapping:
@@ -164,7 +166,7 @@ def tensorrt_llm_modules(cuda: FakeCuda) -> dict[str, ModuleType]:
     mapping.Mapping, plugin.CustomAllReduceHelper = Mapping, CustomAllReduceHelper
     root.mapping, root.plugin, plugin_pkg.plugin = mapping, plugin_pkg, plugin
 
-    cudart = ModuleType("cuda.cudart")
+    cudart = stand_in.module("cuda.cudart")
     ok = SimpleNamespace(name="cudaSuccess")
     cudart.cudaError_t = SimpleNamespace(cudaSuccess=ok, cudaErrorPeerAccessAlreadyEnabled=object())
     cudart.cudaDeviceCanAccessPeer = lambda a, b: (ok, 1)
@@ -176,7 +178,7 @@ def tensorrt_llm_modules(cuda: FakeCuda) -> dict[str, ModuleType]:
 
     cudart.cudaDeviceEnablePeerAccess = enable
     cudart.cudaGetLastError = lambda: (ok,)
-    cuda_pkg = ModuleType("cuda")
+    cuda_pkg = stand_in.module("cuda")
     cuda_pkg.cudart = cudart
     return {"tensorrt_llm": root, "tensorrt_llm.mapping": mapping, "tensorrt_llm.plugin": plugin_pkg,
             "tensorrt_llm.plugin.plugin": plugin, "cuda": cuda_pkg, "cuda.cudart": cudart}

@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 import types
 
+import stand_in
+
 LayerType = enum.Enum("LayerType", ["CONSTANT", "ELEMENTWISE", "SHUFFLE", "MATRIX_MULTIPLY", "PLUGIN_V2", "PLUGIN_V3"])
 
 
@@ -43,7 +45,7 @@ class IPluginV3Layer(ILayer): ...
 
 
 def tensorrt(**attrs) -> types.ModuleType:
-    trt = types.ModuleType("tensorrt")
+    trt = stand_in.module("tensorrt")
     trt.__dict__.update(attrs, LayerType=LayerType, ILayer=ILayer, IConstantLayer=IConstantLayer,
                         IElementWiseLayer=IElementWiseLayer, IShuffleLayer=IShuffleLayer,
                         IMatrixMultiplyLayer=IMatrixMultiplyLayer, IPluginV2Layer=IPluginV2Layer,
@@ -92,6 +94,6 @@ def graph_rewriting() -> types.ModuleType:
         for trt_layer in network.layers:
             rewrite.match_and_rewrite(Layer(network, trt_layer))
 
-    m = types.ModuleType("tensorrt_llm.graph_rewriting")
+    m = stand_in.module("tensorrt_llm.graph_rewriting")
     m.Layer, m.FuseAttentionWithBiasPass, m.optimize = Layer, FuseAttentionWithBiasPass, optimize
     return m

@@ -38,15 +38,16 @@ from __future__ import annotations
 import builtins
 import json
 import sys
-import types
 from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
-import fake_graph_rewriting
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+import fake_graph_rewriting
+import stand_in
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32,
           "int64": torch.int64, "fp8": torch.float8_e4m3fn}
@@ -128,7 +129,8 @@ def _const(x, like: Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
     dtype = like.dtype if (isinstance(x, float) and like.dtype.is_floating_point) or (
-        isinstance(x, int) and not like.dtype.is_floating_point) else (torch.float32 if isinstance(x, float) else torch.int32)
+        isinstance(x, int) and not like.dtype.is_floating_point) else (
+        torch.float32 if isinstance(x, float) else torch.int32)
     return Tensor(t=torch.tensor([x], dtype=dtype))
 
 
@@ -410,7 +412,8 @@ class PretrainedConfig:
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
         self.logits_dtype, self.norm_epsilon, self.mapping = logits_dtype, norm_epsilon, _mapping(mapping)
         q = dict(quantization or {})
-        self.quantization = SimpleNamespace(quant_algo=q.get("quant_algo"), kv_cache_quant_algo=q.get("kv_cache_quant_algo"),
+        self.quantization = SimpleNamespace(quant_algo=q.get("quant_algo"),
+                                            kv_cache_quant_algo=q.get("kv_cache_quant_algo"),
                                             exclude_modules=q.get("exclude_modules"))
         for k, v in kwargs.items():
             setattr(self, k, v)
@@ -597,7 +600,7 @@ def install(monkeypatch) -> Net:
     mods = {}
 
     def mod(name, **attrs):
-        m = types.ModuleType(name)
+        m = stand_in.module(name)
         m.__dict__.update(attrs)
         mods[name] = m
         return m

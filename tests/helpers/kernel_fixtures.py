@@ -3,8 +3,8 @@ Triton interpreter.
 
 `triton.jit` picks interpreter or compiler when the decorated function is *defined*,
 i.e. when kernel.py is imported, so TRITON_INTERPRET=1 is set here, and the conftest.py of
-every folder with kernel tests imports this module before its test modules import kernel.py. Without a GPU nothing in the package compiles Triton
-code, so setting it for the whole pytest process is harmless. If kernel.py was
+every folder with kernel tests imports this module before its test modules import kernel.py. Without a GPU nothing in
+the package compiles Triton code, so setting it for the whole pytest process is harmless. If kernel.py was
 imported earlier anyway (say by a test elsewhere), the `kernel` fixture reloads it.
 
 Without triton installed the kernel tests skip with the reason; reference and

@@ -93,9 +93,10 @@ def _layer_report(build, envs: dict) -> dict:
 def report() -> dict:
     """Build every case through TensorRT's plugin layer and the AOT impls (sm_90 PTX)."""
     import triton
+    from triton.backends.compiler import GPUTarget
+
     import trt_plugin_layer
     from trt_build import build_plugin_layer, profile_env
-    from triton.backends.compiler import GPUTarget
     from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
 
     out = {"triton": triton.__version__, "cases": {}}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
@@ -81,3 +82,14 @@ def make_dflash2_drafter(directory: Path, target_dir: Path, **kw) -> Path:
     return make_drafter(directory, target_dir, **{**DFLASH2, **kw})
 
 
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models make every op overhead-bound; with 2 OpenMP threads on a busy 2-core machine
+    each op can wait tens of ms at the barrier. One thread is faster and gives identical
+    results; the session setting is restored afterwards. Autouse where a conftest imports it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -3,10 +3,15 @@ warpers) and Pearson's chi-square test against it: the sampling-statistics tests
 decoding path (reference runners, engine runners) share these."""
 
 import torch
-from reference_helpers import hf_model
-from transformers import (LogitsProcessorList, NoBadWordsLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (
+    LogitsProcessorList,
+    NoBadWordsLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
+from reference_helpers import hf_model
 from trtllm_dflash.reference import SamplingParams
 
 PROMPT = [1, 5, 2, 3]
@@ -48,4 +53,5 @@ def chi_square_p(samples, joint):
         obs, exp = obs[:-1], exp[:-1]
     stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
     df = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))

@@ -7,10 +7,10 @@ peaked logits) make greedy outputs varied and free of near-ties.
 
 from __future__ import annotations
 
-import os
-import signal
 import contextlib
 import functools
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +64,8 @@ def make_pair(root: Path, seed: int = 0, block_size: int = 8, laguna: bool = Fal
                        rms_norm_eps=1e-6, rope=tcfg.rope.__class__(10000.0), max_position_embeddings=1024,
                        block_size=block_size, target_layer_ids=(0, 2), mask_token_id=1,
                        num_target_layers=tcfg.num_layers, vocab_size=tcfg.vocab_size,
-                       **(dict(laguna=True, gate=True, layer_types=("sliding_attention",), sliding_window=12) if laguna else {}))
+                       **(dict(laguna=True, gate=True, layer_types=("sliding_attention",), sliding_window=12) if laguna
+                          else {}))
     drafter = DFlashDraft(dcfg)
     with torch.no_grad():
         for name, p in drafter.named_parameters():

@@ -30,9 +30,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import trt_core
-from trt_core import (DimsExprs, DynamicPluginTensorDesc, IExprBuilder, IKernelLaunchParams, ISymExprs,
-                      PluginArgDataType, PluginArgType, PluginCallbackError, PluginCapabilityType, PluginTensorDesc,
-                      TensorFormat, call_plugin)
+from trt_core import (
+    DimsExprs,
+    DynamicPluginTensorDesc,
+    IExprBuilder,
+    IKernelLaunchParams,
+    ISymExprs,
+    PluginArgDataType,
+    PluginArgType,
+    PluginCallbackError,
+    PluginCapabilityType,
+    PluginTensorDesc,
+    TensorFormat,
+    call_plugin,
+)
 
 LAUNCH_FIELDS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shared_mem")
 

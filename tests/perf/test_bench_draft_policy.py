@@ -10,9 +10,10 @@ from trtllm_dflash.perf.bench_quant import shipped_pair
 
 
 @pytest.mark.skipif(shipped_pair() is None, reason="the shipped pair is not installed")
+@pytest.mark.slow
 def test_every_policy_is_lossless_and_the_ratios_are_the_medians():
     # The worker's own torch threads, and one timed round per shape of the cost fits: what is
-    # asserted here holds whatever the fit's precision (the fit itself: tests/reference/test_draft_len.py).
+    # asserted here holds whatever the fit's precision (the fit itself: tests/policy/test_draft_len.py).
     out = bench_draft_policy.bench(levels=(2,), max_new_tokens=12, prompt_len=16, repeats=1,
                                    threads=torch.get_num_threads(), fit_repeats=1)
     (row,) = out["levels"]

@@ -4,7 +4,6 @@ one joins, and the round after it is timed: the one whose drafter pass projects 
 from types import SimpleNamespace
 
 from serve_helpers import make_pair
-
 from trtllm_dflash.perf.bench_drafter_context import join_rounds
 from trtllm_dflash.reference import load_pair
 from trtllm_dflash.runtime.local_model import LocalModel

@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-from checkpoints import converted, write_recipe
 
+from checkpoints import converted, write_recipe
 from trtllm_dflash.perf import bench_quant
 from trtllm_dflash.quantize.emulate import fake_quantize_
 from trtllm_dflash.recipe import load_recipe
@@ -16,7 +16,8 @@ from trtllm_dflash.runtime.tp_layers import Comm
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_emulation_equals_the_quantized_checkpoint(tmp_path, tiny_pair, fmt):
-    pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
+    pytest.importorskip("modelopt.torch.quantization",
+                        reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
     from trtllm_dflash.quantize.stage import quantize
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", *tiny_pair, tp=1, fmt=fmt, drafter_fmt=fmt))

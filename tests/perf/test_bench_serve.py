@@ -55,7 +55,8 @@ def test_summary_ratios_are_medians_over_the_repeats():
     (["--repeats", "0"], "--repeats is 0, expected >= 1"),
     (["--torch-threads", "0"], "--torch-threads is 0, expected >= 1"),
     ([GPU_RECIPE], "bench serve measures the reference backend's server"),
-    (["--max-new-tokens", "1000"], "--max-new-tokens 1000: the sweep's 64-token prompts + 1000 > build.max_seq_len 512"),
+    (["--max-new-tokens", "1000"],
+     "--max-new-tokens 1000: the sweep's 64-token prompts + 1000 > build.max_seq_len 512"),
 ])
 def test_bad_arguments_are_one_line(args, message, capsys):
     assert main(["bench", "serve", *args]) == 2

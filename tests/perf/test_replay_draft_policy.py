@@ -80,7 +80,8 @@ def test_the_clock_is_the_recorded_round_times():
     cost = VerifyCost(fixed=2e-3, per_token=1e-4, draft=1e-3, per_slot=5e-5, packed=True, timed={(1, 4): 9e-3},
                       timed_draft={(1, 4): 1e-3})
     m, K = 11, 15
-    rec = rp.Recording([m], [torch.full((m - 1, K), K, dtype=torch.int8)], [torch.ones(m - 1, K, K)], cost, prefill_s=5e-3)
+    rec = rp.Recording([m], [torch.full((m - 1, K), K, dtype=torch.int8)], [torch.ones(m - 1, K, K)], cost,
+                       prefill_s=5e-3)
     got = rp.replay(rec, 3, c=1, requests=[0], ids=itertools.count(), clock=lambda: 0.0)
     # rounds of 3, 3, then 1 draft (one token left after 8 + the first): 4 + 4 + 2 = 10 tokens
     seconds = 9e-3 + 9e-3 + cost.lengths_s([1])  # (1, 4) is a timed shape; (1, 2) is the model's

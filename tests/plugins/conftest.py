@@ -2,6 +2,7 @@
 any test module here imports the kernel. `trt`: TensorRT's own plugin layer (trt_plugin_layer)."""
 
 import pytest
+
 from kernel_fixtures import device, kernel  # noqa: F401
 from kv_inject_trt_network import PAD
 
@@ -11,7 +12,6 @@ def trt(monkeypatch):
     """`tensorrt` = trt_core stand-in + TensorRT 10.14's real `tensorrt.plugin`, fresh per test; our
     plugins unregistered (trt_plugin._REGISTERED reset) and registered with PAD padding outputs."""
     import trt_plugin_layer
-
     from trtllm_dflash.plugins.kv_inject_attention import trt_plugin
 
     trt_plugin_layer.require()

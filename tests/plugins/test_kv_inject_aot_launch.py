@@ -45,11 +45,13 @@ def test_append_kernel_in_place_with_the_aot_argument_list(kernel, device):
 
 def test_append_kernel_writes_only_the_new_rows(kernel, device):
     """Separate output buffers show what the kernel writes: rows [lens, lens + new_lens) only."""
-    k_cache, v_cache, k_new, v_new, lens, new_lens = [t.to(device) for t in _append_case(torch.Generator().manual_seed(3))]
+    k_cache, v_cache, k_new, v_new, lens, new_lens = [t.to(device)
+                                                      for t in _append_case(torch.Generator().manual_seed(3))]
     k_out, v_out = torch.full_like(k_cache, float("nan")), torch.full_like(v_cache, float("nan"))
     launch = append_launch(kernel, k_cache, v_cache, k_new, v_new, lens, new_lens, k_out=k_out, v_out=v_out)
     torch_launch(kernel._append_context_aot, launch)
     for b, (start, n) in enumerate(zip(lens.tolist(), new_lens.tolist())):
         written = ~torch.isnan(k_out[b, :, 0, 0])
         assert written.nonzero().flatten().tolist() == list(range(start, start + n))
-        assert torch.equal(k_out[b, start:start + n], k_new[b, :n]) and torch.equal(v_out[b, start:start + n], v_new[b, :n])
+        assert torch.equal(k_out[b, start:start + n], k_new[b, :n])
+        assert torch.equal(v_out[b, start:start + n], v_new[b, :n])

@@ -163,7 +163,8 @@ def test_append_fp8_and_values():
     with pytest.raises(KVInjectArgumentError, match="v_scale is required"):
         checks.check_append(*metas.values(), k_scale=s)
     checks.check_append_values([0, 27], [5, 5], 5, S)
-    with pytest.raises(KVInjectArgumentError, match=r"cache_lens\[1\] \+ new_lens\[1\] = 28 \+ 5 = 33 exceeds S_max = 32"):
+    with pytest.raises(KVInjectArgumentError,
+                       match=r"cache_lens\[1\] \+ new_lens\[1\] = 28 \+ 5 = 33 exceeds S_max = 32"):
         checks.check_append_values([0, 28], [5, 5], 5, S)
     with pytest.raises(KVInjectArgumentError, match=r"new_lens\[0\] = 6"):
         checks.check_append_values([0, 0], [6, 0], 5, S)

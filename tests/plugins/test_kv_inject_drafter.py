@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from trtllm_dflash.reference import DFlashDraft, DraftConfig
-from trtllm_dflash.reference.rope import RopeConfig
 from trtllm_dflash.reference.draft import DraftAttention
+from trtllm_dflash.reference.rope import RopeConfig
 from trtllm_dflash.reference.target import apply_rope
 
 VOCAB, HIDDEN, BLOCK, WINDOW = 256, 64, 8, 12
@@ -93,7 +93,8 @@ def test_drafter_with_kernel_gives_the_same_drafts(kernel, monkeypatch):
 
     expected = draft_rounds(drafter, lm_head)
     calls = []
-    monkeypatch.setattr(DraftAttention, "forward", kernel_forward(drafter.cfg, kernel.kv_inject_attention_triton, calls))
+    monkeypatch.setattr(DraftAttention, "forward",
+                        kernel_forward(drafter.cfg, kernel.kv_inject_attention_triton, calls))
     got = draft_rounds(drafter, lm_head)
 
     # Both layers ran through the kernel, the sliding one with a window shorter than the context.

@@ -157,7 +157,8 @@ def test_append_kernel_matches_reference(kernel, device, dtype):
     v_cache = torch.full((B, S, Hkv, D), float("nan"), dtype=dtype)
     lens = torch.tensor([0, 17, 35], dtype=torch.int32)
     new_lens = torch.tensor([20, 0, 5], dtype=torch.int32)  # up to the brim of the last row
-    k_new, v_new = torch.randn(B, N, Hkv, D, generator=gen).to(dtype), torch.randn(B, N, Hkv, D, generator=gen).to(dtype)
+    k_new = torch.randn(B, N, Hkv, D, generator=gen).to(dtype)
+    v_new = torch.randn(B, N, Hkv, D, generator=gen).to(dtype)
     ref = [t.clone() for t in (k_cache, v_cache, lens)]
     append_context_reference(ref[0], ref[1], k_new, v_new, ref[2], new_lens)
     got = [t.to(device) for t in (k_cache, v_cache, lens)]

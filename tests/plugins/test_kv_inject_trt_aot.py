@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from kv_inject_trt_network import CASES, D, HKV, HQ, PROFILES
 
+from kv_inject_trt_network import CASES, HKV, HQ, PROFILES, D
 from trtllm_dflash.plugins.kv_inject_attention import plugin_spec, ptx
 from trtllm_dflash.plugins.kv_inject_attention.checks import TensorMeta
 

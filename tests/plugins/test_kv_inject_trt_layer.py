@@ -9,10 +9,10 @@ import warnings
 
 import numpy as np
 import pytest
-from kv_inject_trt_network import CASES, D, HKV, HQ, PAD, PROFILES, WINDOW, drafter_layer, input_shapes
+
+from kv_inject_trt_network import CASES, HKV, HQ, PAD, PROFILES, WINDOW, D, drafter_layer, input_shapes
 from trt_build import build_plugin_layer, evaluate, profile_env
 from trt_core import PluginCallbackError
-
 from trtllm_dflash.plugins.kv_inject_attention import plugin_spec, trt_plugin
 from trtllm_dflash.plugins.kv_inject_attention.checks import KVInjectArgumentError
 
@@ -94,7 +94,8 @@ def _direct_attention(trt, net, k_block, v_block, k_scale):
 def test_wrong_hkv_fails_with_our_message(trt):
     """A k_block with 3 KV heads for 8 query heads: our insert helper refuses it; added directly,
     TensorRT's shape pass does (dims are fake in the dtype pass, so that one passes)."""
-    bad = lambda trt, net: {n: net.add_input(n, trt.DataType.HALF, (-1, -1, 3, D)) for n in ("k_block", "v_block")}
+    def bad(trt, net):
+        return {n: net.add_input(n, trt.DataType.HALF, (-1, -1, 3, D)) for n in ("k_block", "v_block")}
     with pytest.raises(KVInjectArgumentError, match="Hq = 8 heads, not a multiple of Hkv = 3"):
         drafter_layer(trt, CASES["fp16"], t=bad)
     net = trt.INetworkDefinition()
@@ -107,7 +108,8 @@ def test_wrong_hkv_fails_with_our_message(trt):
 
 def test_wrong_scale_dtype_fails_with_our_message(trt):
     """float16 scales: refused by the insert helper, and by TensorRT's dtype-inference pass."""
-    bad = lambda trt, net: {n: _scale_constant(trt, net, np.float16) for n in ("k_scale", "v_scale")}
+    def bad(trt, net):
+        return {n: _scale_constant(trt, net, np.float16) for n in ("k_scale", "v_scale")}
     with pytest.raises(KVInjectArgumentError, match="k_scale must be float32, got float16"):
         drafter_layer(trt, CASES["fp8-kv"], t=bad)
     net = trt.INetworkDefinition()
@@ -120,7 +122,8 @@ def test_wrong_scale_dtype_fails_with_our_message(trt):
 
 def test_dynamic_fp8_scale_is_refused(trt):
     """A [-1] scale could be per tensor or per KV head: the FP8 kernel must know which."""
-    dyn = lambda trt, net: {n: net.add_input(n, trt.DataType.FLOAT, (-1,)) for n in ("k_scale", "v_scale")}
+    def dyn(trt, net):
+        return {n: net.add_input(n, trt.DataType.FLOAT, (-1,)) for n in ("k_scale", "v_scale")}
     with pytest.raises(KVInjectArgumentError, match=r"k_scale has a dynamic shape \(None,\)"):
         drafter_layer(trt, CASES["fp8-kv"], t=dyn)
     net = trt.INetworkDefinition()
@@ -141,8 +144,9 @@ def test_dynamic_fp8_scale_is_refused(trt):
 def test_unsupported_head_dim_fails_before_compiling(trt):
     """D = 96 (no kernel): the append's descriptor accepts it (shapes are fine), its insert helper
     and its AOT impl refuse it with the kernel's rule (checks.append_kernel_unsupported_reason)."""
-    d96 = lambda trt, net: {n: net.add_input(n, trt.DataType.HALF, (-1, -1, HKV, 96))
-                            for n in ("k_cache", "v_cache", "k_new", "v_new")}
+    def d96(trt, net):
+        return {n: net.add_input(n, trt.DataType.HALF, (-1, -1, HKV, 96))
+                for n in ("k_cache", "v_cache", "k_new", "v_new")}
     with pytest.raises(KVInjectArgumentError, match=r"kv_append: head dim D = 96 is not supported"):
         drafter_layer(trt, CASES["fp16"], t=d96)
     net = trt.INetworkDefinition()

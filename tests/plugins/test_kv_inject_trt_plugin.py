@@ -21,9 +21,10 @@ def test_dtype_name(trt):
 def test_desc_meta_keeps_constants_only(trt):
     """tensorrt.plugin TensorDescs as the descriptor function gets them (TensorRT 10.14
     _plugin_class.py): fake ShapeExprs for dtype inference, then constant or symbolic ones."""
-    import trt_core
     from tensorrt import plugin as trtp
     from tensorrt.plugin import _tensor
+
+    import trt_core
 
     fake = trtp.TensorDesc(trtp.ShapeExprs(4, _is_dummy=True), trt.DataType.BF16)
     assert plugin_spec.desc_meta(fake) == TensorMeta((None,) * 4, "bfloat16")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import trt_core
 import trt_plugin_layer
 

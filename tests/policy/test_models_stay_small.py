@@ -24,7 +24,8 @@ def class_fields(tree: ast.Module) -> dict[str, set[str]]:
                     names |= {t.attr for s in ast.walk(f) if isinstance(s, (ast.Assign, ast.AnnAssign))
                               for t in (s.targets if isinstance(s, ast.Assign) else [s.target])
                               for t in (t.elts if isinstance(t, ast.Tuple) else [t])
-                              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+                              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                              and t.value.id == "self"}
             out[node.name] = names
     return out
 

@@ -91,7 +91,8 @@ def test_cpu_projection_matches_a_fresh_sweep(tmp_path):
     from trtllm_dflash.project.stepmodel import Deployment, StepModel
 
     r = load_recipe(None, OVERRIDES)
-    quiet = lambda line: None
+    def quiet(line):
+        pass
     pipeline.run(r, tmp_path, until="deploy", progress=False, say=quiet)
     endpoints = Endpoints.free()
     with TritonServer(tmp_path / "deploy" / REPOSITORY, endpoints):

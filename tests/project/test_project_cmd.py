@@ -33,7 +33,8 @@ def test_project_runs_for_every_shipped_gpu_recipe(recipe, tmp_path, capsys):
     assert rows[0].tok_s_user.p50 > LevelSummary.from_json(ar[0]).tok_s_user.p50
     # Throughput grows and interactivity falls with concurrency.
     assert [r.output_tok_s_per_gpu for r in rows] == sorted(r.output_tok_s_per_gpu for r in rows)
-    assert data["headline"]["bands_vs_ar"]["max_tok_s_user"][BANDS] > data["headline"]["bands_vs_ar"]["max_tok_s_user"][AR]
+    per_user = data["headline"]["bands_vs_ar"]["max_tok_s_user"]
+    assert per_user[BANDS] > per_user[AR]
     assert data["steps"][BANDS][0]["bytes_read"] > 0 and data["steps"][BANDS][0]["verify_flops"] > 0
     assert (out / "projection.png").read_bytes()[:8] == PNG
     header = (out / "projection.csv").read_text().splitlines()[0].split(",")
@@ -92,7 +93,8 @@ def test_measured_sweep_is_overlaid_and_compared(tmp_path, capsys):
     bands = {r["concurrency"]: r for r in proj["curves"][BANDS]}
     # A "measured" sweep 10% slower than the projection at c=1 and 4, plus a level it did not project.
     measured = _sweep_dir(tmp_path / "sweep", [(c, bands[c]["tok_s_user"]["p50"] / 1.1,
-                                                bands[c]["output_tok_s_per_gpu"] / 1.1) for c in (1, 4)] + [(3, 50, 50)])
+                                                bands[c]["output_tok_s_per_gpu"] / 1.1)
+                                                for c in (1, 4)] + [(3, 50, 50)])
     data = run_json(["project", str(recipe), "--out", str(tmp_path / "b"), "--measured", str(measured)], capsys)
     cmp_rows = data["measured"]["vs_projection"]
     assert [(r["concurrency"], r["measured_curve"], r["projected_curve"]) for r in cmp_rows] == [(1, "dflash", BANDS),
@@ -211,3 +213,22 @@ def test_a_sweep_with_ar_and_dflash_curves_compares_each_with_its_projection(tmp
     assert pairs == {("ar", AR), ("dflash", BANDS)}  # DDTree is not projected: overlaid only
     assert all(abs(r["tok_s_gpu_error"]) < 1e-9 for r in data["measured"]["vs_projection"])
     assert set(data["measured"]["curves"]) == {"ar", "dflash", "ddtree"}
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ([], "one replica, no routing"),
+    (["parallel.tp=4", "parallel.replicas=2"], "ceil(c / 2) requests on the busiest of 2 replicas"),
+])
+def test_the_router_the_replica_split_assumes_is_stated(overrides, words):
+    """project splits endpoint concurrency evenly over parallel.replicas: it says so, and names the
+    router `serve --api dynamo` writes for the recipe (round-robin on 1.3: no prefix reuse)."""
+    from trtllm_dflash.project.projection import router_line
+    from trtllm_dflash.recipe import load_recipe
+
+    line = router_line(load_recipe(RECIPES / "blackwell" / "b300x8-gpt-oss-120b-nvfp4.yaml", overrides))
+    assert line.startswith("router: ") and words in line
+    if "replicas=2" in " ".join(overrides):
+        assert "Dynamo" in line and line.endswith("`serve --api dynamo` writes round-robin for this recipe")
+    kv = router_line(load_recipe(RECIPES / "hopper" / "h200-qwen3-coder-30b-a3b-fp8.yaml",
+                                 ["backend.trtllm_version=1.4.0rc1", "parallel.replicas=2", "hardware.count=4"]))
+    assert "KV router" in kv and "not modelled, the even split is assumed" in kv

@@ -10,7 +10,7 @@ from trtllm_dflash.project.rates import Assumptions, rates_for
 from trtllm_dflash.project.stepmodel import Deployment, StepModel
 from trtllm_dflash.recipe import load_recipe
 from trtllm_dflash.recipe.hardware import Measured, hardware_catalog
-from trtllm_dflash.recipe.planner import plan
+from trtllm_dflash.recipe.plan.planner import plan
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 LLAMA_H100 = RECIPES / "hopper" / "h100-llama-3.1-8b-fp8.yaml"
@@ -53,10 +53,13 @@ def test_dflash_round_adds_a_drafter_pass_and_verifies_k_plus_one_tokens():
     # The verify pass: 8 sequences x 10 tokens through the same weights; 10x the GEMM FLOPs.
     assert dfl.target.weight_bytes == pytest.approx(ar.target.weight_bytes)
     assert dfl.target.gemm_flops == pytest.approx(10 * ar.target.gemm_flops)
-    assert dfl.drafter.weight_bytes == pytest.approx(r.drafter_facts.linear_params * 2 + t.vocab_size * t.hidden_size * 2)
+    embedding = t.vocab_size * t.hidden_size
+    assert dfl.drafter.weight_bytes == pytest.approx(r.drafter_facts.linear_params * 2 + embedding * 2)
     assert dfl.drafter.seconds > 0 and ar.drafter.seconds == 0
-    # Two forward passes' launch costs in a round, one in an AR step.
-    assert dfl.t_overhead - ar.t_overhead == pytest.approx(m.a.step_overhead_ms * 1e-3)
+    # Two forward passes' launch costs in a round, one in an AR step; and the round is our loop's
+    # (the engine backend): its measured host time, fixed and per request (rates.LOOP_COST)
+    loop = m.a.loop_overhead_us * 1e-6 + 8 * m.a.loop_request_us * 1e-6
+    assert dfl.t_overhead - ar.t_overhead == pytest.approx(m.a.step_overhead_ms * 1e-3 + loop)
     # tokens/s/GPU = c * tau / T; tokens/s/user = tau / T.
     assert dfl.tok_s_gpu(1) == pytest.approx(8 * 4.0 / dfl.seconds)
     assert dfl.tok_s_user == pytest.approx(4.0 / dfl.seconds)
@@ -71,8 +74,8 @@ def test_kv_and_context_cache_grow_with_sequences_and_context():
 
 
 def test_moe_verify_reads_the_expected_distinct_experts():
-    """docs/design/performance-anchors.md, "Mixture-of-experts verify": under uniform top-4 routing over 128 experts, 16 tokens touch 51.0
-    experts per layer on average; a 1-token step touches 4."""
+    """docs/design/performance-anchors.md, "Mixture-of-experts verify": under uniform top-4 routing over 128 experts, 16
+    tokens touch 51.0 experts per layer on average; a 1-token step touches 4."""
     r, m = model(GPT_OSS, ["parallel.tp=1", "hardware.count=1"])
     t = r.target_facts
     expert_bytes = 3 * t.hidden_size * t.moe_intermediate_size * 0.5625 * t.num_layers
@@ -186,3 +189,21 @@ def test_a_gpu_without_a_fabric_cannot_project_tp_across_nodes():
     gpu = dep.gpu.model_copy(update={"fabric_gbs": None})
     with pytest.raises(UserError, match="spans NVLink domains of 8 GPUs, and the catalog has no inter-node fabric"):
         StepModel(replace(dep, gpu=gpu))
+
+
+def test_the_loops_host_time_comes_from_the_bench_and_only_our_loop_pays_it():
+    """Assumptions' loop terms are what `bench loop --record` measured (project/loop_cost.json, with
+    the machine it ran on); a round of our loop pays them, TensorRT-LLM's native DFlash (the
+    pytorch backend, its own loop) and the stock engine's AR step do not."""
+    from trtllm_dflash.project.rates import LOOP_COST
+
+    a = Assumptions()
+    assert (a.loop_overhead_us, a.loop_request_us) == (LOOP_COST["fixed_us"], LOOP_COST["per_request_us"]) != (0, 0)
+    assert LOOP_COST["machine"]["cpus"] >= 1 and "bench loop --record" in LOOP_COST["command"]
+    _, engine = model(LLAMA_H100)
+    assert engine.dep.round_loop
+    assert engine.step(16, 0, 1.0, 1000).t_overhead < engine.step(16, 0, 1.0, 1000, plain=False).t_overhead
+    r = load_recipe(RECIPES / "hopper" / "h200-qwen3-coder-30b-a3b-fp8.yaml", check_rules=False)
+    native = StepModel(Deployment.from_recipe(r))
+    assert not native.dep.round_loop
+    assert native.step(16, 3, 2.5, 1000).t_overhead == pytest.approx(2 * native.rates.step_s + 16 * native.rates.seq_s)

@@ -1,4 +1,4 @@
-"""What an engine-backend verify round costs the target (recipe/engine_layout.py verify_cost):
+"""What an engine-backend verify round costs the target (recipe/plan/engine_layout.py verify_cost):
 without KV block reuse each round is a context request that recomputes the whole sequence. The
 shipped engine recipes never do that; where a recipe does, `check`, `plan`, `build --dry-run`
 and `project` say the same line and the step model prices the round as a prefill."""
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash.engines.plan import make_plan
 from trtllm_dflash.cli import main
+from trtllm_dflash.engines.plan import make_plan
 from trtllm_dflash.project.acceptance import resolve as resolve_profile
 from trtllm_dflash.project.projection import AR, BANDS, project
 from trtllm_dflash.project.stepmodel import Deployment, StepModel
 from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.recipe.engine_layout import verify_cost
+from trtllm_dflash.recipe.plan.engine_layout import verify_cost
 from trtllm_dflash.recipe.rules import check
 from trtllm_dflash.recipe.support import backend as backend_spec
 
@@ -119,6 +119,53 @@ def test_replicas_serve_the_endpoints_concurrency_split_between_them():
 
 
 def test_check_says_the_gpu_engines_verify_greedily():
-    notes = [i.message for i in check(load_recipe(H100)) if i.field == "backend"]
-    assert len(notes) == 1 and notes[0].startswith("the engines verify greedily on GPU") and "74.2 GiB per rank" in notes[0]
+    notes = [i.message for i in check(load_recipe(H100, ["build.max_num_tokens=8192"])) if i.field == "backend"]
+    assert len(notes) == 1 and notes[0].startswith("the engines verify greedily on GPU")
+    assert "74.2 GiB per rank" in notes[0]
     assert not [i for i in check(load_recipe(ROOT / "recipes/cpu/tiny-pystd-engine.yaml")) if "greedily" in i.message]
+
+
+def test_a_verify_round_takes_as_many_executor_steps_as_max_num_tokens_holds_its_sequences():
+    """TensorRT-LLM 1.2.1's scheduler charges each verify request its whole sequence
+    (recipe/plan/engine_layout.py STEP_RULE): at 8192 tokens, 5 sequences of 1552 per step, 13 steps for
+    64; check says so and names the budget the memory plan fits; the step model pays every step's
+    weight read and launch; the FakeExecutor steps by the same rule."""
+    from trtllm_dflash.project.stepmodel import Deployment, StepModel
+    from trtllm_dflash.recipe.plan.engine_layout import requests_per_step, verify_cost
+    from trtllm_dflash.runtime.fake_executor import EngineLimits
+
+    small = load_recipe(H100, ["build.max_num_tokens=8192"])
+    cost = verify_cost(small)
+    assert cost.planned == 64 and cost.steps(64) == [5] * 12 + [4] and cost.steps(5) == [5]
+    notes = [i.message for i in check(small) if i.field == "build.max_num_tokens"]
+    assert len(notes) == 1 and "takes 13 Executor steps" in notes[0]
+    assert "49664 fits the memory plan and takes 2" in notes[0]
+    shipped = load_recipe(H100)
+    assert shipped.build.max_num_tokens == 49664 and len(verify_cost(shipped).steps(64)) == 2
+    m_small, m_big = StepModel(Deployment.from_recipe(small)), StepModel(Deployment.from_recipe(shipped))
+    assert m_small.verify_steps(64, 16, cost.context) == cost.steps(64)
+    one, many = m_small.step(5, 15, 8.0, cost.context), m_small.step(64, 15, 8.0, cost.context)
+    assert many.target.weight_bytes == pytest.approx(13 * one.target.weight_bytes)  # a weight read per step
+    assert m_big.step(64, 15, 8.0, cost.context).seconds < many.seconds
+    assert EngineLimits(4096, 4095, 8192).step_size([1552] * 64) == requests_per_step([1552] * 64, 8192, 2048) == 5
+    assert StepModel(Deployment.from_recipe(load_recipe(ROOT / "recipes/hopper/h200-qwen3-coder-30b-a3b-fp8.yaml"))
+                     ).verify_steps(64, 8, 1536) == [64]  # the pytorch backend verifies in its generation step
+
+
+def test_a_step_budget_past_tensorrts_tensor_volume_is_refused():
+    """A prefill step packs max_num_tokens tokens; the widest per-token tensor times that passing
+    2^31 - 1 elements fails every request in flight (NVIDIA/TensorRT-LLM#2422): check refuses it,
+    and the budget it suggests for fewer verify steps stays under it."""
+    from trtllm_dflash.recipe.plan.engine_layout import max_step_tokens, widest_per_token
+
+    b200 = ROOT / "recipes/blackwell/b200-llama-3.1-8b-nvfp4.yaml"
+    r = load_recipe(b200, check_rules=False)
+    assert widest_per_token(r) == (2 * 14336, "the fused gate and up projection")  # Llama-3.1-8B at tp 1
+    assert max_step_tokens(r) == (2**31 - 1) // 28672
+    errors = [i for i in check(load_recipe(b200, ["build.max_num_tokens=197888"], check_rules=False))
+              if i.level == "error" and i.field == "build.max_num_tokens"]
+    assert len(errors) == 1 and "tensor volume" in errors[0].message and "issues/2422" in errors[0].message
+    notes = [i.message for i in check(load_recipe(b200, ["build.max_num_tokens=16384"]))
+             if i.field == "build.max_num_tokens"]
+    assert "66560 fits the memory plan and takes 3" in notes[0] and "past TensorRT's tensor volume" in notes[0]
+    assert r.build.max_num_tokens <= max_step_tokens(r)

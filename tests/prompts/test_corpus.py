@@ -100,10 +100,10 @@ def test_prompts_and_calibration_do_not_read_the_interpreter(tmp_path, monkeypat
     (they were cut from it, and on Python 3.12 the shipped pair's acceptance fell below its gate)."""
     import sysconfig
 
+    from trtllm_dflash.perf.bench_quant import shipped_pair
     from trtllm_dflash.prompts import corpus
     from trtllm_dflash.prompts.sources import heldout_token_prompts, load_prompts
     from trtllm_dflash.quantize.calibration import calibration_data
-    from trtllm_dflash.perf.bench_quant import shipped_pair
 
     target = shipped_pair()[0]
     before = (load_prompts("builtin:pystd-heldout", 6, 64, 0), heldout_token_prompts(target, 3, 32),

@@ -14,9 +14,9 @@ import warnings
 
 import pytest
 import torch
-from checkpoints import needs_modelopt
 from safetensors.torch import load_file
 
+from checkpoints import needs_modelopt
 from trtllm_dflash.compat import modelopt_nvfp4
 from trtllm_dflash.formats.quant import (
     dequantize_nvfp4,
@@ -78,7 +78,8 @@ def test_fp8_tensor_functions_match_modelopt(dtype):
 CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 
 
-@pytest.fixture(scope="module", params=[(f, d) for f in CONFIGS for d in ("float32", "bfloat16")], ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=[(f, d) for f in CONFIGS for d in ("float32", "bfloat16")],
+                ids=lambda p: "-".join(p))
 def exported(request, tmp_path_factory):
     """(format, original weights, our amax, ModelOpt's exported tensors) for a tiny Qwen3."""
     import modelopt.torch.quantization as mtq
@@ -143,7 +144,8 @@ def test_every_linear_equals_modelopt_export(exported):
                 }
             for suffix, tensor in expected.items():
                 got = theirs[f"{name}.{suffix}"]
-                assert _same(tensor, got), f"{name}.{suffix}: ours {tensor.dtype} {list(tensor.shape)} != ModelOpt {got.dtype} {list(got.shape)}"
+                assert _same(tensor, got), (f"{name}.{suffix}: ours {tensor.dtype} {list(tensor.shape)} != ModelOpt "
+                                            f"{got.dtype} {list(got.shape)}")
     # nothing quantized that we did not produce
     quantized = {k.rsplit(".", 1)[0] for k in theirs if k.endswith("weight_scale")}
     assert quantized == set(layers)

@@ -11,9 +11,9 @@ import warnings
 
 import pytest
 import torch
-from checkpoints import converted, make_drafter, make_target, modelopt_trtllm_export_archs, read_config, write_recipe
 from safetensors.torch import load_file
 
+from checkpoints import converted, make_drafter, make_target, modelopt_trtllm_export_archs, read_config, write_recipe
 from trtllm_dflash.artifacts import Manifest, check_files, verify_input
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.formats import quant as F
@@ -25,7 +25,8 @@ CALIB = dict(samples=4, length=16, progress=False)
 
 
 def _modelopt():
-    return pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
+    return pytest.importorskip("modelopt.torch.quantization",
+                               reason="nvidia-modelopt not installed (pip install 'trtllm_dflash[quant]')")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,8 @@ def test_pytorch_backend_gets_modelopt_hf_export(tmp_path, bf16_pair, fmt, gpu):
     from trtllm_dflash.reference import load_drafter
 
     target, drafter = bf16_pair
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu, backend="pytorch",
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu,
+                                      backend="pytorch",
                                       quantization={"target_weights": fmt, "activations": fmt, "kv_cache": "fp8"}))
     out = quantize(recipe, converted(recipe, tmp_path / "c"), tmp_path / "q", **CALIB)
     check_files(out, Manifest.read(out))
@@ -117,13 +119,15 @@ def test_pytorch_backend_gets_modelopt_hf_export(tmp_path, bf16_pair, fmt, gpu):
                 expected = {"weight": q.data, "weight_scale": q.block_scale, "weight_scale_2": q.global_scale,
                             "input_scale": F.nvfp4_global_scale(torch.tensor(max(a["input"] for a in amax.values())))}
             for suffix, t in expected.items():
-                assert _same(t.reshape(tensors[f"{name}.{suffix}"].shape), tensors[f"{name}.{suffix}"]), f"{name}.{suffix}"
+                assert _same(t.reshape(tensors[f"{name}.{suffix}"].shape),
+                             tensors[f"{name}.{suffix}"]), f"{name}.{suffix}"
     for layer, kv in calib["kv"].items():  # FP8 KV: amax / 448, not clamped to 1 (ModelOpt <= 0.42 clamped)
         for k in ("k", "v"):
             scale = tensors[f"model.layers.{layer}.self_attn.{k}_proj.{k}_scale"]
             assert torch.equal(scale, (torch.tensor(kv[k], dtype=torch.float32) / 448).reshape(scale.shape))
     d = load_drafter(out / "drafter", dtype=torch.bfloat16)
-    assert torch.equal(d.layers[1].mlp.down_proj.weight, load_file(drafter / "model.safetensors")["layers.1.mlp.down_proj.weight"])
+    assert torch.equal(d.layers[1].mlp.down_proj.weight,
+                       load_file(drafter / "model.safetensors")["layers.1.mlp.down_proj.weight"])
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
@@ -151,7 +155,8 @@ def test_reference_backend_weight_only_target_and_drafter(tmp_path, tiny_pair, f
     assert bool(((deq - src).abs() <= bound).all())
     # the drafter was calibrated in the reference loop: every linear has an input amax
     calib = json.loads((out / "calibration.json").read_text())["drafter"]
-    assert {n for n, a in calib["linears"].items() if a["input"] is not None} >= {"fc", "layers.0.self_attn.k_proj", "layers.1.mlp.down_proj"}
+    calibrated = {n for n, a in calib["linears"].items() if a["input"] is not None}
+    assert calibrated >= {"fc", "layers.0.self_attn.k_proj", "layers.1.mlp.down_proj"}
     assert sorted(calib["kv"]) == ["0", "1"]
 
 
@@ -168,14 +173,18 @@ def test_bad_requests_fail_before_calibrating(tmp_path, tiny_pair, capsys, monke
     assert "nothing to quantize (run `convert`)" in capsys.readouterr().err
     engine = write_recipe(tmp_path / "b.yaml", target, drafter, fmt="bf16", gpu="h100-sxm", backend="engine",
                           quantization={"target_weights": "fp8", "activations": "bf16"})
-    with pytest.raises(UserError, match="quantization.activations: bf16 with fp8 quantization.target_weights on the engine backend"):
+    with pytest.raises(UserError,
+                       match="quantization.activations: bf16 with fp8 quantization.target_weights on the engine "
+                             "backend"):
         quantize(load_recipe(engine), tmp_path / "c", tmp_path / "q", **CALIB)
     wide = make_target(tmp_path / "t96", intermediate_size=96)
     r = write_recipe(tmp_path / "c.yaml", wide, drafter, tp=4, fmt="nvfp4")
     c4 = converted(load_recipe(r), tmp_path / "c4")
     # the misaligned tensor comes after aligned ones in its plan: every tensor is checked, not the first
     monkeypatch.setattr(calibration_module, "calibrate_target", calibrating)
-    with pytest.raises(UserError, match=r"transformer.layers.0.mlp.proj.weight: 24 input features per rank \(tp 4\) is not a multiple of 16"):
+    with pytest.raises(UserError,
+                       match=r"transformer.layers.0.mlp.proj.weight: 24 input features per rank \(tp 4\) is not a "
+                             r"multiple of 16"):
         quantize(load_recipe(r), c4, tmp_path / "q", **CALIB)
     monkeypatch.undo()
     (tmp_path / "q").mkdir()
@@ -193,7 +202,8 @@ def test_an_fp8_kv_cache_alone_runs_quantize_and_reaches_the_engine_checkpoint(t
     from trtllm_dflash.recipe.stages import stages_for
 
     target, drafter = bf16_pair
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, fmt="bf16", gpu="h100-sxm", backend="engine",
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, fmt="bf16", gpu="h100-sxm",
+                                      backend="engine",
                                       quantization={"kv_cache": "fp8"}))
     assert "quantize" in stages_for(recipe)
     c = converted(recipe, tmp_path / "c")
@@ -213,14 +223,16 @@ def test_the_mxfp4_stand_in_decodes_through_transformers(tmp_path):
     pytest.importorskip("accelerate", reason="transformers dequantizes MXFP4 with accelerate")
     import shutil
 
-    from checkpoints import mxfp4_experts
     from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    from checkpoints import mxfp4_experts
 
     src = make_target(tmp_path / "t", "gpt_oss")
     shutil.copytree(src, tmp_path / "mx")
     mxfp4_experts(tmp_path / "mx")
     ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    got = AutoModelForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32, quantization_config=Mxfp4Config(dequantize=True))
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "mx", dtype=torch.float32,
+                                               quantization_config=Mxfp4Config(dequantize=True))
     for layer in range(4):
         for proj in ("gate_up_proj", "down_proj"):
             w = getattr(ref.model.layers[layer].mlp.experts, proj).detach().transpose(1, 2)  # [E, rows, cols]
@@ -236,14 +248,16 @@ def test_pytorch_backend_quantizes_gpt_oss_experts(tmp_path, fmt, gpu, source):
     the linears, their scales the recorded amaxes'; a checkpoint with MXFP4 experts (as gpt-oss
     ships) is dequantized first, and nothing of MXFP4 reaches the export."""
     _modelopt()
-    pytest.importorskip("accelerate", reason="transformers dequantizes MXFP4 with accelerate (pip install 'trtllm_dflash[quant]')")
+    pytest.importorskip("accelerate",
+                        reason="transformers dequantizes MXFP4 with accelerate (pip install 'trtllm_dflash[quant]')")
     from checkpoints import mxfp4_experts
 
     target = make_target(tmp_path / "t", "gpt_oss", dtype=torch.bfloat16)
     if source == "mxfp4":
         mxfp4_experts(target)
     drafter = make_drafter(tmp_path / "d", dtype=torch.bfloat16)
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu, backend="pytorch",
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, tp=2, fmt="bf16", gpu=gpu,
+                                      backend="pytorch",
                                       quantization={"target_weights": fmt, "activations": fmt, "kv_cache": "fp8"}))
     convert_dir = converted(recipe, tmp_path / "c")
     assert Manifest.read(convert_dir).extra["source_quantization"] == (None if source == "bf16" else "mxfp4")

@@ -1,11 +1,13 @@
 """Recipe schema and rules: every shipped recipe passes; each bad input names its field."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import RecipeError, check, default_recipe_path, list_recipes, load_recipe
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -48,7 +50,8 @@ def test_default_recipe_is_the_cpu_reference_recipe():
 def test_nvfp4_on_hopper_is_rejected(tmp_path):
     p = write_variant(tmp_path, LLAMA_H100, lambda r: r["quantization"].update(target_weights="nvfp4"))
     msg = load_error(p)
-    assert msg.startswith(f"{p}: quantization.target_weights: nvfp4 is not supported on h100-sxm")
+    line = p.read_text().splitlines().index("  target_weights: nvfp4") + 1
+    assert msg.startswith(f"{p}:{line}:3: quantization.target_weights: nvfp4 is not supported on h100-sxm")
     assert "Blackwell" in msg and len(msg.splitlines()) == 1
 
 
@@ -63,10 +66,70 @@ def test_tp_that_does_not_divide_heads_is_rejected(tmp_path):
 
 
 def test_unknown_key_names_the_field_and_allowed_keys(tmp_path):
-    p = write_variant(tmp_path, LLAMA_H100, lambda r: r["build"].update(max_batch=8))
+    p = tmp_path / "variant.yaml"
+    p.write_text(re.sub(r"(max_num_tokens: \d+)\}", r"\1, max_batch: 8}", LLAMA_H100.read_text()))
+    (line, text), = [(n, t) for n, t in enumerate(p.read_text().splitlines(), 1) if "max_batch:" in t]
     msg = load_error(p)
-    assert msg == (f"{p}: build.max_batch: unknown key (allowed: max_batch_size, max_input_len, max_seq_len, max_num_tokens, "
-                   "kv_cache_reuse)")
+    assert msg == (f"{p}:{line}:{text.index('max_batch:') + 1}: build.max_batch: unknown key (allowed: max_batch_size, "
+                   "max_input_len, max_seq_len, max_num_tokens, kv_cache_reuse)")
+
+
+# Every recipe error starts where its field was written: the YAML line and column of the key, the
+# --set that set it, or the nearest written section of a field left to its default.
+POSITIONED = """name: t
+hardware: {gpu: h100-sxm, count: 1}
+target:
+  source: meta-llama/Llama-3.1-8B-Instruct
+  arch: llama-3.1-8b-instruct
+drafter: {source: z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat, arch: llama-3.1-8b-instruct-dflash}
+quantization: {target_weights: fp8, activations: fp8, kv_cache: bf16, drafter: bf16}
+backend: {name: engine, trtllm_version: 1.2.1}
+build: {max_batch_size: 64, max_input_len: 2048, max_seq_len: 4096, max_num_tokens: 8192}
+speculative:
+  block_size: 10
+sweep: {concurrency: [1, 2, 64], input_len: 1024, output_len: 1024}
+"""
+
+
+@pytest.mark.parametrize("edit, overrides, starts", [
+    (("  block_size: 10", "  block_size: 10\n  draft_lenn: 3"), [], ":12:3: speculative.draft_lenn: unknown key"),
+    (("target:\n", "target:\n  revision: main\n"), [], ":4:3: target.revision: unknown key"),
+    (("name: t\n", ""), [], ":1:1 (not set): name: required field is missing"),
+    (("gpu: h100-sxm", "gpu: a100"), [], ":2:12: hardware.gpu: unknown device 'a100'"),
+    (("arch: llama-3.1-8b-instruct\n", "arch: llama-9\n"), [], ":5:3: target.arch: unknown model 'llama-9'"),
+    (("", ""), ["parallel.tp=3", "hardware.count=4"], " (--set parallel.tp=3): parallel.tp: 3 does not divide"),
+    (("[1, 2, 64]", "[1, 2, 128]"), [], ":12:9: sweep.concurrency: level 128 > build.max_batch_size 64"),
+    (("target_weights: fp8", "target_weights: nvfp4"), [], ":7:16: quantization.target_weights: nvfp4"),
+    (("{name: engine, trtllm_version: 1.2.1}", "{name: engine, trtllm_version: 1.2.1}\nparallel: {}"),
+     ["speculative.block_size=10"], ""),  # a recipe that passes: no error to place
+    (("  block_size: 10", "  block_size: 10\n  draft_len: [{max_concurrency: 8, draft_len: 12}]"), [],
+     ":12:36: speculative.draft_len.0.draft_len: 12 > block_size-1"),
+])
+def test_every_recipe_error_names_its_line_and_column(tmp_path, edit, overrides, starts):
+    p = tmp_path / "r.yaml"
+    p.write_text(POSITIONED.replace(*edit, 1))
+    if not starts:
+        assert load_recipe(p, overrides).name == "t"
+        return
+    msg = load_error_with(p, overrides)
+    assert msg.startswith(f"{p}{starts}"), msg
+
+
+def test_a_default_that_breaks_a_rule_names_its_section(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text(POSITIONED.replace("  block_size: 10", "  block_size: 10\n  ddtree_budget: 3"))
+    from trtllm_dflash.recipe.positions import Positions
+
+    where = Positions(str(p), p.read_text())
+    assert where.at("build.kv_cache_reuse") == f"{p}:9:1 (in build, not set): build.kv_cache_reuse"
+    assert where.at("serve.http_port") == f"{p}:1:1 (not set): serve.http_port"
+    assert where.at("speculative.ddtree_budget") == f"{p}:12:3: speculative.ddtree_budget"
+
+
+def load_error_with(path: Path, overrides: list[str]) -> str:
+    with pytest.raises(UserError) as e:  # a RecipeError, or the catalog's UserError for an unknown model
+        load_recipe(path, overrides)
+    return str(e.value)
 
 
 def test_bad_enum_value_lists_what_is_allowed(tmp_path):
@@ -226,3 +289,19 @@ def test_binary_recipe_is_one_line_not_a_traceback(tmp_path, capsys):
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {path}: not a text file (byte 0 is not UTF-8); expected a recipe YAML file\n"
+
+
+def test_the_reader_names_the_models_root_it_was_given(tmp_path, monkeypatch):
+    """A source without arch is read from its download: a models root that does not exist is the
+    line --models gets; one that lacks the id names the hf download into it."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    p = tmp_path / "r.yaml"
+    p.write_text(POSITIONED.replace("  arch: llama-3.1-8b-instruct\n", ""))
+    monkeypatch.setenv("TRTLLM_DFLASH_MODELS", str(tmp_path / "nope"))
+    assert load_error_with(p, []).startswith(f"$TRTLLM_DFLASH_MODELS {tmp_path / 'nope'}: no such directory (the "
+                                             "models root:")
+    monkeypatch.setenv("TRTLLM_DFLASH_MODELS", str(tmp_path))
+    msg = load_error_with(p, [])
+    assert msg.startswith(f"{p}:3:1 (in target, not set): target.arch: required when target.source")
+    assert msg.endswith(f"download it: `hf download meta-llama/Llama-3.1-8B-Instruct --local-dir {tmp_path.resolve()}"
+                        "/meta-llama/Llama-3.1-8B-Instruct`, or set target.source to the directory")

@@ -71,9 +71,28 @@ def test_rows_follow_the_backends_and_the_hardware(capsys):
     assert "mxfp4" in rows[("gpt_oss", "dflash", "pytorch")].gpus["b200"]
     assert "mxfp4" not in rows[("qwen3", "dflash", "pytorch")].gpus["b200"]
     assert "nvfp4" not in rows[("qwen3", "dflash", "pytorch")].gpus["h100-sxm"]
-    assert "cpu" not in rows[("qwen3", "dflash", "pytorch")].gpus and "cpu" in rows[("qwen3", "dflash", "reference")].gpus
+    assert "cpu" not in rows[("qwen3", "dflash", "pytorch")].gpus
+    assert "cpu" in rows[("qwen3", "dflash", "reference")].gpus
     assert rows[("qwen3", "dflash2", "engine")].why_not and not rows[("qwen3", "dflash2", "reference")].why_not
-    assert "PR #15666" in rows[("qwen3", "laguna", "pytorch")].why_not and not rows[("llama", "laguna", "reference")].why_not
+    assert "PR #15666" in rows[("qwen3", "laguna", "pytorch")].why_not
+    assert not rows[("llama", "laguna", "reference")].why_not
     assert main(["recipes", "--support", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert len(printed) == len(rows) and printed[0]["target"] == next(iter(rows))[0]
+
+
+def test_no_hand_kept_literal_repeats_the_table():
+    """A type naming backends or architectures is built from the table (recipe/models.py Family,
+    reference/config.py Arch, recipe/support.py BackendName), so a new one is declared once."""
+    literal = re.compile(rf"""Literal\[[^\]]*["'](?:{QUOTED})["']""")
+    bad = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for top in ("trtllm_dflash", "plugins", "perf")
+           for p in sorted((ROOT / top).rglob("*.py"))
+           for n, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    assert not bad, "derive it from recipe/support.py's tables:\n" + "\n".join(bad)
+    from typing import get_args
+
+    from trtllm_dflash.recipe.models import Family
+    from trtllm_dflash.recipe.schema import BackendName
+    from trtllm_dflash.reference.config import Arch
+    assert get_args(Family) == (*ARCHITECTURES, "dflash") and get_args(BackendName) == tuple(BACKENDS)
+    assert set(get_args(Arch)) == {m for m, a in ARCHITECTURES.items() if "reference" in a.backends}

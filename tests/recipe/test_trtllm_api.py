@@ -43,10 +43,12 @@ def test_check_refuses_1_3_0rc20_for_the_attention_backend_blackwell_needs():
 
 
 def test_fa4_only_when_asked_and_where_the_release_has_it():
-    assert drafter_attention("auto", blackwell=False) == "VANILLA" and drafter_attention("auto", blackwell=True) == "TRTLLM"
+    assert drafter_attention("auto", blackwell=False) == "VANILLA"
+    assert drafter_attention("auto", blackwell=True) == "TRTLLM"
     r = load_recipe(QWEN_CODER, ["backend.drafter_attention=FA4"])
     assert not [i for i in check(r) if i.level == "error"]
-    with pytest.raises(RecipeError, match=f"needs TensorRT-LLM >= {FIELDS['speculative_config.attention_backend=FA4'].version}"):
+    with pytest.raises(RecipeError,
+                       match=f"needs TensorRT-LLM >= {FIELDS['speculative_config.attention_backend=FA4'].version}"):
         load_recipe(QWEN_CODER, ["backend.drafter_attention=FA4", "backend.trtllm_version=1.3.0rc26"])
     with pytest.raises(RecipeError, match="TRTLLM runs FlashInfer's trtllm-gen kernels, Blackwell only"):
         load_recipe(QWEN_CODER, ["backend.drafter_attention=TRTLLM"])

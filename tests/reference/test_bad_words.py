@@ -12,9 +12,9 @@ import importlib
 
 import pytest
 import torch
+
 from reference_helpers import hf_model, make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
-
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.reference import SamplingParams, generate, load_pair, rounds
 from trtllm_dflash.reference.token_rules import bans
@@ -148,8 +148,9 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("mode,s,kw", [
     ("dflash", SamplingParams(temperature=1.0, seed=11), {}),
-    ("dflash", SamplingParams(temperature=0.8, top_k=5, seed=12), {}),
-    ("ddtree", SamplingParams(temperature=1.0, seed=13), {"ddtree_budget": 6}),
+    pytest.param("dflash", SamplingParams(temperature=0.8, top_k=5, seed=12), {}, marks=pytest.mark.slow),
+    # DDTree's sampling keeps its distribution in tests/reference/test_sampling.py too (slow there)
+    pytest.param("ddtree", SamplingParams(temperature=1.0, seed=13), {"ddtree_budget": 6}, marks=pytest.mark.slow),
 ])
 def test_sampling_with_bad_words_follows_the_masked_distribution(tiny, mode, s, kw):
     target, drafter = load_pair(*tiny)

@@ -75,8 +75,10 @@ def test_block_size_error(qwen3_pair, capsys):
 
 def test_ar_needs_no_drafter(qwen3_pair, capsys):
     t, d = qwen3_pair
-    rc, out, _ = run_cli(capsys, "--target", t, "--prompt-ids", "5,6,7", "--max-new-tokens", 12, "--mode", "ar", "--json")
-    rc2, out2, _ = run_cli(capsys, "--target", t, "--drafter", d, "--prompt-ids", "5,6,7", "--max-new-tokens", 12, "--json")
+    rc, out, _ = run_cli(capsys, "--target", t, "--prompt-ids", "5,6,7", "--max-new-tokens", 12, "--mode", "ar",
+                         "--json")
+    rc2, out2, _ = run_cli(capsys, "--target", t, "--drafter", d, "--prompt-ids", "5,6,7", "--max-new-tokens", 12,
+                           "--json")
     assert rc == rc2 == 0
     ar, spec = json.loads(out), json.loads(out2)
     assert ar["tokens"] == spec["tokens"] and ar["tau"] == 1.0
@@ -106,10 +108,11 @@ def test_recipe(qwen3_pair, tmp_path, capsys):
 
 def test_max_new_tokens_beyond_the_sequence_limit_is_refused(qwen3_pair, tmp_path, capsys):
     t, d = qwen3_pair
-    recipe = tiny_recipe(tmp_path / "r.yaml", qwen3_pair, "build: {max_input_len: 16, max_seq_len: 40}\nspeculative: {block_size: 4}\n")
+    recipe = tiny_recipe(tmp_path / "r.yaml", qwen3_pair,
+                         "build: {max_input_len: 16, max_seq_len: 40}\nspeculative: {block_size: 4}\n")
     rc, _, err = run_cli(capsys, "--recipe", recipe, "--prompt-ids", "5,6,7", "--max-new-tokens", 38)
-    assert rc == 2 and err.strip() == (f"error: --max-new-tokens 38 with a prompt of 3 tokens exceeds build.max_seq_len "
-                                       f"of {recipe}, 40: at most 37 new tokens")
+    assert rc == 2 and err.strip() == ("error: --max-new-tokens 38 with a prompt of 3 tokens exceeds "
+                                       f"build.max_seq_len of {recipe}, 40: at most 37 new tokens")
     rc, out, err = run_cli(capsys, "--recipe", recipe, "--prompt-ids", "5,6,7", "--max-new-tokens", 37, "--json")
     assert rc == 0 and len(json.loads(out)["tokens"]) <= 37, err
     rc, _, err = run_cli(capsys, "--target", t, "--drafter", d, "--prompt-ids", "5", "--max-new-tokens", 10**6)

@@ -27,14 +27,16 @@ def test_tree_is_the_top_budget_prefixes():
         if trial % 3 == 0:
             logq[:, 0] = -math.inf  # e.g. filtered out by top-k
         tree = build_tree(logq, N)
-        score = lambda p: sum(logq[i, t].item() for i, t in enumerate(p))
+        def score(p):
+            return sum(logq[i, t].item() for i, t in enumerate(p))
         every = [p for d in range(1, D + 1) for p in itertools.product(range(V), repeat=d) if score(p) > -math.inf]
         best = sorted((score(p) for p in every), reverse=True)[:N]
         got = [prefix_of(tree, i) for i in range(1, len(tree))]
         assert len(set(got)) == len(got) == len(best)
         # ties may be broken either way, so compare the scores
         assert all(abs(a - b) < 1e-5 for a, b in zip(sorted(map(score, got), reverse=True), best))
-        assert all(tree.parents[i] < i and tree.depths[i] == tree.depths[tree.parents[i]] + 1 for i in range(1, len(tree)))
+        assert all(tree.parents[i] < i and tree.depths[i] == tree.depths[tree.parents[i]] + 1
+                   for i in range(1, len(tree)))
 
 
 def test_visibility_and_walk():

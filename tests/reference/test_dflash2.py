@@ -36,7 +36,8 @@ def pair():
 def test_loads_zlab_layout_unchanged(pair):
     _, drafter = pair
     cfg = drafter.cfg
-    assert cfg.dflash2 and (cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_rank, cfg.selector_top_k) == (2, 8, 8, 6)
+    assert cfg.dflash2 and (cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_rank,
+                            cfg.selector_top_k) == (2, 8, 8, 6)
     assert (cfg.input_embedding_scale, cfg.output_multiplier, cfg.final_logit_softcapping) == (1.25, 0.7, 2.0)
     assert cfg.causal == (False, False) and cfg.layer_types == ("sliding_attention", "full_attention")
     with safe_open(FIXTURE / "drafter" / "model.safetensors", "pt") as f:
@@ -71,12 +72,15 @@ def test_drafter_matches_zlab(pair, zlab):
             worst = max(worst, float((logits[0] - ref[f"draft.{r}.logits"]).abs().max()))
             sel = drafter.candidate_selector.select(hidden, logits, anchor)
             assert sel.path[0].tolist() == ref[f"draft.{r}.greedy_path"].tolist()
-            assert sel.candidates[0].sort(-1).values.tolist() == ref[f"draft.{r}.greedy_candidates"].sort(-1).values.tolist()
-            forced = drafter.candidate_selector.select(hidden, logits, anchor, s, path=ref[f"draft.{r}.sampled_path"][None])
+            greedy = ref[f"draft.{r}.greedy_candidates"]
+            assert sel.candidates[0].sort(-1).values.tolist() == greedy.sort(-1).values.tolist()
+            forced = drafter.candidate_selector.select(hidden, logits, anchor, s,
+                                                       path=ref[f"draft.{r}.sampled_path"][None])
             theirs = dict_q(ref[f"draft.{r}.sampled_candidates"], ref[f"draft.{r}.sampled_q"])
             ours = dict_q(forced.candidates[0], forced.q[0])
             assert ours.keys() == theirs.keys()
-            torch.testing.assert_close(torch.tensor(list(ours.values())), torch.tensor([theirs[k] for k in ours]), **TOL)
+            torch.testing.assert_close(torch.tensor(list(ours.values())), torch.tensor([theirs[k] for k in ours]),
+                                       **TOL)
     print(f"max |logit diff| vs z-lab: {worst:.2e}")
 
 
@@ -112,10 +116,10 @@ def test_decode_matches_zlab(pair, zlab, monkeypatch):
         assert got.tokens == p["tokens"]
         their_logits = ref[f"decode.{i}.logits"].split(p["slots_per_round"])
         their_paths = ref[f"decode.{i}.paths"].split(p["slots_per_round"])
-        for mine_l, mine_p, l, path in zip(seen["logits"], seen["path"], their_logits, their_paths):
+        for mine_l, mine_p, their_l, path in zip(seen["logits"], seen["path"], their_logits, their_paths):
             if len(mine_p) != len(path):  # z-lab's last blocks cover one slot more than the budget
                 break
-            torch.testing.assert_close(mine_l, l, **TOL)
+            torch.testing.assert_close(mine_l, their_l, **TOL)
             assert mine_p.tolist() == path.tolist()
             full_rounds += 1
     assert full_rounds >= 30

@@ -11,10 +11,11 @@
 
 import pytest
 import torch
-from reference_helpers import hf_model, make_dflash2_drafter, make_target
-from sampling_stats import PROMPT, chi_square_p, exact_joint
 from test_greedy import check_full_and_partial, hf_greedy, prompts_for
 
+from reference_helpers import hf_model, make_dflash2_drafter, make_target
+from sampling_stats import PROMPT, chi_square_p, exact_joint
+from trtllm_dflash.policy.decision import Drafts
 from trtllm_dflash.reference import SamplingParams, generate, load_pair
 from trtllm_dflash.reference.draft import Selection
 from trtllm_dflash.reference.generate import Decoder
@@ -85,15 +86,15 @@ def test_joins_and_cancels_give_solo_outputs(pair2):
 
     take(dec.admit([0, 1], prompts[:2], limits[:2], [[], []]))
     for draft_len in (None, 3):
-        take(dec.step(draft_len))
+        take(dec.step(Drafts.of(draft_len)))
     take(dec.admit([2, 3], prompts[2:4], limits[2:4], [[], []]))  # join mid-flight
-    take(dec.step(0))  # a round without a drafter pass: pending context carries over
+    take(dec.step(Drafts(0)))  # a round without a drafter pass: pending context carries over
     take(dec.step())
     dec.cancel([3])  # leaves mid-flight
     take(dec.admit([4], prompts[4:], limits[4:], [[]]))
     schedule = iter([None, 5, 1, None] * 20)
     while dec.running:
-        take(dec.step(next(schedule)))
+        take(dec.step(Drafts.of(next(schedule))))
     for i in (0, 1, 2, 4):
         assert got[i] == solo[i], i
     assert got[3] == solo[3][: len(got[3])] and 0 < len(got[3]) < limits[3]
@@ -133,7 +134,7 @@ def sample_first_three(pair, s, joins=False):
 
 
 CASES = [
-    pytest.param(SamplingParams(temperature=1.0, seed=31), False, id="t1"),
+    pytest.param(SamplingParams(temperature=1.0, seed=31), False, id="t1", marks=pytest.mark.slow),
     pytest.param(SamplingParams(temperature=0.7, top_k=2, seed=32), False, id="t07-topk2", marks=pytest.mark.slow),
     pytest.param(SamplingParams(temperature=1.0, seed=33), True, id="t1-joins-cancels"),
 ]
@@ -148,6 +149,7 @@ def test_dflash2_sampling_keeps_the_target_distribution(tiny2, s, joins):
     assert p > ALPHA, f"chi-square rejects the target distribution: p = {p:.2e}"
 
 
+@pytest.mark.slow
 def test_wrong_q_is_detected(tiny2, monkeypatch):
     """Rejection sampling the selector's path against another q than the one it was drawn
     from (here: uniform over the candidates) is not lossless; the same test must see it."""

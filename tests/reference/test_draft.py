@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
-from reference_helpers import make_drafter
 from safetensors import safe_open
 
+from reference_helpers import make_drafter
 from trtllm_dflash.reference import DraftConfig, load_drafter, load_target
 from trtllm_dflash.reference.config import default_target_layer_ids
 
@@ -45,7 +45,8 @@ def test_config_variants():
     base = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1e6, "num_target_layers": 36}
     # block_size inside dflash_config; target_layer_ids from z-lab's default rule
-    cfg = DraftConfig.from_dict({**base, "num_hidden_layers": 5, "dflash_config": {"block_size": 16, "mask_token_id": 7}})
+    cfg = DraftConfig.from_dict({**base, "num_hidden_layers": 5,
+                                 "dflash_config": {"block_size": 16, "mask_token_id": 7}})
     assert cfg.block_size == 16 and cfg.target_layer_ids == (1, 9, 17, 25, 33) and cfg.mask_token_id == 7
     # sliding layers are causal by default; is_causal overrides every layer
     cfg = DraftConfig.from_dict({**base, "block_size": 8, "layer_types": ["sliding_attention", "full_attention"],
@@ -150,7 +151,8 @@ def test_ragged_batch_equals_single(tmp_path, qwen3_pair):
                 ctx[row, : b - a] = feats[row][0, a:b]
                 pos[row, : b - a] = torch.arange(a, b)
             starts = torch.tensor([b for _, b in spans])
-            noise = target.embed_tokens(torch.tensor([[anchors[row] + b] + [255] * 7 for row, (_, b) in enumerate(spans)]))
+            noise = target.embed_tokens(torch.tensor([[anchors[row] + b] + [255] * 7
+                                                      for row, (_, b) in enumerate(spans)]))
             out = drafter(noise, starts, ctx, pos, cache)
     torch.testing.assert_close(out, torch.cat(alone), **TOL)
     assert projected == [9 + 4, 3 + 5]  # each round's real rows, not 2 x the longest

@@ -10,10 +10,9 @@ import random
 
 import pytest
 import torch
+
 from reference_helpers import hf_model
-
 from trtllm_dflash.reference import generate, load_pair, rounds
-
 
 _REFS: dict = {}
 
@@ -47,9 +46,9 @@ def pair(request):
     return _MODELS[request.param]
 
 
-@pytest.mark.parametrize(
-    "mode,kw", [("ar", {}), ("dflash", {}), ("dflash", {"block_size": 3}), ("ddtree", {}), ("ddtree", {"ddtree_budget": 24})]
-)
+@pytest.mark.parametrize("mode,kw", [
+    ("ar", {}), ("dflash", {}), pytest.param("dflash", {"block_size": 3}, marks=pytest.mark.slow),
+    ("ddtree", {}), pytest.param("ddtree", {"ddtree_budget": 24}, marks=pytest.mark.slow)])
 def test_random_drafter_matches_hf(pair, mode, kw, monkeypatch):
     hf, target, drafter = pair
     moves = count_moves(monkeypatch)
@@ -161,3 +160,27 @@ def test_qwen3_moe_target(tmp_path):
         for mode in ("dflash", "ddtree"):
             (got,) = generate(target, drafter, [prompt], 30, mode=mode, stop_token_ids=[])
             assert got.tokens == ref, mode
+
+
+def test_the_rounds_host_side_greedy_verdict_is_greedy_verify():
+    """block_round decides greedy rounds on the host from one read of [anchor, drafts, argmax]
+    (rounds._greedy_accept): the same accepted counts and bonus tokens as verify.greedy_verify,
+    per-row lengths included."""
+    import torch
+
+    from trtllm_dflash.reference.rounds import _greedy_accept
+    from trtllm_dflash.reference.verify import greedy_verify
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        B, T = int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+        logits = torch.randn(B, T, 5, generator=g)
+        best = logits.argmax(-1)
+        draft = torch.where(torch.rand(B, T - 1, generator=g) < 0.7, best[:, :-1],
+                            torch.randint(0, 5, (B, T - 1), generator=g))
+        lengths = torch.randint(0, T, (B,), generator=g)
+        anchor = torch.randint(0, 5, (B, 1), generator=g)
+        acc, new = _greedy_accept(torch.cat([anchor, draft, best], 1).tolist(), T, lengths.tolist())
+        accepted, bonus = greedy_verify(draft, logits, lengths)
+        assert acc == accepted.tolist() and [n[-1] for n in new] == bonus.tolist()
+        assert all(n[:-1] == d[:a] for n, d, a in zip(new, draft.tolist(), acc))

@@ -14,9 +14,9 @@ import math
 
 import pytest
 import torch
-from checkpoints import LAGUNA, VOCAB, make_drafter, make_target, read_config, step_tokens, write_recipe
 from safetensors.torch import load_file, save_file
 
+from checkpoints import LAGUNA, VOCAB, make_drafter, make_target, read_config, step_tokens, write_recipe
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import load_recipe
@@ -74,7 +74,8 @@ def random_laguna(seed: int = 0) -> DFlashDraft:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in d.named_parameters():
-            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g) if "norm" in name else 0.2 * torch.randn(p.shape, generator=g))
+            p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g) if "norm" in name
+                    else 0.2 * torch.randn(p.shape, generator=g))
     return d.eval()
 
 
@@ -92,7 +93,8 @@ def test_one_layer_equals_the_laguna_formula():
     cache = d.new_cache(1, Tc + T)
     mask = d.masks(torch.tensor([Tc]), T, Tc + T)[0]
     with torch.no_grad():
-        got = layer(x, ctx, d.rope(blk_pos, x.dtype), d.rope(ctx_pos, x.dtype), cache, 0, blk_pos, ctx_pos, Tc + T, mask)
+        got = layer(x, ctx, d.rope(blk_pos, x.dtype), d.rope(ctx_pos, x.dtype), cache, 0, blk_pos, ctx_pos, Tc + T,
+                    mask)
 
         from trtllm_dflash.reference.target import apply_rope
 
@@ -137,6 +139,7 @@ def test_greedy_decoding_with_a_laguna_drafter_is_the_targets(laguna_pair, mode)
     assert [g.tokens for g in got] == want
 
 
+@pytest.mark.slow
 def test_convert_maps_the_laguna_tensors_and_the_reference_backend_serves_them(tmp_path, laguna_pair):
     target, drafter = laguna_pair
     one = convert(load_recipe(write_recipe(tmp_path / "r1.yaml", target, drafter)), tmp_path / "c1", progress=False)
@@ -147,7 +150,8 @@ def test_convert_maps_the_laguna_tensors_and_the_reference_backend_serves_them(t
         assert torch.equal(d_ckpt.state_dict()[name], p), name
     t_mem, _ = load_pair(target, drafter)
     want = [g.tokens for g in generate(t_mem, None, PROMPTS, 20, mode="ar", stop_token_ids=[])]
-    two = convert(load_recipe(write_recipe(tmp_path / "r2.yaml", target, drafter, tp=2)), tmp_path / "c2", progress=False)
+    two = convert(load_recipe(write_recipe(tmp_path / "r2.yaml", target, drafter, tp=2)), tmp_path / "c2",
+                  progress=False)
     # tp 2: each rank holds the g_proj rows of the heads whose q rows it holds, the norms whole
     full = load_file(drafter / "model.safetensors")
     D, heads = 16, 2  # head_dim, heads per rank
@@ -155,10 +159,13 @@ def test_convert_maps_the_laguna_tensors_and_the_reference_backend_serves_them(t
         shard = load_file(two / "drafter" / f"rank{rank}.safetensors")
         for i in range(2):
             L = f"transformer.layers.{i}.attention."
-            torch.testing.assert_close(shard[L + "gate.weight"], full[f"layers.{i}.self_attn.g_proj.weight"][rank * heads:(rank + 1) * heads])
-            torch.testing.assert_close(shard[L + "q.weight"], full[f"layers.{i}.self_attn.q_proj.weight"][rank * heads * D:(rank + 1) * heads * D])
+            torch.testing.assert_close(shard[L + "gate.weight"],
+                                       full[f"layers.{i}.self_attn.g_proj.weight"][rank * heads:(rank + 1) * heads])
+            q = full[f"layers.{i}.self_attn.q_proj.weight"]
+            torch.testing.assert_close(shard[L + "q.weight"], q[rank * heads * D:(rank + 1) * heads * D])
         for k in range(2):
-            torch.testing.assert_close(shard[f"dflash.aux_hidden_norms.{k}.weight"], full[f"aux_hidden_norms.{k}.weight"])
+            torch.testing.assert_close(shard[f"dflash.aux_hidden_norms.{k}.weight"],
+                                       full[f"aux_hidden_norms.{k}.weight"])
     for ckpt in (one, two):
         assert step_tokens(checkpoint_steps(ckpt, PROMPTS, 20, mode="dflash", stop_token_ids=[]), 2) == want, ckpt.name
 
@@ -166,7 +173,8 @@ def test_convert_maps_the_laguna_tensors_and_the_reference_backend_serves_them(t
 @pytest.mark.parametrize("backend", [b for b, spec in BACKENDS.items() if "laguna" not in spec.drafters])
 def test_backends_without_laguna_refuse_it_at_convert(tmp_path, laguna_pair, backend):
     target, drafter = laguna_pair
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, gpu="h100-sxm", fmt="bf16", backend=backend),
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, drafter, gpu="h100-sxm", fmt="bf16",
+                                      backend=backend),
                          check_rules=False)
     with pytest.raises(UserError, match=rf"architectures is \['{LAGUNA_ARCH}'\] and backend.name is {backend}: .*"
                                         r"backend reference runs it"):

@@ -10,9 +10,9 @@ Everything is seeded, so the outcome is deterministic.
 """
 
 import pytest
+
 from reference_helpers import make_drafter, make_target
 from sampling_stats import PROMPT, chi_square_p, exact_joint
-
 from trtllm_dflash.reference import SamplingParams, generate, load_pair, rounds
 
 ALPHA = 1e-3
@@ -44,9 +44,14 @@ CASES = [
     (8, "ddtree", SamplingParams(temperature=1.0, seed=5), {"ddtree_budget": 6}),
     (8, "ar", SamplingParams(temperature=1.0, seed=6), {}),
 ]
+# The default run keeps plain and AR sampling; tempered, top-k, top-p and DDTree's (the longest)
+# run with the slow tests.
+SLOW_CASES = {1, 2, 3, 4}
 
 
-@pytest.mark.parametrize("vocab,mode,s,kw", CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize("vocab,mode,s,kw", [
+    pytest.param(*c, id=f"{c[1]}-{i}", marks=[pytest.mark.slow] if i in SLOW_CASES else [])
+    for i, c in enumerate(CASES)])
 def test_distribution_matches_target(tiny, vocab, mode, s, kw):
     samples, rounds = run(tiny[vocab], mode, s, **kw)
     if mode != "ar":  # the first round (up to 2 drafts) saw rejections, partial and full acceptance

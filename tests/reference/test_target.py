@@ -10,9 +10,8 @@ import json
 import pytest
 import torch
 
-from trtllm_dflash.reference import load_target
-
 from reference_helpers import hf_model, make_target
+from trtllm_dflash.reference import load_target
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -77,22 +76,22 @@ def test_incremental_blocks_match_full_forward(tmp_path, arch):
         ref = hf(seq).logits[0]  # [12, V]
         cache = ours.new_cache(1, 32)
         out = []
-        l, _ = ours(seq[:, :5], torch.arange(5)[None], cache, 5, _causal(5))
-        out.append(l[0])
-        l, _ = ours(seq[:, 5:9], torch.arange(5, 9)[None], cache, 9, _causal(4, 5))
-        out.append(l[0])
+        logits, _ = ours(seq[:, :5], torch.arange(5)[None], cache, 5, _causal(5))
+        out.append(logits[0])
+        logits, _ = ours(seq[:, 5:9], torch.arange(5, 9)[None], cache, 9, _causal(4, 5))
+        out.append(logits[0])
         # a block of junk at positions 9..11 (as if rejected), then the true token at 9 alone
         junk = torch.tensor([[3, 4, 5]])
         ours(junk, torch.arange(9, 12)[None], cache, 12, _causal(3, 9))
-        l, _ = ours(seq[:, 9:10], torch.tensor([[9]]), cache, 10, None)
-        out.append(l[0])
+        logits, _ = ours(seq[:, 9:10], torch.tensor([[9]]), cache, 10, None)
+        out.append(logits[0])
         # tree: root = token 10 at slot 10, two children at depth 1 (slots 11, 12); the
         # second child is the true token 11; it sees slots < 10, the root and itself.
         ids = torch.tensor([[seq[0, 10], 7, seq[0, 11]]])
         vis = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
         mask = torch.cat([torch.ones(3, 10, dtype=torch.bool), vis], 1)[None, None]
-        l, _ = ours(ids, torch.tensor([[10, 11, 11]]), cache, 13, mask, slots=torch.tensor([[10, 11, 12]]))
-        out += [l[0, :1], l[0, 2:]]
+        logits, _ = ours(ids, torch.tensor([[10, 11, 11]]), cache, 13, mask, slots=torch.tensor([[10, 11, 12]]))
+        out += [logits[0, :1], logits[0, 2:]]
     torch.testing.assert_close(torch.cat(out), ref, **TOL)
 
 

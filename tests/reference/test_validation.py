@@ -133,10 +133,12 @@ def test_config_errors_come_before_weights(pair):
         ("target", {"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
         ("drafter", {"dflash_config.mask_token_id": None}, "missing dflash_config.mask_token_id"),
         ("drafter", {"block_size": None}, "missing required field 'block_size'"),
-        ("drafter", {"attention_sink_bias": 0.5}, "'attention_sink_bias' is set: this drafter variant is not supported"),
+        ("drafter", {"attention_sink_bias": 0.5},
+         "'attention_sink_bias' is set: this drafter variant is not supported"),
         ("drafter", {"output_multiplier": -0.5}, "'output_multiplier' is -0.5, expected a positive number"),
         ("drafter", {"conv_kernel_size": 2}, "missing dflash_config.conv_group_size"),
-        ("drafter", {"layer_types": ["sliding_attention", "full_attention"]}, "missing required field 'sliding_window'"),
+        ("drafter", {"layer_types": ["sliding_attention", "full_attention"]},
+         "missing required field 'sliding_window'"),
     ],
 )
 def test_config_errors(pair, who, changes, match):

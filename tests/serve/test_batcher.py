@@ -5,13 +5,14 @@ import time
 
 import pytest
 import torch
-from serve_helpers import make_pair
 
-from trtllm_dflash.reference import generate, load_pair
+from serve_helpers import make_pair
 from trtllm_dflash.policy.decision import Drafts
+from trtllm_dflash.reference import generate, load_pair
 from trtllm_dflash.reference.generate import Decoder
 from trtllm_dflash.runtime.local_model import LocalModel
-from trtllm_dflash.serve.batcher import Job, ServingEngine
+from trtllm_dflash.serve.batcher import ServingEngine
+from trtllm_dflash.serve.record import Request
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ def test_engine_serves_concurrent_jobs_with_solo_outputs(pair):
     settings = [{}, {"mode": "ar"}, {"mode": "ddtree"}, {"mode": "dflash", "draft_len": 2}]
     try:
         for i in range(4):  # more jobs than max_batch_size: the last one waits for a free slot
-            engine.submit(Job(PROMPTS[i], LIMITS[i], emitter(i), **settings[i]))
+            engine.submit(Request(PROMPTS[i], LIMITS[i], emitter(i), **settings[i]))
         assert done.wait(60), "engine did not finish the jobs"
     finally:
         engine.stop()
@@ -114,14 +115,36 @@ def test_engine_serves_concurrent_jobs_with_solo_outputs(pair):
         assert sum(u.tokens for u in updates) == len(expected) == updates[-1].total_tokens
         assert "".join(u.text for u in updates) == tokenizer.decode(expected)
         assert updates[-1].finish_reason in ("length", "stop")
-        assert updates[-1].rounds >= 1 and 0 <= updates[-1].accepted <= updates[-1].drafted
+        spec = updates[-1].spec
+        assert spec.rounds >= 1 and 0 <= spec.accepted <= spec.drafted
         # the per-request histogram: passes by drafts accepted, summing to the request's totals
-        hist = updates[-1].histogram
-        assert sum(hist) == updates[-1].rounds and sum(j * n for j, n in enumerate(hist)) == updates[-1].accepted
-        assert updates[-1].acceptance_rate == pytest.approx(updates[-1].accepted / max(1, updates[-1].drafted))
-    assert results[1][-1].drafted == 0 and results[1][-1].rounds == LIMITS[1] - 1  # AR: one token per pass
-    assert results[1][-1].histogram[0] == results[1][-1].rounds and results[1][-1].acceptance_rate == 0.0
-    assert results[3][-1].drafted <= 2 * results[3][-1].rounds and not any(results[3][-1].histogram[3:])
+        assert sum(spec.histogram) == spec.rounds and sum(j * n for j, n in enumerate(spec.histogram)) == spec.accepted
+        assert spec.acceptance_rate == pytest.approx(spec.accepted / max(1, spec.drafted))
+    ar, two = results[1][-1].spec, results[3][-1].spec
+    assert ar.drafted == 0 and ar.rounds == LIMITS[1] - 1  # AR: one token per pass
+    assert ar.histogram[0] == ar.rounds and ar.acceptance_rate == 0.0
+    assert two.drafted <= 2 * two.rounds and not any(two.histogram[3:])
+
+
+def finish_reasons(engine: ServingEngine, requests: list[tuple[list[int], int, str | None]]) -> dict[int, str]:
+    """Submit (prompt, max_tokens, mode or None) requests together; {index: finish reason}; the engine stopped."""
+    ends, done = {}, threading.Event()
+
+    def emit(i):
+        def f(u):
+            if u.finish_reason:
+                ends[i] = u.finish_reason
+                if len(ends) == len(requests):
+                    done.set()
+        return f
+
+    try:
+        for i, (prompt, n, mode) in enumerate(requests):
+            engine.submit(Request(prompt, n, emit(i), **({} if mode is None else {"mode": mode})))
+        assert done.wait(30)
+    finally:
+        engine.stop()
+    return ends
 
 
 def test_a_mode_the_runners_cannot_decode_fails_only_its_requests(pair):
@@ -133,24 +156,34 @@ def test_a_mode_the_runners_cannot_decode_fails_only_its_requests(pair):
                 raise ValueError("these runners verify no trees")
             return super().decoder(**kwargs)
 
-    engine = ServingEngine(NoTrees(target, drafter), tokenizer, max_seq_len=64)
-    ends, done = {}, threading.Event()
-
-    def emit(i):
-        def f(u):
-            if u.finish_reason:
-                ends[i] = u.finish_reason
-                if len(ends) == 2:
-                    done.set()
-        return f
-
-    try:
-        engine.submit(Job(PROMPTS[0], 8, emit(0), mode="ddtree"))
-        engine.submit(Job(PROMPTS[1], 8, emit(1)))
-        assert done.wait(30)
-    finally:
-        engine.stop()
+    ends = finish_reasons(ServingEngine(NoTrees(target, drafter), tokenizer, max_seq_len=64),
+                          [(PROMPTS[0], 8, "ddtree"), (PROMPTS[1], 8, None)])
     assert ends == {0: "error: ValueError: these runners verify no trees", 1: "length"}
+
+
+def test_a_round_that_raises_fails_only_its_group(pair):
+    """A decoder step that raises (a runner's error) ends the requests of its group with it; a
+    request of another group (here AR beside DFlash), running at the same time, ends as usual."""
+    target, drafter, tokenizer = pair
+
+    class Flaky(LocalModel):
+        def decoder(self, **kwargs):
+            dec = super().decoder(**kwargs)
+            if kwargs["mode"] == "dflash":
+                steps, step = [0], dec.step
+
+                def failing(drafts):
+                    steps[0] += 1
+                    if steps[0] == 2:
+                        raise RuntimeError("verify failed (injected)")
+                    return step(drafts)
+                dec.step = failing
+            return dec
+
+    ends = finish_reasons(ServingEngine(Flaky(target, drafter), tokenizer, max_seq_len=64),
+                          [(PROMPTS[0], 12, "ar"), (PROMPTS[1], 12, None), (PROMPTS[2], 12, None)])
+    assert ends == {0: "length", 1: "error: RuntimeError: verify failed (injected)",
+                    2: "error: RuntimeError: verify failed (injected)"}
 
 
 def test_engine_stop_words_end_the_request(pair):
@@ -160,7 +193,7 @@ def test_engine_stop_words_end_the_request(pair):
     engine = ServingEngine(LocalModel(target, drafter), tokenizer, max_seq_len=64)
     updates, done = [], threading.Event()
     try:
-        engine.submit(Job(PROMPTS[2], 25, lambda u: (updates.append(u), u.finish_reason and done.set()),
+        engine.submit(Request(PROMPTS[2], 25, lambda u: (updates.append(u), u.finish_reason and done.set()),
                           stop_words=[word]))
         assert done.wait(30)
     finally:
@@ -205,7 +238,7 @@ def test_auto_policy_serves_ddtree_and_dflash_requests_together(pair, trees):
     modes = ["ddtree", "dflash", "ddtree", "dflash"]
     try:
         for i in range(4):
-            engine.submit(Job(PROMPTS[i], LIMITS[i], emitter(i), mode=modes[i]))
+            engine.submit(Request(PROMPTS[i], LIMITS[i], emitter(i), mode=modes[i]))
         assert done.wait(60), "engine did not finish the jobs"
     finally:
         engine.stop()
@@ -246,10 +279,10 @@ def test_stop_answers_every_request_it_leaves(pair):
         return f
 
     for i in range(4):  # one runs (max_batch_size 1), three wait in the inbox
-        engine.submit(Job(PROMPTS[i], 400, emit(i)))
+        engine.submit(Request(PROMPTS[i], 400, emit(i)))
     assert started.wait(30)
     engine.stop()
-    engine.submit(Job(PROMPTS[0], 8, emit(4)))
+    engine.submit(Request(PROMPTS[0], 8, emit(4)))
     assert ends == {i: ["error: the server is shutting down"] for i in range(5)}
 
 
@@ -270,13 +303,13 @@ def test_the_engine_reports_each_verify_round(pair):
             done.set()
 
     try:
-        engine.submit(Job(tok("def f(x):")["input_ids"], 12, emit))
+        engine.submit(Request(tok("def f(x):")["input_ids"], 12, emit))
         assert done.wait(60)
     finally:
         engine.stop()
     t = totals(parse(ins.exposition()[0].decode()), "x", "dflash")
     u = last[0]
-    assert (t.rounds, t.drafted, t.accepted) == (u.rounds, u.drafted, u.accepted)
+    assert (t.rounds, t.drafted, t.accepted) == (u.spec.rounds, u.spec.drafted, u.spec.accepted)
     assert 0 <= t.accepted <= t.drafted and t.rounds >= 1
 
 
@@ -303,11 +336,12 @@ def test_the_policy_learns_round_times_in_seconds(pair):
     done = [threading.Event(), threading.Event()]
     t0 = time.perf_counter()
     try:
-        engine.submit(Job(tok("def f(x):")["input_ids"], 12, lambda u: u.finish_reason and done[0].set()))
+        engine.submit(Request(tok("def f(x):")["input_ids"], 12, lambda u: u.finish_reason and done[0].set()))
         assert done[0].wait(60)
         n = len(seen)
         # a request with its own draft length teaches the cost of its rounds too (the same model)
-        engine.submit(Job(tok("def g(y):")["input_ids"], 12, lambda u: u.finish_reason and done[1].set(), draft_len=1))
+        engine.submit(Request(tok("def g(y):")["input_ids"], 12, lambda u: u.finish_reason and done[1].set(),
+                              draft_len=1))
         assert done[1].wait(60)
     finally:
         engine.stop()
@@ -320,7 +354,7 @@ def _run_jobs(engine, jobs):
     done = [threading.Event() for _ in jobs]
     for i, kw in enumerate(jobs):
         emit = (lambda i: lambda u: (updates[i].append(u), u.finish_reason and done[i].set()))(i)
-        engine.submit(Job(emit=emit, **kw))
+        engine.submit(Request(emit=emit, **kw))
     assert all(d.wait(60) for d in done)
     return updates
 
@@ -353,3 +387,70 @@ def test_engine_token_stop_sequences_bad_words_and_logprobs(pair):
     lps = [x for u in updates[1] for x in u.logprobs]
     assert second == masked.tokens != full and lps == pytest.approx(masked.logprobs, abs=1e-5)
     assert updates[1][-1].cum_logprob == pytest.approx(sum(masked.logprobs), abs=1e-4)
+
+
+class _FailingGroup(LocalModel):
+    """The sampled group's decoder raises on its second round; `dies` also marks the model failed
+    then (a dead rank)."""
+
+    def __init__(self, target, drafter, dies: bool = False):
+        super().__init__(target, drafter)
+        self.dies, self.failed = dies, None
+
+    def decoder(self, **kwargs):
+        d = super().decoder(**kwargs)
+        if not kwargs["sampling"].greedy:
+            step, calls = d.step, []
+
+            def flaky(drafts):
+                calls.append(1)
+                if len(calls) == 2:
+                    if self.dies:
+                        self.failed = "rank 1 died"
+                    raise RuntimeError("boom")
+                return step(drafts)
+
+            d.step = flaky
+        return d
+
+
+def test_an_exception_in_one_groups_round_fails_that_group_only(pair):
+    """Greedy and sampled requests decode in separate groups; the sampled group's round raises: its
+    requests end with the error, the greedy ones finish with the target's tokens, and the server
+    takes new requests."""
+    from trtllm_dflash.reference.verify import SamplingParams
+
+    target, drafter, tokenizer = pair
+    engine = ServingEngine(_FailingGroup(target, drafter), tokenizer, max_seq_len=64)
+    hot = SamplingParams(temperature=1.0, seed=3)
+    try:
+        ends = _run_jobs(engine, [dict(prompt_ids=PROMPTS[0], max_tokens=20),
+                              dict(prompt_ids=PROMPTS[1], max_tokens=40, sampling=hot),
+                              dict(prompt_ids=PROMPTS[2], max_tokens=25),
+                              dict(prompt_ids=PROMPTS[3], max_tokens=40, sampling=hot)])
+        later = _run_jobs(engine, [dict(prompt_ids=PROMPTS[3], max_tokens=16)])[0]
+    finally:
+        engine.stop()
+    for i, n in ((0, 20), (2, 25)):
+        assert [t for u in ends[i] for t in u.ids] == solo(target, drafter, PROMPTS[i], n), i
+        assert ends[i][-1].finish_reason in ("length", "stop")
+    assert ends[1][-1].finish_reason == ends[3][-1].finish_reason == "error: RuntimeError: boom"
+    assert [t for u in later for t in u.ids] == solo(target, drafter, PROMPTS[3], 16)
+
+
+def test_a_dead_model_fails_every_group(pair):
+    """A round that leaves the model failed (a dead rank) ends every request, the other groups'
+    too, and tells the front end once."""
+    from trtllm_dflash.reference.verify import SamplingParams
+
+    target, drafter, tokenizer = pair
+    fatal = []
+    engine = ServingEngine(_FailingGroup(target, drafter, dies=True), tokenizer, max_seq_len=512, on_fatal=fatal.append)
+    hot = SamplingParams(temperature=1.0, seed=3)
+    try:
+        ends = _run_jobs(engine, [dict(prompt_ids=PROMPTS[0], max_tokens=400),
+                              dict(prompt_ids=PROMPTS[1], max_tokens=400, sampling=hot)])
+    finally:
+        engine.stop()
+    assert ends[1][-1].finish_reason == "error: RuntimeError: boom"
+    assert ends[0][-1].finish_reason == "error: RuntimeError: rank 1 died" and fatal == ["rank 1 died"]

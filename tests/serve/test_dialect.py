@@ -9,8 +9,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
 from trtllm_dflash.deploy.settings import DFLASH_INPUTS
 from trtllm_dflash.recipe import load_recipe
-from trtllm_dflash.serve.dialect import handled, to_dflash, to_dflash_batch, to_dialect
+from trtllm_dflash.serve.dialect import to_dflash, to_dflash_batch, to_dialect
+from trtllm_dflash.serve.dialect_inputs import handled
+from trtllm_dflash.serve.record import SpecStats, Update
 from trtllm_dflash.serve.requests import RequestError, parse_request
+from trtllm_dflash.serve.triton_outputs import output_names, tensors
 
 
 def one(value, dtype=None):
@@ -83,11 +86,7 @@ def test_token_ids_are_cut_at_input_lengths_and_echoed_when_not_streamed():
                             "request_output_len": one(4, np.int32), "runtime_top_k": one(2, np.int32)})
     req = parse_request(fwd.inputs)
     assert (req.prompt_ids, req.max_tokens, req.top_k, req.stream) == ([5, 6, 7], 4, 2, False)
-    out = to_dialect(fwd, {"output_ids": np.array([9, 10], np.int32), "total_output_tokens": np.array([2], np.int32),
-                           "total_draft_tokens": np.array([4], np.int32), "finish_reason": np.array([b"length"], object),
-                           "total_accepted_draft_tokens": np.array([1], np.int32), "rounds": np.array([1], np.int32),
-                           "output_token_count": np.array([2], np.int32),
-                           "acceptance_length": np.array([1.0], np.float32)})
+    out = to_dialect(fwd, dflash_response(fwd))
     assert out["output_ids"].tolist() == [[[5, 6, 7, 9, 10]]] and out["sequence_length"].tolist() == [[5]]
     assert out["rounds"].shape == (1, 1) and out["finish_reason"][0, 0] == b"length"
 
@@ -121,13 +120,15 @@ def test_the_dflash_model_still_needs_a_prompt():
 DTYPES = {mc.TYPE_FP32: np.float32, mc.TYPE_INT32: np.int32, mc.TYPE_INT64: np.int64, mc.TYPE_STRING: np.object_}
 
 
-def perf_response(hist=(3, 1, 2, 0)):
+def dflash_response(fwd, ids=(9, 10), reason="length", lps=None, cum=0.0, text="xy", spec=SpecStats(1, 4, 1, (0, 1))):
+    """What the dflash model answers `fwd` with: its renderer (serve/triton_outputs.py) of one Update."""
+    update = Update(text, len(ids), reason, spec, tuple(ids), lps, cum)
+    return tensors(update, output_names(fwd.dflash_outputs, False, fwd.log_probs))
+
+
+def perf_response(fwd, hist=(3, 1, 2, 0)):
     """A dflash model's final response: 6 passes, 5 drafts accepted of 12 (and the histogram saying so)."""
-    return {"text_output": np.array([b" x"], object), "output_token_count": np.array([2], np.int32),
-            "total_output_tokens": np.array([12], np.int32), "rounds": np.array([6], np.int32),
-            "total_draft_tokens": np.array([12], np.int32), "total_accepted_draft_tokens": np.array([5], np.int32),
-            "acceptance_length": np.array([11 / 6], np.float32), "finish_reason": np.array([b"length"], object),
-            "acceptance_histogram": np.array(hist, np.int32), "output_ids": np.array([9, 10], np.int32)}
+    return dflash_response(fwd, text=" x", spec=SpecStats(6, 12, 5, hist), ids=(9, 10))
 
 
 @pytest.mark.parametrize("model", sorted(DIALECT_MODELS))
@@ -146,7 +147,7 @@ def test_perf_metrics_are_upstreams_names_dtypes_and_shapes(model):
                                              "input_lengths": one(2, np.int32), "request_output_len": one(4, np.int32)})
     fwd = to_dflash(kind, {**inputs, "return_perf_metrics": one(True, bool)})
     assert "acceptance_histogram" in fwd.dflash_outputs  # asked of the dflash model
-    out = to_dialect(fwd, perf_response())
+    out = to_dialect(fwd, perf_response(fwd))
     assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "acceptance_histogram",
             "rounds"} <= set(out)
     for name, arr in out.items():
@@ -161,10 +162,10 @@ def test_perf_metrics_are_upstreams_names_dtypes_and_shapes(model):
 
 
 def test_every_declared_output_is_in_the_table_the_models_pick_outputs_from():
-    """serve/dialect.py OUTPUTS_AS covers exactly the outputs the three models declare (the
+    """serve/dialect_outputs.py OUTPUTS_AS covers exactly the outputs the three models declare (the
     migration doc's output table is it), and a request naming no outputs gets what it says: the
     kind's own and every "always" output, plus those its return_* flags ask for, never a "never"."""
-    from trtllm_dflash.serve.dialect import OUTPUTS_AS
+    from trtllm_dflash.serve.dialect_outputs import OUTPUTS_AS
 
     declared = {t.name for _, _, outputs in DIALECT_MODELS.values() for t in outputs}
     assert set(OUTPUTS_AS) == declared
@@ -180,28 +181,17 @@ def test_every_declared_output_is_in_the_table_the_models_pick_outputs_from():
     assert not {n for n, (sent, _) in OUTPUTS_AS.items() if sent == "never"} & set(flagged.outputs)
 
 
-def dflash_response(ids=(9, 10), reason=b"length", lps=None, cum=0.0, text=b"xy"):
-    out = {"output_ids": np.array(ids, np.int32), "total_output_tokens": np.array([len(ids)], np.int32),
-           "total_draft_tokens": np.array([4], np.int32), "total_accepted_draft_tokens": np.array([1], np.int32),
-           "rounds": np.array([1], np.int32), "output_token_count": np.array([len(ids)], np.int32),
-           "acceptance_length": np.array([1.0], np.float32), "finish_reason": np.array([reason], object),
-           "text_output": np.array([text], object)}
-    if lps is not None:
-        out.update(output_log_probs=np.array(lps, np.float32), cum_log_probs=np.array([cum], np.float32))
-    return out
-
-
 def test_a_batch_of_prompts_is_one_forward_each_answered_with_its_batch_index():
     """README: `end_to_end_grpc_client.py --batch-inputs` sends 3 prompts in one request."""
     inputs = {"text_input": np.array([[b"a"], [b"bb"], [b"c"]], object), "max_tokens": np.full((3, 1), 5, np.int32),
               "stream": np.zeros((3, 1), bool), "temperature": np.ones((3, 1), np.float32)}
     fwds = to_dflash_batch("text", inputs, ["text_output", "batch_index"])
     assert [parse_request(f.inputs).prompt for f in fwds] == ["a", "bb", "c"]
-    out = to_dialect(fwds[1], dflash_response())
+    out = to_dialect(fwds[1], dflash_response(fwds[1]))
     assert out["text_output"].tolist() == [b"bbxy"]  # [beams]: the postprocessing model's OUTPUT, prompt first
     assert out["batch_index"].tolist() == [[1]] and out["batch_index"].dtype == np.int32
     (solo,) = to_dflash_batch("text", text(), ["text_output", "batch_index"])
-    assert "batch_index" not in to_dialect(solo, dflash_response())  # upstream sends it only for B > 1
+    assert "batch_index" not in to_dialect(solo, dflash_response(solo))  # upstream sends it only for B > 1
 
 
 def test_outputs_have_upstreams_shapes_and_log_probs():
@@ -209,8 +199,9 @@ def test_outputs_have_upstreams_shapes_and_log_probs():
                                      "request_output_len": one(4, np.int32), "streaming": one(True, bool),
                                      "return_log_probs": one(True, bool)})
     assert {"output_log_probs", "cum_log_probs"} <= set(fwd.dflash_outputs) and "batch_index" in fwd.outputs
-    out = to_dialect(fwd, dflash_response(lps=[-0.5, -1.0], cum=-1.5))
-    assert out["output_ids"].shape == (1, 1, 2) and out["output_ids"].dtype == np.int32 and out["sequence_length"].shape == (1, 1)
+    out = to_dialect(fwd, dflash_response(fwd, lps=(-0.5, -1.0), cum=-1.5))
+    assert out["output_ids"].shape == (1, 1, 2)
+    assert out["output_ids"].dtype == np.int32 and out["sequence_length"].shape == (1, 1)
     assert out["output_log_probs"].tolist() == [[[-0.5, -1.0]]] and out["cum_log_probs"].tolist() == [[-1.5]]
     assert "batch_index" not in out
 
@@ -236,4 +227,4 @@ def test_log_probs_only_for_a_request_that_asked():
     """A client that names no output is asked every declared one (Triton): log-probs still go
     only to return_log_probs requests, as upstream's tensorrt_llm model sends them."""
     (fwd,) = to_dflash_batch("text", text(), ["text_output", "output_log_probs", "cum_log_probs"])
-    assert set(to_dialect(fwd, dflash_response())) == {"text_output"}
+    assert set(to_dialect(fwd, dflash_response(fwd))) == {"text_output"}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from serve_helpers import loaded_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
@@ -175,6 +176,7 @@ def test_what_we_cannot_honour_is_refused_by_name_and_the_server_keeps_serving(s
     assert error is None and got
 
 
+@pytest.mark.slow
 def test_sweep_drives_the_ensemble_model(served, tmp_path):
     recipe, server = served
     cmd = [sys.executable, "-m", "trtllm_dflash", "sweep", str(recipe.file), "--url", server.endpoints.grpc_url,

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from serve_helpers import deployed, make_pair, write_recipe
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
@@ -19,6 +20,8 @@ pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) 
 # The reference model's tests, collected again here with this module's `served` fixture.
 from test_server import (  # noqa: E402, F401
     reference_text,
+    request,
+    stream,
     test_bad_requests_get_named_errors_and_the_server_keeps_serving,
     test_cancelled_stream_frees_its_slot,
     test_concurrent_requests_are_batched_and_exact,
@@ -47,6 +50,40 @@ def served(request, tmp_path_factory):
     yield recipe, server
     server.stop()
     work.cleanup()
+
+
+def test_requests_the_greedy_engine_cannot_decode_are_refused_alone(served):
+    """The engine runners verify greedily (the Executor registers the verify argmax only:
+    runtime/capabilities.py). Sampled, bad-words and log-probs requests arriving among greedy streams
+    get one-line refusals naming their field; the greedy streams finish with the reference's text
+    (before, the first one failed every request of the round it joined)."""
+    import asyncio
+
+    import numpy as np
+
+    recipe, server = served
+    if "emulated" not in (server.repository / recipe.serve.model_name / "config.pbtxt").read_text():
+        pytest.skip("the reference runners give the full logits: they decode all of these")
+    url = server.endpoints.grpc_url
+    prompts = [f"def f{i}(x):\n    return x + {i}".encode() for i in range(4)]
+    odd = {"temperature": request(max_tokens=16, temperature=(np.float32(1.0), "FP32")),
+           "bad_words": request(max_tokens=16, bad_words=(b"return", "BYTES")),
+           "return_log_probs": request(max_tokens=16, return_log_probs=(True, "BOOL"))}
+
+    async def mixed():
+        greedy = [stream(url, request(p, 16)) for p in prompts]
+        return await asyncio.gather(*greedy[:2], *(stream(url, x) for x in odd.values()), *greedy[2:])
+
+    results = asyncio.run(mixed())
+    refused = dict(zip(odd, results[2:5]))
+    for p, (deltas, _, error) in zip(prompts, results[:2] + results[5:]):
+        assert error is None, error
+        assert "".join(deltas) == reference_text(recipe, p.decode(), 16)
+    for name, (deltas, _, error) in refused.items():
+        assert error is not None and f"{name}: " in error and "needs the full verify logits" in error, (name, error)
+        assert "\n" not in error.strip()
+    deltas, _, error = asyncio.run(stream(url, request(max_tokens=8)))  # still serving
+    assert error is None and "".join(deltas) == reference_text(recipe, "def area(r):\n    return", 8)
 
 
 @pytest.mark.slow  # the streaming test above already compares with the reference's `generate`

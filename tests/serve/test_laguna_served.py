@@ -5,6 +5,7 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from serve_helpers import loaded_pair, served_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
@@ -38,6 +39,7 @@ async def complete(url: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
     return "".join(text), last
 
 
+@pytest.mark.slow
 def test_a_laguna_drafter_serves_the_reference_text_and_rounds(tmp_path):
     with served_pair(tmp_path, laguna=True) as (recipe, server):
         assert read_json(recipe.drafter.path / "config.json")["architectures"] == [LAGUNA_ARCH]

@@ -88,3 +88,38 @@ def test_token_words_in_tensorrtllm_backends_layout():
 def test_bad_word_lists_are_named(arr, message):
     with pytest.raises(RequestError, match=message):
         parse_request(req(bad_words_list=arr))
+
+
+def test_an_argmax_only_model_refuses_what_needs_the_full_logits_naming_the_field():
+    from trtllm_dflash.runtime.capabilities import ARGMAX_ONLY, FULL
+    from trtllm_dflash.serve.requests import check_decodable
+
+    check_decodable(FULL, temperature=1.0, bad_words=True, logprobs=True)  # the reference runners decode all
+    check_decodable(ARGMAX_ONLY, temperature=0.0)  # greedy: fine
+    for kwargs, field in ((dict(temperature=0.7), "temperature"), (dict(bad_words=True), "bad_words_list"),
+                          (dict(logprobs=True), "return_log_probs")):
+        with pytest.raises(RequestError, match=rf"^{field}: .* needs the full verify logits, and this engine-backend"):
+            check_decodable(ARGMAX_ONLY, fields=("temperature", "bad_words_list", "return_log_probs"), **kwargs)
+
+
+def test_the_openai_default_temperature_is_greedy_on_an_argmax_only_model():
+    """OpenAI's default temperature is 1; an engine deployment can only decode greedily, so there an
+    unset temperature means 0 and an explicit temperature > 0 is a 400 naming the field."""
+    from types import SimpleNamespace
+
+    from trtllm_dflash.runtime.capabilities import ARGMAX_ONLY, FULL
+    from trtllm_dflash.serve.openai_bodies import CompletionBody, OpenAIError
+    from trtllm_dflash.serve.openai_service import Service
+
+    def service(capabilities):
+        tok = SimpleNamespace(decode=lambda ids: "", chat_template=None)
+        model = SimpleNamespace(capabilities=capabilities, eos_token_ids=(0,))
+        engine = SimpleNamespace(ddtree_budget=None)
+        return Service(SimpleNamespace(tokenizer=tok, model=model, engine=engine), "m")
+
+    body = CompletionBody(model="m", prompt="x")
+    assert service(FULL).temperature(body) == 1.0 and service(ARGMAX_ONLY).temperature(body) == 0.0
+    assert service(ARGMAX_ONLY).parse(b'{"model": "m", "prompt": "x", "temperature": 0}', CompletionBody)
+    with pytest.raises(OpenAIError) as e:
+        service(ARGMAX_ONLY).parse(b'{"model": "m", "prompt": "x", "temperature": 0.5}', CompletionBody)
+    assert e.value.status == 400 and e.value.param == "temperature" and "full verify logits" in e.value.message

@@ -15,6 +15,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+
 from serve_helpers import deployed, loaded_pair, make_pair, write_recipe
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
@@ -61,7 +62,8 @@ async def stream(url, inputs, cancel_after=None):
             resp = result.get_response()
             if resp.outputs:
                 deltas.append(result.as_numpy("text_output")[0].decode())
-                last = {o.name: result.as_numpy(o.name) if o.name == "acceptance_histogram" else result.as_numpy(o.name)[0]
+                last = {o.name: result.as_numpy(o.name) if o.name == "acceptance_histogram"
+                        else result.as_numpy(o.name)[0]
                         for o in resp.outputs}
                 if cancel_after is not None and len(deltas) >= cancel_after:
                     it.cancel()
@@ -90,6 +92,8 @@ def test_streaming_deltas_concatenate_to_the_reference_completion(served):
     assert last["finish_reason"] in (b"length", b"stop")
     assert last["rounds"] >= 1 and last["total_accepted_draft_tokens"] <= last["total_draft_tokens"]
     assert last["acceptance_length"] >= 1.0
+    # trtllm-serve's avg_decoded_tokens_per_iter: output tokens per iteration, the prefill one of them
+    assert last["avg_decoded_tokens_per_iter"] == pytest.approx(last["total_output_tokens"] / (last["rounds"] + 1))
     hist, accepted = last["acceptance_histogram"].tolist(), last["total_accepted_draft_tokens"]
     assert len(hist) == recipe.speculative.block_size and sum(hist) == last["rounds"]
     assert sum(j * n for j, n in enumerate(hist)) == accepted
@@ -181,6 +185,7 @@ def test_startup_failures_exit_with_the_reason(served, tmp_path):
         TritonServer(tmp_path / "repo", Endpoints.free()).start()
 
 
+@pytest.mark.slow
 def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
     make_pair(tmp_path)
     ports = free_ports(3)
@@ -202,21 +207,24 @@ def test_serve_command_prints_ready_and_stops_cleanly_on_sigterm(tmp_path):
     assert leftovers.strip() == "", "tritonserver left running"
 
 
-@pytest.mark.parametrize("http", [False, True], ids=["grpc", "http"])
-def test_sweep_command_against_the_server(served, tmp_path, http):
+@pytest.mark.parametrize("http", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["grpc", "http"])
+def test_sweep_command_against_the_server(served, tmp_path, http, capsys):
     recipe, server = served
+    from trtllm_dflash.cli import main
     from trtllm_dflash.sweep.server_metrics import settled, totals
 
     url = server.endpoints.http_url if http else server.endpoints.grpc_url
     metrics = f"http://127.0.0.1:{server.endpoints.metrics_port}/metrics"
     before = totals(settled(metrics, "dflash"), "dflash")
     # gRPC: the default curves (AR beside DFlash, each request naming its mode); HTTP: DFlash only.
-    cmd = [sys.executable, "-m", "trtllm_dflash", "sweep", str(recipe.file), "--url", url, "--out", str(tmp_path),
-           "--levels", "1,2", "--json"] + (["--http", "--modes", "dflash"] if http else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    # In this process: a subprocess would add its imports (about 5 s), not a check.
+    capsys.readouterr()
+    rc = main(["sweep", str(recipe.file), "--url", url, "--out", str(tmp_path), "--levels", "1,2", "--json"]
+              + (["--http", "--modes", "dflash"] if http else []))
+    out, err = capsys.readouterr()
+    assert rc == 0, err[-2000:]
     grew = totals(settled(metrics, "dflash"), "dflash").minus(before)
-    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    summary = json.loads(out[out.index("{"):])
     curves = {}
     for lv in summary["levels"]:
         curves.setdefault(lv["curve"], []).append(lv)
@@ -251,6 +259,7 @@ def row_prompt(recipe, row):
     return prompts[row["request_id"] % len(prompts)]
 
 
+@pytest.mark.slow
 def test_server_dies_with_a_killed_launcher(served):
     recipe, server = served
     port, grpc_port, metrics_port = free_ports(3)
@@ -265,10 +274,14 @@ def test_server_dies_with_a_killed_launcher(served):
     assert proc.stdout.readline().strip() == "up"
     proc.kill()  # no cleanup code runs in the launcher
     proc.wait()
+
+    def alive():
+        return subprocess.run(["pgrep", "-f", f"--http-port={port}"], capture_output=True).stdout
+
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and subprocess.run(["pgrep", "-f", f"--http-port={port}"], capture_output=True).stdout:
+    while time.monotonic() < deadline and alive():
         time.sleep(0.5)
-    assert not subprocess.run(["pgrep", "-f", f"--http-port={port}"], capture_output=True).stdout, "server outlived its launcher"
+    assert not alive(), "server outlived its launcher"
 
 
 def test_metrics_port_counts_drafted_and_accepted_tokens(served):

@@ -30,6 +30,7 @@ def test_rounds_become_counters_and_per_position_acceptance():
     # Round 2: one request drafted 3, committed 3 (2 accepted); an AR round of two requests.
     m.round("dflash", [3], [3], 0.01, 0.02)
     m.round("ar", [0, 0], [1, 1], 0.0, 0.01)
+    m.flush()  # counters are summed between flushes (SpecMetrics.flush_s, and when the engine goes idle)
     s = _exported(ins)
     t = totals(s, "dflash", "dflash")
     assert (t.drafted, t.accepted, t.rounds) == (11, 3 + 0 + 1 + 2, 4)
@@ -57,6 +58,7 @@ def test_ddtree_rounds_count_positions_along_the_accepted_path():
     m = SpecMetrics(ins, "dflash")
     # Two requests, trees of 12 and 2 nodes over 7 drafter slots (depth at most 7 and 2); accepted paths 3 and 2.
     m.round("ddtree", [12, 2], [4, 3], 0.01, 0.02, depths=[7, 2])
+    m.flush()
     t = totals(_exported(ins), "dflash", "ddtree")
     assert (t.drafted, t.accepted, t.rounds) == (14, 5, 2)
     assert t.drafted_per_pos == {1: 2, 2: 2, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1}
@@ -64,9 +66,36 @@ def test_ddtree_rounds_count_positions_along_the_accepted_path():
     assert t.per_position() == pytest.approx([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
 
 
+def test_counters_reach_the_instruments_at_most_flush_s_late():
+    """A round's counter increments are summed and handed over once flush_s has passed since the
+    last hand-over (the engine also flushes when it goes idle): a few instrument calls a round."""
+    calls = []
+
+    class Recording:
+        def add(self, metric, labels, value):
+            calls.append(("add", metric.name, dict(labels), value))
+
+        def observe(self, metric, labels, value):
+            calls.append(("observe", metric.name))
+
+    m = SpecMetrics(Recording(), "m", flush_s=3600)
+    for _ in range(5):
+        m.round("dflash", [3, 3], [4, 2], 0.01, 0.02)
+    assert {c[0] for c in calls} == {"observe"}  # histograms as they come, counters held
+    m.flush()
+    adds = {(name, labels.get("position")): v for kind, name, labels, v in [c for c in calls if c[0] == "add"]}
+    assert adds[("dflash_spec_decode_draft_tokens_total", None)] == 30
+    assert adds[("dflash_spec_decode_accepted_tokens_per_pos_total", "1")] == 10
+    m.flush_s = 0.0
+    m.round("dflash", [1], [2], 0.01, 0.02)
+    assert calls[-1][0] == "add"  # due: handed over with the round
+
+
 def test_every_defined_metric_is_exported_under_its_one_name():
     ins = PrometheusInstruments()
-    SpecMetrics(ins, "m").round("dflash", [2], [2], 0.001, 0.002)
+    m = SpecMetrics(ins, "m")
+    m.round("dflash", [2], [2], 0.001, 0.002)
+    m.flush()
     s = _exported(ins)
     for metric in METRICS:
         name = metric.name if metric.kind == COUNTER else metric.name + "_count"
@@ -113,7 +142,8 @@ def _schema_problems(obj, data, path: str, out: list) -> None:
         out += [f"{path}: missing {k}" for k in sorted(missing)]
     elif hasattr(obj, "to_json") and isinstance(data, dict):
         full = obj.to_json()
-        out += [f"{path}: missing {k} (required by {type(obj).__name__})" for k in sorted(set(type(obj)().to_json()) - set(data))]
+        out += [f"{path}: missing {k} (required by {type(obj).__name__})"
+                for k in sorted(set(type(obj)().to_json()) - set(data))]
         out += [f"{path}: unknown {k} ({type(obj).__name__} has no such field)" for k in sorted(set(data) - set(full))]
         for k, v in full.items():
             if k in data:

@@ -10,6 +10,7 @@ import pytest
 from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.launch import server as launch
+from trtllm_dflash.launch.stub_python import stub_interpreter
 
 
 def _fake_numpy(directory: Path, version: str) -> Path:
@@ -21,7 +22,7 @@ def _fake_numpy(directory: Path, version: str) -> Path:
 
 def test_overlay_puts_its_numpy_first_and_keeps_this_environment(tmp_path):
     numpy1 = _fake_numpy(tmp_path / "np1", "1.26.4")
-    bindir = launch.stub_interpreter(tmp_path / "overlay", numpy1)
+    bindir = stub_interpreter(tmp_path / "overlay", numpy1)
     # The overlay's python3 is this interpreter; its numpy is the overlay's; our package still imports.
     code = "import numpy, trtllm_dflash, sys; print(numpy.__version__); print(trtllm_dflash.__file__)"
     out = subprocess.run([str(bindir / "python3"), "-c", code], capture_output=True, text=True, check=True).stdout
@@ -38,7 +39,7 @@ def test_overlay_without_a_numpy_1_is_one_line_naming_the_fix(tmp_path, found):
         _fake_numpy(numpy1 / "x", found)
         numpy1 = numpy1 / "x"
     with pytest.raises(UserError) as e:
-        launch.stub_interpreter(tmp_path / "overlay", numpy1)
+        stub_interpreter(tmp_path / "overlay", numpy1)
     msg = str(e.value)
     assert "\n" not in msg and "-m pip install --no-deps --target" in msg and str(numpy1) in msg
     assert (f"has numpy {found}" if found else "has no numpy") in msg

@@ -13,12 +13,15 @@ import urllib.error
 import urllib.request
 
 import pytest
+
 from serve_helpers import served_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
+# Two rank processes behind tritonserver: with the slow tests (tp = 2 in the default run:
+# tests/runtime/test_engine_runners.py's emulated engine).
+pytestmark = pytest.mark.slow
 
 from test_server import reference_text, request, stream  # noqa: E402
-
 
 PROMPTS = [f"def f{i}(x):\n    return x * {i} + {'xyz'[i % 3]}" for i in range(12)]
 

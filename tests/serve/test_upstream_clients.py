@@ -1,6 +1,11 @@
-"""tensorrtllm_backend's own client scripts, unmodified (v0.19.0, vendored under tests/upstream/
-with its licence), run as subprocesses against `ensemble`, `tensorrt_llm_bls` and `tensorrt_llm`
-of ONE served deployment (the tiny pair on nvidia-pytriton's CPU tritonserver).
+"""tensorrtllm_backend's own client scripts, unmodified, from a checkout the user names
+($TRTLLM_DFLASH_TENSORRTLLM_BACKEND: a clone of triton-inference-server/tensorrtllm_backend, e.g.
+tag v0.19.0, or of NVIDIA/TensorRT-LLM, whose triton_backend/ holds the same scripts; skipped
+without it), run as subprocesses against `ensemble`, `tensorrt_llm_bls` and `tensorrt_llm` of ONE
+served deployment (the tiny pair on nvidia-pytriton's CPU tritonserver). The repository carries
+none of upstream's code (docs/migrate-from-tensorrtllm-backend.md); what these cases send and how
+the scripts check the replies is recorded as data (client_wire.yaml) and run without a checkout
+by test_client_wire.py, which fails when a case of this file's CASES is not recorded.
 
 Each case uses the flags the scripts and tensorrtllm_backend's README document, and checks the
 answer with the script's own checker (`--check-outputs --expected-outputs` of
@@ -15,18 +20,40 @@ is `-n 1`, which the script sends on the streaming API with streaming false.
 """
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from serve_helpers import loaded_pair
 
 pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) for its bundled tritonserver")
 pytest.importorskip("tritonclient.grpc")
 
-CLIENTS = Path(__file__).resolve().parents[1] / "upstream" / "tensorrtllm_backend" / "inflight_batcher_llm" / "client"
+CHECKOUT_VAR = "TRTLLM_DFLASH_TENSORRTLLM_BACKEND"
+
+
+def client_dir() -> Path | None:
+    """inflight_batcher_llm/client of the named checkout (tensorrtllm_backend's layout, or
+    TensorRT-LLM's triton_backend/), None when the variable is unset."""
+    root = os.environ.get(CHECKOUT_VAR)
+    if not root:
+        return None
+    for sub in ("inflight_batcher_llm/client", "triton_backend/inflight_batcher_llm/client"):
+        if (Path(root) / sub / "end_to_end_grpc_client.py").is_file():
+            return Path(root) / sub
+    raise pytest.UsageError(f"{CHECKOUT_VAR}={root}: no inflight_batcher_llm/client/end_to_end_grpc_client.py there "
+                            "(a tensorrtllm_backend or TensorRT-LLM checkout)")
+
+
+CLIENTS = client_dir()
+if CLIENTS is None:
+    pytest.skip(f"tensorrtllm_backend's client scripts run from a checkout: set {CHECKOUT_VAR} to a clone of "
+                "triton-inference-server/tensorrtllm_backend (docs/migrate-from-tensorrtllm-backend.md)",
+                allow_module_level=True)
 PROMPT = "def area(r):\n    return"
 BATCH = ["This is a test", "I want you to", "The cat is"]  # the README's --batch-inputs example
 TEXT_MODELS = ("ensemble", "tensorrt_llm_bls")
@@ -49,7 +76,8 @@ def word(tok, ids, skip=()):
     """A token of `ids` that is a word of its own: its text tokenizes back to it alone."""
     for t in ids:
         text = tok.decode([t])
-        if t not in skip and text.strip() and "\ufffd" not in text and tok.encode(text, add_special_tokens=False) == [t]:
+        if (t not in skip and text.strip() and "\ufffd" not in text
+                and tok.encode(text, add_special_tokens=False) == [t]):
             return t, text
     raise AssertionError(f"no round-tripping token in {ids}")
 
@@ -91,7 +119,8 @@ def text_cases(url, pair, ids):
             f"{m} streaming": (e2e(url, m, "-S", "-o", str(N), "-p", PROMPT, *checked([text(plain)])), ok),
             f"{m} offline, log-probs": (e2e(url, m, "-o", str(N), "-p", PROMPT, "--return-log-probs",
                                             *checked([text(plain)])), lambda rc, out: ok(rc, out) and logprobs in out),
-            f"{m} batch inputs": (e2e(url, m, "-o", "5", "-p", json.dumps(BATCH), "--batch-inputs", *checked(batch)), ok),
+            f"{m} batch inputs": (e2e(url, m, "-o", "5", "-p", json.dumps(BATCH), "--batch-inputs", *checked(batch)),
+                                  ok),
             f"{m} stop and bad words": (e2e(url, m, "-o", "12", "-p", PROMPT, "--stop-words", stop, "--bad-words", bad,
                                             *checked([text(stopped)])), ok),
             f"{m} end and pad ids": (e2e(url, m, "-o", str(N), "-p", PROMPT, "--end-id", str(end_id), "--pad-id", "0",
@@ -118,7 +147,8 @@ def ids_cases(url, pair, ids, tmp: Path, tokenizer_dir):
         "tensorrt_llm streaming, log-probs": (
             ifb(url, "-S", *common, "--return-log-probs", "--output-tokens-csv", csv("out.csv", ids + plain)),
             lambda rc, out: passed(rc, out) and "cum_log_probs:" in out),
-        "tensorrt_llm offline (-n 1)": (ifb(url, "-n", "1", *common, "--output-tokens-csv", csv("out1.csv", ids + plain)),
+        "tensorrt_llm offline (-n 1)": (ifb(url, "-n", "1", *common, "--output-tokens-csv",
+                                            csv("out1.csv", ids + plain)),
                                         passed),
         "tensorrt_llm end and pad ids, exclude input": (
             ifb(url, "-S", "--input-tokens-csv", csv("in.csv", ids), "--end-id", str(end_id), "--pad-id", "7",

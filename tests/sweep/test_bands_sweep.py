@@ -19,6 +19,7 @@ OFF_ABOVE_1 = ["speculative.draft_len=[{max_concurrency: 1, draft_len: 15}, {max
                "sweep.warmup_requests=0", "sweep.output_len=20"]
 
 
+@pytest.mark.slow
 def test_bands_that_turn_speculation_off_above_concurrency_1(tmp_path):
     from transformers import AutoTokenizer
 

@@ -72,12 +72,13 @@ def test_speculative_decoding_gives_rounds_and_the_requests_acceptance():
 
 
 def test_a_curves_mode_and_draft_len_go_out_as_our_extension_and_must_come_back():
-    spec = {**SPEC, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0, "acceptance_histogram": [2]}
-    s = _Session(200, [{**chunk("abc", "length", speculative_decoding=spec), "dflash": {"mode": "ar", "draft_len": 0}},
-                       "data: [DONE]"])
+    # AR: nothing drafted, so no speculative_decoding object (PR #19311); passes from the acceptance length
+    s = _Session(200, [{**chunk("abc", "length", avg_decoded_tokens_per_iter=1.0),
+                        "dflash": {"mode": "ar", "draft_len": 0}},
+                       {"choices": [], "usage": {"completion_tokens": 3}}, "data: [DONE]"])
     r = record(s, {"mode": "ar", "draft_len": 0})
     assert s.sent[1]["dflash"] == {"mode": "ar", "draft_len": 0} and r.error is None and r.rounds == 2
-    assert r.drafted == 0 and r.accepted == 0
+    assert r.drafted == 0 and r.accepted is None and r.acceptance_source is None and request_tau(r) == 1.0
     # A server that ignores the extension (another OpenAI-compatible server) fails the request, named.
     r = record(_Session(200, [chunk("abc", "length"), "data: [DONE]"]), {"mode": "ar"})
     assert "did not decode mode 'ar'" in r.error and not r.ok
@@ -89,7 +90,8 @@ def test_a_curves_mode_and_draft_len_go_out_as_our_extension_and_must_come_back(
 
 def test_plain_servers_count_chunks_and_take_the_usage_total():
     # e.g. vLLM: one chunk of text may carry several tokens; only usage says how many.
-    r = record(_Session(200, [chunk("ab"), chunk("c"), chunk("", "stop"), {"choices": [], "usage": {"completion_tokens": 5}},
+    r = record(_Session(200,
+                        [chunk("ab"), chunk("c"), chunk("", "stop"), {"choices": [], "usage": {"completion_tokens": 5}},
                               "data: [DONE]"]))
     assert r.output_tokens == 5 and len(r.chunk_ns) == 2 and r.chunk_tokens[-1] == 4
     assert r.rounds == 0 and request_tau(r) is None and r.accepted is None and r.acceptance_source is None
@@ -113,3 +115,59 @@ def test_errors_fail_the_request_not_the_sweep():
 
 def test_url_forms():
     assert openai_base("127.0.0.1:8000") == openai_base("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+
+
+def test_passes_come_from_the_acceptance_length_and_tree_nodes_from_our_extension():
+    """PR #19311's num_spec_steps leaves out the passes that drafted nothing (a policy's 0);
+    avg_decoded_tokens_per_iter counts every pass, so the sweep's tau divides by all of them.
+    A DDTree request's drafts verified are its tree nodes (our `dflash.tree_draft_tokens`)."""
+    spec = {**SPEC, "total_draft_tokens": 4}  # 2 steps drafted, along the tree's path: 4 deep
+    final = {**chunk("ef", "length", speculative_decoding=spec, avg_decoded_tokens_per_iter=1.5),
+             "dflash": {"mode": "ddtree", "draft_len": None, "tree_draft_tokens": 40}}
+    usage = {"choices": [], "usage": {"completion_tokens": 6}}
+    r = record(_Session(200, [chunk("abcd"), final, usage, "data: [DONE]"]))
+    assert r.rounds == 3 and (r.drafted, r.accepted) == (40, 3) and request_tau(r) == 2.0
+
+
+def test_behind_dynamo_the_curve_goes_in_annotations_and_acceptance_comes_in_engine_data():
+    """Dynamo's frontend refuses the extension `dflash`: a curve's mode goes as nvext.annotations,
+    and the worker's objects come back in nvext.engine_data on the final chunk (serve/dynamo.py)."""
+    data = {"speculative_decoding": SPEC, "avg_decoded_tokens_per_iter": 2.0,
+            "dflash": {"mode": "ar", "draft_len": None}}
+    s = _Session(200, [chunk("ab"), {**chunk("cdef", "length"), "nvext": {"engine_data": data}},
+                       {"choices": [], "usage": {"completion_tokens": 6}}, "data: [DONE]"])
+    rec = RequestRecord(request_id=0, concurrency=1, start_ns=0)
+    r = asyncio.run(_consume(rec, openai_events(s, "127.0.0.1:9", "m", "p", 8, 3, 0.0, {"mode": "ar"}, dynamo=True)))
+    body = s.sent[1]
+    assert "dflash" not in body
+    assert body["nvext"] == {"extra_fields": ["engine_data"], "annotations": ["dflash.mode=ar"]}
+    assert r.error is None and r.rounds == 2 and (r.drafted, r.accepted) == (6, 3)
+    assert r.acceptance_source == "nvext.engine_data"
+
+
+def test_dynamo_is_found_by_its_health_route(monkeypatch):
+    import io as _io
+    import urllib.request
+
+    from trtllm_dflash.sweep.protocols import is_dynamo
+
+    answers = {"dynamo": b'{"status": "healthy", "endpoints": ["dyn://dynamo.backend.generate"], "instances": []}',
+               "ours": b'{"status": "ok", "running": 0, "queued": 0, "ended": {}}', "plain": b""}
+    def urlopen(url, timeout):
+        return _io.BytesIO(answers[url.split("//")[1].split(":")[0]])
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    assert [is_dynamo(f"{k}:8000") for k in answers] == [True, False, False]
+
+
+def test_behind_dynamo_ar_beside_dflash_only_over_our_worker():
+    """Our worker (reference backend) takes each request's mode through nvext.annotations, so a
+    sweep behind Dynamo measures AR beside DFlash; Dynamo's stock TensorRT-LLM workers (pytorch
+    backend) do not, so there the sweep measures the deployment's own mode, as for trtllm-serve."""
+    from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.sweep.stage import default_modes
+
+    ours, pytorch = load_recipe(None), load_recipe("recipes/hopper/h200-qwen3-coder-30b-a3b-fp8.yaml")
+    assert default_modes(ours, "openai", dynamo=True)[:2] == ["ar", "dflash"]
+    assert default_modes(ours, "openai", dynamo=False) == ["ddtree" if ours.speculative.ddtree_budget else "dflash"]
+    assert default_modes(pytorch, "openai", dynamo=True) == ["dflash"]

@@ -58,7 +58,8 @@ class _Session:
     @property
     def content(self):
         async def lines():
-            yield ("data: " + json.dumps({"text_output": "x", "output_token_count": 1, "finish_reason": "length"})).encode()
+            yield ("data: " + json.dumps({"text_output": "x", "output_token_count": 1,
+                                          "finish_reason": "length"})).encode()
         return lines()
 
     async def close(self):

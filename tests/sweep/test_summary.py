@@ -23,7 +23,8 @@ from trtllm_dflash.sweep.tune import best_bands, set_argument, tune_summary, wri
 
 def level(c, gap_ms, tokens=(1, 5, 5), curve="dflash", rounds=3, start=0):
     """c requests with chunks every gap_ms: tokens/s/user = (sum(tokens) - 1) / (2 gap)."""
-    recs = [rec(i, start=start + i * MS, chunks=tuple((20 + k * gap_ms, n) for k, n in enumerate(tokens)), rounds=rounds,
+    recs = [rec(i, start=start + i * MS, chunks=tuple((20 + k * gap_ms, n) for k, n in enumerate(tokens)),
+                rounds=rounds,
                 curve=curve) for i in range(c)]
     return summarize_level(recs, c, gpus=1, curve=curve, mode=curve)
 
@@ -38,7 +39,8 @@ def test_summary_has_every_curve_its_front_and_the_headline(tmp_path):
     rows = sweep_rows()
     summary = files.write(tmp_path, rows, [], "synthetic")
     levels = json.loads((tmp_path / "summary.json").read_text())
-    assert levels == json.loads(json.dumps(summary["levels"])) and [r["curve"] for r in levels] == ["ar"] * 3 + ["dflash"] * 3
+    assert levels == json.loads(json.dumps(summary["levels"]))
+    assert [r["curve"] for r in levels] == ["ar"] * 3 + ["dflash"] * 3
     assert all(r["on_front"] for r in levels) and all("vs_ar" in r for r in levels[3:]) and "vs_ar" not in levels[0]
     head = json.loads((tmp_path / "headline.json").read_text())
     assert head["fronts"] == {"ar": [1, 2, 4], "dflash": [1, 2, 4]} and head == {k: summary[k] for k in head}

@@ -19,7 +19,6 @@ pytest.importorskip("pytriton", reason="needs nvidia-pytriton (the serve extra) 
 pytest.importorskip("fastapi", reason="needs fastapi + uvicorn (the serve extra)")
 
 from serve_helpers import start_openai_server, stop_server  # noqa: E402
-
 from trtllm_dflash.deploy.settings import REPOSITORY  # noqa: E402
 from trtllm_dflash.launch.server import Endpoints, TritonServer, free_port, free_ports  # noqa: E402
 from trtllm_dflash.pipeline import run  # noqa: E402
@@ -64,6 +63,7 @@ def rows(out):
                   key=lambda r: (r["concurrency"], r["request_id"]))
 
 
+@pytest.mark.slow
 def test_openai_sweep_gives_the_tokens_and_tau_of_the_triton_sweep(both, tmp_path):
     recipe, root, triton, openai_url = both
     # The deployment's own mode (DDTree: the embedded default has a budget) on both APIs.
@@ -113,18 +113,23 @@ def test_sweep_command_with_api_openai(both, tmp_path):
     assert r.returncode == 0 and json.loads((tmp_path / "manifest.json").read_text())["extra"]["model"] == "dflash"
 
 
-def test_sweep_refuses_an_unknown_model_and_a_wrong_api(both, tmp_path, capsys):
+@pytest.mark.slow
+def test_sweep_fails_the_requests_for_a_model_the_server_does_not_serve(both, tmp_path):
     from trtllm_dflash.cli import main
 
     recipe, root, triton, openai_url = both
-    base = ["sweep", "--out", str(tmp_path), "--levels", "1"]
     # A model the server does not serve fails every request with the server's error, not the sweep.
-    assert main(base + ["--url", openai_url, "--api", "openai", "--model", "other", "--set", "sweep.min_requests=1",
-                        "--set", "sweep.warmup_requests=0"]) == 1
+    assert main(["sweep", "--out", str(tmp_path), "--levels", "1", "--url", openai_url, "--api", "openai",
+                 "--model", "other", "--set", "sweep.min_requests=1", "--set", "sweep.warmup_requests=0"]) == 1
     failed = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert failed and all("HTTP 404: model: 'other' does not exist" in row["error"] for row in failed)
-    capsys.readouterr()
+
+
+def test_sweep_refuses_no_server_and_a_wrong_api(tmp_path, capsys):
+    from trtllm_dflash.cli import main
+
+    base = ["sweep", "--out", str(tmp_path), "--levels", "1"]
     assert main(base + ["--url", f"127.0.0.1:{free_port()}", "--api", "openai"]) == 2
     assert "no OpenAI-compatible server answers GET /v1/models" in capsys.readouterr().err
-    assert main(base + ["--url", openai_url, "--api", "openai", "--http"]) == 2
+    assert main(base + ["--url", f"127.0.0.1:{free_port()}", "--api", "openai", "--http"]) == 2
     assert "--http: only with --api triton" in capsys.readouterr().err

@@ -1,11 +1,11 @@
 """Per-request acceptance of a TensorRT-LLM deployment (sweep/trtllm_acceptance.py), on CPU, from
-records in upstream's formats: trtllm-serve's GET /perf_metrics answer (serve/openai_server.py
-`get_perf_metrics`) and the DFlash acceptance recorder's rank file
-(tensorrt_llm/_torch/speculative/accept_stats.py `DFlashAcceptStatsRecorder.snapshot`)."""
+records in upstream's formats: trtllm-serve's per-request metrics JSONL in both record shapes
+(tensorrt_llm/serve/_perf_metrics_schema.py WorkerPerfMetricsRecord @4856bb73; perf_metrics.py
+build_request_metrics_record @67f52074) and the DFlash acceptance recorder's rank file
+(tensorrt_llm/_torch/speculative/accept_stats.py `DFlashAcceptStatsRecorder.snapshot`). PR #19311's
+per-choice object is read from the responses (tests/sweep/test_loadgen_openai.py)."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -25,9 +25,9 @@ from trtllm_dflash.sweep.trtllm_acceptance import (
 QWEN = "recipes/hopper/h200-qwen3-coder-30b-a3b-fp8.yaml"
 
 
-def perf_entry(request_id, first_iter, last_iter, accepted=None, drafted=None):
-    """One entry of trtllm-serve's /perf_metrics list, as get_perf_metrics serializes it (the
-    speculative_decoding key only when the request drafted)."""
+def perf_entry(request_id, first_iter, last_iter, accepted=None, drafted=None, phases=False):
+    """One per-request metrics record (the speculative_decoding key only when the request drafted):
+    WorkerPerfMetricsRecord, or with `phases` the schema_version 1 record."""
     metrics = {"first_iter": first_iter, "last_iter": last_iter,
                "timing_metrics": {"server_arrival_time": 1.0, "arrival_time": 1.0, "first_scheduled_time": 1.1,
                                   "first_token_time": 1.2, "server_first_token_time": 1.2, "last_token_time": 2.0},
@@ -36,7 +36,9 @@ def perf_entry(request_id, first_iter, last_iter, accepted=None, drafted=None):
     if drafted:
         metrics["speculative_decoding"] = {"acceptance_rate": accepted / drafted,
                                            "total_accepted_draft_tokens": accepted, "total_draft_tokens": drafted}
-    return {"request_id": request_id, "perf_metrics": metrics, "server_arrival_time": None}
+    if phases:
+        return {"schema_version": 1, "request_id": str(request_id), "status": "complete", "phases": {"server": metrics}}
+    return {"request_id": request_id, "perf_metrics": metrics, "status": "complete"}
 
 
 def snapshot(per_request: dict, max_draft_len=7) -> dict:
@@ -49,14 +51,13 @@ def snapshot(per_request: dict, max_draft_len=7) -> dict:
                                        "accepted": [[0] * 20] * max_draft_len}}
 
 
-def test_perf_metrics_give_each_drafting_requests_passes_and_acceptance():
-    entries = [perf_entry(11, 3, 13, accepted=25, drafted=70), perf_entry(12, 4, 24, accepted=10, drafted=140),
-               perf_entry(13, 5, 9)]  # no speculative_decoding: it drafted nothing
+@pytest.mark.parametrize("phases", [False, True], ids=["worker-record", "schema-v1"])
+def test_perf_metrics_give_each_drafting_requests_passes_and_acceptance(phases):
+    entries = [perf_entry(11, 3, 13, 25, 70, phases), perf_entry(12, 4, 24, 10, 140, phases),
+               perf_entry(13, 5, 9, phases=phases)]  # no speculative_decoding: it drafted nothing
     reqs = from_perf_metrics(json.loads(json.dumps(entries)))
     assert reqs == [ServerRequest(10, 25, 70), ServerRequest(20, 10, 140)]
     assert [r.tau for r in reqs] == pytest.approx([3.5, 1.5])
-    with pytest.raises(UserError, match="/perf_metrics: expected a JSON list"):
-        from_perf_metrics({"error": "x"})
 
 
 def test_accept_stats_give_what_each_request_did_between_two_snapshots(tmp_path):
@@ -74,35 +75,29 @@ def test_accept_stats_give_what_each_request_did_between_two_snapshots(tmp_path)
 
 
 def test_server_acceptance_reads_a_level_from_either_source(tmp_path):
-    # /perf_metrics is drained on read: start() discards what came before the level.
-    answers = [[perf_entry(1, 0, 5, 4, 35)], [perf_entry(2, 1, 5, 8, 28), perf_entry(3, 1, 3, 0, 14)]]
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            assert self.path == "/perf_metrics"
-            body = json.dumps(answers.pop(0)).encode()
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        server = ServerAcceptance("perf_metrics", base_url=f"http://127.0.0.1:{httpd.server_port}")
-        server.start()
-        assert server.level() == [ServerRequest(4, 8, 28), ServerRequest(2, 0, 14)] and not answers
-    finally:
-        httpd.shutdown()
+    # trtllm-serve appends to one JSONL per server process; a level is what was appended during it
+    jsonl = tmp_path / "perf_metrics"
+    jsonl.mkdir()
+    f = jsonl / "perf_metrics-server-host-123-20261201T000000Z.jsonl"
+    f.write_text(json.dumps(perf_entry(1, 0, 5, 4, 35)) + "\n")
+    server = ServerAcceptance("perf_metrics_jsonl", jsonl)
+    server.start()
+    with f.open("a") as out:
+        out.write(json.dumps(perf_entry(2, 1, 5, 8, 28)) + "\n" + json.dumps(perf_entry(3, 1, 3, 0, 14, True)) + "\n")
+        out.write('{"request_id": "4", "perf')  # still being written: left for the next read
+    second = jsonl / "perf_metrics-server-host-124-20261201T000001Z.jsonl"
+    second.write_text(json.dumps(perf_entry(5, 0, 2, 2, 7)) + "\n")
+    assert server.level() == [ServerRequest(4, 8, 28), ServerRequest(2, 0, 14), ServerRequest(2, 2, 7)]
+    f.write_text("not json\n")
+    with pytest.raises(UserError, match="record 1 after the level's start is not JSON"):
+        ServerAcceptance("perf_metrics_jsonl", jsonl).level()
     (tmp_path / ACCEPT_STATS_FILE).write_text(json.dumps(snapshot({1: (3, 3)})))
-    server = ServerAcceptance("accept_stats", stats_dir=tmp_path)
+    server = ServerAcceptance("accept_stats", tmp_path)
     server.start()
     (tmp_path / ACCEPT_STATS_FILE).write_text(json.dumps(snapshot({1: (3, 3), 2: (4, 4)})))
     assert server.level() == [ServerRequest(4, 4)]
-    with pytest.raises(UserError, match="cannot read the server's per-request metrics"):
-        ServerAcceptance("perf_metrics", base_url="http://127.0.0.1:9").start()
+    with pytest.raises(ValueError, match="the server's responses carry it"):
+        ServerAcceptance("speculative_decoding", tmp_path)
 
 
 def test_a_level_without_acceptance_in_its_responses_takes_the_servers():
@@ -116,31 +111,44 @@ def test_a_level_without_acceptance_in_its_responses_takes_the_servers():
     # responses that carried their own acceptance keep it
     own = summarize_level([RequestRecord(0, 1, 0, [10], [3], end_ns=10, rounds=1, accepted=1,
                                          acceptance_source="response")], 1, 1)
-    assert with_server_requests(own, [ServerRequest(1, 0)], "perf_metrics") is own
+    assert with_server_requests(own, [ServerRequest(1, 0)], "perf_metrics_jsonl") is own
 
 
-@pytest.mark.parametrize("version,source", [("1.3.0rc27", "perf_metrics"), ("1.3.0rc24", "accept_stats")])
+@pytest.mark.parametrize("version,source", [("1.4.0rc1", "speculative_decoding"), ("1.3.0rc29", "perf_metrics_jsonl"),
+                                            ("1.3.0rc24", "accept_stats")])
 def test_the_version_picks_the_source_and_deploy_writes_what_it_needs(tmp_path, version, source):
-    """1.3.0rc25 on (PR #17082) fills DFlash's per-request metrics: trtllm-serve keeps them for
-    /perf_metrics; before it the launch lines switch TensorRT-LLM's acceptance recorder on."""
+    """Each release's own surface: PR #19311's per-choice object (1.4.0rc1 on: the strict opt-in
+    key written only there), the metrics JSONL (PR #16668, 1.3.0rc25 on, with PR #17082's DFlash
+    counts), the acceptance recorder's files before them. GET /perf_metrics and the deprecated
+    perf_metrics_max_requests are never written."""
     from trtllm_dflash.deploy.llmapi import extra_llm_api_options, trtllm_serve_commands
+    from trtllm_dflash.recipe.trtllm_api import acceptance_source
     from trtllm_dflash.sweep.stage import server_acceptance
 
+    assert acceptance_source(version) == source
     recipe = load_recipe(QWEN, [f"backend.trtllm_version={version}"])
     deploy_dir = tmp_path / "deploy"
+    serve_dir = deploy_dir / "trtllm_serve"
     server = server_acceptance(recipe, "127.0.0.1:8000", "openai", deploy_dir)
-    assert server.source == source
-    options = extra_llm_api_options(recipe, tmp_path / "quantize")
-    commands = trtllm_serve_commands(recipe, tmp_path / "quantize", deploy_dir / "trtllm_serve" / "options.yaml")
-    stats_dir = deploy_dir / "trtllm_serve" / "accept_stats"
-    env = ["env", f"TLLM_DFLASH_ACCEPT_STATS_DIR={stats_dir}", "TLLM_DFLASH_ACCEPT_STATS_FLUSH_EVERY=1"]
-    if source == "perf_metrics":
-        assert server.base_url == "http://127.0.0.1:8000" and options["perf_metrics_max_requests"] > 0
-        assert all("env" not in cmd for cmd in commands.values())
+    options = extra_llm_api_options(recipe, tmp_path / "quantize", serve_dir)
+    commands = trtllm_serve_commands(recipe, tmp_path / "quantize", serve_dir / "options.yaml")
+    env = ["env", f"TLLM_DFLASH_ACCEPT_STATS_DIR={serve_dir / 'accept_stats'}",
+           "TLLM_DFLASH_ACCEPT_STATS_FLUSH_EVERY=1"]
+    assert "perf_metrics_max_requests" not in options
+    assert options.get("per_request_spec_decode_stats") is (True if source == "speculative_decoding" else None)
+    assert ("perf_metrics_output_dir" in options) is (source != "accept_stats")
+    if source == "speculative_decoding":
+        assert server is None  # the responses carry it: the load generator reads them
+    elif source == "perf_metrics_jsonl":
+        assert server.directory == serve_dir / "perf_metrics" == tmp_path / "deploy" / "trtllm_serve" / "perf_metrics"
+        assert options["perf_metrics_output_dir"] == str((serve_dir / "perf_metrics").resolve())
     else:
-        assert server.stats_dir == stats_dir and "perf_metrics_max_requests" not in options
+        assert server.directory == serve_dir / "accept_stats"
+    if source == "accept_stats":
         assert commands["single_node"][:3] == env
         for name in ("mpirun", "srun"):  # every rank's environment: before the per-rank launcher
             cmd = commands[name]
             assert cmd[cmd.index("trtllm-llmapi-launch") - 3:cmd.index("trtllm-llmapi-launch")] == env
+    else:
+        assert all("env" not in cmd for cmd in commands.values())
     assert server_acceptance(recipe, "127.0.0.1:8000", "grpc", deploy_dir) is None  # Triton: the responses say

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtllm_dflash.prompts.sources import heldout_token_prompts as heldout_prompts
 from trtllm_dflash.perf.bench_quant import shipped_pair
+from trtllm_dflash.policy.decision import Drafts
+from trtllm_dflash.prompts.sources import heldout_token_prompts as heldout_prompts
 from trtllm_dflash.reference import generate, load_pair, pooled_tau
 
 BUDGET_BYTES = 25 * 1000 * 1000  # the issue's limit for everything shipped under assets/tiny-pystd
@@ -47,6 +48,7 @@ def test_assets_fit_the_size_budget(dirs):
         assert (root / part / "config.json").is_file() and (root / part / "model.safetensors").is_file(), part
 
 
+@pytest.mark.slow
 def test_shipped_drafter_accepts_and_stays_lossless(dirs):
     target, drafter = load_pair(*dirs, torch.float32)
     prompts = heldout_prompts(dirs[0], 16, 64)
@@ -66,6 +68,7 @@ def test_ar_draft_is_an_hf_model_for_the_same_vocabulary(dirs):
     assert draft_cfg.num_hidden_layers < target_cfg.num_hidden_layers
 
 
+@pytest.mark.slow
 def test_shipped_dflash2_drafter_accepts_and_stays_lossless_with_joins_and_cancels(dirs):
     """The DFlash2 drafter beside the DFlash one: a batch whose requests join and leave between
     rounds decodes every request to its AR output, with tau above the DFlash drafter's floor."""
@@ -102,7 +105,6 @@ def test_shipped_dflash2_sampling_keeps_the_target_distribution(dirs):
     cancelled a round later) follow the target's exact joint distribution (chi-square at alpha
     1e-3; sampling_stats enumerates the 64-sequence support)."""
     from sampling_stats import chi_square_p, exact_joint
-
     from trtllm_dflash.reference import SamplingParams
     from trtllm_dflash.reference.generate import Decoder
 
@@ -128,6 +130,7 @@ def test_shipped_dflash2_sampling_keeps_the_target_distribution(dirs):
     assert p > 1e-3, f"chi-square rejects the target distribution: p = {p:.2e}"
 
 
+@pytest.mark.slow
 def test_drafting_resumes_at_full_acceptance_after_rounds_without_drafts(dirs):
     """TensorRT-LLM PR #16888: rounds that skipped the drafter left its state stale, and
     acceptance collapsed once drafting resumed. Our loop queues those rounds' target features
@@ -156,6 +159,6 @@ def test_drafting_resumes_at_full_acceptance_after_rounds_without_drafts(dirs):
                 done[seq] += len(t)
         return tokens / rounds
 
-    always = tau_after_32_tokens(lambda r: 15)
-    resumed = tau_after_32_tokens(lambda r: 0 if r < 32 else 15)
+    always = tau_after_32_tokens(lambda r: Drafts.of(15))
+    resumed = tau_after_32_tokens(lambda r: Drafts.of(0 if r < 32 else 15))
     assert always > 2.0 and resumed >= 0.9 * always, (always, resumed)

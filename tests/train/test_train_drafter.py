@@ -60,7 +60,8 @@ DFLASH2 = dict(variant="dflash2", conv_kernel_size=2, conv_group_size=16, select
 
 
 @pytest.mark.parametrize("layer_kw,shape_kw", [({}, {}), ({"causal": (True, True)}, {}), (SLIDING_CAUSAL, {}),
-                                               ({}, DFLASH2), ({"input_embedding_scale": 1.5}, {**DFLASH2, "conv_kernel_size": 3})])
+                                               ({}, DFLASH2),
+                                               ({"input_embedding_scale": 1.5}, {**DFLASH2, "conv_kernel_size": 3})])
 def test_training_forward_equals_inference_forward(layer_kw, shape_kw):
     torch.manual_seed(0)
     t = tiny_target()
@@ -264,7 +265,8 @@ def make_run(root):
               data / "continuations.safetensors")
     save_file({"prompt_ids": eval_prompts, "greedy_ids": greedy_continue(model, eval_prompts, 12)},
               data / "heldout_prompts.safetensors")
-    (data / "meta.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "mask_token_id": MASK, "num_seqs": 6}))
+    (data / "meta.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "mask_token_id": MASK,
+                                                "num_seqs": 6}))
     return root / "target", data
 
 

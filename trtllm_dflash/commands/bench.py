@@ -1,7 +1,8 @@
 """`trtllm-dflash bench decode [RECIPE] [--json]`: decode speed of a recipe's pair on CPU or any
 torch device, with the reference backend. (`bench serve`: the served model against in-process
 decoding, perf/bench_serve.py; `bench policy`: the draft-length policy served, perf/bench_served_policy.py;
-`bench acceptance`: per-slot acceptance.)
+`bench acceptance`: per-slot acceptance; `bench loop`: the round loop's host cost with zero-cost
+runners, perf/bench_loop.py.)
 
 AR, DFlash and DDTree side by side in one run (interleaved, median of --repeats), greedy, on
 prompts from the corpus's held-out files; tau in the decode loop; speed-ups against AR; and,
@@ -28,7 +29,7 @@ from trtllm_dflash.recipe.support import backend as backend_spec
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks of the reference backend (bench decode RECIPE --json)")
     kinds = p.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
-    for add in (_add_decode, _add_serve, _add_policy, _add_acceptance):
+    for add in (_add_decode, _add_serve, _add_policy, _add_acceptance, _add_loop):
         add(kinds)
 
 
@@ -40,7 +41,8 @@ def _add_decode(kinds) -> None:
     d.add_argument("--prompt-len", type=int, default=64)
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--repeats", type=int, default=5,
-                   help="interleaved runs per mode; the median is reported (default 5: single runs vary by ~20%% on a shared 2-core CPU)")
+                   help="interleaved runs per mode; the median is reported (default 5: single runs vary by ~20%% on a "
+                        "shared 2-core CPU)")
     d.add_argument("--block-size", type=int, default=None, help="default: the recipe's speculative.block_size")
     d.add_argument("--ddtree-budget", type=int, default=None, help="default: the recipe's speculative.ddtree_budget")
     d.add_argument("--threads", type=int, default=2)
@@ -85,7 +87,8 @@ def _add_policy(kinds) -> None:
 
 def _add_served_run(p, repeats: int, work: str) -> None:
     """What the benches that deploy and serve a recipe share: repeats, the pipeline directory, --json."""
-    p.add_argument("--repeats", type=int, default=repeats, help=f"interleaved repeats; medians are reported (default {repeats})")
+    p.add_argument("--repeats", type=int, default=repeats,
+                   help=f"interleaved repeats; medians are reported (default {repeats})")
     p.add_argument("--work", type=Path, default=None, help=f"pipeline directory (default: {work})")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
 
@@ -103,6 +106,55 @@ def _add_acceptance(kinds) -> None:
     a.add_argument("--threads", type=int, default=2)
     a.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     a.set_defaults(run=run_acceptance)
+
+
+def _add_loop(kinds) -> None:
+    from trtllm_dflash.perf import bench_loop
+
+    doc = bench_loop.__doc__
+    q = kinds.add_parser("loop", help="the round loop's host µs per round and per request with zero-cost runners, "
+                         "beside the recipe's projected GPU round", description=doc,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_loop.add_arguments(q)
+    q.set_defaults(run=run_loop)
+
+
+def run_loop(args) -> int:
+    import torch
+
+    from trtllm_dflash.perf import bench_loop
+    from trtllm_dflash.project.acceptance import resolve
+    from trtllm_dflash.project.rates import Assumptions
+    from trtllm_dflash.project.rounds import ProjectedRounds
+    from trtllm_dflash.recipe import load_recipe
+    from trtllm_dflash.recipe.reader import recipes_root
+
+    for name in ("rounds", "warm", "repeats", "output_len", "prompt_len", "engine_rounds"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} is {getattr(args, name)}, expected >= 1")
+    levels = _int_list("--levels", args.levels, 1, 4096)
+    drafts = [d for d in args.drafts.split(",") if d == "auto" or _int_list("--drafts", d, 0, 31)]
+    recipe = load_recipe(args.recipe or recipes_root() / bench_loop.DEFAULT_RECIPE, check_rules=False)
+    profile = resolve(recipe, None)
+    gpu = ProjectedRounds(recipe, profile, Assumptions(loop_overhead_us=0.0, loop_request_us=0.0))  # the GPU's part
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the host's work: one thread, the engine thread's
+    try:
+        res = bench_loop.bench(recipe, profile, gpu, levels=levels, drafts=drafts,
+                               rounds=args.rounds, warm=args.warm, repeats=args.repeats, output_len=args.output_len,
+                               prompt_len=args.prompt_len, engine_rounds=args.engine_rounds,
+                               say=lambda s: print(s, file=sys.stderr))
+    finally:
+        torch.set_num_threads(before)
+    res["loop_cost"] = bench_loop.loop_cost(res) if any(d != "auto" for d in drafts) else None
+    bench_loop.table(res, file=sys.stderr if args.json else sys.stdout)
+    if args.plot:
+        bench_loop.plot(res, args.plot)
+    if args.record and res["loop_cost"] is not None:
+        Path(args.record).write_text(json.dumps(res["loop_cost"], indent=2) + "\n")
+    if args.json:
+        print(json.dumps(res))
+    return 0
 
 
 def run(args) -> int:
@@ -180,7 +232,8 @@ def _int_list(flag: str, text: str, lo: int, hi: int) -> tuple[int, ...]:
 def run_policy(args) -> int:
     import tempfile
 
-    from trtllm_dflash.perf.bench_served_policy import bench as bench_policy, table
+    from trtllm_dflash.perf.bench_served_policy import bench as bench_policy
+    from trtllm_dflash.perf.bench_served_policy import table
     from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)

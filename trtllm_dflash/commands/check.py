@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.commands.plan import print_memory
     from trtllm_dflash.recipe import check, load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)  # raises RecipeError on any error, memory included
+    recipe = load_recipe(args.recipe, args.overrides, planning=True)  # raises RecipeError on any error, memory included
     for issue in check(recipe):
         print(f"note: {issue.field}: {issue.message}", file=sys.stderr)
     where = args.recipe or "(default recipe)"

@@ -8,22 +8,20 @@ from pathlib import Path
 
 
 class _ModelsRoot(argparse.Action):
-    """--models DIR: where HF-id sources were downloaded (recipe/schema.py hub_download), for this
-    process and the stages it starts."""
+    """--models DIR: where HF-id sources were downloaded (recipe/models_root.py), for this process
+    and the stages it starts. A DIR that does not exist is the line $TRTLLM_DFLASH_MODELS gets."""
 
     def __call__(self, parser, namespace, value, option_string=None):
-        from trtllm_dflash.recipe.schema import MODELS_ROOT_ENV
+        from trtllm_dflash.recipe.models_root import MODELS_ROOT_ENV, checked_root
 
-        if not Path(value).expanduser().is_dir():
-            parser.error(f"--models {value}: no such directory")
-        os.environ[MODELS_ROOT_ENV] = str(Path(value).expanduser().resolve())
+        os.environ[MODELS_ROOT_ENV] = str(checked_root(value, "--models"))
         setattr(namespace, self.dest, value)
 
 
 def add_recipe_argument(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument(
         "--models", action=_ModelsRoot, metavar="DIR", default=None,
-        help="where the recipe's Hugging Face ids were downloaded (DIR/ORG/NAME, as `huggingface-cli download ORG/NAME "
+        help="where the recipe's Hugging Face ids were downloaded (DIR/ORG/NAME, as `hf download ORG/NAME "
         "--local-dir DIR/ORG/NAME` writes them; default $TRTLLM_DFLASH_MODELS, then the local Hugging Face cache)")
     p.add_argument(
         "recipe",
@@ -44,7 +42,8 @@ def add_recipe_argument(p: argparse.ArgumentParser, required: bool = False) -> N
 def add_stage_output_arguments(p: argparse.ArgumentParser, stage: str) -> None:
     """--out, --resume, --overwrite, --no-progress of a stage that writes a checkpoint directory."""
     p.add_argument("--out", type=Path, required=True, help="output directory (written atomically)")
-    p.add_argument("--resume", action="store_true", help="keep the shards an interrupted run of the same inputs finished")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the shards an interrupted run of the same inputs finished")
     p.add_argument("--overwrite", action="store_true", help=f"replace an earlier {stage} output of the same recipe")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 

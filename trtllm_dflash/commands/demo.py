@@ -24,9 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.commands.run import run_pipeline
-    from trtllm_dflash.recipe import check, load_recipe
-    from trtllm_dflash.recipe.planner import plan
     from trtllm_dflash.commands.sweep import print_summary
+    from trtllm_dflash.recipe import check, load_recipe
+    from trtllm_dflash.recipe.plan.planner import plan
     from trtllm_dflash.sweep.stage import read_summary
     from trtllm_dflash.sweep.summary import read_headline
 
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     for issue in check(recipe):
         console.print(f"note: {issue.field}: {issue.message}", markup=False)
     p = plan(recipe)
-    console.print(f"{p.need_gib:.2f} GiB needed of {p.capacity_gib:.1f} GiB per rank at max_batch_size {p.max_batch_size}; "
-                  f"max concurrency that fits: {p.max_concurrency}")
+    console.print(f"{p.need_gib:.2f} GiB needed of {p.capacity_gib:.1f} GiB per rank at max_batch_size "
+                  f"{p.max_batch_size}; max concurrency that fits: {p.max_concurrency}")
     console.rule("[bold]pipeline")
     rc, out, stages = run_pipeline(args, console)
     if rc or (args.until and args.until != "sweep"):

@@ -9,7 +9,8 @@ from trtllm_dflash.commands.common import add_recipe_argument
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("deploy", help="write a Triton model repository serving a stage output (config.pbtxt from typed objects)")
+    p = sub.add_parser("deploy",
+                       help="write a Triton model repository serving a stage output (config.pbtxt from typed objects)")
     add_recipe_argument(p)
     p.add_argument("--from", dest="from_dir", type=Path, required=True, metavar="DIR",
                    help="what to serve: the quantize output (recipes that quantize), else the convert output; "

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtllm_dflash.recipe import load_recipe
     from trtllm_dflash.launch.doctor import doctor, ready
+    from trtllm_dflash.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     checks = doctor(recipe, args.from_dir)

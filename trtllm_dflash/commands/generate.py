@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=Path, help="target: HF model directory (config.json + *.safetensors)")
     p.add_argument("--drafter", type=Path, help="drafter: z-lab DFlash directory (not needed for --mode ar)")
     p.add_argument("--recipe", help="recipe YAML giving target, drafter, block size and DDTree budget")
-    p.add_argument("--checkpoint", type=Path, help="a convert / quantize output (TensorRT-LLM layout) instead of --target/--drafter")
+    p.add_argument("--checkpoint", type=Path,
+                   help="a convert / quantize output (TensorRT-LLM layout) instead of --target/--drafter")
     p.add_argument("--tp", type=int, default=None, help="--checkpoint: tensor-parallel processes (default: its tp)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the target directory)")
@@ -65,7 +66,8 @@ def _paths(args) -> tuple[Path, Path | None, int | None, int | None, tuple[int, 
         if args.target is None:
             raise UserError("give --target DIR (and --drafter DIR), or --recipe RECIPE")
         cfg = TargetConfig.from_dict(read_json(args.target / "config.json"), f"--target {args.target}/config.json")
-        return args.target, args.drafter, block, budget, (cfg.max_position_embeddings, "the target's max_position_embeddings")
+        limit = (cfg.max_position_embeddings, "the target's max_position_embeddings")
+        return args.target, args.drafter, block, budget, limit
     if args.target is not None or args.drafter is not None:
         raise UserError("--recipe replaces --target/--drafter; give one or the other")
     from trtllm_dflash.recipe import load_recipe
@@ -75,7 +77,8 @@ def _paths(args) -> tuple[Path, Path | None, int | None, int | None, tuple[int, 
     recipe = load_recipe(args.recipe, check_rules=False)
     for name, src in (("target", recipe.target), ("drafter", recipe.drafter)):
         if src.path is None or not src.path.is_dir():
-            raise UserError(f"{args.recipe}: {name}.source {src.source!r} is not a local directory (the reference backend reads local checkpoints)")
+            raise UserError(f"{args.recipe}: {name}.source {src.source!r} is not a local directory (the reference "
+                            "backend reads local checkpoints)")
     spec = recipe.speculative
     return (recipe.target.path, recipe.drafter.path, block or spec.block_size, budget or spec.ddtree_budget,
             (recipe.build.max_seq_len, f"build.max_seq_len of {args.recipe}"))
@@ -94,12 +97,14 @@ def _prompt_ids(args, tok) -> list[int]:
         try:
             ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
         except ValueError:
-            raise UserError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. 1,2,3") from None
+            raise UserError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. "
+                            "1,2,3") from None
         if not ids:
             raise UserError("--prompt-ids is empty")
         return ids
     if tok is None:
-        raise UserError(f"--prompt needs a tokenizer, and the target directory {args.target} has none (no tokenizer.json or tokenizer_config.json); use --prompt-ids")
+        raise UserError(f"--prompt needs a tokenizer, and the target directory {args.target} has none (no "
+                        "tokenizer.json or tokenizer_config.json); use --prompt-ids")
     ids = tok(args.prompt)["input_ids"]  # with the tokenizer's own special tokens (e.g. Llama's BOS)
     if not ids:
         raise UserError("--prompt encodes to zero tokens")

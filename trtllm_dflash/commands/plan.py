@@ -69,7 +69,7 @@ def tp_table(recipe, fits):
 
 def print_memory(console, recipe) -> None:
     """The memory table, the verdict, the HBM floor and (GPU recipes) the smallest tp per GPU type."""
-    from trtllm_dflash.recipe.planner import gpu_types, plan, smallest_tp
+    from trtllm_dflash.recipe.plan.planner import gpu_types, plan, smallest_tp
 
     p = plan(recipe)
     console.print(memory_table(recipe, p))
@@ -87,7 +87,7 @@ def print_memory(console, recipe) -> None:
 
 def plan_json(recipe) -> dict:
     from trtllm_dflash.recipe.hardware import GiB
-    from trtllm_dflash.recipe.planner import gpu_types, plan, smallest_tp
+    from trtllm_dflash.recipe.plan.planner import gpu_types, plan, smallest_tp
 
     out = plan(recipe).to_json()
     out["smallest_tp"] = [{"gpu": f.gpu.name, "tp": f.tp, "need_gib": round(f.need_bytes / GiB, 4) if f.tried else None,
@@ -98,22 +98,22 @@ def plan_json(recipe) -> dict:
 
 
 def verify_line(recipe) -> str:
-    """What a verify round costs the target (recipe/engine_layout.py verify_cost), as check,
+    """What a verify round costs the target (recipe/plan/engine_layout.py verify_cost), as check,
     build --dry-run and project say it."""
-    from trtllm_dflash.recipe.engine_layout import verify_cost
+    from trtllm_dflash.recipe.plan.engine_layout import verify_cost
 
     return verify_cost(recipe).describe()
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtllm_dflash.recipe import RecipeError, check, load_recipe
+    from trtllm_dflash.recipe import check, load_recipe
+    from trtllm_dflash.recipe.load import error_lines
 
     # A plan is most useful when it does not fit, so memory is not a load-time rule here.
-    recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
+    recipe = load_recipe(args.recipe, args.overrides, check_rules=False, planning=True)
     errors = [i for i in check(recipe, memory=False) if i.level == "error"]
     if errors:
-        file = args.recipe or "(default recipe)"
-        raise RecipeError("\n".join(f"{file}: {i.field}: {i.message}" for i in errors))
+        raise error_lines(recipe, errors)
     if args.json:
         print(json.dumps(plan_json(recipe), indent=2))
         return 0
@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
     print_memory(console, recipe)
     console.print(verify_line(recipe))
     if not recipe.gpu.is_cpu:
-        from trtllm_dflash.recipe.placement import scale_out
-        from trtllm_dflash.recipe.planner import smallest_tp
+        from trtllm_dflash.recipe.plan.placement import scale_out
+        from trtllm_dflash.recipe.plan.planner import smallest_tp
 
         console.print("layout: " + scale_out(recipe, smallest_tp(recipe, recipe.gpu).tp))
     return 0

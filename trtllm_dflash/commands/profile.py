@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=Path, required=True, metavar="FILE",
                    help="JSONL (prompt or messages, optional category) or ShareGPT JSON")
     p.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
-    p.add_argument("--out", type=Path, default=None, help="directory for profile.json/.png (default runs/<recipe>/profile)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for profile.json/.png (default runs/<recipe>/profile)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     p.add_argument("--json", action="store_true", help="print profile.json's object as the last stdout line")
     p.set_defaults(run=run)
@@ -64,12 +65,13 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.project import profile
     from trtllm_dflash.prompts.user import load_user_prompts
     from trtllm_dflash.recipe import load_recipe
-    from trtllm_dflash.runtime.checkpoint import read_checkpoint
     from trtllm_dflash.runtime.acceptance import decode_rounds
+    from trtllm_dflash.runtime.checkpoint import read_checkpoint
 
     recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
     if args.max_new_tokens < 2:
-        raise UserError(f"--max-new-tokens is {args.max_new_tokens}, expected >= 2 (a verify round needs a token after the first)")
+        raise UserError(f"--max-new-tokens is {args.max_new_tokens}, expected >= 2 (a verify round needs a token after "
+                        "the first)")
     prompts = load_user_prompts(args.prompts)
     checkpoint = checkpoint_of(args.from_dir, recipe)
     info = read_checkpoint(checkpoint)
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     categories: dict[str, tuple] = {}
     for name in dict.fromkeys(p.category for p in prompts):  # file order
         batch = [i for p, i in zip(prompts, ids) if p.category == name]
-        decoded = [decode_rounds(checkpoint, batch, args.max_new_tokens, mode=m, block_size=block) for m in ("dflash", "ar")]
+        decoded = [decode_rounds(checkpoint, batch, args.max_new_tokens, mode=m, block_size=block)
+                   for m in ("dflash", "ar")]
         categories[name] = (*decoded, len(batch))
     meta = {"recipe": recipe.name, "checkpoint": str(checkpoint), "prompts_file": str(args.prompts),
             "max_new_tokens": args.max_new_tokens, "block_size": block}

@@ -2,7 +2,8 @@
 what a recipe will deliver on its hardware before booking it: tokens/s/GPU against tokens/s/user for
 AR, DFlash at each draft length, the recipe's draft-length bands and the best draft length per
 concurrency, from the step-time model (trtllm_dflash/project/stepmodel.py) and an acceptance
-profile (measured: `bench acceptance --json` or `profile` on your prompts, or published: recipe/catalog/acceptance.yaml)."""
+profile (measured: `bench acceptance --json` or `profile` on your prompts, or published:
+recipe/catalog/acceptance.yaml)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from trtllm_dflash.commands.common import add_recipe_argument, make_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("project", help="projected throughput vs interactivity curves (AR vs DFlash) on the recipe's GPUs",
+    p = sub.add_parser("project",
+                       help="projected throughput vs interactivity curves (AR vs DFlash) on the recipe's GPUs",
                        description=__doc__.split("\n\n")[0])
     add_recipe_argument(p)
     p.add_argument("--acceptance", default=None, metavar="FILE|TASK",
-                   help="acceptance profile: a JSON file from `bench acceptance --json` or `profile` (profile.json), a YAML/JSON with tau and "
-                        "draft_len, or a published task of the drafter (default: the catalog's default task)")
+                   help="acceptance profile: a JSON file from `bench acceptance --json` or `profile` (profile.json), a "
+                        "YAML/JSON with tau and draft_len, or a published task of the drafter (default: the catalog's "
+                        "default task)")
     p.add_argument("--category", default=None, metavar="NAME",
                    help="with --acceptance PROFILE.json from `profile`: use this category's profile (default: overall)")
     p.add_argument("--out", type=Path, default=None,
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from trtllm_dflash.project.stepmodel import Deployment, StepModel
     from trtllm_dflash.recipe import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides, check_rules=False)
+    recipe = load_recipe(args.recipe, args.overrides, check_rules=False, planning=True)
     assumptions = parse_assumptions(args.assume)
     levels = parse_levels(args.levels, recipe.sweep.concurrency)
     profile = acceptance.resolve(recipe, args.acceptance, args.category)
@@ -102,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     proj = project(recipe, profile, assumptions, levels, model=StepModel(dep, assumptions))
     measured = report.read_measured(args.measured) if args.measured else None
     comparison = report.compare_measured(proj, recipe, measured) if measured else None
-    paths = report.write_files(proj, out, measured, comparison, f"measured ({args.measured})" if measured else "measured")
+    paths = report.write_files(proj, out, measured, comparison, f"measured ({args.measured})" if measured
+                               else "measured")
     if calibration is not None:
         (out / "calibration.json").write_text(json.dumps(calibration.to_json(), indent=2))
     if args.json:
@@ -130,3 +134,5 @@ def print_projection(console, proj, recipe, comparison) -> None:
     console.print(proj.verify)
     if proj.layout:
         console.print(proj.layout)
+    if proj.router:
+        console.print(proj.router)

@@ -50,7 +50,8 @@ def _support(console, as_json: bool) -> int:
     for col in ("target", "drafter", "backend", "GPUs: target weight precisions", "notes"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r.target, r.drafter, r.backend, where_it_runs(r), r.why_not or (f"cpu: {r.cpu_note}" if r.cpu_note else ""))
+        t.add_row(r.target, r.drafter, r.backend, where_it_runs(r), r.why_not
+                  or (f"cpu: {r.cpu_note}" if r.cpu_note else ""))
     console.print(t)
     return 0
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     rows = []
     for path in list_recipes():
-        r = load_recipe(path, check_rules=False)
+        r = load_recipe(path, check_rules=False, planning=True)
         rows.append(dict(
             recipe=str(path.relative_to(recipes_root())), path=str(path), name=r.name,
             hardware=f"{r.hardware.count}x {r.hardware.gpu}",

@@ -3,13 +3,19 @@
 reference backend
   --api triton (default)  a real tritonserver on loopback over the deployed repository
   --api openai            an OpenAI-compatible server (serve/openai.py) on --host:--http-port
-  Either serves the checkpoint deploy recorded, and nothing else, prints one `ready:` line and
+  --api dynamo            an NVIDIA Dynamo worker (serve/dynamo.py) behind Dynamo's own frontend
+                          (`python -m dynamo.frontend`), found by --namespace and
+                          --discovery-backend
+  Each serves the checkpoint deploy recorded, and nothing else, prints one `ready:` line and
   serves until SIGTERM / SIGINT, then stops cleanly.
 engine / pytorch backends (GPU): print the launch command for NVIDIA's container; --run
   executes it (--container IMAGE: inside `docker run` of that image).
   --api triton   tritonserver over the repository (pytorch: TensorRT-LLM's LLM-API model)
   --api openai   pytorch only: trtllm-serve with the deployed extra_llm_api_options.yaml, the
                  command deploy wrote to trtllm_serve/launch.json
+  --api dynamo   pytorch only: NVIDIA Dynamo's frontend and TensorRT-LLM workers over the deployed
+                 dynamo/engine_args.yaml (commands/serve_dynamo.py: one node, Slurm, or a
+                 DynamoGraphDeployment with --launcher k8s)
   --launcher     single_node (default) or mpirun: the command on one node (mpirun: every rank
                  under trtllm-llmapi-launch); srun: write a Slurm batch script (Pyxis containers)
                  and print `sbatch PATH`; k8s: write a LeaderWorkerSet manifest and print
@@ -22,10 +28,12 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from trtllm_dflash.commands import serve_dynamo
 from trtllm_dflash.commands.common import add_recipe_argument
 
 LAUNCHERS = ("single_node", "mpirun", "srun", "k8s")
 CLUSTER = ("srun", "k8s")  # the launchers that write a file for a scheduler
+DISCOVERY_BACKENDS = ("kubernetes", "etcd", "file", "mem")  # Dynamo 1.6.1's --discovery-backend choices
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,9 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_recipe_argument(p)
     p.add_argument("--from", dest="from_dir", type=Path, required=True, metavar="DIR",
                    help="the deploy output of this recipe to serve")
-    p.add_argument("--api", choices=("triton", "openai"), default="triton",
+    p.add_argument("--api", choices=("triton", "openai", "dynamo"), default="triton",
                    help="triton (default): Triton Inference Server; openai: /v1/completions and /v1/chat/completions "
-                   "(reference backend: our server; pytorch backend: trtllm-serve)")
+                   "(reference backend: our server; pytorch backend: trtllm-serve); dynamo: NVIDIA Dynamo's frontend "
+                   "(OpenAI, with its router) over workers (reference backend: our worker, one per `serve`; pytorch "
+                   "backend: Dynamo's TensorRT-LLM workers; docs/guides/dynamo.md)")
     p.add_argument("--host", default=None, help="bind address (default: the recipe's serve.host)")
     p.add_argument("--http-port", type=int, default=None, help="HTTP port (Triton HTTP, or the OpenAI server's)")
     p.add_argument("--grpc-port", type=int, default=None)
@@ -43,9 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", dest="execute", action="store_true",
                    help="GPU backends: run the printed launch command (srun / k8s: the printed sbatch / kubectl apply)")
     p.add_argument("--runners", choices=("reference", "emulated", "tensorrt"), default=None,
-                   help="what decodes the dflash model (default: what deploy chose: reference, or tensorrt on the engine "
-                   "backend); reference / emulated serve an engine deployment's checkpoint on this machine (emulated: "
-                   "the engine runners over a CPU stand-in of TensorRT-LLM's Executor)")
+                   help="what decodes the dflash model (default: what deploy chose: reference, or tensorrt on the "
+                   "engine backend); reference / emulated serve an engine deployment's checkpoint on this machine "
+                   "(emulated: the engine runners over a CPU stand-in of TensorRT-LLM's Executor)")
     p.add_argument("--launcher", choices=LAUNCHERS, default="single_node",
                    help="GPU backends: single_node (default) or mpirun (tp*pp ranks) print the command for one node; "
                    "srun writes a Slurm batch script (Pyxis/enroot containers) and k8s a Kubernetes LeaderWorkerSet "
@@ -62,7 +72,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "the launch copies them into the deployed repository (default: $TRTLLM_LLMAPI_MODEL_DIR in the "
                    "container, set by docs/docker/triton-trtllm-llmapi.Dockerfile)")
     _cluster_arguments(p)
+    _dynamo_worker_arguments(p)
+    serve_dynamo.add_arguments(p)
     p.set_defaults(run=run)
+
+
+def _dynamo_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """Dynamo 1.6.1's runtime flags of a worker, their defaults and environment variables
+    (dynamo/common/configuration/groups/runtime_args.py DynamoRuntimeArgGroup: --namespace :216,
+    --discovery-backend :238)."""
+    import os
+
+    g = p.add_argument_group("--api dynamo (reference backend)")
+    g.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "dynamo"),
+                   help="Dynamo namespace the worker registers in (default: $DYN_NAMESPACE or dynamo)")
+    g.add_argument("--discovery-backend", choices=DISCOVERY_BACKENDS,
+                   default=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
+                   help="how the frontend finds the worker (default: $DYN_DISCOVERY_BACKEND or etcd, Dynamo's); "
+                   "file: one machine, no etcd, the directory $DYN_FILE_KV, as the frontend's")
 
 
 def _cluster_arguments(p: argparse.ArgumentParser) -> None:
@@ -82,11 +109,25 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
     g.add_argument("--account", default=None, help="Slurm account (default: the user's)")
     g.add_argument("--time", default=None, help="Slurm time limit, e.g. 04:00:00 (default: the partition's)")
+    g.add_argument("--cpus-per-gpu", type=_positive, default=None, metavar="N",
+                   help="Slurm, a copy that shares its node: N CPUs (as Slurm counts them: hyperthreads where "
+                   "it counts those) for every GPU a task drives, as --cpus-per-task on the job and its steps "
+                   "(default: the cluster's, often one a task; a copy on whole nodes has all of theirs)")
     g.add_argument("--pvc", default=None, metavar="CLAIM",
                    help="k8s: the PersistentVolumeClaim holding the deploy output and what it serves at the same "
                    "paths (default: NAME-runs)")
     g.add_argument("--ssh-secret", default=None, metavar="SECRET",
                    help="k8s, several nodes: the Secret with the ssh key pair mpirun uses (default: NAME-mpi-ssh)")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return n
 
 
 def _override(cmd: list[str], flag: str, value) -> list[str]:
@@ -103,7 +144,6 @@ def _deployed_trtllm_serve(args, recipe, launcher: str) -> list[str]:
 
     from trtllm_dflash.deploy.repository import LAUNCH, TRTLLM_SERVE
     from trtllm_dflash.errors import UserError
-
     from trtllm_dflash.recipe.support import backend as backend_spec
 
     backend = recipe.backend.name
@@ -132,7 +172,7 @@ def _llmapi_model(args, recipe, repository: Path, multi_rank: bool):
 
 def _gpu_command(args, recipe, repository: Path, endpoints) -> tuple[list[str], list[str]]:
     """(the launch command on one node, the server command it ends in)."""
-    from trtllm_dflash.launch.server import launch_command
+    from trtllm_dflash.launch.node_command import launch_command
 
     if args.api == "triton":
         multi_rank = args.launcher == "mpirun" and recipe.world_size > 1
@@ -154,7 +194,7 @@ def _one_node(args, recipe, repository: Path, endpoints) -> int:
 
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.launch.cluster_job import checkout_to_install
-    from trtllm_dflash.launch.server import in_container, served_paths
+    from trtllm_dflash.launch.node_command import in_container, served_paths
 
     cmd, server = _gpu_command(args, recipe, repository, endpoints)
     if args.container:
@@ -182,7 +222,7 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     from trtllm_dflash.errors import UserError
     from trtllm_dflash.launch.cluster import write_launcher
     from trtllm_dflash.launch.cluster_job import ClusterOptions, make_job, storage_note
-    from trtllm_dflash.launch.server import served_paths, server_command
+    from trtllm_dflash.launch.node_command import served_paths, server_command
 
     if args.container:
         raise UserError(f"--container: docker run is for one node; --launcher {args.launcher} runs --image")
@@ -196,7 +236,7 @@ def _cluster_launcher(args, recipe, repository: Path, endpoints) -> int:
     paths = served_paths(args.from_dir) + ([llmapi.source] if llmapi and llmapi.source else [])
     job = make_job(recipe, args.api, server, endpoints, paths, llmapi)
     opts = ClusterOptions(image=args.image, registry=args.registry, partition=args.partition, account=args.account,
-                          time=args.time, pvc=args.pvc, ssh_secret=args.ssh_secret)
+                          time=args.time, cpus_per_gpu=args.cpus_per_gpu, pvc=args.pvc, ssh_secret=args.ssh_secret)
     path, submit = write_launcher(args.launcher, job, opts, args.out, args.from_dir)
     print(f"wrote {path}")
     print(f"submit: {submit}")
@@ -233,8 +273,12 @@ def run(args: argparse.Namespace) -> int:
                                                                                                      "llmapi"):
         raise UserError("--llmapi-model: only the pytorch backend served by Triton (--api triton) runs TensorRT-LLM's "
                         "LLM-API model")
+    if args.api == "dynamo" and backend_spec(recipe.backend.name).triton_model == "llmapi":
+        return serve_dynamo.run(args, recipe, endpoints)
     repository = (args.from_dir / REPOSITORY).resolve()
     local = not backend_spec(recipe.backend.name).needs_gpu or args.runners in CPU_RUNNERS
+    if args.api == "dynamo":
+        _check_local_dynamo(args, recipe.backend.name, local)
     if not local or args.launcher in CLUSTER:
         problem = plan_only_problem(recipe, args.from_dir)
         if problem:
@@ -249,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.api == "openai":
         return _serve_openai(args, recipe, endpoints)
+    if args.api == "dynamo":
+        return _serve_dynamo(args, recipe, endpoints.host)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -288,7 +334,8 @@ def _serve_openai(args, recipe, endpoints) -> int:
         import prometheus_client  # noqa: F401  (its /metrics)
         import uvicorn  # noqa: F401
     except ImportError:
-        raise UserError("--api openai needs fastapi, uvicorn and prometheus_client: pip install 'trtllm_dflash[serve]'") from None
+        raise UserError("--api openai needs fastapi, uvicorn and prometheus_client: pip install "
+                        "'trtllm_dflash[serve]'") from None
     host, port = endpoints.host, endpoints.http_port
     if port_in_use(host, port):
         raise UserError(f"serve.http_port: {host}:{port} is already in use")
@@ -304,5 +351,36 @@ def _serve_openai(args, recipe, endpoints) -> int:
             f"ready: openai model {name!r} on http://{host}:{port}/v1", flush=True))
     finally:
         deployed.close()
+    print("stopped", flush=True)
+    return 0
+
+
+def _check_local_dynamo(args, backend: str, local: bool) -> None:
+    """--api dynamo off the pytorch backend: our worker, on this machine, aggregated."""
+    from trtllm_dflash.errors import UserError
+
+    if args.disaggregation_mode not in (None, "agg"):
+        raise UserError(f"--disaggregation-mode {args.disaggregation_mode}: the reference backend's Dynamo worker is "
+                        "aggregated (prefill and decode in one worker)")
+    if not local or args.launcher != "single_node":
+        raise UserError(f"--api dynamo: serves the reference backend's worker on this machine (the {backend} "
+                        f"backend, --launcher {args.launcher}); GPU deployments run Dynamo's TensorRT-LLM worker "
+                        "(docs/guides/dynamo.md)")
+
+
+def _serve_dynamo(args, recipe, host: str) -> int:
+    from trtllm_dflash.errors import UserError
+    from trtllm_dflash.serve.deployed import repository_model
+
+    try:
+        from trtllm_dflash.serve.dynamo import run_worker
+    except ImportError:
+        raise UserError("--api dynamo needs NVIDIA Dynamo 1.6.1: pip install 'trtllm_dflash[dynamo]' && "
+                        "pip install --no-deps ai-dynamo==1.6.1 (docs/compat.md)") from None
+    name = recipe.serve.model_name
+    version_dir, settings = repository_model(args.from_dir, name)
+    if args.runners:
+        settings = replace(settings, runners=args.runners)
+    run_worker(version_dir, settings, name, args.namespace, args.discovery_backend, host)
     print("stopped", flush=True)
     return 0

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-url", default=None, metavar="URL",
                    help="the server's Prometheus /metrics, read for its own tau per level (default: Triton's "
                    "serve.metrics_port on --url's host; the OpenAI server's /metrics)")
-    p.add_argument("--http", action="store_true", help="--api triton: HTTP generate_stream (server-sent events) instead of gRPC")
+    p.add_argument("--http", action="store_true",
+                   help="--api triton: HTTP generate_stream (server-sent events) instead of gRPC")
     p.add_argument("--model", default=None, help="--api openai: model id (default: the recipe's serve.model_name when "
                    "the server lists it, else the server's only model)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default runs/<recipe name>/sweep)")
@@ -89,9 +90,9 @@ def run(args: argparse.Namespace) -> int:
     if args.from_dir is not None:
         verify_input(args.from_dir, ("deploy",), recipe, check_contents=False)
     if args.tune and not spec.round_loop:
-        raise UserError("--tune: fixed draft lengths are per-request settings of trtllm-dflash's own servers (reference "
-                        "and engine backends); trtllm-serve takes one static draft_len_schedule per deployment: "
-                        "`trtllm-dflash project RECIPE` suggests bands for it")
+        raise UserError("--tune: fixed draft lengths are per-request settings of trtllm-dflash's own servers "
+                        "(reference and engine backends); trtllm-serve takes one static draft_len_schedule per "
+                        "deployment: `trtllm-dflash project RECIPE` suggests bands for it")
     if args.tune and args.modes:
         raise UserError("--modes: not with --tune (it measures the server's own mode at fixed draft lengths)")
     if args.tune_draft_lens and not args.tune:

@@ -20,6 +20,7 @@ end the drafter is written to --out in the z-lab layout (config.json + model.saf
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -34,38 +35,17 @@ def _ids(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer indices like 1,5,9, got {text!r}") from None
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from trtllm_dflash.train.drafter_config import INITS, SCHEDULES, VARIANTS, DrafterShape, DrafterTrainConfig
-
-    d, shape = DrafterTrainConfig(), DrafterShape()
-    p = sub.add_parser("train-drafter", help="train a DFlash drafter for a target (the published recipe; CPU or GPU)",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", type=Path, required=True, help="target: HF checkpoint directory")
-    p.add_argument("--data", type=Path, required=True, help="training data directory (python -m trtllm_dflash.train.data)")
-    p.add_argument("--out", type=Path, required=True, help="output drafter directory (z-lab layout)")
-    g = p.add_argument_group("drafter shape")
-    g.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default 1)")
-    g.add_argument("--block-size", type=int, default=16, help="block size B: anchor + B-1 mask slots (default 16)")
-    g.add_argument("--intermediate-size", type=int, default=None, help="drafter FFN width (default: the target's)")
-    g.add_argument("--target-layer-ids", type=_ids, default=None, metavar="I,J,K",
-                   help="target layers whose outputs feed the drafter (default: 3 spread over the depth)")
-    g.add_argument("--init", choices=INITS, default="random",
-                   help="random: from scratch (default, the published recipe); target: start from the target's last layers")
-    g.add_argument("--variant", choices=VARIANTS, default="dflash",
-                   help="dflash (default) or dflash2: z-lab's DFlash2 (convolutions around every sublayer, candidate selector)")
-    for name, what in (("conv_kernel_size", "DFlash2 convolution taps"), ("conv_group_size", "channels per dynamic tap"),
-                       ("selector_rank", "rank of the selector's codebooks"),
-                       ("selector_top_k", "candidates per slot the selector chooses among")):
-        g.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(shape, name),
-                       help=f"{what} (dflash2; default {getattr(shape, name)})")
-    t = p.add_argument_group("training")
+def _training_arguments(t: argparse._ArgumentGroup, d, schedules) -> None:
+    """The "training" group: DrafterTrainConfig's fields, its defaults shown."""
     t.add_argument("--steps", type=int, default=d.steps)
-    t.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step, help="sequences per step (one target pass each)")
+    t.add_argument("--seqs-per-step", type=int, default=d.seqs_per_step,
+                   help="sequences per step (one target pass each)")
     t.add_argument("--anchors", type=int, default=d.anchors, help="random anchors (blocks) per sequence")
-    t.add_argument("--gamma", type=float, default=None, help="slot weight exp(-(k-1)/gamma); default 7 at B=16, 4 at B=8")
+    t.add_argument("--gamma", type=float, default=None,
+                   help="slot weight exp(-(k-1)/gamma); default 7 at B=16, 4 at B=8")
     t.add_argument("--lr", type=float, default=d.lr)
     t.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio)
-    t.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
+    t.add_argument("--schedule", choices=schedules, default=d.schedule,
                    help="wsd: warm-up, constant, linear decay over the last --decay-fraction (default)")
     t.add_argument("--decay-fraction", type=float, default=d.decay_fraction)
     t.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
@@ -79,12 +59,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--eval-new-tokens", type=int, default=d.eval_new_tokens)
     t.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
     t.add_argument("--log-every", type=int, default=d.log_every)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from trtllm_dflash.train.drafter_config import INITS, SCHEDULES, VARIANTS, DrafterShape, DrafterTrainConfig
+
+    d, shape = DrafterTrainConfig(), DrafterShape()
+    p = sub.add_parser("train-drafter", help="train a DFlash drafter for a target (the published recipe; CPU or GPU)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", type=Path, required=True, help="target: HF checkpoint directory")
+    p.add_argument("--data", type=Path, required=True,
+                   help="training data directory (python -m trtllm_dflash.train.data)")
+    p.add_argument("--out", type=Path, required=True, help="output drafter directory (z-lab layout)")
+    g = p.add_argument_group("drafter shape")
+    g.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default 1)")
+    g.add_argument("--block-size", type=int, default=16, help="block size B: anchor + B-1 mask slots (default 16)")
+    g.add_argument("--intermediate-size", type=int, default=None, help="drafter FFN width (default: the target's)")
+    g.add_argument("--target-layer-ids", type=_ids, default=None, metavar="I,J,K",
+                   help="target layers whose outputs feed the drafter (default: 3 spread over the depth)")
+    g.add_argument("--init", choices=INITS, default="random",
+                   help="random: from scratch (default, the published recipe); target: start from the target's last "
+                        "layers")
+    g.add_argument("--variant", choices=VARIANTS, default="dflash",
+                   help="dflash (default) or dflash2: z-lab's DFlash2 (convolutions around every sublayer, candidate "
+                        "selector)")
+    for name, what in (("conv_kernel_size", "DFlash2 convolution taps"),
+                       ("conv_group_size", "channels per dynamic tap"),
+                       ("selector_rank", "rank of the selector's codebooks"),
+                       ("selector_top_k", "candidates per slot the selector chooses among")):
+        g.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(shape, name),
+                       help=f"{what} (dflash2; default {getattr(shape, name)})")
+    _training_arguments(p.add_argument_group("training"), d, SCHEDULES)
     r = p.add_argument_group("run")
     r.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1 ...")
     r.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     r.add_argument("--ckpt-dir", type=Path, default=None, help="checkpoint directory (default: OUT.ckpt)")
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --ckpt-dir")
-    r.add_argument("--max-minutes", type=float, default=None, help="stop this session (with a checkpoint) after M minutes")
+    r.add_argument("--max-minutes", type=float, default=None,
+                   help="stop this session (with a checkpoint) after M minutes")
     r.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="dtype of the saved drafter")
     r.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(run=run)
@@ -123,7 +135,7 @@ def run(args) -> int:
     if mask is None:
         raise UserError(f"{args.data / 'meta.json'}: no mask_token_id (the tokenizer's mask token)")
     ckpt_dir = args.ckpt_dir or args.out.with_name(args.out.name + ".ckpt")
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    log = functools.partial(print, file=sys.stderr, flush=True)
     log(f"target {args.target} ({target.cfg.num_layers} layers, hidden {target.cfg.hidden_size}); "
         f"data {data['input_ids'].shape[0]} sequences x {data['input_ids'].shape[1]} tokens; device {dev}")
     res = train(target, data["input_ids"], data["loss_mask"], data["prompt_ids"], data["greedy_ids"], shape, int(mask),
@@ -136,7 +148,8 @@ def run(args) -> int:
     evals = [h for h in res.history if "eval_tau" in h]
     losses = [h for h in res.history if "loss" in h]
     summary = {
-        "target": str(args.target.name), "data": {k: meta.get(k) for k in ("num_seqs", "prompt_len", "gen_len", "seed")},
+        "target": str(args.target.name),
+        "data": {k: meta.get(k) for k in ("num_seqs", "prompt_len", "gen_len", "seed")},
         "shape": shape.__dict__, "train_config": cfg.__dict__, "params": n_params, "steps": res.step,
         "train_seconds": round(res.elapsed, 1), "final_loss_ema": losses[-1]["loss_ema"] if losses else None,
         "final_eval": evals[-1] if evals else None, "history": res.history, "torch": torch.__version__,
@@ -145,6 +158,7 @@ def run(args) -> int:
     ev = summary["final_eval"] or {}
     log(f"done: {res.step} steps in {res.elapsed:.0f}s, {n_params:,} params; in-loop tau {ev.get('eval_tau')} "
         f"(teacher-forced {ev.get('eval_tau_teacher_forced')}) -> {args.out}")
-    print(json.dumps({"out": str(args.out), "steps": res.step, "params": n_params, "train_seconds": round(res.elapsed, 1),
+    print(json.dumps({"out": str(args.out), "steps": res.step, "params": n_params,
+                      "train_seconds": round(res.elapsed, 1),
                       "tau": ev.get("eval_tau"), "tau_teacher_forced": ev.get("eval_tau_teacher_forced")}))
     return 0

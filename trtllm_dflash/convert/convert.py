@@ -6,7 +6,7 @@ Layouts (one output directory, written atomically, with a manifest of checksums)
           (architecture, dtype, mapping, quantization, ...) plus `rank{r}.safetensors` per TP
           rank with TensorRT-LLM names, fused QKV and column / row / vocab splits
           (formats/weight_maps.py); `tokenizer/` holds the target's tokenizer files. The drafter is
-          split over recipe/planner.py drafter_placement(recipe).tp ranks: the target's tp, or
+          split over recipe/plan/drafter.py drafter_placement(recipe).tp ranks: the target's tp, or
           1 where rank 0 holds the whole drafter (the target engine's tap then takes its rank's
           columns of the drafter's fc: formats/engine_io.py tap_weights).
   hf      the HF layout TensorRT-LLM >= 1.3 loads for the pytorch backend: `target/` (HF names,
@@ -57,13 +57,14 @@ from trtllm_dflash.convert.sources import (
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.formats.weight_maps import combine
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.planner import drafter_placement
+from trtllm_dflash.recipe.plan.drafter import drafter_placement
 
 FORMAT_VERSION = 1
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 
 
-def _fingerprint(fields_sha: str, layout: str, sources: list[dict], transform: Transform, tp: int, drafter_tp: int) -> str:
+def _fingerprint(fields_sha: str, layout: str, sources: list[dict], transform: Transform, tp: int,
+                 drafter_tp: int) -> str:
     blob = json.dumps(
         {"v": FORMAT_VERSION, "recipe_fields": fields_sha, "layout": layout, "tp": tp, "drafter_tp": drafter_tp,
          "sources": [(r["role"], r["path"], r["sha256"]) for r in sources], "transform": transform.describe()},
@@ -80,7 +81,8 @@ class _Progress:
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), transient=False)
 
     def __enter__(self):
         if self.bar:
@@ -122,7 +124,8 @@ def _write_rank(path: Path, role: Role, planned: list[PlannedTensor], rank: int,
 def _aux_files(directory: Path) -> Iterator[Path]:
     """Tokenizer and generation files of a model directory (everything but weights and config.json)."""
     for p in sorted(directory.iterdir()):
-        if p.is_file() and p.name != "config.json" and not p.name.endswith(_WEIGHT_SUFFIXES) and not p.name.endswith(".index.json"):
+        if (p.is_file() and p.name != "config.json" and not p.name.endswith(_WEIGHT_SUFFIXES)
+                and not p.name.endswith(".index.json")):
             yield p
 
 
@@ -190,7 +193,8 @@ def _plans(recipe: Recipe, layout: str, src: Sources, transform: Transform, tp: 
             transform.validate(plan)
         return plans
     if not isinstance(transform, Cast):
-        raise UserError("the hf layout is passed through unquantized here; quantized HF checkpoints come from `quantize` (ModelOpt export)")
+        raise UserError("the hf layout is passed through unquantized here; quantized HF checkpoints come from "
+                        "`quantize` (ModelOpt export)")
     q = recipe.quantization
     passthrough.check_native(q.target_weights, q.quantizes, src.target_cfg, src.target_dir)
     return None
@@ -239,7 +243,8 @@ def _resume_state(work: Path, fingerprint: str, resume: bool) -> dict:
         except json.JSONDecodeError:
             raise UserError(f"{work}/state.json: unreadable resume data; run without --resume to start over") from None
         if state.get("fingerprint") != fingerprint:
-            raise UserError(f"{work}: resume data was written for other inputs or settings; run without --resume to start over")
+            raise UserError(f"{work}: resume data was written for other inputs or settings; run without --resume to "
+                            "start over")
         return state
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

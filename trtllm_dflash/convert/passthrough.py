@@ -88,13 +88,14 @@ def check_native(target_weights: str, quantizes: bool, cfg: HfTarget, directory:
     a shipped quantization served without `quantize` is served as it is, so the recipe must say so."""
     shipped = cfg.quant_method
     if target_weights in NATIVE_ONLY and shipped != target_weights:
-        raise UserError(f"quantization.target_weights: {target_weights} serves the checkpoint's own {target_weights} weights; "
-                        f"target {directory}/config.json has quantization_config.quant_method {shipped!r}: set the "
-                        "target's float format (bf16), or nvfp4 / fp8 to quantize it")
+        raise UserError(f"quantization.target_weights: {target_weights} serves the checkpoint's own {target_weights} "
+                        f"weights; target {directory}/config.json has quantization_config.quant_method {shipped!r}: "
+                        "set the target's float format (bf16), or nvfp4 / fp8 to quantize it")
     if shipped is not None and not quantizes and shipped != target_weights:
-        raise UserError(f"target {directory}/config.json: the checkpoint ships {shipped} weights (quantization_config), "
-                        f"so quantization.target_weights {target_weights} would be served as {shipped}: set "
-                        f"target_weights: {shipped} to serve them as shipped, or nvfp4 / fp8 to quantize them")
+        raise UserError(f"target {directory}/config.json: the checkpoint ships {shipped} weights "
+                        f"(quantization_config), so quantization.target_weights {target_weights} would be served as "
+                        f"{shipped}: set target_weights: {shipped} to serve them as shipped, or nvfp4 / fp8 to "
+                        "quantize them")
 
 
 def _config(raw: dict, dtype_name: str) -> str:

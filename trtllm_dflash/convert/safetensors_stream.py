@@ -61,7 +61,8 @@ class Checkpoint:
         else:
             files = sorted(self.directory.glob("*.safetensors"))
         if not files:
-            raise UserError(f"{who} {self.directory}: no *.safetensors files (only safetensors checkpoints are supported)")
+            raise UserError(f"{who} {self.directory}: no *.safetensors files (only safetensors checkpoints are "
+                            "supported)")
         for path in files:
             if not path.is_file():
                 raise UserError(f"{who} {path}: listed in model.safetensors.index.json but missing")
@@ -106,7 +107,8 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 class StreamWriter:
     """Write one safetensors file from a planned list of (name, shape, dtype)."""
 
-    def __init__(self, path: Path, specs: list[tuple[str, tuple[int, ...], torch.dtype]], metadata: dict[str, str] | None = None):
+    def __init__(self, path: Path, specs: list[tuple[str, tuple[int, ...], torch.dtype]],
+                 metadata: dict[str, str] | None = None):
         self.path = Path(path)
         header: dict = {"__metadata__": metadata or {"format": "pt"}}
         self.order: list[str] = []
@@ -134,7 +136,8 @@ class StreamWriter:
             raise ValueError(f"{self.path.name}: got tensor {name}, expected {expected}")
         shape, dtype = self.specs[name]
         if tuple(tensor.shape) != shape or tensor.dtype != dtype:
-            raise ValueError(f"{self.path.name}: {name} is {tensor.dtype} {list(tensor.shape)}, planned {dtype} {list(shape)}")
+            raise ValueError(f"{self.path.name}: {name} is {tensor.dtype} {list(tensor.shape)}, planned {dtype} "
+                             f"{list(shape)}")
         data = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
         self._f.write(data.numpy().tobytes())
         self._next += 1

@@ -27,7 +27,7 @@ from trtllm_dflash.formats.weight_maps import (
     planned_shape,
 )
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.sharding import ModelDims, tp_message
+from trtllm_dflash.recipe.plan.sharding import ModelDims, tp_message
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -108,7 +108,7 @@ def default_dtypes(recipe: Recipe) -> dict[str, torch.dtype]:
 def check_tp(tp: int, t, d, drafter_tp: int | None = None) -> None:
     """tp against every dimension it splits in the target, and drafter_tp (default tp; 1 when rank
     0 holds the whole drafter) in the drafter, read from their config.json (the recipe rules'
-    definition: recipe/sharding.py, our converter's layout)."""
+    definition: recipe/plan/sharding.py, our converter's layout)."""
     target = ModelDims("target", t.num_heads, t.num_kv_heads,
                        t.intermediate_size if t.moe is None or not all(t.moe.sparse_layers) else 0, t.vocab_size,
                        num_experts=t.moe.num_experts if t.moe else 0,
@@ -149,8 +149,10 @@ def _plan_model(
             reads = plan_reads(entry, layer, rank, tp, shapes, heads, experts)
             group: tuple[str, ...] = ()
             if entry.linear:
-                members = [entry] if entry.share is None else [e for e, at in entries if at == layer and e.share == entry.share]
-                group = tuple(_module(r.name) for m in members for piece in plan_reads(m, layer, 0, 1, shapes, heads, experts) for r in piece)
+                members = [entry] if entry.share is None else [
+                    e for e, at in entries if at == layer and e.share == entry.share]
+                group = tuple(_module(r.name) for m in members
+                              for piece in plan_reads(m, layer, 0, 1, shapes, heads, experts) for r in piece)
             planned.append(
                 PlannedTensor(
                     name=entry.dst.replace("{}", str(layer)) if layer is not None else entry.dst,
@@ -169,7 +171,7 @@ def _plan_model(
 
 def plan_trtllm(src: Sources, tp: int, drafter_tp: int | None = None) -> dict[Role, ModelPlan]:
     """Both models' per-rank plans: the target split over `tp` ranks, the drafter over
-    `drafter_tp` (default tp; 1 where rank 0 holds the whole drafter: recipe/planner.py
+    `drafter_tp` (default tp; 1 where rank 0 holds the whole drafter: recipe/plan/drafter.py
     drafter_placement, whose `.tp` every caller passes)."""
     t, d = src.target_cfg, src.drafter_cfg
     dtp = tp if drafter_tp is None else drafter_tp
@@ -192,5 +194,6 @@ def plan_trtllm(src: Sources, tp: int, drafter_tp: int | None = None) -> dict[Ro
         used = {r.name for t_ in plan.ranks[0] for piece in t_.reads for r in piece}
         unused = sorted(set(expected_shapes(role, src.target_cfg if role == "target" else src.drafter_cfg)) - used)
         if unused:
-            raise UserError(f"{role} {ckpt.directory}: the {plan.arch_map.architecture} weight map does not convert {', '.join(unused[:3])}")
+            raise UserError(f"{role} {ckpt.directory}: the {plan.arch_map.architecture} weight map does not convert "
+                            f"{', '.join(unused[:3])}")
     return plans

@@ -20,6 +20,7 @@ from trtllm_dflash.convert.safetensors_stream import CODE_DTYPES, Checkpoint
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.formats.weight_maps import WEIGHT_MAPS
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.models_root import download_hint
 from trtllm_dflash.recipe.support import BACKENDS
 from trtllm_dflash.reference.config import DFLASH2_KEYS, FEATURES_OFF, LAGUNA_ARCH, read_json
 
@@ -53,11 +54,8 @@ class Sources:
 def _local_dir(src, field: str) -> Path:
     path = src.path
     if path is None:
-        raise UserError(
-            f"{field}.source: {src.source!r} is neither a local directory nor downloaded: "
-            f"`huggingface-cli download {src.source} --local-dir MODELS/{src.source}`, then pass --models MODELS "
-            f"(or set $TRTLLM_DFLASH_MODELS) to every stage, or set {field}.source to the directory"
-        )
+        raise UserError(f"{field}.source: {src.source!r} is neither a local directory nor downloaded: "
+                        f"{download_hint(src.source, field)}")
     if not (path / "config.json").is_file():
         raise UserError(f"{field}.source: {path} has no config.json")
     return path
@@ -85,7 +83,8 @@ def _check_sources(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], who: 
         if info is None:
             raise UserError(f"{who} {ckpt.directory}: missing tensor {name} (expected shape {list(shape)})")
         if info.shape != shape:
-            raise UserError(f"{who} {info.file.name}: tensor {name} has shape {list(info.shape)}, expected {list(shape)}")
+            raise UserError(f"{who} {info.file.name}: tensor {name} has shape {list(info.shape)}, expected "
+                            f"{list(shape)}")
         if info.dtype not in CODE_DTYPES or CODE_DTYPES[info.dtype] not in DTYPE_NAMES:
             raise UserError(f"{who} {info.file.name}: tensor {name} has dtype {info.dtype}; expected F32, BF16 or F16")
 

@@ -2,8 +2,8 @@
 response tensors of tensorrtllm_backend's inflight_batcher_llm model repository.
 
 What they mirror (TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm/`, the 1.2.x
-templates; tensorrtllm_backend r25.12 pins TensorRT-LLM 9bab773c, whose copy is not in our
-source index, so the stored versions read were):
+templates; tensorrtllm_backend r26.04-r26.07 pin TensorRT-LLM release/1.2.1 as submodule
+2fdb9e66 / ca88df0a, whose copies are not in our source index, so the stored versions read were):
 - `ensemble/config.pbtxt` (commit 2a9abd95): text in, `text_output` out, batch dimension first;
 - `tensorrt_llm_bls/config.pbtxt` (commit 0193dbd4): the ensemble's inputs plus the multimodal
   inputs and the draft-target inputs `num_draft_tokens`, `use_draft_logits`;

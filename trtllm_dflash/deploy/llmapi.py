@@ -50,15 +50,16 @@ from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.placement import placement
-from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
+from trtllm_dflash.recipe.plan.placement import placement
+from trtllm_dflash.recipe.plan.rows import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.recipe.rules import (
     MIN_RUNTIME_DRAFT_LEN,
     PYTORCH_TRTLLM_LINES,
     pytorch_draft_len_schedule,
     recompute_tail,
 )
-from trtllm_dflash.recipe.support import backend as backend_spec, trtllm_line
+from trtllm_dflash.recipe.support import backend as backend_spec
+from trtllm_dflash.recipe.support import trtllm_line
 from trtllm_dflash.recipe.trtllm_api import (
     ACCEPT_STATS_ENV,
     ACCEPT_STATS_FLUSH_ENV,
@@ -84,12 +85,12 @@ LLM_KEYS = frozenset({
     "model", "backend", "tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size",
     "max_batch_size", "max_seq_len", "max_num_tokens", "kv_cache_config", "cuda_graph_config",
     "enable_chunked_prefill", "return_perf_metrics", "enable_iter_perf_stats", "speculative_config",
-    "perf_metrics_max_requests",
+    "perf_metrics_output_dir", "per_request_spec_decode_stats",
 })
-# Finished requests trtllm-serve keeps for GET /perf_metrics (drained on read: a sweep reads it after
-# every level, sweep/trtllm_acceptance.py); 0, upstream's default, keeps none.
-PERF_METRICS_KEPT = 100_000
-ACCEPT_STATS_DIR = "accept_stats"  # TensorRT-LLM's acceptance recorder writes here (beside the options file)
+# Beside the options file: where TensorRT-LLM's acceptance recorder writes (before PR #16668's
+# release), and where trtllm-serve writes its per-request metrics JSONL (from it on).
+ACCEPT_STATS_DIR = "accept_stats"
+PERF_METRICS_DIR = "perf_metrics"
 KV_CACHE_KEYS = frozenset({"dtype", "free_gpu_memory_fraction", "enable_block_reuse"})
 CUDA_GRAPH_KEYS = frozenset({"enable_padding", "max_batch_size"})
 
@@ -128,7 +129,8 @@ def dflash_fields(recipe: Recipe) -> DFlashFields:
     line = trtllm_line(version)
     if line not in DFLASH_FIELDS:
         known = ", ".join(f"{v}.x" for v in DFLASH_FIELDS)
-        raise UserError(f"backend.trtllm_version: {version}: no DFlashDecodingConfig field table for it; known: {known}")
+        raise UserError(f"backend.trtllm_version: {version}: no DFlashDecodingConfig field table for it; known: "
+                        f"{known}")
     return DFLASH_FIELDS[line]
 
 
@@ -194,10 +196,12 @@ def llm_args(recipe: Recipe, artifact: Path) -> dict:
         "max_seq_len": b.max_seq_len,
         "max_num_tokens": b.max_num_tokens,
         # The DFlash context arena is allocated after the KV pool: leave room for it.
-        "kv_cache_config": {"dtype": kv_dtype, "free_gpu_memory_fraction": KV_CACHE_FREE_GPU_MEM_FRACTION, "enable_block_reuse": reuse},
+        "kv_cache_config": {"dtype": kv_dtype, "free_gpu_memory_fraction": KV_CACHE_FREE_GPU_MEM_FRACTION,
+                            "enable_block_reuse": reuse},
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": b.max_batch_size},
         **({"enable_chunked_prefill": True} if reuse else {}),
-        # Per-request acceptance (perf-metric outputs of the Triton model, /perf_metrics).
+        # Per-request metrics: the perf-metric outputs of Triton's LLM-API model; trtllm-serve's
+        # response headers (a request asking with X-TRTLLM-return-metrics).
         "return_perf_metrics": True,
         "speculative_config": speculative_config(recipe, artifact),
     }
@@ -213,14 +217,19 @@ def model_yaml(recipe: Recipe, artifact: Path) -> dict:
     return {**llm_args(recipe, artifact), "triton_config": {"max_batch_size": 0, "decoupled": recipe.serve.decoupled}}
 
 
-def extra_llm_api_options(recipe: Recipe, artifact: Path) -> dict:
-    """The YAML for `trtllm-serve MODEL --config FILE`: the LLM arguments without
-    the two the command line carries (MODEL and --backend), plus iteration stats for /metrics and,
-    where the version fills DFlash's per-request acceptance, the requests GET /perf_metrics keeps."""
+def extra_llm_api_options(recipe: Recipe, artifact: Path, serve_dir: Path) -> dict:
+    """The YAML for `trtllm-serve MODEL --config FILE` (FILE in `serve_dir`): the LLM arguments
+    without the two the command line carries (MODEL and --backend), iteration stats for /metrics,
+    and the per-request acceptance surface of the version (recipe/trtllm_api.py acceptance_source):
+    the metrics JSONL directory from PR #16668's release on, and PR #19311's per-choice object where
+    the release has it (a strict field: written only there)."""
     args = {k: v for k, v in llm_args(recipe, artifact).items() if k not in ("model", "backend")}
     args["enable_iter_perf_stats"] = True
-    if acceptance_source(_version(recipe)) == "perf_metrics":
-        args["perf_metrics_max_requests"] = PERF_METRICS_KEPT
+    version = _version(recipe)
+    if has(version, "perf_metrics_output_dir"):
+        args["perf_metrics_output_dir"] = str(Path(serve_dir).resolve() / PERF_METRICS_DIR)
+    if has(version, "per_request_spec_decode_stats"):
+        args["per_request_spec_decode_stats"] = True
     _check_keys(args, LLM_KEYS, "LLM arguments (TorchLlmArgs)")
     return args
 
@@ -232,7 +241,7 @@ def trtllm_serve_commands(recipe: Recipe, artifact: Path, options: Path) -> dict
     mpirun       world size tp x pp under mpirun, each rank under trtllm-llmapi-launch (rank 0
                  runs the server, the others run tensorrt_llm.llmapi.mgmn_worker_node:
                  tensorrt_llm/llmapi/trtllm-llmapi-launch)
-    srun         the same under Slurm (--mpi=pmix), on the nodes recipe/placement.py lays out
+    srun         the same under Slurm (--mpi=pmix), on the nodes recipe/plan/placement.py lays out
                  for one model copy (`serve --launcher srun` writes the whole sbatch script around
                  it: one such step per copy of parallel.replicas, each on nodes of its own)
     Every command serves one model copy: replicas are as many of them, each its own endpoint.

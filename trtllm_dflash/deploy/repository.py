@@ -29,6 +29,9 @@ pytorch    <name>/config.pbtxt        TensorRT-LLM's LLM-API model interface (Te
            and, beside the repository, the trtllm-serve deployment of the same arguments:
            OUT/trtllm_serve/extra_llm_api_options.yaml   for --extra_llm_api_options
            OUT/trtllm_serve/launch.json                  single_node, mpirun and srun commands
+           and the NVIDIA Dynamo TensorRT-LLM worker's (deploy/dynamo.py):
+           OUT/dynamo/engine_args.yaml                   for --extra-engine-args
+           OUT/dynamo/launch.json                        the worker's and frontend's arguments
 The LLM arguments depend on backend.trtllm_version (deploy/llmapi.py holds the field tables).
 """
 
@@ -40,14 +43,21 @@ from pathlib import Path
 import yaml
 
 from trtllm_dflash.artifacts import (
-    Manifest, atomic_stage_dir, manifest_sha256, planned_build_command, relative_to, verify_input,
+    Manifest,
+    atomic_stage_dir,
+    manifest_sha256,
+    planned_build_command,
+    relative_to,
+    verify_input,
 )
-from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtllm_serve_commands
+from trtllm_dflash.deploy import dynamo
 from trtllm_dflash.deploy.dialect import DIALECT_MODELS, dialect_model_config
+from trtllm_dflash.deploy.llmapi import extra_llm_api_options, model_yaml, trtllm_serve_commands
 from trtllm_dflash.deploy.settings import DFLASH_INPUTS, REPOSITORY, ModelSettings
 from trtllm_dflash.deploy.triton_config import dflash_model_config, llmapi_model_config, render
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.dynamo import version as dynamo_version
 from trtllm_dflash.recipe.stages import input_stage, source_ref
 from trtllm_dflash.recipe.support import backend as backend_spec
 
@@ -122,10 +132,14 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
     if spec.dialect_models and name in DIALECT_MODELS:
         raise UserError(f"serve.model_name: {name!r} is the name of a model deploy writes beside it "
                         f"({', '.join(DIALECT_MODELS)}); choose another name")
-    manifest = Manifest.for_stage("deploy", recipe, from_dir, extra={"backend": backend, "model_name": name,
-                                                                      "artifact": relative_to(artifact, out_dir),
-                                                                      "inputs": model_inputs(recipe),
-                                                                      "plan_only": dry_run})
+    extra = {"backend": backend, "model_name": name, "artifact": relative_to(artifact, out_dir),
+             "inputs": model_inputs(recipe), "plan_only": dry_run}
+    if spec.triton_model == "llmapi":
+        extra["dynamo"] = {"version": dynamo_version(), "engine_args": f"{dynamo.DYNAMO_DIR}/{dynamo.ENGINE_ARGS}",
+                           "launch": f"{dynamo.DYNAMO_DIR}/{dynamo.LAUNCH}"}
+    # config.pbtxt: the models' parameters, which users edit (docs/serving.md); read and checked
+    # where a model loads (deploy/settings.py ModelSettings) and by doctor
+    manifest = Manifest.for_stage("deploy", recipe, from_dir, extra=extra, editable=[f"{REPOSITORY}/*/config.pbtxt"])
     with atomic_stage_dir(out_dir, manifest, overwrite=overwrite) as tmp:
         model_dir = tmp / REPOSITORY / name
         version = model_dir / "1"
@@ -138,10 +152,13 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             serve_dir = tmp / TRTLLM_SERVE
             serve_dir.mkdir()
             (serve_dir / OPTIONS).write_text(
-                comment + yaml.safe_dump(extra_llm_api_options(recipe, artifact), sort_keys=False))
+                comment + yaml.safe_dump(extra_llm_api_options(recipe, artifact, Path(out_dir) / TRTLLM_SERVE),
+                                         sort_keys=False))
             # The commands name the final location (tmp is renamed to out_dir when complete).
             commands = trtllm_serve_commands(recipe, artifact, Path(out_dir).resolve() / TRTLLM_SERVE / OPTIONS)
             (serve_dir / LAUNCH).write_text(json.dumps(commands, indent=2) + "\n")
+            _write_dynamo(tmp / dynamo.DYNAMO_DIR, recipe, artifact, Path(out_dir).resolve() / dynamo.DYNAMO_DIR,
+                          comment)
         else:
             settings = _settings(spec, m, from_dir, artifact, Path(out_dir))
             (model_dir / "config.pbtxt").write_text(render(dflash_model_config(recipe, settings.to_params()), header))
@@ -149,6 +166,15 @@ def deploy(recipe: Recipe, from_dir: Path, out_dir: Path, overwrite: bool = Fals
             (version / "recipe.yaml").write_text(yaml.safe_dump(deployed_recipe(recipe), sort_keys=False))
             _write_dialect_models(tmp / REPOSITORY, recipe, header)
     return out_dir
+
+
+def _write_dynamo(directory: Path, recipe: Recipe, artifact: Path, final: Path, comment: str) -> None:
+    """The Dynamo TensorRT-LLM worker's files (deploy/dynamo.py), naming their final location."""
+    directory.mkdir()
+    (directory / dynamo.ENGINE_ARGS).write_text(
+        comment + yaml.safe_dump(dynamo.engine_args(recipe, artifact), sort_keys=False))
+    launch = dynamo.launch(recipe, artifact, final / dynamo.ENGINE_ARGS)
+    (directory / dynamo.LAUNCH).write_text(json.dumps(launch, indent=2) + "\n")
 
 
 def _settings(spec, m: Manifest, from_dir: Path, artifact: Path, out_dir: Path) -> ModelSettings:

@@ -1,6 +1,7 @@
 """The contract between deploy and serve, the only part of deploy that serve imports: where a
 deployment keeps its model repository, the dflash model's request and response tensors
-(config.pbtxt declares them; serve/triton_model.py reads and answers them) and its settings.
+(config.pbtxt declares them; serve/triton_model.py reads requests, serve/triton_outputs.py renders
+responses) and its settings.
 
 The settings: what deploy writes into the dflash model's config.pbtxt parameters and what serve
 (the Triton model, `serve --api openai`, `profile`) reads back, as one typed record.
@@ -20,7 +21,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtllm_dflash.errors import UserError
-from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
+from trtllm_dflash.recipe.plan.rows import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.runtime import RUNNERS
 
 REPOSITORY = "model_repository"  # the Triton model repository inside a deploy output
@@ -32,6 +33,7 @@ class Tensor:
     dtype: int  # a model_config_pb2.DataType value
     dims: tuple[int, ...] = (1,)
     optional: bool = False
+    doc: str = ""  # what it is (an output of ours: the dialect models' docs table says it)
 
 
 # Requests of the dflash model (one prompt per request; Triton batching off, the engine batches in flight).
@@ -49,7 +51,8 @@ DFLASH_INPUTS = (
     Tensor("exclude_input_in_output", mc.TYPE_BOOL, optional=True),
     Tensor("draft_len", mc.TYPE_INT32, optional=True),  # drafts per round, 0 = speculation off (AR baseline)
     Tensor("mode", mc.TYPE_STRING, optional=True),  # "ar" | "dflash" | "ddtree"; default: the deployment's
-    Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),  # text_output without special tokens (eos); default false
+    # text_output without special tokens (eos); default false
+    Tensor("skip_special_tokens", mc.TYPE_BOOL, optional=True),
     # tensorrtllm_backend's flag: true adds acceptance_rate and acceptance_histogram to the responses
     Tensor("return_perf_metrics", mc.TYPE_BOOL, optional=True),
     # true: cancel the running request that has this request's id (how the dialect models cancel
@@ -67,25 +70,30 @@ DFLASH_INPUTS = (
     # TensorRT-LLM's executor leaves it out (NVIDIA/TensorRT-LLM#2190); default false: it is kept
     Tensor("skip_end_token", mc.TYPE_BOOL, optional=True),
 )
+# Responses of the dflash model: one value per Update field its renderer (serve/triton_outputs.py)
+# sends; the dialect models forward the [1] ones as they are (serve/dialect.py).
 DFLASH_OUTPUTS = (
-    Tensor("text_output", mc.TYPE_STRING),  # the delta generated in this response
-    Tensor("output_token_count", mc.TYPE_INT32),  # tokens committed in this response
-    Tensor("total_output_tokens", mc.TYPE_INT32),  # tokens generated so far
-    Tensor("rounds", mc.TYPE_INT32),  # target verify passes so far
-    Tensor("total_draft_tokens", mc.TYPE_INT32),
-    Tensor("total_accepted_draft_tokens", mc.TYPE_INT32),
-    Tensor("acceptance_length", mc.TYPE_FP32),  # tau so far: committed tokens per verify pass
-    Tensor("finish_reason", mc.TYPE_STRING),  # "" while streaming, then "length" | "stop"
-    Tensor("output_ids", mc.TYPE_INT32, (-1,)),  # the tokens committed in this response; only when asked for
+    Tensor("text_output", mc.TYPE_STRING, doc="the text generated in this response"),
+    Tensor("output_token_count", mc.TYPE_INT32, doc="tokens committed in this response"),
+    Tensor("total_output_tokens", mc.TYPE_INT32, doc="tokens generated so far"),
+    Tensor("rounds", mc.TYPE_INT32, doc="target verify passes so far"),
+    Tensor("total_draft_tokens", mc.TYPE_INT32, doc="draft tokens verified so far"),
+    Tensor("total_accepted_draft_tokens", mc.TYPE_INT32, doc="draft tokens accepted so far"),
+    Tensor("acceptance_length", mc.TYPE_FP32, doc="tokens committed per verify pass so far (tau)"),
+    Tensor("finish_reason", mc.TYPE_STRING, doc="`length` / `stop` on the last response, empty before"),
+    Tensor("avg_decoded_tokens_per_iter", mc.TYPE_FP32, doc="output tokens per iteration so far, the prefill "
+                                                             "counting as one (trtllm-serve's)"),
+    # the tokens committed in this response; only when asked for
+    Tensor("output_ids", mc.TYPE_INT32, (-1,), doc="the tokens committed in this response"),
     # With return_perf_metrics (or when named). acceptance_rate: accepted / drafted so far, FP32 [1]
     # as tensorrtllm_backend's tensorrt_llm model declares it; acceptance_histogram (ours, the shape of
     # TensorRT-LLM PR #19311's): [block_size] verify passes so far by the drafts each accepted.
-    Tensor("acceptance_rate", mc.TYPE_FP32),
-    Tensor("acceptance_histogram", mc.TYPE_INT32, (-1,)),
+    Tensor("acceptance_rate", mc.TYPE_FP32, doc="accepted / drafted draft tokens so far"),
+    Tensor("acceptance_histogram", mc.TYPE_INT32, (-1,), doc="verify passes so far by the drafts each accepted"),
     # return_log_probs: each of this response's tokens' log-probability under the target, and their
     # sum over the whole output so far; only when asked for
-    Tensor("output_log_probs", mc.TYPE_FP32, (-1,)),
-    Tensor("cum_log_probs", mc.TYPE_FP32),
+    Tensor("output_log_probs", mc.TYPE_FP32, (-1,), doc="each token's log-probability under the target"),
+    Tensor("cum_log_probs", mc.TYPE_FP32, doc="the log-probabilities' sum over the whole output so far"),
 )
 
 
@@ -109,9 +117,22 @@ class ModelSettings:
         if self.runners not in RUNNERS:
             raise UserError(f"runners: {self.runners!r}, allowed: {', '.join(RUNNERS)}")
         if not 0 < self.kv_cache_free_gpu_mem_fraction <= 1:
-            raise UserError(f"kv_cache_free_gpu_mem_fraction: {self.kv_cache_free_gpu_mem_fraction}, expected 0 < f <= 1")
+            raise UserError(f"kv_cache_free_gpu_mem_fraction: {self.kv_cache_free_gpu_mem_fraction}, expected 0 < f <= "
+                            "1")
         if self.torch_threads < 0:
             raise UserError(f"torch_threads: {self.torch_threads}, expected >= 0 (0: the deployment's default)")
+        self.device_ids  # noqa: B018  (refused here, at read time)
+
+    @property
+    def device_ids(self) -> list[int] | None:
+        """gpu_device_ids as integers; None: the GPUs in order."""
+        if not self.gpu_device_ids:
+            return None
+        try:
+            return [int(x) for x in self.gpu_device_ids.split(",")]
+        except ValueError:
+            raise UserError(f"gpu_device_ids: {self.gpu_device_ids!r}: expected comma-separated GPU ids, "
+                            "e.g. 0,1") from None
 
     def resolved(self, deploy_dir: Path) -> "ModelSettings":
         """These settings with their paths made absolute against `deploy_dir` (an absolute path,
@@ -138,5 +159,31 @@ class ModelSettings:
             try:
                 values[key] = float(text) if "float" in kind else int(text) if kind == "int" else text
             except ValueError:
-                raise UserError(f"{where}: parameter {key}: {text!r} is not a{'n integer' if kind == 'int' else ' number'}") from None
-        return cls(**values)
+                raise UserError(f"{where}: parameter {key}: {text!r} is not "
+                                f"a{'n integer' if kind == 'int' else ' number'}") from None
+        try:
+            return cls(**values)
+        except UserError as e:  # a value out of its range: name the file as well
+            raise UserError(f"{where}: parameter {e}") from None
+
+
+def model_settings(model_dir: Path) -> ModelSettings:
+    """The settings a dflash model's config.pbtxt gives (as written: paths not resolved); one
+    line naming the file and the parameter when it cannot be read or a parameter is wrong."""
+    from google.protobuf import text_format
+
+    path = Path(model_dir) / "config.pbtxt"
+    try:
+        cfg = text_format.Parse(path.read_text(), mc.ModelConfig())
+    except (OSError, text_format.ParseError) as e:
+        raise UserError(f"{path}: cannot read the deployed model: {e}") from None
+    return ModelSettings.from_params({k: v.string_value for k, v in cfg.parameters.items()}, str(path))
+
+
+def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSettings]:
+    """(version directory, settings with absolute paths) of the dflash model in a deploy output."""
+    model_dir = Path(deploy_dir) / REPOSITORY / model_name
+    settings = model_settings(model_dir)
+    if settings.checkpoint is None:
+        raise UserError(f"{model_dir / 'config.pbtxt'}: no checkpoint parameter: not a reference-backend deployment")
+    return model_dir / "1", settings.resolved(deploy_dir)

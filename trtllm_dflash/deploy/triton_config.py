@@ -20,7 +20,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtllm_dflash.deploy.settings import DFLASH_INPUTS, DFLASH_OUTPUTS, Tensor
 from trtllm_dflash.recipe import Recipe
 
-
 # The LLM-API model of TensorRT-LLM >= 1.3, as upstream declares it
 # (triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt; the multimodal `image_url` and
 # the LoRA inputs are left out: a DFlash deployment serves text with one adapter-free model).

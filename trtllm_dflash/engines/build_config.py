@@ -9,14 +9,14 @@ from typing import Literal
 
 from trtllm_dflash.engines.upstream import BUILD_CONFIG_FIELDS, PLUGIN_CONFIG_FIELDS, SPECULATIVE_DECODING_MODE
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.engine_layout import (
+from trtllm_dflash.recipe.plan.drafter import drafter_placement
+from trtllm_dflash.recipe.plan.engine_layout import (
     DTYPE_NAMES,
     default_opt_num_tokens,
     max_draft_len,
     target_attention,
     target_seq_len,
 )
-from trtllm_dflash.recipe.planner import drafter_placement
 
 Role = Literal["target", "drafter"]
 
@@ -146,12 +146,14 @@ def engine_plugins(recipe: Recipe, role: Role, cfg: dict) -> list[dict]:
                 "the engine; no Python at inference")
         out.append({"name": APPEND_PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py", "kind": kind,
                     "inputs": list(APPEND_INPUT_NAMES), "outputs": list(APPEND_OUTPUT_NAMES), "attributes": {},
-                    "use": f"every drafter layer ({d.num_layers}): this step's context K/V rows into the layer's arena, "
-                           "in place (outputs present_*_cache_{l} bound to the k_cache_{l} / v_cache_{l} buffers)"})
+                    "use": f"every drafter layer ({d.num_layers}): this step's context K/V rows into the layer's "
+                           "arena, in place (outputs present_*_cache_{l} bound to the k_cache_{l} / v_cache_{l} "
+                           "buffers)"})
         out.append({"name": PLUGIN_ID, "from": "plugins/kv_inject_attention/trt_plugin.py", "kind": kind,
                     "inputs": list(INPUT_NAMES), "attributes": attrs, "use": use})
     if pc["gemm_plugin"]:
-        what = "NVFP4 GEMMs" if pc["gemm_plugin"] == "nvfp4" else "unquantized GEMMs (lm_head; all GEMMs of a float model)"
+        what = ("NVFP4 GEMMs" if pc["gemm_plugin"] == "nvfp4"
+                else "unquantized GEMMs (lm_head; all GEMMs of a float model)")
         out.append({"name": "gemm_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["gemm_plugin"]), "use": what})
     if pc["nccl_plugin"]:
         out.append({"name": "nccl_plugin", "from": "tensorrt_llm", "dtype": dtype(pc["nccl_plugin"]),

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from trtllm_dflash.engines.build_config import TOKENS_PER_BLOCK, kv_dtype
 from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.engine_layout import DTYPE_NAMES
-from trtllm_dflash.recipe.planner import drafter_placement
+from trtllm_dflash.recipe.plan.drafter import drafter_placement
+from trtllm_dflash.recipe.plan.engine_layout import DTYPE_NAMES
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,11 @@ def target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor]
     }
     stock = "stock (prepare_basic_inputs)"
     inputs = [
-        Tensor("input_ids", "int32", ("num_tokens",), "packed tokens: context chunks, prompts + drafts of verify rounds"),
+        Tensor("input_ids", "int32", ("num_tokens",),
+               "packed tokens: context chunks, prompts + drafts of verify rounds"),
         Tensor("position_ids", "int32", ("num_tokens",), stock),
-        Tensor("last_token_ids", "int32", ("num_seq",), "inclusive end offset of each sequence; the tail gather reads it"),
+        Tensor("last_token_ids", "int32", ("num_seq",),
+               "inclusive end offset of each sequence; the tail gather reads it"),
         Tensor("sequence_length", "int32", ("num_seq",), stock),
         Tensor("context_lengths", "int32", ("num_seq",), stock),
         Tensor("host_context_lengths", "int32", ("num_seq",), stock),
@@ -62,14 +64,16 @@ def target_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor]
     if recipe.parallel.tp > 1:
         inputs.append(Tensor("all_reduce_workspace", "int64", ("all_reduce_size",), stock + ", tp > 1"))
     outputs = [
-        Tensor("logits", "float32", ("num_seq", "vocab"), "last token of each sequence (stock; the AR baseline uses it)"),
+        Tensor("logits", "float32", ("num_seq", "vocab"),
+               "last token of each sequence (stock; the AR baseline uses it)"),
         Tensor("dflash_ctx", act, ("num_tokens", "hidden"),
                "hidden_norm(fc(concat of target_layer_ids taps)); gatherContext=true, requested on the prefill round"),
         Tensor("dflash_tail", act, ("num_seq", "block", "hidden"),
                "dflash_ctx rows of each sequence's last `block` tokens (clamped at its start); gatherContext=false"),
         Tensor("dflash_logits", "float32", ("num_seq", "block", "vocab"),
                "logits of those rows (lm_head); gatherContext=false, requested by sampling decoders"),
-        Tensor("dflash_argmax", "int32", ("num_seq", "block"), "greedy token after each of those rows (lm_head + top-1)"),
+        Tensor("dflash_argmax", "int32", ("num_seq", "block"),
+               "greedy token after each of those rows (lm_head + top-1)"),
     ]
     return dims, inputs, outputs
 
@@ -103,11 +107,14 @@ def drafter_io(recipe: Recipe, cfg: dict, block: int) -> tuple[dict, list[Tensor
         Tensor("v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), arena),
     ]
     if tp > 1:
-        inputs.append(Tensor("all_reduce_workspace", "int64", ("all_reduce_size",), "tp > 1 (prepare_basic_inputs' form)"))
+        inputs.append(Tensor("all_reduce_workspace", "int64", ("all_reduce_size",),
+                             "tp > 1 (prepare_basic_inputs' form)"))
     outputs = [
         Tensor("draft_ids", "int32", ("batch", "drafts"), "the target's lm_head + top-1 on the mask slots"),
         Tensor("draft_logits", act, ("batch", "drafts", "vocab"), "their logits (the DrafterRunner result)"),
-        Tensor("present_k_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), present.format(kv="k", l="{l}")),
-        Tensor("present_v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"), present.format(kv="v", l="{l}")),
+        Tensor("present_k_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"),
+               present.format(kv="k", l="{l}")),
+        Tensor("present_v_cache_{l}", kv, ("batch", "max_seq_len", "kv_heads", "head_dim"),
+               present.format(kv="v", l="{l}")),
     ]
     return dims, inputs, outputs

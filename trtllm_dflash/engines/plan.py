@@ -9,7 +9,7 @@ target   `DFlashQwen3Target` / `DFlashLlamaTarget` (engines/trtllm_models.py): t
          `QWenForCausalLM` / `LLaMAForCausalLM` with the DFlash tap. No speculative decoding
          mode: each verify round is a context request (committed tokens + drafts as prompt
          tokens, max_tokens=1) served by the C++ Executor, with KV block reuse where the engine
-         has paged context FMHA (recipe/engine_layout.py: not for fp32, nor for bf16 / fp16
+         has paged context FMHA (recipe/plan/engine_layout.py: not for fp32, nor for bf16 / fp16
          weights over an FP8 KV cache), so its engine needs `max_input_len` = `max_seq_len` - 1
          and `max_seq_len` = the recipe's plus one block of drafts. Extra outputs `dflash_ctx`,
          `dflash_tail`, `dflash_argmax`.
@@ -24,7 +24,7 @@ The KV-cache dtype is not a BuildConfig field: TensorRT-LLM takes it from the ch
 `quantization.kv_cache_quant_algo` (builder.py `build()`: FP8 KV forces `strongly_typed`); the
 plan records what the recipe's `quantization.kv_cache` asks for, and the stage checks the
 checkpoint says the same. The attention flags in build_config.json are the ones build() would
-resolve them to (recipe/engine_layout.py target_attention), so the file says what the engine
+resolve them to (recipe/plan/engine_layout.py target_attention), so the file says what the engine
 gets; the plan says whether the Executor can then reuse KV blocks (`kv_block_reuse`).
 
 Paths: every path in the plan, its commands and build_config.json is relative to the build
@@ -43,7 +43,7 @@ the engine's own directory, relative like the rest (`target/timing.cache`).
 Tensor parallelism: one target engine per rank from the per-rank checkpoints
 (`rank{r}.safetensors`) convert writes; `trtllm-build --workers N` or `mpirun -n N
 trtllm-build` (commands/build.py `parallel_build`). The drafter engine follows the placement
-rule (recipe/planner.py drafter_placement, docs/engine-tp.md): one engine for rank 0's GPU
+rule (recipe/plan/drafter.py drafter_placement, docs/engine-tp.md): one engine for rank 0's GPU
 (rank0), or one per rank like the target (split, with the NCCL plugin and the all-reduce
 workspace input).
 """
@@ -68,17 +68,18 @@ from trtllm_dflash.engines.upstream import CONTAINER, KV_CACHE_TYPES, TRTLLM_BUI
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.formats import engine_io
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.engine_layout import kv_block_reuse, max_draft_len, verify_cost
-from trtllm_dflash.recipe.planner import drafter_placement
+from trtllm_dflash.recipe.plan.drafter import drafter_placement
+from trtllm_dflash.recipe.plan.engine_layout import kv_block_reuse, max_draft_len, verify_cost
 from trtllm_dflash.recipe.stages import input_stage
-from trtllm_dflash.recipe.support import ARCHITECTURES, DRAFTER_ENGINE_CLASS, backend as backend_spec, backends_for
+from trtllm_dflash.recipe.support import ARCHITECTURES, DRAFTER_ENGINE_CLASS, backends_for
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 ROLES: tuple[Role, ...] = ("target", "drafter")
 
 # What the TensorRT side still needs before a DFlash2 drafter (z-lab's DFlash2DraftModel) builds
 # and serves on the engine backend; convert refuses such recipes for backend engine until then.
 # The torch network (runtime/networks.py over ops_torch.TorchOps) already runs it, checked against
-# the reference drafter (tests/build/test_networks.py), and convert/quantize carry its tensors.
+# the reference drafter (tests/runtime/test_networks.py), and convert/quantize carry its tensors.
 DFLASH2_ENGINE_NOTE = """\
 DFlash2 (and the logit / embedding scalars of z-lab's later drafters) on the engine backend
 (TensorRT-LLM 1.2.x drafter engine), still to do:
@@ -124,7 +125,7 @@ class EnginePlan:
     output_dir: str
     build_config: dict
     kv_cache_dtype: str
-    attention: dict  # the resolved attention flags and why (recipe/engine_layout.py)
+    attention: dict  # the resolved attention flags and why (recipe/plan/engine_layout.py)
     plugins: list[dict]
     dims: dict[str, int]
     inputs: list[Tensor]
@@ -168,16 +169,16 @@ def check_buildable(recipe: Recipe) -> None:
     """The recipe problems that make an engine build impossible; one UserError line each.
     (load_recipe's rules catch most of them already; build checks again for recipes loaded
     without rules and to name the build-specific reason.)"""
-    file = recipe.file or recipe.name
+    at = recipe.field_at  # where each field was written (its YAML line and column, or the --set)
     backend = recipe.backend.name
     if not backend_spec(backend).builds_engines:
-        raise UserError(f"{file}: backend.name is {backend!r}: `build` compiles TensorRT-LLM 1.2.x engines for the "
+        raise UserError(f"{at('backend.name')} is {backend!r}: `build` compiles TensorRT-LLM 1.2.x engines for the "
                         f"engine backend only; the {backend} backend has no build stage (deploy takes its "
                         f"{input_stage(recipe, 'deploy')} output)")
     t, d = recipe.target_facts, recipe.drafter_facts
     if t.family not in TARGET_CLASSES or t.is_moe:
         what = f"MoE ({t.num_experts} experts)" if t.is_moe else t.family
-        raise UserError(f"{file}: target.arch: {what} targets are not on the engine path (TensorRT-LLM 1.2.x engines "
+        raise UserError(f"{at('target.arch')}: {what} targets are not on the engine path (TensorRT-LLM 1.2.x engines "
                         f"here: dense {', '.join(sorted(TARGET_CLASSES))}); use backend "
                         f"{' or '.join(b for b in backends_for(t.family) if b != backend) or 'reference'}")
     draft = max_draft_len(recipe)
@@ -186,7 +187,7 @@ def check_buildable(recipe: Recipe) -> None:
         bands = recipe.speculative.bands
         field_name = (f"speculative.draft_len.{max(range(len(bands)), key=lambda i: bands[i].draft_len)}.draft_len"
                       if bands else "speculative.block_size")
-        raise UserError(f"{file}: {field_name}: max_draft_len {draft} needs a block of {draft + 1}, but the drafter "
+        raise UserError(f"{at(field_name)}: max_draft_len {draft} needs a block of {draft + 1}, but the drafter "
                         f"was trained with block_size {trained}; allowed: max_draft_len <= {trained - 1}")
 
 
@@ -230,8 +231,8 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
     inp = input_stage(recipe, "build")
     launch = {
         "build": ("one process: trtllm-build builds rank0 on one GPU" if ws == 1 else
-                  f"one process: trtllm-build --workers {ws} builds the target's rank0..rank{ws - 1} (a spawn pool, one "
-                  f"GPU each), the drafter's {'rank0 alone' if placement.tp == 1 else 'per rank the same way'}"
+                  f"one process: trtllm-build --workers {ws} builds the target's rank0..rank{ws - 1} (a spawn pool, "
+                  f"one GPU each), the drafter's {'rank0 alone' if placement.tp == 1 else 'per rank the same way'}"
                   + (f"; or under MPI: mpirun -n {ws} trtllm-build ... --workers 1 (each MPI rank builds its engine "
                      "ranks, commands/build.py parallel_build)" if ws > 1 else "")),
         "serve": ("tritonserver with the decoupled Python model `dflash` (serve/triton_model.py): it holds the target "
@@ -252,7 +253,8 @@ def make_plan(recipe: Recipe, from_dir: Path | None, out: Path) -> BuildPlan:
         _reuse_note(recipe),
     ]
     return BuildPlan(
-        recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version or backend_spec(recipe.backend.name).default_trtllm_version,
+        recipe=recipe.name, trtllm_version=recipe.backend.trtllm_version
+        or backend_spec(recipe.backend.name).default_trtllm_version,
         container=CONTAINER, tp=recipe.parallel.tp, pp=recipe.parallel.pp, world_size=ws, max_draft_len=draft,
         block=block, from_dir=None if from_dir is None else src, models_file=MODELS_FILE, engines=engines,
         drafter_parallelism=_drafter_parallelism(placement, recipe.parallel.tp),
@@ -279,7 +281,8 @@ def render(plan: BuildPlan, *, io: bool = True, where: Path | None = None) -> st
     """The plan as the CLI prints it: per engine its command, plugins and (io=True) I/O tensors;
     `where`: the build directory the commands run in."""
     lines = [f"build plan: {plan.recipe} -> TensorRT-LLM {plan.trtllm_version} engines, world size "
-             f"{plan.world_size} (tp {plan.tp} x pp {plan.pp}), max_draft_len {plan.max_draft_len} (block {plan.block})",
+             f"{plan.world_size} (tp {plan.tp} x pp {plan.pp}), max_draft_len {plan.max_draft_len} (block "
+             f"{plan.block})",
              f"commands run in {shlex.quote(str(where)) if where else 'the build directory'} (their paths are relative "
              "to it)"]
     for e in plan.engines:

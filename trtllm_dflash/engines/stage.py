@@ -40,9 +40,9 @@ from typing import Callable
 from trtllm_dflash.artifacts import MANIFEST, Manifest, atomic_stage_dir, check_out_dir, tool_versions, verify_input
 from trtllm_dflash.engines.plan import (
     CHECKPOINT_ARCHITECTURES,
+    MODELS_FILE,
     ROLES,
     BuildPlan,
-    MODELS_FILE,
     EnginePlan,
     check_buildable,
     make_plan,
@@ -52,7 +52,7 @@ from trtllm_dflash.engines.plan import (
 from trtllm_dflash.engines.upstream import CONTAINER, SUPPORTED_LINE, TRTLLM_BUILD
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.planner import drafter_placement
+from trtllm_dflash.recipe.plan.drafter import drafter_placement
 from trtllm_dflash.recipe.stages import StageOptions, build_command, input_stage
 
 NAME = "build"
@@ -91,7 +91,8 @@ def cannot_build_here() -> str | None:
         return "TensorRT-LLM is not installed here"
     head = version.split("rc")[0].split("+")[0].split(".")
     if tuple(int(x) for x in head[:2] if x.isdigit()) != SUPPORTED_LINE:
-        return f"TensorRT-LLM {version} is installed here; the engine path needs 1.2.x (the last line with trtllm-build)"
+        return (f"TensorRT-LLM {version} is installed here; the engine path needs 1.2.x (the last line with "
+                "trtllm-build)")
     if shutil.which(TRTLLM_BUILD) is None:
         return f"TensorRT-LLM {version} is installed but {TRTLLM_BUILD} is not on PATH"
     return None
@@ -122,7 +123,8 @@ def check_checkpoints(from_dir: Path, recipe: Recipe) -> None:
         cfg = _read_config(path)
         arch = CHECKPOINT_ARCHITECTURES[family if role == "target" else "drafter"]
         if cfg.get("architecture") != arch:
-            raise UserError(f"{path}: architecture is {cfg.get('architecture')!r}; the {role} engine builds from {arch}")
+            raise UserError(f"{path}: architecture is {cfg.get('architecture')!r}; the {role} engine builds from "
+                            f"{arch}")
         tp = (cfg.get("mapping") or {}).get("tp_size")
         want = recipe.parallel.tp if role == "target" else placement.tp
         if tp != want:
@@ -135,7 +137,8 @@ def check_checkpoints(from_dir: Path, recipe: Recipe) -> None:
         kv = (cfg.get("quantization") or {}).get("kv_cache_quant_algo")
         if kv != kv_want:
             raise UserError(f"{path}: quantization.kv_cache_quant_algo is {kv!r}, recipe quantization.kv_cache "
-                            f"{recipe.quantization.kv_cache} needs {kv_want!r} (the engine's KV-cache dtype comes from it)")
+                            f"{recipe.quantization.kv_cache} needs {kv_want!r} (the engine's KV-cache dtype comes from "
+                            "it)")
     trained = (_read_config(from_dir / "drafter" / "config.json").get("dflash") or {}).get("block_size")
     draft = max_draft_len(recipe)
     if trained is not None and draft + 1 > trained:
@@ -162,7 +165,8 @@ def _run(engine: EnginePlan, out: Path, tmp: Path, say: Callable[[str], None]) -
     rc = subprocess.run(engine.command, cwd=tmp).returncode
     if rc != 0:
         raise UserError(f"{TRTLLM_BUILD} exited with {rc} (its output is above); nothing was written to {out}")
-    check_built_plugins(engine, tmp / engine.role / "engines" / "config.json", out / engine.role / "engines" / "config.json")
+    check_built_plugins(engine, tmp / engine.role / "engines" / "config.json",
+                        out / engine.role / "engines" / "config.json")
 
 
 def check_built_plugins(engine: EnginePlan, config_json: Path, shown: Path) -> None:

@@ -85,13 +85,16 @@ class _TapTarget:
         quantizes after __init__, and the tap stays in the model dtype."""
         dflash = getattr(config, "dflash", None)
         if not dflash:
-            raise ValueError(f"{type(self).__name__}: the config has no `dflash` section (from_checkpoint reads it from "
-                             "the drafter checkpoint beside the target; set config.dflash for a random-weight build)")
+            raise ValueError(f"{type(self).__name__}: the config has no `dflash` section (from_checkpoint reads it "
+                             "from the drafter checkpoint beside the target; set config.dflash for a random-weight "
+                             "build)")
         if config.mapping.pp_size > 1:
-            raise ValueError(f"{type(self).__name__}: pipeline parallelism is not supported (the tap needs every layer)")
+            raise ValueError(f"{type(self).__name__}: pipeline parallelism is not supported (the tap needs every "
+                             "layer)")
         q = config.quantization
         if q.quant_algo is not None:  # the tap runs in the model dtype (tap_weights dequantizes the drafter's fc)
-            q.exclude_modules = [*(q.exclude_modules if q.exclude_modules is not None else _DEFAULT_EXCLUDED), "dflash.*"]
+            q.exclude_modules = [*(q.exclude_modules if q.exclude_modules is not None else _DEFAULT_EXCLUDED),
+                                 "dflash.*"]
         super().__init__(config)
         self.tap_layer_ids = tuple(int(i) for i in dflash["target_layer_ids"])
         self.tail = int(dflash["block_size"])
@@ -298,7 +301,8 @@ class DFlashDrafter(PretrainedModel):
         return draft_ids
 
 
-MODEL_MAP["DFlashDrafter"] = DFlashDrafter  # tensorrt_llm/models/__init__.py MODEL_MAP: checkpoint architecture -> class
+# tensorrt_llm/models/__init__.py MODEL_MAP: checkpoint architecture -> class
+MODEL_MAP["DFlashDrafter"] = DFlashDrafter
 
 # builder.py build() runs optimize(network): its FuseAttentionWithBiasPass visits every layer and
 # calls graph_rewriting.Layer.as_layer(), which raises on a layer type missing from its map, and

@@ -28,12 +28,13 @@ machine (`tests/build` prints the check: `BuildConfig.from_dict(json.load(f))` r
 
 What `BuildConfig.from_dict` reads without a default differs between the stored copies of
 builder.py (FROM_DICT_REQUIRED below). How build() resolves the attention flags and the runtime
-limits that follow (recipe/engine_layout.py) are read from the same files and the 1.2 line's C++.
+limits that follow (recipe/plan/engine_layout.py) are read from the same files and the 1.2 line's C++.
 """
 
 from __future__ import annotations
 
 from trtllm_dflash.recipe.containers import TRITON_TRTLLM_1_2
+from trtllm_dflash.recipe.images import lookup
 
 # tensorrt_llm/builder.py :: BuildConfig -- every field, in declaration order.
 BUILD_CONFIG_FIELDS: tuple[str, ...] = (
@@ -176,8 +177,10 @@ TRTLLM_BUILD = "trtllm-build"
 TRTLLM_BUILD_FLAGS = ("--checkpoint_dir", "--build_config", "--model_cls_file", "--model_cls_name", "--output_dir",
                       "--workers")
 
-# Where the engine path runs (docs/design/upstream-facts.md; tensorrtllm_backend r25.12 / 9e828d3).
+# Where the engine path runs: the image table's Triton image carrying 1.2.1 (recipe/images.py).
 SUPPORTED_LINE = (1, 2)
 CONTAINER_IMAGE = TRITON_TRTLLM_1_2  # on NGC; recipe/containers.py names every backend's image
-CONTAINER = f"NVIDIA's Triton 25.12 trtllm-python-py3 container ({CONTAINER_IMAGE}: TensorRT-LLM 1.2.x, TensorRT 10.14)"
+_ROW = lookup(CONTAINER_IMAGE)
+CONTAINER = (f"NVIDIA's Triton {_ROW.tag} container ({_ROW.ref}: TensorRT-LLM {_ROW.trtllm}, "
+             f"TensorRT {_ROW.tensorrt})")
 

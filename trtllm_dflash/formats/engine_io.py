@@ -85,7 +85,7 @@ def read_drafter_config(target_checkpoint_dir: str | Path) -> dict:
 def tap_weights(target_checkpoint_dir: str | Path, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The drafter's fc and hidden_norm for target rank `rank` (fc is column-split like the
     target's ColumnLinear), in the target's dtype. The drafter checkpoint is split like the
-    target, or kept whole where rank 0 holds the drafter (recipe/planner.py drafter_placement):
+    target, or kept whole where rank 0 holds the drafter (recipe/plan/drafter.py drafter_placement):
     then every target rank reads rank0.safetensors and takes its columns by DRAFTER_MAP's own
     rule (formats/weight_maps.py rank_part). A quantized fc is dequantized first: the tap runs
     in the model dtype (trtllm_models.py excludes it from the target's quantization)."""
@@ -95,8 +95,8 @@ def tap_weights(target_checkpoint_dir: str | Path, rank: int, dtype: torch.dtype
     tp = _mapping_tp(target_checkpoint_dir / "config.json")
     dtp = int(read_drafter_config(target_checkpoint_dir).get("mapping", {}).get("tp_size", 1))
     if dtp not in (1, tp):
-        raise UserError(f"{target_checkpoint_dir.parent / 'drafter' / 'config.json'}: mapping.tp_size {dtp}: a drafter is "
-                        f"split like its target (tp {tp}) or kept whole (1); convert again")
+        raise UserError(f"{target_checkpoint_dir.parent / 'drafter' / 'config.json'}: mapping.tp_size {dtp}: a drafter "
+                        f"is split like its target (tp {tp}) or kept whole (1); convert again")
     fc, norm = _read_tap(target_checkpoint_dir.parent / "drafter" / f"rank{rank if dtp == tp else 0}.safetensors")
     if dtp != tp:
         entries = {e.dst: e for e in DRAFTER_MAP.top}

@@ -96,7 +96,8 @@ _QK_NORM = (
     Entry(L + "attention.k_layernorm.weight", (HF + "self_attn.k_norm.weight",), "replicate"),
 )
 _ATTENTION_BIAS = (
-    Entry(L + "attention.qkv.bias", (HF + "self_attn.q_proj.bias", HF + "self_attn.k_proj.bias", HF + "self_attn.v_proj.bias"), "qkv"),
+    Entry(L + "attention.qkv.bias",
+          (HF + "self_attn.q_proj.bias", HF + "self_attn.k_proj.bias", HF + "self_attn.v_proj.bias"), "qkv"),
     Entry(L + "attention.dense.bias", (HF + "self_attn.o_proj.bias",), "replicate"),  # added once, after the all-reduce
 )
 _DENSE_MLP = (
@@ -145,7 +146,8 @@ DRAFTER_MAP = ArchMap(
     attention=(
         Entry(L + "input_layernorm.weight", (D + "input_layernorm.weight",), "replicate"),
         Entry(L + "attention.q.weight", (D + "self_attn.q_proj.weight",), "column", linear=True),
-        Entry(L + "attention.kv.weight", (D + "self_attn.k_proj.weight", D + "self_attn.v_proj.weight"), "kv", linear=True),
+        Entry(L + "attention.kv.weight", (D + "self_attn.k_proj.weight", D + "self_attn.v_proj.weight"), "kv",
+              linear=True),
         Entry(L + "attention.dense.weight", (D + "self_attn.o_proj.weight",), "row", linear=True),
         Entry(L + "post_layernorm.weight", (D + "post_attention_layernorm.weight",), "replicate"),
     ),
@@ -226,7 +228,8 @@ def source_name(pattern: str, layer: int | None, expert: int | None = None) -> s
 
 
 def plan_reads(
-    entry: Entry, layer: int | None, rank: int, tp: int, shapes: dict[str, tuple[int, ...]], heads: Heads | None, experts: int
+    entry: Entry, layer: int | None, rank: int, tp: int, shapes: dict[str, tuple[int, ...]], heads: Heads | None,
+    experts: int
 ) -> list[list[Read]]:
     """What rank r reads to build `entry`: out[e] lists the pieces concatenated on dim 0 for
     expert e (one element for non-expert rules); experts_* rules stack the experts."""
@@ -252,9 +255,11 @@ def plan_reads(
             pieces[0] = part(names[0], 0, heads.num_heads * d)
         return [pieces]
     if rule == "experts_col":
-        return [[part(source_name(s, layer, e), 0, shapes[source_name(s, layer, e)][0]) for s in entry.src] for e in range(experts)]
+        return [[part(source_name(s, layer, e), 0, shapes[source_name(s, layer, e)][0]) for s in entry.src]
+                for e in range(experts)]
     if rule == "experts_row":
-        return [[part(source_name(entry.src[0], layer, e), 1, shapes[source_name(entry.src[0], layer, e)][1])] for e in range(experts)]
+        return [[part(source_name(entry.src[0], layer, e), 1, shapes[source_name(entry.src[0], layer, e)][1])]
+                for e in range(experts)]
     raise ValueError(f"unknown rule {rule!r}")
 
 
@@ -296,7 +301,8 @@ def layer_entries(m: ArchMap, *, qk_norm: bool, attention_bias: bool, mlp_bias: 
     return out + m.dense_mlp + (m.mlp_bias if mlp_bias else ())
 
 
-def split_back(entry: Entry, layer: int | None, x: torch.Tensor, local: Heads | None, experts: int) -> dict[str, torch.Tensor]:
+def split_back(entry: Entry, layer: int | None, x: torch.Tensor, local: Heads | None,
+               experts: int) -> dict[str, torch.Tensor]:
     """Inverse of one entry on one rank: the rank's tensor -> its parts under the source names
     (the rank-local shapes a tensor-parallel module holds)."""
     names = [source_name(s, layer) for s in entry.src]

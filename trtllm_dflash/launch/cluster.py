@@ -2,7 +2,7 @@
 Kubernetes LeaderWorkerSet manifest, both around the server command one node would run.
 
 `serve --launcher srun` and `serve --launcher k8s` write them (default: DEPLOY_DIR/launch/);
-nodes, processes and GPUs per node come from recipe/placement.py, the images from
+nodes, processes and GPUs per node come from recipe/plan/placement.py, the images from
 recipe/containers.py. `parallel.replicas` copies of the model are launched side by side: one
 sbatch job of every copy's nodes with one srun step per copy (each its own endpoint, printed by
 the job), or LWS `spec.replicas` groups behind the one Service. Both mount the deployment's

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.launch.llmapi_model import LLMAPIModel
-from trtllm_dflash.launch.server import Endpoints, installed_first, leader_ranks_command
+from trtllm_dflash.launch.node_command import installed_first, leader_ranks_command
+from trtllm_dflash.launch.server import Endpoints
 from trtllm_dflash.recipe import Recipe
 from trtllm_dflash.recipe.containers import NVIDIA_REGISTRY, backend_image
-from trtllm_dflash.recipe.placement import Placement, placement
+from trtllm_dflash.recipe.plan.placement import Placement, placement
 from trtllm_dflash.recipe.support import backend as backend_spec
 
 
@@ -34,6 +35,7 @@ class ClusterOptions:
     partition: str | None = None  # Slurm; None: the cluster's default
     account: str | None = None  # Slurm; None: the user's default
     time: str | None = None  # Slurm; None: the partition's default limit
+    cpus_per_gpu: int | None = None  # Slurm: CPUs per GPU a task drives; None: the cluster's default
     pvc: str | None = None  # Kubernetes: the claim holding the served directories (default <name>-runs)
     ssh_secret: str | None = None  # Kubernetes, several nodes: the ssh key pair (default <name>-mpi-ssh)
 
@@ -45,7 +47,7 @@ class Job:
     recipe: str  # the recipe's name
     name: str  # a DNS label from it (Kubernetes object names)
     backend: str
-    api: str  # "triton" or "openai"
+    api: str  # "triton", "openai" or "dynamo" (the pytorch backend behind Dynamo: launch/dynamo*.py)
     trtllm_version: str | None
     world: int  # tp x pp
     where: Placement
@@ -55,6 +57,7 @@ class Job:
     model_name: str = "dflash"  # the served model (engine ranks above 0 load only it)
     source: Path | None = None  # engine backend: the trtllm_dflash checkout the container installs
     llmapi: LLMAPIModel | None = None  # pytorch behind Triton: where TensorRT-LLM's model.py comes from and goes
+    image: str | None = None  # the recipe's backend.image (None: the backend's default)
 
 
 def dns_label(text: str) -> str:
@@ -81,7 +84,8 @@ def make_job(recipe: Recipe, api: str, server: list[str], endpoints: Endpoints, 
     where = placement(recipe)
     source = checkout_to_install(recipe.backend.name)
     return Job(recipe.name, dns_label(recipe.name), recipe.backend.name, api, recipe.backend.trtllm_version,
-               recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source, llmapi)
+               recipe.world_size, where, list(server), endpoints, list(paths), recipe.serve.model_name, source, llmapi,
+               recipe.backend.image)
 
 
 def checkout_to_install(backend: str) -> Path | None:
@@ -122,9 +126,15 @@ def prepared(job: Job, opts: ClusterOptions, cmd: list[str]) -> list[str]:
 
 def writable(job: Job, opts: ClusterOptions) -> list[Path]:
     """The mounted directories the job writes: the source checkout it installs (pip writes its
-    egg-info) or the served directory holding the repository model.py is copied into."""
+    egg-info), the served directory holding the repository model.py is copied into, or
+    trtllm-serve's per-request metrics and acceptance files (deploy/llmapi.py: under the deploy
+    output's trtllm_serve/, which the sweep reads)."""
+    from trtllm_dflash.deploy.repository import TRTLLM_SERVE
+
     if job.llmapi is not None:
         return [p for p in job.paths if p == job.llmapi.version_dir or p in job.llmapi.version_dir.parents][:1]
+    if backend_spec(job.backend).static_schedule and job.api == "openai":
+        return [job.paths[0] / TRTLLM_SERVE]
     source = installing(job, opts)
     return [source] if source else []
 
@@ -149,14 +159,15 @@ def image_reference(job: Job, opts: ClusterOptions, slurm: bool) -> str:
         return opts.image
     if _ours_in_container(job.backend) and job.source is None:
         raise UserError("--image: the engine backend's Triton model imports trtllm_dflash, which NVIDIA's image "
-                        "lacks, and this trtllm_dflash is not a source checkout the job could install; pass --image, an "
-                        f"image built FROM {backend_image(job.backend, 'triton', None)} with trtllm_dflash installed")
-    name = backend_image(job.backend, job.api, job.trtllm_version)
+                        "lacks, and this trtllm_dflash is not a source checkout the job could install; pass --image, "
+                        f"an image built FROM {backend_image(job.backend, 'triton', None)} with trtllm_dflash "
+                        "installed")
+    name = backend_image(job.backend, job.api, job.trtllm_version, job.image)
     if name is None:
-        raise UserError(f"--image: no published Triton image carries TensorRT-LLM >= 1.3 (Triton 25.12-26.07 carry "
-                        f"1.2.1); pass --image, an image with tritonserver and TensorRT-LLM "
-                        f"{job.trtllm_version or '>= 1.3'} (docs/docker/triton-trtllm-llmapi.Dockerfile builds one), or serve through trtllm-serve "
-                        "with --api openai")
+        raise UserError(f"--image: no published Triton image carries TensorRT-LLM >= 1.3 (Triton's last TensorRT-LLM "
+                        f"images, 26.04-26.07, carry 1.2.1); pass --image, an image with tritonserver and TensorRT-LLM "
+                        f"{job.trtllm_version or '>= 1.3'} (docs/docker/triton-trtllm-llmapi.Dockerfile builds one), "
+                        "or serve through trtllm-serve with --api openai")
     if not opts.registry.strip("/"):
         raise UserError(f"--registry: empty; {name} is on NVIDIA's registry: leave --registry out (nvcr.io), "
                         "name a mirror of it, or pass --image IMAGE")

@@ -34,7 +34,7 @@ from trtllm_dflash.launch.cluster_job import (
     storage_note,
     writable,
 )
-from trtllm_dflash.launch.server import mpi_world
+from trtllm_dflash.launch.node_command import mpi_world
 from trtllm_dflash.recipe.support import backend as backend_spec
 
 SSH_PORT = 2222  # unprivileged: the worker's sshd needs no root to bind it
@@ -195,13 +195,13 @@ def lws_manifest(job: Job, opts: ClusterOptions, path: Path) -> str:
         secret = opts.ssh_secret or f"{job.name}-mpi-ssh"
         head.append(f"First: ssh-keygen -t ed25519 -N '' -f key && kubectl create secret generic {secret} "
                     "--from-file=id_ed25519=key --from-file=id_ed25519.pub=key.pub (the image needs sshd on workers)")
-    docs = yaml.dump_all([leader_worker_set(job, opts), leader_service(job)], Dumper=_BlockScripts, sort_keys=False)
+    docs = yaml.dump_all([leader_worker_set(job, opts), leader_service(job)], Dumper=BlockDumper, sort_keys=False)
     return "".join(f"# {line}\n" for line in head) + docs
 
 
-class _BlockScripts(yaml.SafeDumper):
+class BlockDumper(yaml.SafeDumper):
     """Multi-line strings (the pods' shell scripts) as YAML literal blocks, readable as written."""
 
 
-_BlockScripts.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+BlockDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))

@@ -50,7 +50,8 @@ def with_parameters(repository: Path, model_name: str, params: dict[str, str], w
     shutil.copytree(repository, out)
     for key in PATHS:  # relative to the deploy output, which the copy is not in
         if key in cfg.parameters and key not in params:
-            cfg.parameters[key].string_value = str((Path(repository).parent / cfg.parameters[key].string_value).resolve())
+            relative = cfg.parameters[key].string_value
+            cfg.parameters[key].string_value = str((Path(repository).parent / relative).resolve())
     for key, value in params.items():
         cfg.parameters[key].string_value = value
     header = "".join(line + "\n" for line in config.read_text().splitlines() if line.startswith("#"))

@@ -8,7 +8,7 @@ registry is separated by `#`), `--container-mounts=SRC:DST[:FLAGS],...` and `--c
 to srun. TensorRT-LLM's examples/llm-api/llm_mgmn_trtllm_serve.sh runs every rank as
 `srun --mpi=pmix ... trtllm-llmapi-launch <server>`. `--gpu-bind=none`: every rank must see all
 GPUs of its node, because TensorRT-LLM picks GPU `global_rank % device_count`
-(recipe/placement.py).
+(recipe/plan/placement.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from trtllm_dflash.launch.cluster_job import (
     ClusterOptions,
     Job,
     image_reference,
+    installs_source,
     mounted,
     prepared,
     rank_command,
@@ -41,6 +42,27 @@ def enroot_uri(reference: str) -> str:
 
 
 
+def cpus_per_task(job: Job, opts: ClusterOptions) -> list[str]:
+    """`--cpus-per-task` for the job and for each step that runs ranks, where a copy shares its
+    node: --cpus-per-gpu's CPUs for every GPU a task drives (the engine's one task per node: all
+    of the node's). A step repeats it: Slurm 22.05's srun stopped inheriting the job's
+    --cpus-per-task (sbatch(1), its NOTE), and a command-line value wins over the environment on
+    every release. A copy on whole nodes (--exclusive) has every CPU of them, which srun's -c
+    (it implies --exact) would only cut down: nothing. None given: the cluster's default."""
+    if opts.cpus_per_gpu is None or job.where.whole_nodes:
+        return []
+    w = job.where
+    return [f"--cpus-per-task={opts.cpus_per_gpu * (w.gpus_per_node // w.tasks_per_node)}"]
+
+
+def shared_node_note(job: Job, opts: ClusterOptions) -> list[str]:
+    """The header's warning where a copy shares its node and no CPU count was asked for."""
+    if job.where.whole_nodes or opts.cpus_per_gpu is not None:
+        return []
+    return ["CPUs: this copy shares its node (no --exclusive), so each task gets the cluster's default CPUs (one "
+            "unless DefCpuPerGPU or the partition says more); serve --cpus-per-gpu N asks for N per GPU."]
+
+
 def sbatch_directives(job: Job, opts: ClusterOptions) -> list[str]:
     """The `#SBATCH` lines: the nodes of every model copy (each copy on nodes of its own), one task
     per rank (engine: one process), the GPUs, --exclusive when a copy takes whole nodes (its ranks
@@ -49,7 +71,7 @@ def sbatch_directives(job: Job, opts: ClusterOptions) -> list[str]:
     w = job.where
     lines = [f"--job-name=dflash-{job.recipe}", f"--nodes={w.replicas * w.nodes}",
              f"--ntasks-per-node={w.tasks_per_node}", f"--gpus-per-node={w.gpus_per_node}",
-             *(["--exclusive"] if w.whole_nodes else []), "--output=%x-%j.out"]
+             *(["--exclusive"] if w.whole_nodes else []), *cpus_per_task(job, opts), "--output=%x-%j.out"]
     lines += [f"--{flag}={value}" for flag, value in
               (("partition", opts.partition), ("account", opts.account), ("time", opts.time)) if value]
     return [f"#SBATCH {line}" for line in lines]
@@ -70,8 +92,12 @@ def srun_command(job: Job, opts: ClusterOptions) -> list[str]:
     cmd = ["srun", f"--container-image={enroot_uri(image_reference(job, opts, slurm=True))}",
            f"--container-mounts={container_mounts(job.paths, writable(job, opts))}",
            f"--container-workdir={job.paths[0]}"]
+    # Pyxis starts containers read-only unless the cluster made them writable (ENROOT_ROOTFS_WRITABLE):
+    # installing the checkout into the image's environment needs a writable root, owned by us.
+    if installs_source(job, opts):
+        cmd += ["--container-writable", "--container-remap-root"]
     # One task needs no PMI from Slurm (the engine's mpirun makes its own world); several form one.
-    cmd += ["--mpi=pmix" if job.where.tasks > 1 else "--mpi=none", "--gpu-bind=none"]
+    cmd += ["--mpi=pmix" if job.where.tasks > 1 else "--mpi=none", *cpus_per_task(job, opts), "--gpu-bind=none"]
     return [*cmd, *prepared(job, opts, rank_command(job, slurm=True))]
 
 
@@ -90,13 +116,14 @@ def _sbatch_header(job: Job, opts: ClusterOptions, path: Path) -> list[str]:
                      "One endpoint in front: point `trtllm-dflash sweep --url` at each, or put any HTTP load balancer "
                      "(nginx, HAProxy, a Kubernetes Service) over the printed HOST:PORT list.")
     lines.append(f"Shared storage: {storage_note('srun', job, opts)}.")
+    lines += shared_node_note(job, opts)
     if unset:
         lines.append(f"{', '.join(unset)}: the cluster's default (serve --{' / --'.join(unset)} sets it).")
     lines.append(f"Submit: sbatch {shlex.quote(str(path))}")
     return ["#!/bin/bash", *(f"# {line}" for line in lines), *sbatch_directives(job, opts)]
 
 
-def _storage_check(job: Job, opts: ClusterOptions) -> list[str]:
+def storage_check(job: Job, opts: ClusterOptions) -> list[str]:
     """Shell: one task on every node of the job (outside the container) tests that each mounted
     directory is there, before any server starts; the job stops naming the node that lacks one."""
     paths = " ".join(shlex.quote(str(p)) for p in mounted(job, opts))
@@ -120,7 +147,7 @@ def sbatch_script(job: Job, opts: ClusterOptions, path: Path) -> str:
         "",
         "set -euo pipefail",
         'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        *_storage_check(job, opts),
+        *storage_check(job, opts),
         "",
         f"serve_copy() {{  # serve_copy I: model copy I on job nodes I*{w.nodes} .. I*{w.nodes}+{w.nodes - 1}",
         f"  local first=$(( $1 * {w.nodes} )) nodes",

@@ -94,10 +94,12 @@ class AutoDraftLength:
 
     def best(self, requests) -> int:
         """The one draft length of highest expected tokens per second for this batch."""
-        return choice.best_length([self.slots.curve(r) for r in requests], self.rounds.round_s)
+        B = len(requests)
+        return choice.best_length(self.slots.totals(requests), lambda L: self.rounds.uniform_s(B, L))
 
     def best_or_none(self, requests) -> list[int]:
-        return choice.best_or_none([self.slots.curve(r) for r in requests], self.rounds.round_s)
+        return choice.best_or_none(self.slots.totals(requests), lambda L: self.slots.gains(requests, L),
+                                   self.rounds.counts_s)
 
     def best_per_request(self, requests) -> list[int]:
         """Each request's draft length, jointly of highest expected tokens per second (packed runners)."""
@@ -151,10 +153,15 @@ class AutoDraftLength:
         expected tokens per second, its acceptance from its slots' confidences [B, max(lengths)].
         The drafter's pass is paid whatever is verified."""
         B, longest = len(requests), max(lengths)
-        a = self.confidence.acceptance(confidence, [self.slots.shifts.get(r, 0.0) for r in requests])  # [B, longest]
-        inc = a.cumprod(1) * (torch.arange(longest) < torch.tensor(lengths)[:, None])  # [B, longest]
+        inc = []  # [B, longest]: each slot's chance that it and the slots before it hold; 0 past a row's length
+        for r, row, L in zip(requests, confidence.tolist(), lengths):  # a few rows: plain floats, one read
+            shift, run, out = self.slots.shifts.get(r, 0.0), 1.0, []
+            for j, c in enumerate(row[:L]):
+                run *= self.confidence.slot_acceptance(j, c, shift)[1]
+                out.append(run)
+            inc.append(out + [0.0] * (longest - L))
         drafter = self.rounds.drafter_s(B, longest + 1)
-        return choice.best_prefixes(inc.tolist(), lambda L: self.rounds.verify_round_s(L) + drafter, self._token_s)
+        return choice.best_prefixes(inc, lambda L: self.rounds.verify_round_s(L) + drafter, self._token_s)
 
     # ---- learning
 

@@ -3,8 +3,9 @@ sum_b E_b(L_b) / seconds(L), from each request's expected-tokens curve and a rou
 
 One length for the batch (`best_length`); on a packed runner (each request verifies only its own
 tokens) also 0 for the requests whose drafts do not pay for their tokens (`best_or_none`), or any
-length per request (`best_prefixes`). Plain Python: B <= a few dozen rows of K <= 31 slots, chosen
-every round, where torch's per-op overhead would cost more than the arithmetic.
+length per request (`best_prefixes`). A round's decision is O(requests + slots): the batch's
+expected tokens come summed (acceptance.SlotAcceptance.totals: one array pass), round costs from
+counts; plain Python, where torch's per-op overhead would cost more than the arithmetic.
 """
 
 from __future__ import annotations
@@ -13,30 +14,33 @@ import itertools
 from typing import Callable, Sequence
 
 Seconds = Callable[[list[int]], float]  # a round's modelled seconds for these per-request lengths
+# a round's modelled seconds from its counts: (requests, longest block T, verified tokens in all)
+CountSeconds = Callable[[int, int, int], float]
 
 
-def best_length(curves: Sequence[Sequence[float]], seconds: Seconds) -> int:
-    """The one draft length of highest expected tokens per second; curves[b][L] = E_b(L)."""
-    B, K1 = len(curves), len(curves[0])
-    return max(range(K1), key=lambda L: sum(c[L] for c in curves) / seconds([L] * B))
+def best_length(totals: Sequence[float], uniform_s: Callable[[int], float]) -> int:
+    """The one draft length of highest expected tokens per second: totals[L] = sum_b E_b(L),
+    uniform_s(L) the round's seconds when every request drafts L."""
+    return max(range(len(totals)), key=lambda L: totals[L] / uniform_s(L))
 
 
-def best_or_none(curves: Sequence[Sequence[float]], seconds: Seconds) -> list[int]:
+def best_or_none(totals: Sequence[float], gains_at, counts_s: CountSeconds) -> list[int]:
     """The batch's one best length for every request, except those whose plain decoding (0 drafts)
-    makes the batch faster, coldest first; the warmest keeps drafting. One block length a round."""
-    L = best_length(curves, seconds)
-    lengths = [L] * len(curves)
+    makes the batch faster, coldest first; the warmest keeps drafting. One block length a round.
+    gains_at(L): each request's E_b(L). O(B log B): a candidate differs from the last by one row."""
+    B = len(gains_at(0))
+    L = best_length(totals, lambda n: counts_s(B, n + 1, B * (n + 1)))
+    lengths = [L] * B
     if L == 0:
         return lengths
-    gains = [c[L] for c in curves]
-    total = sum(gains)
-    rate = total / seconds(lengths)
-    for i in sorted(range(len(curves)), key=gains.__getitem__)[:-1]:
-        trial = lengths[:i] + [0] + lengths[i + 1:]
-        r = (total - gains[i] + 1.0) / seconds(trial)
+    gains = gains_at(L)
+    total, tokens = sum(gains), B * (L + 1)
+    rate = total / counts_s(B, L + 1, tokens)
+    for i in sorted(range(B), key=gains.__getitem__)[:-1]:
+        r = (total - gains[i] + 1.0) / counts_s(B, L + 1, tokens - L)
         if r <= rate:
             break
-        lengths, rate, total = trial, r, total - gains[i] + 1.0
+        lengths[i], rate, total, tokens = 0, r, total - gains[i] + 1.0, tokens - L
     return lengths
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
+
+from trtllm_dflash.policy.decision import Drafts
 
 
 @dataclass
@@ -30,6 +32,13 @@ class VerifyCost:
     # the drafter's pass in those rounds: a round that drafts a block and verifies fewer of its
     # drafts (the trim) pays the drafter for the whole block
     timed_draft: dict[tuple[int, int], float] = field(default_factory=dict)
+    # Shape models, where a deployment has one (a GPU recipe's step model, project/rounds.py): the
+    # verify part of a round prior(requests, T, verified tokens) and the drafter's pass
+    # draft_prior(requests, T), in seconds. They replace the linear fit as what corrections scale,
+    # so shapes start-up never timed (larger batches) follow the model's shape instead of the
+    # fit's, which small batches set. None: the fit.
+    prior: Callable[[int, int, int], float] | None = None
+    draft_prior: Callable[[int, int], float] | None = None
 
     def round_s(self, batch: int, draft_len: int) -> float:
         """Every one of `batch` requests verifies `draft_len` drafts."""
@@ -41,8 +50,14 @@ class VerifyCost:
     def verify_s(self, lengths: Sequence[int]) -> float:
         """The round without its drafter pass: the target verifying these lengths, and the rest."""
         T = max(lengths) + 1
-        tokens = sum(L + 1 for L in lengths) if self.packed else len(lengths) * T
-        return self.fixed + self.per_token * tokens + self.per_slot * len(lengths) * T
+        return self.counts_s(len(lengths), T, sum(L + 1 for L in lengths))
+
+    def counts_s(self, batch: int, T: int, tokens: int) -> float:
+        """verify_s of a round of `batch` requests, longest block T, `tokens` verified tokens in all
+        (sum of L + 1; a runner that is not packed runs batch x T whatever they are)."""
+        if self.prior is not None:
+            return self.prior(batch, T, tokens)
+        return self.fixed + self.per_token * (tokens if self.packed else batch * T) + self.per_slot * batch * T
 
     def draft_s(self, batch: int, T: int) -> float:
         """The drafter's pass for `batch` requests and a block of T (0 for T = 1: nothing is
@@ -52,10 +67,18 @@ class VerifyCost:
             return 0.0
         if (batch, T) in self.timed_draft:
             return self.timed_draft[(batch, T)]
+        if self.draft_prior is not None:  # at the scale start-up measured it
+            return self.draft_prior(batch, T) * self._draft_prior_scale
         if self._draft_line is None:
             return self.draft
         intercept, slope = self._draft_line
         return max(0.0, intercept + slope * batch * T)
+
+    @functools.cached_property
+    def _draft_prior_scale(self) -> float:
+        """What start-up timed of the drafter's pass over what draft_prior says (1.0 without timings)."""
+        ratios = [s / p for (B, T), s in self.timed_draft.items() if T > 1 and (p := self.draft_prior(B, T)) > 0]
+        return sum(ratios) / len(ratios) if ratios else 1.0
 
     @functools.cached_property
     def _draft_line(self) -> tuple[float, float] | None:
@@ -98,8 +121,10 @@ def measure_cost(decoder_factory, block_size: int, vocab_size: int, batches: Seq
         if len(set(shape)) == 1:
             timed[(B, T)] = sorted(took)[len(took) // 2]
             timed_draft[(B, T)] = sorted(drafting)[len(drafting) // 2]
-        rows.append([1.0, sum(L + 1 for L in shape) if packed else B * T, 1.0 if T > 1 else 0.0] + ([B * T] if packed else []))
-    sol = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None]).solution
+        tokens = sum(L + 1 for L in shape) if packed else B * T
+        rows.append([1.0, tokens, 1.0 if T > 1 else 0.0] + ([B * T] if packed else []))
+    sol = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
+                             torch.tensor(times, dtype=torch.float64)[:, None]).solution
     fixed, per_token, draft, *per_slot = (max(0.0, float(x)) for x in sol[:, 0])
     return VerifyCost(fixed, per_token, draft, per_slot[0] if packed else 0.0, packed, timed, timed_draft)
 
@@ -112,10 +137,11 @@ def _time_shape(decoder_factory, shape: list[int], block_size: int, vocab_size: 
     decoder = decoder_factory(prompt_len + n)
     prompts = torch.randint(0, vocab_size, (B, prompt_len), generator=g).tolist()
     decoder.admit(list(range(B)), prompts, [n] * B, [[]] * B)
-    decoder.step(shape)  # warm-up
+    drafts = Drafts.rows(range(B), shape)
+    decoder.step(drafts)  # warm-up
     took, drafting = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        drafting.append(decoder.step(shape).t_draft)
+        drafting.append(decoder.step(drafts).t_draft)
         took.append(time.perf_counter() - t0)
     return took, drafting

@@ -32,6 +32,14 @@ class Drafts:
             return cls(None, dict(lengths), tree_budget, trim)
         return cls(lengths, None, tree_budget, trim)
 
+    @classmethod
+    def rows(cls, rows: Sequence[int], lengths: Sequence[int], tree_budget: int | None = None,
+             trim: TrimFn | None = None) -> "Drafts":
+        """One length per request, the requests `rows` in batch order."""
+        if len(rows) != len(lengths):
+            raise ValueError(f"Drafts.rows: {len(lengths)} lengths for {len(rows)} requests")
+        return cls(None, dict(zip(rows, lengths)), tree_budget, trim)
+
     def wanted(self, rows: Sequence[int], longest: int) -> list[int]:
         """Each row's drafts, before the decoder caps them by the block and the tokens left."""
         default = longest if self.length is None else self.length
@@ -53,3 +61,23 @@ class DraftPolicy(Protocol):
 
     def forget(self, request: int) -> None:
         """The request left."""
+
+
+class FullBlock:
+    """The null policy: no decision of its own, every round drafts the decoder's block_size - 1
+    (a server without a draft-length policy). Its `modes` is empty, so the loop neither asks it nor
+    teaches it; the methods answer anyway."""
+
+    modes: tuple[str, ...] = ()
+
+    def decide(self, requests: Sequence[int], concurrency: int, mode: str) -> Drafts:
+        return Drafts()
+
+    def learn(self, rec, seconds: float | None = None) -> None:
+        pass
+
+    def forget(self, request: int) -> None:
+        pass
+
+
+FULL_BLOCK = FullBlock()

@@ -11,6 +11,8 @@ from typing import Sequence
 
 from trtllm_dflash.policy.cost import VerifyCost
 
+_MEMO_SHAPES = 4096  # model costs kept (RoundCost.memo)
+
 
 @dataclass
 class RoundCost:
@@ -24,6 +26,17 @@ class RoundCost:
     # a shape is added (each key's value changes every round, its keys rarely)
     _by_batch: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _by_batch_size: int = field(default=-1, init=False, repr=False, compare=False)
+    # drafter_s's mean draft correction per batch size (dropped when one of its shapes is taught)
+    _draft_mean: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # memo=True: what the choice's candidates ask for again and again, kept. The model's own costs
+    # (VerifyCost: start-up's fit and shape models, fixed once measured) for good; the corrected
+    # verify scales and drafter passes until the next observe_round changes a correction. A round
+    # at one request asks for the same ~16 shapes from the decision and again from the trim.
+    memo: bool = True
+    _model_s: dict[tuple[int, int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _model_draft_s: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _scale_s: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _drafter_s: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for B, T in self.cost.timed:  # start from what start-up timed
@@ -36,7 +49,29 @@ class RoundCost:
 
     def verify_round_s(self, lengths: Sequence[int]) -> float:
         """round_s without the drafter's pass."""
-        return self.cost.verify_s(lengths) * self.verify_scale(len(lengths), max(lengths) + 1)
+        B, T = len(lengths), max(lengths) + 1
+        return self.model_s(B, T, sum(lengths) + B) * self.verify_scale(B, T)
+
+    def counts_s(self, batch: int, T: int, tokens: int, block: int | None = None) -> float:
+        """round_s of a round given by its counts (VerifyCost.counts_s): O(1), for the choice's
+        candidates (choice.py), which differ from each other in a length or two."""
+        return self.model_s(batch, T, tokens) * self.verify_scale(batch, T) + self.drafter_s(batch, block or T)
+
+    def model_s(self, batch: int, T: int, tokens: int) -> float:
+        """VerifyCost.counts_s (= verify_s of lengths of these counts), memoised."""
+        if not self.memo:
+            return self.cost.counts_s(batch, T, tokens)
+        key = (batch, T, tokens)
+        s = self._model_s.get(key)
+        if s is None:
+            if len(self._model_s) >= _MEMO_SHAPES:  # packed rounds' token counts vary: keep it small
+                self._model_s.clear()
+            s = self._model_s[key] = self.cost.counts_s(batch, T, tokens)
+        return s
+
+    def uniform_s(self, batch: int, L: int) -> float:
+        """round_s([L] * batch) in O(1)."""
+        return self.counts_s(batch, L + 1, batch * (L + 1))
 
     def verify_scale(self, batch: int, T: int) -> float:
         """The correction of the target's part of a round of `batch` requests and longest block T:
@@ -48,6 +83,20 @@ class RoundCost:
         scale = self.correction.get((batch, T))
         if scale is not None:
             return scale
+        return self._kept(self._scale_s, batch, T, self._interpolated_scale)
+
+    def _kept(self, memo: dict, batch: int, T: int, compute) -> float:
+        """compute(batch, T), kept in `memo` until the next observed round clears it (memo=False:
+        computed every time)."""
+        if not self.memo:
+            return compute(batch, T)
+        value = memo.get((batch, T))
+        if value is None:
+            value = memo[(batch, T)] = compute(batch, T)
+        return value
+
+    def _interpolated_scale(self, batch: int, T: int) -> float:
+        """verify_scale of a shape without a correction of its own."""
         if self._by_batch_size != len(self.correction):  # a shape was added: rebuild the index
             self._by_batch = {}
             for b, t in sorted(self.correction):
@@ -82,11 +131,25 @@ class RoundCost:
         rounds of this shape took, else by the mean correction of this batch size's blocks."""
         if T <= 1:
             return 0.0
+        return self._kept(self._drafter_s, batch, T, self._drafter_pass_s)
+
+    def _drafter_pass_s(self, batch: int, T: int) -> float:
         scale = self.draft_correction.get((batch, T))
         if scale is None:
-            seen = [v for (b, _), v in self.draft_correction.items() if b == batch]
-            scale = sum(seen) / len(seen) if seen else 1.0
-        return self.cost.draft_s(batch, T) * scale
+            scale = self._draft_mean.get(batch)
+            if scale is None:  # the batch size's mean, kept until a round of that size teaches a new one
+                seen = [v for (b, _), v in self.draft_correction.items() if b == batch]
+                scale = self._draft_mean[batch] = sum(seen) / len(seen) if seen else 1.0
+        return self.model_draft_s(batch, T) * scale
+
+    def model_draft_s(self, batch: int, T: int) -> float:
+        """VerifyCost.draft_s, memoised."""
+        if not self.memo:
+            return self.cost.draft_s(batch, T)
+        s = self._model_draft_s.get((batch, T))
+        if s is None:
+            s = self._model_draft_s[(batch, T)] = self.cost.draft_s(batch, T)
+        return s
 
     def observe_round(self, lengths: Sequence[int], seconds: float, drafting: float | None = None,
                       block: int | None = None, drafter: bool = True) -> None:
@@ -96,13 +159,15 @@ class RoundCost:
         the block), the rest of the round is."""
         if not lengths or seconds <= 0:
             return
+        self._scale_s.clear(), self._drafter_s.clear()  # a correction changes below
         B, T = len(lengths), max(lengths) + 1
         block = block or T
-        modelled = self.cost.draft_s(B, block)
+        modelled = self.model_draft_s(B, block)
         if drafter and drafting is not None and block > 1 and drafting > 0 and modelled > 0:  # a fit may model none
             decayed(self.draft_correction, (B, block), drafting / modelled, self.decay)
+            self._draft_mean.pop(B, None)
         drafting = self.drafter_s(B, block) if drafting is None else drafting
-        verify = self.cost.verify_s(lengths)
+        verify = self.model_s(B, T, sum(lengths) + B)
         if verify > 0:
             decayed(self.correction, (B, T), max(seconds - drafting, 0.0) / verify, self.decay)
 

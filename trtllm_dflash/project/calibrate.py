@@ -171,8 +171,9 @@ def measure_serving(recipe, url: str, passes: Measured, levels: tuple[int, int] 
     model = StepModel(replace(dep, gpu=dep.gpu.model_copy(update={"measured": passes.model_copy(
         update={"step_overhead_ms": 0.0, "seq_overhead_us": 0.0})})), Assumptions())
     k = recipe.speculative.block_size - 1
-    probe = lambda c, n, warmup: asyncio.run(run_level(
-        url, recipe.serve.model_name, prompts, c, n, warmup, sw.output_len, sw.seed + 1000, 0.0, protocol=protocol))
+    def probe(c, n, warmup):
+        return asyncio.run(run_level(
+            url, recipe.serve.model_name, prompts, c, n, warmup, sw.output_len, sw.seed + 1000, 0.0, protocol=protocol))
     probe(1, 0, 2)  # a fresh server's first requests are slow
     found = {}
     for c, n in counts.items():
@@ -188,7 +189,8 @@ def measure_serving(recipe, url: str, passes: Measured, levels: tuple[int, int] 
     r1, r2 = l1["round_s"] - l1["modelled_without_overhead_s"], l2["round_s"] - l2["modelled_without_overhead_s"]
     seq = max(0.0, (r2 - r1) / (c2 - c1))
     step = max(0.0, (r1 - c1 * seq) / 2)
-    return {"levels": {str(c): v for c, v in found.items()}, "step_overhead_ms": step * 1e3, "seq_overhead_us": seq * 1e6}
+    return {"levels": {str(c): v for c, v in found.items()}, "step_overhead_ms": step * 1e3,
+            "seq_overhead_us": seq * 1e6}
 
 
 def calibrate(recipe, url: str | None = None, protocol: str = "grpc") -> Calibration:
@@ -201,7 +203,8 @@ def calibrate(recipe, url: str | None = None, protocol: str = "grpc") -> Calibra
         source=f"trtllm-dflash project --calibrate on this machine ({recipe.name}, reference backend, fp32)",
         memory_bandwidth_gbs=fit["memory_bandwidth_gbs"], tensor_gflops=fit["tensor_gflops"],
         layer_overhead_us=fit["layer_overhead_us"],
-        step_overhead_ms=base.step_overhead_ms if base else None, seq_overhead_us=base.seq_overhead_us if base else None,
+        step_overhead_ms=base.step_overhead_ms if base else None, seq_overhead_us=base.seq_overhead_us if base
+        else None,
     )
     serving = None
     if url is not None:

@@ -60,8 +60,10 @@ def report(categories: dict[str, tuple], meta: dict, max_draft_len: int, source:
         return SimpleNamespace(
             rounds=[r for d in ds for r in d.rounds], verify_passes=sum(d.verify_passes for d in ds),
             tokens=sum(d.tokens for d in ds), seconds=sum(d.seconds for d in ds),
-            tau=(sum(d.tokens for d in ds) / sum(d.verify_passes for d in ds)) if any(d.verify_passes for d in ds) else None,
-            tokens_per_s=(sum(d.tokens for d in ds) / sum(d.seconds for d in ds)) if sum(d.seconds for d in ds) > 0 else None)
+            tau=(sum(d.tokens for d in ds) / sum(d.verify_passes for d in ds)) if any(d.verify_passes for d in ds)
+            else None,
+            tokens_per_s=(sum(d.tokens for d in ds) / sum(d.seconds for d in ds)) if sum(d.seconds for d in ds) > 0
+            else None)
 
     prompts = sum(c[2] for c in categories.values())
     return {

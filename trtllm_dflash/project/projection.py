@@ -5,11 +5,11 @@ with the headline ratios of sweep/fronts.py.
 Workload: the recipe's sweep section. Each level c runs c sequences of `input_len` prompt tokens
 and `output_len` output tokens; the step time is taken at the mean running context
 ctx = input_len + output_len / 2. Levels beyond build.max_batch_size or beyond the memory plan's
-largest concurrency (recipe/planner.py) are left out and listed in `skipped`.
+largest concurrency (recipe/plan/planner.py) are left out and listed in `skipped`.
 
 A projected row reads like a measured one (stepmodel.py, "Metrics"; costs.py StepCost):
-tokens/s/user = tau / T (= 1 / TPOT), TPOT = T / tau, inter-chunk latency = T (one chunk per step), TTFT, E2E, and output
-tokens/s per GPU = c * output_len / E2E / GPUs. Distributions of a projection are single values
+tokens/s/user = tau / T (= 1 / TPOT), TPOT = T / tau, inter-chunk latency = T (one chunk per step), TTFT, E2E, and
+output tokens/s per GPU = c * output_len / E2E / GPUs. Distributions of a projection are single values
 (n = 0: no requests were measured).
 """
 
@@ -22,9 +22,9 @@ from trtllm_dflash.project.acceptance import AcceptanceProfile
 from trtllm_dflash.project.costs import StepCost
 from trtllm_dflash.project.rates import Assumptions
 from trtllm_dflash.project.stepmodel import Deployment, StepModel
-from trtllm_dflash.recipe.engine_layout import verify_cost
-from trtllm_dflash.recipe.placement import scale_out
-from trtllm_dflash.recipe.planner import plan, smallest_tp
+from trtllm_dflash.recipe.plan.engine_layout import verify_cost
+from trtllm_dflash.recipe.plan.placement import scale_out
+from trtllm_dflash.recipe.plan.planner import plan, smallest_tp
 from trtllm_dflash.recipe.schema import Recipe
 from trtllm_dflash.sweep.fronts import Comparison, Curve, compare
 from trtllm_dflash.sweep.metrics import Distribution, LevelSummary, curve_of
@@ -75,7 +75,8 @@ class Projection:
     steps: dict[str, list[dict]]  # curve -> per-level breakdown (bytes, FLOPs, ms per part)
     suggested_bands: list[dict]
     verify: str  # what a verify round costs the target (engine_layout.verify_cost)
-    layout: str  # how the GPUs serve: replicas and tp, and why (recipe/placement.py scale_out)
+    layout: str  # how the GPUs serve: replicas and tp, and why (recipe/plan/placement.py scale_out)
+    router: str = ""  # how requests reach the replicas, as the projection assumes (router_line)
     comparisons: dict[str, Comparison] = field(default_factory=dict)
 
     def curve(self, name: str) -> Curve:
@@ -90,15 +91,39 @@ class Projection:
             "skipped_levels": {str(k): v for k, v in self.skipped.items()},
             "curves": {name: [asdict(r) for r in rows] for name, rows in self.curves.items()},
             "draft_lens": self.draft_lens, "steps": self.steps, "suggested_bands": self.suggested_bands,
-            "verify": self.verify, "layout": self.layout, "headline": {name: c.to_json() for name, c in self.comparisons.items()},
+            "verify": self.verify, "layout": self.layout, "router": self.router,
+            "headline": {name: c.to_json() for name, c in self.comparisons.items()},
         }
 
 
 def layout_line(recipe: Recipe) -> str:
-    """How the recipe's GPUs serve and why (recipe/placement.py scale_out); '' on cpu."""
+    """How the recipe's GPUs serve and why (recipe/plan/placement.py scale_out); '' on cpu."""
     if recipe.gpu.is_cpu:
         return ""
     return "layout: " + scale_out(recipe, smallest_tp(recipe, recipe.gpu).tp)
+
+
+def router_line(recipe: Recipe) -> str:
+    """Which router the replica split assumes: an even split (`per_replica`), what Dynamo's
+    round-robin router does and what `serve --api dynamo` writes unless the KV router applies
+    (recipe/dynamo.py router); '' on cpu."""
+    from trtllm_dflash.recipe import dynamo
+    from trtllm_dflash.recipe.support import backend as backend_spec
+
+    n = recipe.parallel.replicas
+    if recipe.gpu.is_cpu:
+        return ""
+    if n == 1:
+        return "router: one replica, no routing: every request of the endpoint runs on it"
+    line = (f"router: an even split, ceil(c / {n}) requests on the busiest of {n} replicas, as a round-robin router "
+            "spreads them (NVIDIA Dynamo's frontend default, or a Kubernetes Service over the copies)")
+    if backend_spec(recipe.backend.name).triton_model != "llmapi":
+        return line
+    mode, _ = dynamo.router(recipe)
+    if mode == "kv":
+        return line + ("; `serve --api dynamo` writes the KV router for this recipe (prefix reuse on), which routes "
+                       "by cache overlap: not modelled, the even split is assumed")
+    return line + f"; `serve --api dynamo` writes {mode} for this recipe"
 
 
 def per_replica(concurrency: int, replicas: int) -> int:
@@ -176,6 +201,7 @@ def project(recipe: Recipe, profile: AcceptanceProfile, assumptions: Assumptions
         input_len=isl, output_len=osl, context=ctx, assumptions=model.a, rates_source=model.rates.source,
         acceptance=profile, levels=levels, skipped=skipped, curves=curves, draft_lens=used, steps=steps,
         suggested_bands=suggested, verify=verify_cost(recipe).describe(), layout=layout_line(recipe),
+        router=router_line(recipe),
     )
     proj.comparisons = _comparisons(proj, k_max, bands)
     return proj

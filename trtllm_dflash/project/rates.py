@@ -6,10 +6,16 @@ them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from importlib import resources
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import GpuSpec
+
+# The serving loop's own host cost per round, fixed + per request, as `trtllm-dflash bench loop
+# --record` measured it with zero-cost runners (perf/bench_loop.py), with the machine it ran on.
+LOOP_COST = json.loads(resources.files("trtllm_dflash.project").joinpath("loop_cost.json").read_text())
 
 
 @dataclass(frozen=True)
@@ -33,10 +39,15 @@ class Assumptions:
       on large messages (its latency is the catalog's fabric_latency_us).
     - layer_overhead_us 16: kernel boundaries per decoder layer per pass (12-16 kernels with launch
       gaps, ramp-up and tail under CUDA graphs, about 1 us each).
-    - step_overhead_ms 0.5: host scheduling, input preparation, CUDA-graph launch and sampling of
-      one forward pass.
-    - seq_overhead_us 30: per sequence per step: request bookkeeping, acceptance, detokenize and
-      stream (the Python executor loops over the requests in flight).
+    - step_overhead_ms 0.5: the runtime's own scheduling, input preparation, CUDA-graph launch and
+      sampling of one forward pass (TensorRT-LLM's Executor, the drafter engine's launch).
+    - seq_overhead_us 30: per sequence per step, the runtime's own: request bookkeeping,
+      sampling, detokenize and stream (TensorRT-LLM's executor loop over the requests in flight).
+    - loop_overhead_us and loop_request_us: our serving loop's host time per round, fixed and per
+      request in flight (admission, the policy, the round's bookkeeping, acceptance, detokenize,
+      metrics, stream), which every round of the DFlash server pays on top (nothing overlaps it
+      with the GPU's work): measured, LOOP_COST (project/loop_cost.json: `bench loop --record`,
+      the machine it ran on beside it).
     """
 
     hbm_efficiency: float = 0.80
@@ -48,6 +59,8 @@ class Assumptions:
     layer_overhead_us: float = 16.0
     step_overhead_ms: float = 0.5
     seq_overhead_us: float = 30.0
+    loop_overhead_us: float = LOOP_COST["fixed_us"]
+    loop_request_us: float = LOOP_COST["per_request_us"]
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -68,6 +81,8 @@ class Rates:
     layer_s: float
     step_s: float
     seq_s: float
+    loop_s: float
+    loop_request_s: float
     tensor: dict[str, float]  # GEMM input format -> FLOP/s
     source: str
 
@@ -89,7 +104,8 @@ def attention_fraction_from_bench(path, gpu: str) -> float:
         lines = [ln for ln in Path(path).read_text().splitlines() if ln.lstrip().startswith("{")]
         data = json.loads(lines[-1]) if lines else None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"--attention-bench {path}: not the JSON bench_kv_inject.py prints ({type(e).__name__})") from None
+        raise UserError(f"--attention-bench {path}: not the JSON bench_kv_inject.py prints "
+                        f"({type(e).__name__})") from None
     if not isinstance(data, dict) or data.get("bench") != "kv_inject_attention":
         raise UserError(f"--attention-bench {path}: no kv_inject_attention JSON line (python -m "
                         "trtllm_dflash.perf.bench_kv_inject --hardware GPU prints one)")
@@ -132,6 +148,7 @@ def rates_for(gpu: GpuSpec, a: Assumptions) -> Rates:
         return default if v is None else v
 
     measured = f"; measured: {m.source}" if m is not None else ""
+    calibrated = m is not None and m.seq_overhead_us is not None
     return Rates(
         memory_bps=mem, attention_bps=att_bps, attention_flops=att_flops, link_bps=link,
         allreduce_latency_s=a.allreduce_latency_us * 1e-6,
@@ -139,6 +156,9 @@ def rates_for(gpu: GpuSpec, a: Assumptions) -> Rates:
         fabric_latency_s=gpu.fabric_latency_us * 1e-6 if gpu.fabric_latency_us else None, domain=gpu.domain,
         layer_s=pick("layer_overhead_us", a.layer_overhead_us) * 1e-6,
         step_s=pick("step_overhead_ms", a.step_overhead_ms) * 1e-3,
+        # a calibration that measured the per-sequence cost (project --calibrate) measured the loop in it
+        loop_s=0.0 if calibrated else a.loop_overhead_us * 1e-6,
+        loop_request_s=0.0 if calibrated else a.loop_request_us * 1e-6,
         seq_s=pick("seq_overhead_us", a.seq_overhead_us) * 1e-6,
         tensor=tensor, source=f"catalog {gpu.name}{measured}",
     )

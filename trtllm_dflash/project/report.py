@@ -99,7 +99,8 @@ def measured_vs_projected(proj: Projection, measured: list[LevelSummary], curve:
                     "tok_s_user_error": pu / pooled - 1,
                     "measured_tok_s_user_p50": m.tok_s_user.p50 if m.tok_s_user else None,
                     "measured_tok_s_gpu": m.output_tok_s_per_gpu, "projected_tok_s_gpu": p.output_tok_s_per_gpu,
-                    "tok_s_gpu_error": p.output_tok_s_per_gpu / m.output_tok_s_per_gpu - 1 if m.output_tok_s_per_gpu else None,
+                    "tok_s_gpu_error": p.output_tok_s_per_gpu / m.output_tok_s_per_gpu - 1 if m.output_tok_s_per_gpu
+                    else None,
                     "measured_tau": m.tau, "projected_tau": p.tau})
     return out
 
@@ -108,7 +109,8 @@ def levels_table(proj: Projection):
     from rich import box
     from rich.table import Table
 
-    t = Table(title=f"{proj.recipe}: projected on {proj.device} (prompt {proj.input_len}, output {proj.output_len} tokens)")
+    t = Table(title=f"{proj.recipe}: projected on {proj.device} (prompt {proj.input_len}, output {proj.output_len} "
+                    "tokens)")
     # Short two-line headers (units in the caption), whole tokens/s and no vertical rules: the table
     # fits a 100-column terminal, and a log (commands/common.py make_console).
     t.box = box.SIMPLE_HEAD
@@ -143,7 +145,8 @@ def headline_table(proj: Projection):
         eq = list(c.user_rate_ratios.values())
         band = next(iter(c.bands.values()), None)
         t.add_row(c.num, f"{num_max:,.0f} / {den_max:,.0f}",
-                  f"{min(rs):.1f}-{max(rs):.1f} over {c.overlap[0]:,.0f}-{c.overlap[1]:,.0f}" if rs else "fronts do not overlap",
+                  f"{min(rs):.1f}-{max(rs):.1f} over {c.overlap[0]:,.0f}-{c.overlap[1]:,.0f}" if rs
+                  else "fronts do not overlap",
                   f"{band[0]:.1f}-{band[1]:.1f}" if band else "not reached by both",
                   f"{min(eq):.2f}-{max(eq):.2f}" if eq else "-")
     return t
@@ -153,7 +156,8 @@ def comparison_table(rows: list[dict]):
     from rich.table import Table
 
     t = Table(title="measured sweep vs projection")
-    for col in ("curve", "conc", "measured tok/s/user (pooled)", "projected", "error", "measured p50", "measured tok/s/GPU",
+    for col in ("curve", "conc", "measured tok/s/user (pooled)", "projected", "error", "measured p50",
+                "measured tok/s/GPU",
                 "projected", "error", "measured tau", "projected tau"):
         t.add_column(col, justify="right")
     for r in rows:
@@ -182,7 +186,8 @@ def write_files(proj: Projection, out: Path, measured: dict[str, list[LevelSumma
     paths = {"json": out / "projection.json", "csv": out / "projection.csv", "png": out / "projection.png"}
     paths["json"].write_text(json.dumps(data, indent=2))
     with open(paths["csv"], "w", newline="") as f:
-        rows = [{"curve": name, "draft_len": k, **{c: v for c, v in r.flat().items() if c not in ("curve", "draft_len")}}
+        rows = [{"curve": name, "draft_len": k,
+                 **{c: v for c, v in r.flat().items() if c not in ("curve", "draft_len")}}
                 for name, levels in proj.curves.items() for r, k in zip(levels, proj.draft_lens[name])]
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -10,13 +10,19 @@ Steps
                                + t_step + c * t_seq + prefill share
     DFlash round  T_dfl(c,K) = drafter pass (K+1 slots per sequence, LM head on K of them)
                                + target verify pass over c * (K+1) tokens
-                               + 2 * t_step + c * t_seq + prefill share
+                               + 2 * t_step + c * t_seq + t_loop + c * t_req + prefill share
                   where verify recomputes its sequence (the engine backend without KV block
-                  reuse: recipe/engine_layout.py verify_cost), the verify pass runs c * (ctx + K+1)
+                  reuse: recipe/plan/engine_layout.py verify_cost), the verify pass runs c * (ctx + K+1)
                   tokens over an empty cache instead: a prefill of the whole sequence, logits at
-                  its last K+1 positions
+                  its last K+1 positions; and where the Executor charges each verify request its
+                  whole sequence (the engine backend: recipe/plan/engine_layout.py STEP_RULE), the c
+                  sequences verify in S = ceil(c / (max_num_tokens // (ctx + K+1))) Executor steps,
+                  each a pass of its own (weights read again, one more t_step)
     t_step is the fixed launch/scheduling cost of one forward pass (a DFlash round launches two:
-    the drafter's and the verify), t_seq the cost of one sequence in flight per step.
+    the drafter's and the verify), t_seq the runtime's cost of one sequence in flight per step;
+    a round of the DFlash server also pays t_loop + c * t_req, our serving loop's own host time,
+    fixed and per request in flight, as `bench loop` measured it (rates.py LOOP_COST), where our
+    loop decodes (the reference and engine backends; TensorRT-LLM's native DFlash runs its own).
     prefill share = c * t_prefill(ISL) / (steps per request),  steps per request = (OSL - 1) / tau
                     (every request's prompt pass, t_step included, is paid by the steps of the
                     requests in flight)
@@ -30,7 +36,7 @@ A pass over n tokens (q tokens per sequence, n = c * q)
     GEMM FLOPs      F = 2 * n * L * (attention + k active experts' or the dense MLP's params) / tp
                         + 2 * n_logits * vocab * hidden / tp
     KV bytes        A = c * KV bytes of a sequence of ctx + q tokens on one rank
-                        (recipe/planner.py target_kv_bytes_per_seq: K and V, kv-cache format,
+                        (recipe/plan/rows.py target_kv_bytes_per_seq: K and V, kv-cache format,
                         sliding-window layers capped at window + q tokens)
     attention FLOPs   = 4 * n * visible ctx * heads * head_dim * L / tp           (QK^T and PV)
     all-reduce        = 2 per layer * (t_ar + 2 (tp - 1) / tp * n * hidden * 2 B / (B_link * e_link))
@@ -56,7 +62,7 @@ The drafter pass is the same formula over the drafter: its linear params (fusion
 at the drafter format, K+1 query slots per sequence through its layers, the new context of tau
 tokens per sequence through `fc` and every layer's K/V projections, its context cache
 (planner.drafter_ctx_bytes_per_seq, the cache format the backend keeps), and the target's LM head
-on the K draft slots. It is split over the ranks recipe/planner.py drafter_placement gives it: tp
+on the K draft slots. It is split over the ranks recipe/plan/drafter.py drafter_placement gives it: tp
 (like the target, with its all-reduces), or 1 where rank 0 holds the whole drafter (engine backend).
 
 Rates: B_hbm, P_fmt from the hardware catalog (recipe/catalog/hardware.yaml) times the assumed
@@ -78,16 +84,13 @@ from dataclasses import dataclass, replace
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.project.costs import ZERO, PassCost, StepCost
 from trtllm_dflash.project.rates import Assumptions, rates_for
-from trtllm_dflash.recipe.engine_layout import verify_cost
 from trtllm_dflash.recipe.hardware import BYTES_PER_ELEMENT, GpuSpec
 from trtllm_dflash.recipe.models import ArchFacts
-from trtllm_dflash.recipe.planner import (
-    context_cache_format,
-    drafter_ctx_bytes_per_seq,
-    drafter_placement,
-    target_kv_bytes_per_seq,
-)
+from trtllm_dflash.recipe.plan.drafter import drafter_placement
+from trtllm_dflash.recipe.plan.engine_layout import step_sizes, verify_cost
+from trtllm_dflash.recipe.plan.rows import context_cache_format, drafter_ctx_bytes_per_seq, target_kv_bytes_per_seq
 from trtllm_dflash.recipe.schema import Recipe
+from trtllm_dflash.recipe.support import backend
 
 ACT_BYTES = 2.0  # bytes per activation element all-reduced between tp ranks (BF16)
 
@@ -115,8 +118,15 @@ class Deployment:
     drafter_gemm_format: str
     ctx_format: str  # the drafter's context cache
     block_size: int
-    drafter_tp: int | None = None  # ranks the drafter is split over (recipe/planner.py drafter_placement); None = tp
-    verify_recomputes: bool = False  # a verify round re-prefills its sequence (recipe/engine_layout.py verify_cost)
+    # ranks the drafter is split over (recipe/plan/drafter.py drafter_placement); None = tp
+    drafter_tp: int | None = None
+    # a verify round re-prefills its sequence (recipe/plan/engine_layout.py verify_cost)
+    verify_recomputes: bool = False
+    # The Executor's step budget where each verify request is charged its whole sequence (the engine
+    # backend: recipe/plan/engine_layout.py STEP_RULE); None where a round is one pass.
+    verify_max_num_tokens: int | None = None
+    verify_max_batch_size: int = 1
+    round_loop: bool = True  # our serving loop decodes (recipe/support.py Backend.round_loop): its host time is paid
 
     @classmethod
     def from_recipe(cls, r: Recipe) -> Deployment:
@@ -131,6 +141,8 @@ class Deployment:
             drafter_gemm_format=_compute_format(q.drafter, q.checkpoint_dtype("drafter")),
             ctx_format=context_cache_format(r), block_size=r.speculative.block_size,
             drafter_tp=drafter_placement(r).tp, verify_recomputes=verify_cost(r).recomputes,
+            verify_max_num_tokens=verify_cost(r).max_num_tokens, verify_max_batch_size=r.build.max_batch_size,
+            round_loop=backend(r.backend.name).round_loop,
         )
 
 
@@ -225,12 +237,21 @@ class StepModel:
         att_flops = 4 * n * (ctx + q) * f.num_attention_heads * f.head_dim * f.num_layers / tp
         return self._cost(wbytes, ctx_bytes, gemm, d.drafter_gemm_format, head_flops, att_flops, f.num_layers, n, h, tp)
 
+    def verify_steps(self, seqs: int, q: int, ctx: int) -> list[int]:
+        """The sequences of each pass a verify round of `seqs` takes (one pass, except under STEP_RULE)."""
+        d = self.dep
+        if d.verify_max_num_tokens is None:
+            return [seqs]
+        return step_sizes(seqs, ctx + q, d.verify_max_num_tokens, d.verify_max_batch_size)
+
     def verify_pass(self, seqs: int, q: int, ctx: int) -> PassCost:
         """The target's verify of q = K+1 tokens per sequence: over the cached context, or over the
-        whole sequence again where the deployment's verify recomputes it."""
-        if self.dep.verify_recomputes:
-            return self.target_pass(seqs, ctx + q, 0, logits_per_seq=q)
-        return self.target_pass(seqs, q, ctx)
+        whole sequence again where the deployment's verify recomputes it; summed over its steps."""
+        total = ZERO
+        for n in self.verify_steps(seqs, q, ctx):
+            total = total + (self.target_pass(n, ctx + q, 0, logits_per_seq=q) if self.dep.verify_recomputes
+                             else self.target_pass(n, q, ctx))
+        return total
 
     def prefill(self, prompt_len: int) -> float:
         """Seconds of one request's prompt pass (logits at its last position only)."""
@@ -247,17 +268,21 @@ class StepModel:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if draft_len < 0 or draft_len >= max(2, self.dep.block_size):
-            raise UserError(f"draft length {draft_len}: must be in 0..{self.dep.block_size - 1} (speculative.block_size "
-                            f"{self.dep.block_size})")
+            raise UserError(f"draft length {draft_len}: must be in 0..{self.dep.block_size - 1} "
+                            f"(speculative.block_size {self.dep.block_size})")
         c = concurrency
         if draft_len == 0:
             target = self.target_pass(c, 1, ctx) if plain else self.verify_pass(c, 1, ctx)
+            verify = 1 if plain else len(self.verify_steps(c, 1, ctx))
             drafter, tau = ZERO, 1.0
         else:
             target = self.verify_pass(c, draft_len + 1, ctx)
+            verify = len(self.verify_steps(c, draft_len + 1, ctx))
             drafter = self.drafter_pass(c, draft_len, ctx, tau)
-        passes = 1 if draft_len == 0 else 2  # a DFlash round launches two passes: drafter, then verify
+        passes = verify + (draft_len > 0)  # a DFlash round launches the drafter's pass, then verify's
         overhead = passes * self.rates.step_s + c * self.rates.seq_s
+        if self.dep.round_loop and (draft_len or not plain):  # a round of our serving loop, not the stock engine's
+            overhead += self.rates.loop_s + c * self.rates.loop_request_s
         t_pre = self.prefill(prompt_len) + self.rates.step_s if prompt_len > 0 else 0.0
         share = c * t_pre / max(1.0, (output_len - 1) / tau) if output_len > 0 else 0.0
         return StepCost(c, draft_len, tau, target, drafter, overhead, share, t_pre, max(0, output_len))

@@ -163,7 +163,8 @@ def shipped_text() -> ShippedText:
     try:
         body = SHIPPED.read_bytes()
     except OSError as e:
-        raise UserError(f"{SHIPPED}: the package's prompt text is missing ({e.strerror}); reinstall trtllm_dflash") from None
+        raise UserError(f"{SHIPPED}: the package's prompt text is missing ({e.strerror}); reinstall "
+                        "trtllm_dflash") from None
     digest = hashlib.sha256(body).hexdigest()
     if digest != SHIPPED_SHA256:
         raise UserError(f"{SHIPPED}: sha256 {digest[:12]}... is not the pinned {SHIPPED_SHA256[:12]}...; "

@@ -103,7 +103,8 @@ def load_prompts(dataset: str, n: int, input_len: int, seed: int) -> list[str]:
         if not files:
             longest = max(len(f.text) for f in shipped_text().heldout)
             raise UserError(f"sweep.input_len: {input_len} tokens (~{chars} characters) is longer than every built-in "
-                            f"held-out file (the longest has {longest} characters); use a JSONL dataset of longer prompts")
+                            f"held-out file (the longest has {longest} characters); use a JSONL dataset of longer "
+                            "prompts")
         out = []
         for _ in range(n):
             text = rng.choice(files)
@@ -112,7 +113,8 @@ def load_prompts(dataset: str, n: int, input_len: int, seed: int) -> list[str]:
         return out
     path = Path(dataset)
     if not path.exists():
-        raise UserError(f"sweep.dataset: {dataset!r} is not 'random', 'builtin:pystd-heldout' or an existing JSONL file")
+        raise UserError(f"sweep.dataset: {dataset!r} is not 'random', 'builtin:pystd-heldout' or an existing JSONL "
+                        "file")
     prompts = []
     for i, line in enumerate(path.read_text().splitlines()):
         if not line.strip():

@@ -68,7 +68,8 @@ def collect_linear_amax(
     }
 
 
-def shared_input_groups(names: Iterable[str], suffixes: tuple[tuple[str, ...], ...] = SHARED_INPUT_SUFFIXES) -> list[list[str]]:
+def shared_input_groups(names: Iterable[str],
+                        suffixes: tuple[tuple[str, ...], ...] = SHARED_INPUT_SUFFIXES) -> list[list[str]]:
     """Groups of layer names (same parent module) that TensorRT-LLM fuses into one GEMM."""
     names = list(names)
     present = set(names)

@@ -29,7 +29,8 @@ class CalibrationData:
     source: str  # where the tokens came from (recorded in the manifest)
 
 
-def calibration_data(target_dir: Path, vocab_size: int, path: Path | None, samples: int, length: int, seed: int = 0) -> CalibrationData:
+def calibration_data(target_dir: Path, vocab_size: int, path: Path | None, samples: int, length: int,
+                     seed: int = 0) -> CalibrationData:
     """`samples` sequences of `length` tokens: from a text / JSONL file, else the package's built-in
     calibration text (when the target has a tokenizer), else seeded random token ids."""
     tokenizer = None
@@ -137,8 +138,8 @@ def _source_quantization(target_dir: Path) -> dict:
     if method is None:
         return {}
     if method != "mxfp4":
-        raise UserError(f"target {target_dir}/config.json: quantization_config.quant_method is {method!r}: quantize takes "
-                        "unquantized checkpoints, or gpt-oss's MXFP4 (mxfp4); start from the unquantized model")
+        raise UserError(f"target {target_dir}/config.json: quantization_config.quant_method is {method!r}: quantize "
+                        "takes unquantized checkpoints, or gpt-oss's MXFP4 (mxfp4); start from the unquantized model")
     from importlib.util import find_spec
 
     if find_spec("accelerate") is None:
@@ -157,7 +158,8 @@ def calibrate_target(
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=plan.dtypes["target"], **_source_quantization(target_dir))
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=plan.dtypes["target"],
+                                                 **_source_quantization(target_dir))
     model = model.to(device).eval()
     if not model.config.architectures:  # ModelOpt's export reads it
         model.config.architectures = [type(model).__name__]
@@ -189,7 +191,8 @@ def _collected(model, calib: Calibration) -> Calibration:
     for name, m in modules.items():
         if name.endswith("weight_quantizer") and _amax(m) is not None:
             prefix = name.removesuffix("weight_quantizer")
-            calib.linears[prefix.rstrip("._")] = {"weight": _amax(m), "input": _amax(modules.get(prefix + "input_quantizer"))}
+            calib.linears[prefix.rstrip("._")] = {"weight": _amax(m),
+                                                  "input": _amax(modules.get(prefix + "input_quantizer"))}
         kq = getattr(m, "k_bmm_quantizer", None)
         if kq is not None and kq.is_enabled and kq.amax is not None:
             layer = int(name.split(".layers.")[1].split(".")[0])
@@ -226,7 +229,8 @@ def calibrate_drafter(target_dir: Path, drafter_dir: Path, data: CalibrationData
     groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]  # the reference decodes batches
     with _progress(len(groups), "calibrating drafter", progress) as advance:
         amax = collect_linear_amax(
-            drafter, groups, run=lambda _m, g: generate(target, drafter, g, new_tokens, mode="dflash", stop_token_ids=[]),
+            drafter, groups, run=lambda _m,
+            g: generate(target, drafter, g, new_tokens, mode="dflash", stop_token_ids=[]),
             on_batch=advance,
         )
     calib = Calibration(source=data.source, kv=kv)

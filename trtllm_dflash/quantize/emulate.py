@@ -19,11 +19,13 @@ SCHEMES = ("fp8", "nvfp4")
 
 
 @torch.no_grad()
-def fake_quantize_(model: nn.Module, scheme: str, drafter: bool = False, exclude: tuple[str, ...] = ("lm_head",)) -> nn.Module:
+def fake_quantize_(model: nn.Module, scheme: str, drafter: bool = False,
+                   exclude: tuple[str, ...] = ("lm_head",)) -> nn.Module:
     """In place; `drafter` selects the drafter engine's fusion groups (k/v, not q/k/v)."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r}: allowed {', '.join(SCHEMES)}")
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] not in exclude}
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)
+               and n.rsplit(".", 1)[-1] not in exclude}
     for group in shared_input_groups(linears, DRAFTER_SHARED_INPUT_SUFFIXES if drafter else SHARED_INPUT_SUFFIXES):
         amax = torch.stack([linears[n].weight.abs().amax().float() for n in group]).max()
         for name in group:

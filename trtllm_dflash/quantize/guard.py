@@ -84,5 +84,6 @@ def user_prompts(path: Path, target_dir: Path, n: int = GUARD_PROMPTS) -> list[l
 def check(measure: Measure, before: Path, after: Path, prompts: list[list[int]], block_size: int, max_drop: float,
           source: str, new_tokens: int = GUARD_NEW_TOKENS) -> GuardResult:
     """Measure both checkpoints on the same prompts; the caller raises on `not passed`."""
-    return GuardResult(measure(before, prompts, new_tokens, block_size), measure(after, prompts, new_tokens, block_size),
+    return GuardResult(measure(before, prompts, new_tokens, block_size),
+                       measure(after, prompts, new_tokens, block_size),
                        max_drop, len(prompts), new_tokens, source)

@@ -36,7 +36,7 @@ import torch
 from trtllm_dflash import compat
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.engine_layout import QUANT_ALGO
+from trtllm_dflash.recipe.plan.engine_layout import QUANT_ALGO
 from trtllm_dflash.recipe.support import backend as backend_spec
 
 FLOAT_FORMATS = ("fp32", "bf16", "fp16")
@@ -74,19 +74,20 @@ class QuantPlan:
 def resolve(recipe: Recipe) -> QuantPlan:
     """The recipe's quantization section as a plan; UserError naming the field otherwise."""
     q, backend = recipe.quantization, recipe.backend.name
-    file = str(recipe.file or "(default recipe)")
+    at = recipe.field_at  # where each field was written (its YAML line and column, or the --set)
 
     def scheme(field_: str, fmt: str) -> Scheme:
         if fmt in FLOAT_FORMATS:
             return Scheme.NONE
         if fmt in ("fp8", "nvfp4"):
             return Scheme(fmt)
-        raise UserError(f"{file}: quantization.{field_}: {fmt} is not produced by quantize; allowed: fp8, nvfp4, {', '.join(FLOAT_FORMATS)}")
+        raise UserError(f"{at('quantization.' + field_)}: {fmt} is not produced by quantize; allowed: fp8, nvfp4, "
+                        f"{', '.join(FLOAT_FORMATS)}")
 
     target, drafter = scheme("target_weights", q.target_weights), scheme("drafter", q.drafter)
     if not q.quantizes:
         raise UserError(
-            f"{file}: quantization.target_weights is {q.target_weights}, quantization.drafter is {q.drafter} and "
+            f"{at('quantization.target_weights')} is {q.target_weights}, quantization.drafter is {q.drafter} and "
             f"quantization.kv_cache is {q.kv_cache}: nothing to quantize (run `convert`); set one of them to fp8 "
             "(or the weights to nvfp4)"
         )
@@ -95,13 +96,15 @@ def resolve(recipe: Recipe) -> QuantPlan:
         for who, s in (("target_weights", target),) + ((("drafter", drafter),) if drafter is not Scheme.NONE else ()):
             if s is not Scheme.NONE and q.activations != s.value:
                 raise UserError(
-                    f"{file}: quantization.activations: {q.activations} with {s.value} quantization.{who} on the {backend} "
-                    f"backend; allowed: activations {s.value} (W8A8 FP8 / W4A4 NVFP4; weight-only runs only on the reference backend)"
+                    f"{at('quantization.activations')}: {q.activations} with {s.value} quantization.{who} on the "
+                    f"{backend} backend; allowed: activations {s.value} (W8A8 FP8 / W4A4 NVFP4; weight-only runs only "
+                    "on the reference backend)"
                 )
     elif activations:
         activations = False  # the reference emulates weights only (recipe rules warn about it)
     if q.kv_cache not in FLOAT_FORMATS + ("fp8",):
-        raise UserError(f"{file}: quantization.kv_cache: {q.kv_cache} is not implemented; allowed: fp8, {', '.join(FLOAT_FORMATS)}")
+        raise UserError(f"{at('quantization.kv_cache')}: {q.kv_cache} is not implemented; allowed: fp8, "
+                        f"{', '.join(FLOAT_FORMATS)}")
     dtypes = {role: TORCH_DTYPES[q.checkpoint_dtype(role)] for role in ("target", "drafter")}
     return QuantPlan(target, drafter, activations, q.kv_cache == "fp8", dtypes)
 
@@ -120,7 +123,8 @@ def export_hf(model, tmp: Path, recipe: Recipe, target_dir: Path, drafter_dir: P
         export_hf_checkpoint(model, export_dir=tmp / "target", dtype=plan.dtypes["target"])
     compat.modelopt_hf_export_as_current(model, tmp / "target")
     for p in sorted(target_dir.iterdir()):
-        keep = p.is_file() and (p.name.startswith("tokenizer") or p.name in ("special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja"))
+        keep = p.is_file() and (p.name.startswith("tokenizer") or p.name in (
+            "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja"))
         if keep and not (tmp / "target" / p.name).exists():
             (tmp / "target" / p.name).write_bytes(p.read_bytes())
     drafter = load_drafter(drafter_dir, dtype=plan.dtypes["drafter"])

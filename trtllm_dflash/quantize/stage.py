@@ -25,7 +25,14 @@ from pathlib import Path
 
 from trtllm_dflash import compat
 from trtllm_dflash.artifacts import (
-    MANIFEST, Manifest, atomic_stage_dir, check_out_dir, relative_to, replace_dir, tool_versions, verify_input,
+    MANIFEST,
+    Manifest,
+    atomic_stage_dir,
+    check_out_dir,
+    relative_to,
+    replace_dir,
+    tool_versions,
+    verify_input,
 )
 from trtllm_dflash.convert.convert import convert
 from trtllm_dflash.convert.shard_plan import plan_trtllm
@@ -33,7 +40,7 @@ from trtllm_dflash.convert.sources import BACKEND_LAYOUT, recorded_sources
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.quantize import guard
 from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.planner import drafter_placement
+from trtllm_dflash.recipe.plan.drafter import drafter_placement
 from trtllm_dflash.recipe.stages import StageOptions
 
 NAME = "quantize"
@@ -70,7 +77,8 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
     samples, length = samples or q.calib_samples, length or q.calib_len  # arguments: tests' smaller calibrations
     model, calibration, data = _calibrate(recipe, plan, src, calib, samples, length, device, progress)
     record = json.dumps({r: c.to_json() for r, c in calibration.items()}, indent=1, sort_keys=True)
-    extra = {"quantization": plan.describe(), "calibration_data": data.source, "calibration": {"samples": samples, "len": length},
+    extra = {"quantization": plan.describe(), "calibration_data": data.source,
+             "calibration": {"samples": samples, "len": length},
              "tools": tool_versions("nvidia-modelopt")}
 
     if layout == "trtllm":
@@ -89,7 +97,8 @@ def quantize(recipe: Recipe, from_dir: Path, out: Path, *, calib: Path | None = 
                 ids, source = guard.calibration_prompts(data.batches), f"calibration sequences ({data.source})"
             return _guarded(recipe, from_dir, out, overwrite, measure, ids, source, args)
     extra["acceptance_guard"] = {"ran": False, "why": "the HF export is decoded by TensorRT-LLM (pytorch backend)"}
-    manifest = Manifest.for_stage("quantize", recipe, from_dir, sources=m.sources, tools=tool_versions("nvidia-modelopt"),
+    manifest = Manifest.for_stage("quantize", recipe, from_dir, sources=m.sources,
+                                  tools=tool_versions("nvidia-modelopt"),
                                   extra={"layout": "hf", **extra})
     with atomic_stage_dir(out, manifest, overwrite=overwrite) as tmp:
         export_hf(model, tmp, recipe, src.target_dir, src.drafter_dir, plan)
@@ -105,8 +114,8 @@ def _checked_input(recipe: Recipe, from_dir: Path, layout: str, plan):
 
     m = verify_input(from_dir, ("convert",), recipe)
     if m.extra.get("layout") != layout:
-        raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the {recipe.backend.name} "
-                        f"backend quantizes the {layout} layout (convert without --layout)")
+        raise UserError(f"{from_dir}: manifest field extra.layout is {m.extra.get('layout')!r}; the "
+                        f"{recipe.backend.name} backend quantizes the {layout} layout (convert without --layout)")
     src = recorded_sources(from_dir, m)  # configs, pairing, every tensor header
     if layout == "trtllm":
         transform = QuantTransform(plan, {"target": Calibration(), "drafter": Calibration()})

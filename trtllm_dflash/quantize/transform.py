@@ -45,7 +45,8 @@ class QuantTransform:
                 if t.entry.rule.startswith("experts_"):
                     raise NotImplementedError(
                         f"{t.name}: quantized MoE experts in the TensorRT-LLM checkpoint layout; the engine backend "
-                        "does not serve qwen3_moe (TensorRT-LLM 1.2 engine path) - use the pytorch backend (ModelOpt HF export)"
+                        "does not serve qwen3_moe (TensorRT-LLM 1.2 engine path) - use the pytorch backend (ModelOpt "
+                        "HF export)"
                     )
                 if self.scheme(plan.role) is Scheme.NVFP4 and t.shape[-1] % F.NVFP4_BLOCK:
                     raise UserError(
@@ -86,7 +87,8 @@ class QuantTransform:
                 out[f"{prefix}.activation_scaling_factor"] = F.fp8_scale(in_amax).reshape(1)
             return out
         q = F.quantize_nvfp4(x, F.nvfp4_global_scale(w_amax))
-        out = {t.name: q.data, f"{prefix}.weights_scaling_factor": q.block_scale, f"{prefix}.weights_scaling_factor_2": q.global_scale}
+        out = {t.name: q.data, f"{prefix}.weights_scaling_factor": q.block_scale,
+               f"{prefix}.weights_scaling_factor_2": q.global_scale}
         if self.plan.activations:
             out[f"{prefix}.activation_scaling_factor"] = F.nvfp4_global_scale(in_amax)
         return out
@@ -98,7 +100,8 @@ class QuantTransform:
         # ModelOpt's FP8 KV convention: amax / 448, but never below 1 (TensorRT-LLM's default scale)
         k, v = (torch.maximum(F.fp8_scale(kv[x]), torch.tensor(1.0)).reshape(1) for x in ("k", "v"))
         p = f"transformer.layers.{layer}.attention."
-        return {p + "kv_cache_scaling_factor": torch.maximum(k, v), p + "k_cache_scaling_factor": k, p + "v_cache_scaling_factor": v}
+        return {p + "kv_cache_scaling_factor": torch.maximum(k, v), p + "k_cache_scaling_factor": k,
+                p + "v_cache_scaling_factor": v}
 
     def quantization(self, role):
         s = self.scheme(role)
@@ -115,4 +118,5 @@ class QuantTransform:
         import hashlib
 
         blob = json.dumps({r: c.to_json() for r, c in self.calibration.items()}, sort_keys=True)
-        return {"transform": "quantize", **self.plan.describe(), "calibration_sha256": hashlib.sha256(blob.encode()).hexdigest()}
+        return {"transform": "quantize", **self.plan.describe(),
+                "calibration_sha256": hashlib.sha256(blob.encode()).hexdigest()}

@@ -1,5 +1,5 @@
 """The recipe: schema (typed sections), the reader, rules (cross-field checks),
-catalogs (hardware, models), the memory planner, and the fields each pipeline stage
+catalogs (hardware, models), the memory plan (plan/), and the fields each pipeline stage
 depends on (stages.py)."""
 
 from trtllm_dflash.recipe.load import load_recipe

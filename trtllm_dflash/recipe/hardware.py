@@ -39,13 +39,18 @@ class Measured(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: str = Field(description="how, where and when these were measured")
-    memory_bandwidth_gbs: float | None = Field(default=None, gt=0, description="achieved streaming read bandwidth, GB/s")
-    tensor_gflops: float | None = Field(default=None, gt=0, description="achieved dense matmul rate of the model's GEMMs, GFLOP/s")
+    memory_bandwidth_gbs: float | None = Field(default=None, gt=0,
+                                               description="achieved streaming read bandwidth, GB/s")
+    tensor_gflops: float | None = Field(default=None, gt=0,
+                                        description="achieved dense matmul rate of the model's GEMMs, GFLOP/s")
     attention_fraction: float | None = Field(
         default=None, gt=0, le=1, description="attention kernel's achieved fraction of the memory bandwidth")
-    layer_overhead_us: float | None = Field(default=None, ge=0, description="fixed cost per decoder layer per forward pass, us")
-    step_overhead_ms: float | None = Field(default=None, ge=0, description="fixed launch/scheduling cost per decoding step, ms")
-    seq_overhead_us: float | None = Field(default=None, ge=0, description="cost per sequence in flight per decoding step, us")
+    layer_overhead_us: float | None = Field(default=None, ge=0,
+                                            description="fixed cost per decoder layer per forward pass, us")
+    step_overhead_ms: float | None = Field(default=None, ge=0,
+                                           description="fixed launch/scheduling cost per decoding step, ms")
+    seq_overhead_us: float | None = Field(default=None, ge=0,
+                                          description="cost per sequence in flight per decoding step, us")
 
 
 class GpuSpec(BaseModel):
@@ -108,7 +113,8 @@ def cpu_torch_threads(tp: int, cpu_count: int | None = None) -> int:
     end - Triton's gRPC / HTTP threads and the Python backend's messages, or uvicorn - and clients
     on the same machine need a core; a torch thread that shares one with them stalls every
     parallel op: docs/design/measurements.md, docs/results/cpu-benchmarks.md "Serving overhead").
-    tp > 1: the cores split between the worker processes. The server, its tp workers and the projection's calibration all use this."""
+    tp > 1: the cores split between the worker processes. The server, its tp workers and the projection's calibration
+    all use this."""
     import os
 
     cores = cpu_count or os.cpu_count() or 1

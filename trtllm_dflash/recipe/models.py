@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.support import ARCHITECTURES, drafter_variant
 
-Family = Literal["llama", "qwen3", "qwen3_moe", "gpt_oss", "dflash"]
+# A model's family: a target architecture of the support table (recipe/support.py ARCHITECTURES,
+# where a new one is declared) or "dflash", every drafter variant.
+Family = Literal[(*ARCHITECTURES, "dflash")]
 
 # HF `model_type` -> our family name: the target architectures of the support table.
 HF_MODEL_TYPES: dict[str, Family] = {m: m for m in ARCHITECTURES}
@@ -165,7 +167,8 @@ def facts_from_config(config_path: Path) -> ArchFacts:
     except json.JSONDecodeError as e:
         raise UserError(f"{config_path}: not valid JSON ({e})") from None
 
-    is_drafter = "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or [])  # Laguna / DFlash2 carry dflash_config
+    # Laguna / DFlash2 carry dflash_config
+    is_drafter = "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or [])
     model_type = cfg.get("model_type")
     if not is_drafter and model_type not in HF_MODEL_TYPES:
         raise UserError(

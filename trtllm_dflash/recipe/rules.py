@@ -1,41 +1,34 @@
 """Recipe rules: cross-field checks that save a wasted GPU hour.
 
-Formats the hardware supports, tp against every dimension it splits (recipe/sharding.py),
+Formats the hardware supports, tp against every dimension it splits (recipe/plan/sharding.py),
 drafter/target agreement, backend and version support, build limits, and the memory plan
-fitting each rank's GPU (recipe/planner.py).
+fitting each rank's GPU (recipe/plan/planner.py).
 `check` returns every violation (errors) and note (warnings) of a parsed recipe.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-from trtllm_dflash.recipe.engine_layout import (
-    kv_reuse_decision,
-    max_draft_len,
-    runtime_max_input_len,
-    target_attention,
-    target_seq_len,
-    verify_cost,
-)
-from trtllm_dflash.recipe import trtllm_api
-from trtllm_dflash.recipe.placement import scale_out, span_problem
-from trtllm_dflash.recipe.trtllm_api import drafter_attention
-from trtllm_dflash.recipe.planner import model_dims, plan, smallest_tp
-from trtllm_dflash.recipe.support import (
-    BACKENDS, DRAFTERS, NATIVE_ONLY, architectures_of, backend as backend_spec, format_gap, trtllm_version_problem,
-)
+from trtllm_dflash.recipe import images, trtllm_api
+from trtllm_dflash.recipe.containers import backend_image
+from trtllm_dflash.recipe.engine_rules import engine_issues
+from trtllm_dflash.recipe.issues import Issue, Issues
+from trtllm_dflash.recipe.models_root import stand_in_of
+from trtllm_dflash.recipe.plan.placement import scale_out, span_problem
+from trtllm_dflash.recipe.plan.planner import plan, smallest_tp
+from trtllm_dflash.recipe.plan.sharding import model_dims, tp_message
 from trtllm_dflash.recipe.schema import FLOAT_FORMATS, ModelSource, Recipe
-from trtllm_dflash.recipe.sharding import tp_message
-
-
-@dataclass(frozen=True)
-class Issue:
-    level: Literal["error", "warning"]
-    field: str
-    message: str
-
+from trtllm_dflash.recipe.support import (
+    BACKENDS,
+    DRAFTERS,
+    NATIVE_ONLY,
+    architectures_of,
+    format_gap,
+    trtllm_version_problem,
+)
+from trtllm_dflash.recipe.support import (
+    backend as backend_spec,
+)
+from trtllm_dflash.recipe.trtllm_api import drafter_attention
 
 # Derived from the support table (recipe/support.py), for the modules that ask by these names.
 BACKEND_FAMILIES: dict[str, set[str]] = {b: set(architectures_of(b)) for b in BACKENDS}
@@ -67,7 +60,7 @@ def pytorch_draft_len_schedule(recipe: Recipe) -> dict[int, int]:
 
 
 def _split_issues(recipe: Recipe) -> list[Issue]:
-    """tp against every dimension it splits in both models (recipe/sharding.py: one rule each)."""
+    """tp against every dimension it splits in both models (recipe/plan/sharding.py: one rule each)."""
     models, tp = model_dims(recipe), recipe.parallel.tp
     why = tp_message(models, tp, recipe.backend.name)
     if why:
@@ -90,64 +83,12 @@ def memory_issues(recipe: Recipe) -> list[Issue]:
                   f"{p.max_concurrency} at tp {p.tp}; smallest tp that fits on {gpu.name}: {best.describe()}")]
 
 
-def _engine_layout(recipe: Recipe) -> list[Issue]:
-    """What TensorRT-LLM 1.2.x makes of the target engine (recipe/engine_layout.py): KV-cache block
-    reuse needs paged context FMHA, and every verify round's whole-sequence prompt must fit the
-    Executor's input limit."""
-    b = recipe.build
-    if not backend_spec(recipe.backend.name).builds_engines:
-        if b.kv_cache_reuse is not None:
-            return [Issue("error", "build.kv_cache_reuse", f"applies to the engine backend only, not {recipe.backend.name} "
-                          "(the pytorch backend's reuse is deploy's per-version choice); remove it")]
-        return []
-    q, flags, issues = recipe.quantization, target_attention(recipe), []
-    on, why = kv_reuse_decision(recipe)
-    cost = verify_cost(recipe)
-    if not flags.paged_context_fmha and b.kv_cache_reuse:
-        dtype = q.checkpoint_dtype("target")
-        layout = (f"quantization.target_weights {q.target_weights}"
-                  + (f" (checkpoint dtype {dtype})" if dtype != q.target_weights else "")
-                  + f" with quantization.kv_cache {q.kv_cache}")
-        issues.append(Issue("error", "build.kv_cache_reuse", f"true, but {layout} builds a target engine without paged "
-                            f"context FMHA ({why}), and the 1.2.1 Executor then switches block reuse off; set "
-                            "build.kv_cache_reuse to false or change those fields"))
-    elif cost.recomputes:
-        issues.append(Issue("warning", "build.kv_cache_reuse", cost.describe()))
-    elif q.kv_cache == "fp8":
-        issues.append(Issue("warning", "build.kv_cache_reuse", f"on: {why}"))
-    if not recipe.gpu.is_cpu:
-        logits = b.max_num_tokens * (max_draft_len(recipe) + 1) * recipe.target_facts.vocab_size * 4 / 2**30
-        issues.append(Issue("warning", "backend", f"the engines verify greedily on GPU: requests with temperature > 0 "
-                            "are refused (a sampling verify reads dflash_logits, which TensorRT-LLM 1.2.x's Executor "
-                            f"would pre-allocate for build.max_num_tokens rows: {logits:.1f} GiB per rank; "
-                            "recipe/engine_memory.py); sample on the pytorch or reference backend"))
-    seq = target_seq_len(recipe)
-    cap = runtime_max_input_len(max_seq_len=seq, max_input_len=seq - 1, max_num_tokens=b.max_num_tokens,
-                                context_fmha=flags.context_fmha)
-    if cap < seq - 1:
-        issues.append(Issue("error", "build.max_num_tokens", f"{b.max_num_tokens} < {seq - 1} = build.max_seq_len + "
-                            f"max_draft_len {max_draft_len(recipe)} - 1: a verify round sends the whole sequence as one "
-                            "prompt, and TensorRT-LLM 1.2.1 with context FMHA refuses prompts longer than "
-                            "min(max_seq_len - 1, max_num_tokens) (trtGptModel.h)"))
-    return issues
-
-
-class _Issues(list):
-    """The issues of one group of rules, added by `err` and `warn`."""
-
-    def err(self, field: str, msg: str) -> None:
-        self.append(Issue("error", field, msg))
-
-    def warn(self, field: str, msg: str) -> None:
-        self.append(Issue("warning", field, msg))
-
-
 def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
     """All rule violations (errors) and notes (warnings) of a loaded recipe; `memory=False` leaves
     out whether the memory plan fits (`plan` shows a plan that does not)."""
     issues: list[Issue] = []
     for rules in (_format_issues, _parallel_issues, _drafter_issues, _speculative_issues, _backend_issues,
-                  _pytorch_issues, _limit_issues, _engine_layout, _serving_issues):
+                  _pytorch_issues, _limit_issues, engine_issues, _serving_issues):
         issues += rules(recipe)
     if memory and not any(i.level == "error" for i in issues):
         issues += memory_issues(recipe)
@@ -156,14 +97,15 @@ def check(recipe: Recipe, *, memory: bool = True) -> list[Issue]:
 
 def _format_issues(recipe: Recipe) -> list[Issue]:
     """Hardware and number formats."""
-    out, gpu, q, t = _Issues(), recipe.gpu, recipe.quantization, recipe.target_facts
+    out, gpu, q, t = Issues(), recipe.gpu, recipe.quantization, recipe.target_facts
     span = span_problem(recipe)
     if span is not None:
         out.err(*span)
     for field, fmt in q.formats.items():
         if not gpu.supports(fmt):
             why = " (NVFP4 needs Blackwell: b200 or b300)" if fmt == "nvfp4" else ""
-            out.err(f"quantization.{field}", f"{fmt} is not supported on {gpu.name}{why}; allowed: {', '.join(gpu.formats)}")
+            out.err(f"quantization.{field}",
+                    f"{fmt} is not supported on {gpu.name}{why}; allowed: {', '.join(gpu.formats)}")
     if q.activations == "nvfp4" and q.target_weights != "nvfp4":
         out.err("quantization.activations", "nvfp4 activations need nvfp4 target_weights")
     if q.activations == "fp8" and q.target_weights not in ("fp8", "nvfp4"):
@@ -173,16 +115,18 @@ def _format_issues(recipe: Recipe) -> list[Issue]:
     gap = format_gap(t.family, recipe.backend.name, q.target_weights) if served else ""
     if gap:  # a precision the support table does not list for this architecture and backend
         out.err("quantization.target_weights", gap)
-    elif q.target_weights in NATIVE_ONLY and q.quantizes:  # quantize would re-export the target from dequantized weights
+    # quantize would re-export the target from dequantized weights
+    elif q.target_weights in NATIVE_ONLY and q.quantizes:
         what = [f"{k} {getattr(q, k)}" for k in ("kv_cache", "drafter") if getattr(q, k) not in FLOAT_FORMATS]
-        out.err("quantization.target_weights", f"{q.target_weights} serves the checkpoint's own weights as shipped, but "
+        out.err("quantization.target_weights",
+                f"{q.target_weights} serves the checkpoint's own weights as shipped, but "
                 f"{' and '.join(what)} needs the quantize stage, which exports the whole target again; keep "
                 f"{' and '.join(w.split()[0] for w in what)} bf16, or quantize the target (nvfp4 / fp8)")
     return out
 
 
 def _parallel_issues(recipe: Recipe) -> list[Issue]:
-    out, par = _Issues(), recipe.parallel
+    out, par = Issues(), recipe.parallel
     gpus = recipe.world_size * par.replicas
     if not recipe.gpu.is_cpu and gpus > recipe.hardware.count:
         what = f"tp*pp = {recipe.world_size}" + (f" x parallel.replicas {par.replicas} = {gpus}" if par.replicas > 1
@@ -199,16 +143,42 @@ def _parallel_issues(recipe: Recipe) -> list[Issue]:
     return out + _split_issues(recipe) + _scale_out_issues(recipe)
 
 
+def _image_issues(recipe: Recipe) -> list[Issue]:
+    """backend.image against the image table (recipe/images.py): an image that was never built or
+    carries a TensorRT-LLM the backend does not run on is refused, naming what it carries."""
+    out, b, spec = Issues(), recipe.backend, backend_spec(recipe.backend.name)
+    if b.image is None:
+        return out
+    if not spec.trtllm_lines:
+        out.err("backend.image", f"the {spec.name} backend runs on this machine, in no container; remove it")
+        return out
+    default = backend_image(spec.name, spec.serving_api, b.trtllm_version)
+    why = images.refusal(b.image, lambda v: trtllm_version_problem(spec, v))
+    found = images.lookup(b.image)
+    if why:
+        out.err("backend.image", f"{why}; use {images.REGISTRY}/{default}" if default else why)
+    elif found is None:
+        out.warn("backend.image", f"{b.image} is not in recipe/catalog/images.yaml, so what it carries is not known "
+                 "here; `trtllm-dflash doctor` checks its TensorRT-LLM on the GPU box")
+    elif b.trtllm_version and found.trtllm and found.trtllm != b.trtllm_version:
+        out.err("backend.trtllm_version", f"{b.trtllm_version}, but backend.image {found.ref} carries TensorRT-LLM "
+                f"{found.trtllm}")
+    return out
+
+
 def _llm_api_issues(recipe: Recipe) -> list[Issue]:
     """The pytorch backend: the fields its deployment writes against the TensorRT-LLM version's
     (recipe/trtllm_api.py), the drafter attention against the GPU, the fixes it lacks."""
-    out, version = _Issues(), recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION[recipe.backend.name]
+    out, version = Issues(), recipe.backend.trtllm_version or DEFAULT_TRTLLM_VERSION[recipe.backend.name]
     attention = drafter_attention(recipe.backend.drafter_attention, recipe.gpu.is_blackwell)
     if attention == "TRTLLM" and not recipe.gpu.is_blackwell and not recipe.gpu.is_cpu:
         out.err("backend.drafter_attention", f"TRTLLM runs FlashInfer's trtllm-gen kernels, Blackwell only "
                 f"(SM100 / SM103); {recipe.gpu.name} is sm {recipe.gpu.sm}: use VANILLA or FA4")
     if trtllm_api.parse(version) is None:
         return out
+    known = trtllm_api.release_problem(version)
+    if known:
+        (out.err if known[0] == "error" else out.warn)("backend.trtllm_version", known[1])
     for name in trtllm_api.missing(version, trtllm_api.fields_needed(attention, recompute_tail(recipe, version))):
         out.err("backend.trtllm_version", trtllm_api.needs_message(version, name))
     for key, fix in trtllm_api.FIXES.items():
@@ -222,7 +192,8 @@ def recompute_tail(recipe: Recipe, version: str) -> bool:
     """Prefix-cache reuse keeps the drafter's context only where TensorRT-LLM recomputes a tail of
     the reused prompt (context_recompute_tail) and applies it: not for targets with sliding-window
     layers (deploy/llmapi.py)."""
-    return trtllm_api.has(version, "speculative_config.context_recompute_tail") and not recipe.target_facts.sliding_layers
+    return (trtllm_api.has(version, "speculative_config.context_recompute_tail")
+            and not recipe.target_facts.sliding_layers)
 
 
 def _scale_out_issues(recipe: Recipe) -> list[Issue]:
@@ -244,7 +215,7 @@ def _scale_out_issues(recipe: Recipe) -> list[Issue]:
 
 def _drafter_issues(recipe: Recipe) -> list[Issue]:
     """The drafter against its target."""
-    out, t, d = _Issues(), recipe.target_facts, recipe.drafter_facts
+    out, t, d = Issues(), recipe.target_facts, recipe.drafter_facts
     if d.hidden_size != t.hidden_size:
         out.err("drafter", f"hidden_size {d.hidden_size} != target hidden_size {t.hidden_size}")
     if d.vocab_size != t.vocab_size:
@@ -255,35 +226,41 @@ def _drafter_issues(recipe: Recipe) -> list[Issue]:
     if d.mask_token_id is not None and d.mask_token_id >= t.vocab_size:
         out.err("drafter", f"mask_token_id {d.mask_token_id} outside the target vocabulary (size {t.vocab_size})")
     if d.mask_token_id is None:
-        out.warn("drafter", "mask_token_id unknown in the catalog: read from the checkpoint's dflash_config at convert time")
+        out.warn("drafter",
+                 "mask_token_id unknown in the catalog: read from the checkpoint's dflash_config at convert time")
     spec = backend_spec(recipe.backend.name)
     if spec.drafter_gap(d.variant):  # a support row that does not run (recipe/support.py support_rows)
         able = [n for n, b in BACKENDS.items() if d.variant in b.drafters]
-        out.err("drafter", f"a {DRAFTERS[d.variant]} drafter on the {spec.name} backend: {spec.drafter_gap(d.variant)}; "
+        out.err("drafter",
+                f"a {DRAFTERS[d.variant]} drafter on the {spec.name} backend: {spec.drafter_gap(d.variant)}; "
                 f"the {', '.join(able)} backend runs it")
     return out
 
 
 def _speculative_issues(recipe: Recipe) -> list[Issue]:
-    out, spec, d = _Issues(), recipe.speculative, recipe.drafter_facts
+    out, spec, d = Issues(), recipe.speculative, recipe.drafter_facts
     if d.block_size is not None and spec.block_size > d.block_size:
-        out.err("speculative.block_size", f"{spec.block_size} > {d.block_size}, the block size the drafter was trained with; allowed: 2..{d.block_size}")
+        out.err("speculative.block_size",
+                f"{spec.block_size} > {d.block_size}, the block size the drafter was trained with; allowed: "
+                f"2..{d.block_size}")
     prev = 0
     for i, band in enumerate(spec.bands):
         if band.max_concurrency <= prev:
-            out.err(f"speculative.draft_len.{i}.max_concurrency", f"{band.max_concurrency} must be greater than the previous band's {prev}")
+            out.err(f"speculative.draft_len.{i}.max_concurrency",
+                    f"{band.max_concurrency} must be greater than the previous band's {prev}")
         if band.draft_len > spec.block_size - 1:
             out.err(f"speculative.draft_len.{i}.draft_len", f"{band.draft_len} > block_size-1 = {spec.block_size - 1}")
         prev = band.max_concurrency
     trees = [n for n, b in BACKENDS.items() if b.ddtree]
     if spec.ddtree_budget is not None and recipe.backend.name not in trees:
-        out.err("speculative.ddtree_budget", f"DDTree runs only on the {', '.join(trees)} backend, not {recipe.backend.name}")
+        out.err("speculative.ddtree_budget",
+                f"DDTree runs only on the {', '.join(trees)} backend, not {recipe.backend.name}")
     return out
 
 
 def _backend_issues(recipe: Recipe) -> list[Issue]:
     """Backend support, TensorRT-LLM versions, and what runs on CPU."""
-    out, t, name, gpu = _Issues(), recipe.target_facts, recipe.backend.name, recipe.gpu
+    out, t, name, gpu = Issues(), recipe.target_facts, recipe.backend.name, recipe.gpu
     spec = backend_spec(name)
     if t.family not in BACKEND_FAMILIES[name]:
         ok = [k for k, fams in BACKEND_FAMILIES.items() if t.family in fams]
@@ -293,11 +270,13 @@ def _backend_issues(recipe: Recipe) -> list[Issue]:
         if version is not None:
             out.err("backend.trtllm_version", f"the {name} backend does not use TensorRT-LLM; remove it")
         if recipe.quantization.activations not in ("bf16", "fp16", "fp32"):
-            out.warn("quantization.activations", f"the {name} backend emulates quantized weights; activations stay in high precision")
+            out.warn("quantization.activations",
+                     f"the {name} backend emulates quantized weights; activations stay in high precision")
     elif version is not None:
         problem = trtllm_version_problem(spec, version)
         if problem:
             out.err("backend.trtllm_version", problem)
+    out.extend(_image_issues(recipe))
     if spec.static_schedule:
         out.extend(_llm_api_issues(recipe))
     elif recipe.backend.drafter_attention != "auto":
@@ -314,7 +293,7 @@ def _backend_issues(recipe: Recipe) -> list[Issue]:
 
 def _pytorch_issues(recipe: Recipe) -> list[Issue]:
     """What TensorRT-LLM's native DFlash (the pytorch backend) can be given."""
-    out, spec, backend = _Issues(), recipe.speculative, backend_spec(recipe.backend.name)
+    out, spec, backend = Issues(), recipe.speculative, backend_spec(recipe.backend.name)
     if backend.drafter_formats and recipe.quantization.drafter not in backend.drafter_formats:
         out.err("quantization.drafter", f"{recipe.quantization.drafter}: TensorRT-LLM's native DFlash loads only BF16 "
                 "drafters (its fc is a plain nn.Linear and precompute_context_kv applies the raw qkv_proj weight: "
@@ -343,14 +322,16 @@ def _pytorch_issues(recipe: Recipe) -> list[Issue]:
 
 def _limit_issues(recipe: Recipe) -> list[Issue]:
     """Build limits against the model and the sweep."""
-    out, b, t, sw = _Issues(), recipe.build, recipe.target_facts, recipe.sweep
+    out, b, t, sw = Issues(), recipe.build, recipe.target_facts, recipe.sweep
     if b.max_input_len >= b.max_seq_len:
         out.err("build.max_input_len", f"{b.max_input_len} must be < max_seq_len {b.max_seq_len}")
     if t.max_position_embeddings and b.max_seq_len > t.max_position_embeddings:
         out.err("build.max_seq_len", f"{b.max_seq_len} > target max_position_embeddings {t.max_position_embeddings}")
     tokens_per_step = b.max_batch_size * recipe.speculative.block_size
     if b.max_num_tokens < tokens_per_step:
-        out.err("build.max_num_tokens", f"{b.max_num_tokens} < max_batch_size x block_size = {tokens_per_step}: a full batch of verify blocks would not fit one step")
+        out.err("build.max_num_tokens",
+                f"{b.max_num_tokens} < max_batch_size x block_size = {tokens_per_step}: a full batch of verify blocks "
+                "would not fit one step")
     if max(sw.concurrency) > b.max_batch_size:
         out.err("sweep.concurrency", f"level {max(sw.concurrency)} > build.max_batch_size {b.max_batch_size}")
     if sw.input_len + sw.max_output_len > b.max_seq_len:
@@ -361,7 +342,7 @@ def _limit_issues(recipe: Recipe) -> list[Issue]:
 
 def _serving_issues(recipe: Recipe) -> list[Issue]:
     """Ports, and local sources that do not exist yet."""
-    out = _Issues()
+    out = Issues()
     ports = [recipe.serve.http_port, recipe.serve.grpc_port, recipe.serve.metrics_port]
     if len(set(ports)) != 3:
         out.err("serve", f"http_port, grpc_port and metrics_port must differ, got {ports}")
@@ -369,4 +350,8 @@ def _serving_issues(recipe: Recipe) -> list[Issue]:
         src: ModelSource = getattr(recipe, who)
         if src.path is not None and not src.path.exists():
             out.warn(f"{who}.source", f"{src.source} does not exist yet; stages that load weights will need it")
+        elif src.path is not None and stand_in_of(src.path):
+            out.warn(f"{who}.source", f"{src.path} is a stand-in for {stand_in_of(src.path)} (tiny, random weights; "
+                     "`trtllm-dflash models --stand-ins`): check, plan and project answer for the real model, "
+                     "the stages run on the stand-in")
     return out

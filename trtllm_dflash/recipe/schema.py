@@ -9,11 +9,9 @@ dotted field, the bad value and what is allowed.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
-import os
 import random
 from importlib import resources
 from pathlib import Path
@@ -25,9 +23,8 @@ from trtllm_dflash.errors import UserError
 from trtllm_dflash.policy.bands import band_draft_len
 from trtllm_dflash.recipe.hardware import Format, GpuSpec, hardware_catalog
 from trtllm_dflash.recipe.models import ArchFacts
-from trtllm_dflash.recipe.support import NATIVE_ONLY
-
-BackendName = Literal["reference", "engine", "pytorch"]
+from trtllm_dflash.recipe.models_root import MODELS_ROOT_ENV, hub_download  # noqa: F401 (MODELS_ROOT_ENV: re-exported)
+from trtllm_dflash.recipe.support import NATIVE_ONLY, BackendName
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -73,34 +70,6 @@ class ModelSource(_Section):
         return (self._base_dir / Path(s).expanduser()).resolve()
 
 
-# The directory a deployment's checkpoints were downloaded into, one per HF id
-# (`huggingface-cli download ORG/NAME --local-dir $TRTLLM_DFLASH_MODELS/ORG/NAME`); every stage
-# command's `--models DIR` sets it.
-MODELS_ROOT_ENV = "TRTLLM_DFLASH_MODELS"
-
-
-def hub_download(repo_id: str) -> Path | None:
-    """Where an HF id's checkpoint is on this machine: $TRTLLM_DFLASH_MODELS/ORG/NAME (or /NAME),
-    else the snapshot in the local Hugging Face cache (huggingface_hub, no network); None if
-    neither holds a config.json."""
-    return _hub_download(repo_id, os.environ.get(MODELS_ROOT_ENV), os.environ.get("HF_HUB_CACHE"))
-
-
-@functools.lru_cache(maxsize=64)
-def _hub_download(repo_id: str, root: str | None, hub_cache: str | None) -> Path | None:
-    if root:
-        for d in (Path(root).expanduser() / repo_id, Path(root).expanduser() / repo_id.split("/")[-1]):
-            if (d / "config.json").is_file():
-                return d.resolve()
-    try:
-        from huggingface_hub import snapshot_download
-
-        cached = Path(snapshot_download(repo_id, local_files_only=True, cache_dir=hub_cache))
-    except Exception:  # not in the cache (or not a valid id): the caller says what to download
-        return None
-    return cached if (cached / "config.json").is_file() else None
-
-
 FLOAT_FORMATS = ("fp32", "bf16", "fp16")
 
 
@@ -113,7 +82,8 @@ class Quantization(_Section):
         default=0.10, ge=0.0, le=1.0,
         description="quantize fails when the quantized checkpoint's tau on the guard prompts is lower than the "
         "unquantized one's by more than this fraction of it (1 = never fails; the numbers are recorded either way)")
-    calib_samples: int = Field(default=32, ge=1, description="calibration sequences quantize runs (`quantize --calib-samples`)")
+    calib_samples: int = Field(default=32, ge=1,
+                               description="calibration sequences quantize runs (`quantize --calib-samples`)")
     calib_len: int = Field(default=256, ge=8, description="tokens per calibration sequence (`quantize --calib-len`)")
 
     @property
@@ -152,10 +122,14 @@ class Parallel(_Section):
 
 
 class Backend(_Section):
-    name: BackendName = Field(description="reference (PyTorch, CPU or GPU), engine (TensorRT-LLM 1.2.x engines + our plugin), pytorch (TensorRT-LLM >= 1.3 native DFlash)")
+    name: BackendName = Field(description="reference (PyTorch, CPU or GPU), engine (TensorRT-LLM 1.2.x engines + our "
+                                          "plugin), pytorch (TensorRT-LLM >= 1.3 native DFlash)")
     trtllm_version: str | None = Field(
         default=None, description="TensorRT-LLM version in the container (engine: 1.2.x; pytorch: >= 1.3)"
     )
+    image: str | None = Field(
+        default=None, description="the container image the deployment runs in (default: the backend's NVIDIA image, "
+        "recipe/catalog/images.yaml); check refuses one the image table knows to carry another TensorRT-LLM")
     drafter_attention: Literal["auto", "VANILLA", "TRTLLM", "FA4"] = Field(
         default="auto", description="pytorch backend: the drafter's attention_backend; auto = TRTLLM on Blackwell, "
         "VANILLA elsewhere (FA4 only when asked: it needs the flash-attn-4 package in the container)")
@@ -242,11 +216,12 @@ class Sweep(_Section):
         default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1, description="concurrency levels, increasing"
     )
     input_len: int = Field(default=1024, ge=1, description="prompt tokens (random dataset)")
-    output_len: int = Field(default=1024, ge=1, description="output tokens per request (the mean, with output_len_range)")
+    output_len: int = Field(default=1024, ge=1,
+                            description="output tokens per request (the mean, with output_len_range)")
     output_len_range: float = Field(
         default=0.0, ge=0.0, lt=1.0,
-        description="request i asks for output_len x (1 + u_i x range) tokens, u_i uniform in [-1, 1] (seeded, the same "
-                    "for every curve); 0: all ask output_len, which keeps AR's requests in lockstep "
+        description="request i asks for output_len x (1 + u_i x range) tokens, u_i uniform in [-1, 1] (seeded, the "
+                    "same for every curve); 0: all ask output_len, which keeps AR's requests in lockstep "
                     "(docs/design/draft-length-policy.md)",
     )
     dataset: str = Field(default="random", description="'random', 'builtin:NAME' or a JSONL of prompts")
@@ -292,12 +267,18 @@ class Recipe(_Section):
     sweep: Sweep = Sweep()
 
     _file: Path | None = PrivateAttr(default=None)
+    _positions: Any = PrivateAttr(default=None)  # reader.py: positions.Positions of the file it was read from
     _target_facts: ArchFacts | None = PrivateAttr(default=None)
     _drafter_facts: ArchFacts | None = PrivateAttr(default=None)
 
     @property
     def file(self) -> Path | None:
         return self._file
+
+    def field_at(self, field: str) -> str:
+        """`field` with the YAML line and column it was written at (or the --set that set it), for
+        the start of an error line about it."""
+        return self._positions.at(field) if self._positions is not None else f"{self._file}: {field}"
 
     @property
     def gpu(self) -> GpuSpec:
@@ -334,7 +315,8 @@ def _type_name(annotation: Any) -> str:
     if get_origin(annotation) is list:
         return f"list[{_type_name(args[0])}]"
     if args:
-        return " \\| ".join(_type_name(a) for a in args if a is not type(None)) + (" \\| null" if type(None) in args else "")
+        named = " \\| ".join(_type_name(a) for a in args if a is not type(None))
+        return named + (" \\| null" if type(None) in args else "")
     return getattr(annotation, "__name__", str(annotation))
 
 

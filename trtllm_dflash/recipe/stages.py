@@ -48,7 +48,8 @@ def door_module(stage: str) -> str:
 
 # The fields each stage adds to what the stages before it depend on (dotted prefixes).
 OWN_FIELDS: dict[str, tuple[str, ...]] = {
-    "convert": ("target.source", "drafter.source", "backend.name", "parallel.tp", "parallel.drafter", "checkpoint_dtype"),
+    "convert": ("target.source", "drafter.source", "backend.name", "parallel.tp", "parallel.drafter",
+                "checkpoint_dtype"),
     "quantize": ("quantization",),
     "build": ("hardware", "build", "speculative", "backend", "parallel"),
     "deploy": ("name", "target.arch", "drafter.arch", "serve"),

@@ -16,16 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from trtllm_dflash.recipe import images
 from trtllm_dflash.recipe.trtllm_api import PINNED
 
-BackendName = Literal["reference", "engine", "pytorch"]
+# The engine backend's image: the newest Triton image carrying TensorRT-LLM 1.2.1 (recipe/images.py).
+_TRITON_121 = images.newest("triton-trtllm", "1.2.1")
+_TRITON_121_TAGS = images.tags("triton-trtllm", "1.2.1")
 
 
 @dataclass(frozen=True)
 class Backend:
     """What one backend is and does."""
 
-    name: BackendName
+    name: str  # its key in BACKENDS
     what: str  # one line for the support table
     layout: Literal["trtllm", "hf"]  # what convert writes for it (and quantize quantizes)
     round_loop: bool  # our round loop decodes (per-request draft lengths, `draft_len: auto`)
@@ -70,17 +73,20 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             drafter_head=False, drafter_placement="split", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton", image=None,
             image_apis=()),
-    Backend("engine", "TensorRT-LLM 1.2.x engines (trtllm-build) with our KV-injection plugin, Triton 25.12", "trtllm",
+    Backend("engine",
+            f"TensorRT-LLM 1.2.x engines (trtllm-build) with our KV-injection plugin, Triton {_TRITON_121_TAGS}",
+            "trtllm",
             round_loop=True, ddtree=False, builds_engines=True, triton_model="dflash", default_runners="tensorrt",
-            needs_gpu=True, cpu_runs="build --dry-run only; served by the emulated engine runners (or --runners reference)",
+            needs_gpu=True,
+            cpu_runs="build --dry-run only; served by the emulated engine runners (or --runners reference)",
             cpu_runners="emulated", emulates_quantization=False,
-            container="Triton 25.12 trtllm-python-py3 (TensorRT-LLM 1.2.x)",
+            container=f"Triton {_TRITON_121.tag} (TensorRT-LLM {_TRITON_121.trtllm}, TensorRT {_TRITON_121.tensorrt})",
             trtllm_lines=("1.2",), trtllm_why="the engine backend needs TensorRT-LLM 1.2.x (TensorRT 10.14), the last "
             "release with trtllm-build", default_trtllm_version="1.2.1", kv_pool=True,
             context_cache="fp8-or-checkpoint",
             drafter_head=True, drafter_placement="rule", drafter_dummy_slot=False, drafter_formats=None,
             static_schedule=False, spans_nodes=False, dialect_models=True, serving_api="triton",
-            image="nvidia/tritonserver:25.12-trtllm-python-py3", image_apis=("triton", "openai"),
+            image=_TRITON_121.name, image_apis=("triton", "openai"),
             tensorrt_lines=("10.14",), drafters=("dflash",), drafter_gaps=(
                 ("dflash2", "the TensorRT drafter engine has neither DFlash2's convolutions and selector nor the "
                  "logit scalars yet (engines/plan.py DFLASH2_ENGINE_NOTE)"),
@@ -90,7 +96,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             round_loop=False, ddtree=False, builds_engines=False, triton_model="llmapi", default_runners=None,
             needs_gpu=True, cpu_runs=None, cpu_runners=None, emulates_quantization=False,
             container="TensorRT-LLM >= 1.3", trtllm_lines=("1.3", "1.4"),
-            trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version=PINNED, kv_pool=True,
+            trtllm_why="the pytorch backend needs TensorRT-LLM >= 1.3 (native DFlash)", default_trtllm_version=PINNED,
+            kv_pool=True,
             context_cache="bf16", drafter_head=False, drafter_placement="split", drafter_dummy_slot=True,
             drafter_formats=("bf16",), static_schedule=True, spans_nodes=True, dialect_models=False,
             serving_api="openai", image="nvidia/tensorrt-llm/release:{version}", image_apis=("openai",),
@@ -100,6 +107,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
                  "the config we write for it is not checked against it yet")),
             ),
 )}
+BackendName = Literal[tuple(BACKENDS)]  # recipe backend.name: a backend is declared by its row above
 
 
 def backend(name: str) -> Backend:
@@ -210,7 +218,8 @@ def format_gap(model_type: str, backend_name: str, fmt: str) -> str:
     GPU support aside: hardware.py)."""
     arch, spec = ARCHITECTURES[model_type], BACKENDS[backend_name]
     if fmt in NATIVE_ONLY and fmt not in arch.native_formats:
-        return f"{fmt} is only the native format of {', '.join(m for m, a in ARCHITECTURES.items() if fmt in a.native_formats)} checkpoints"
+        return (f"{fmt} is only the native format of "
+                f"{', '.join(m for m, a in ARCHITECTURES.items() if fmt in a.native_formats)} checkpoints")
     if fmt in QUANTIZED and arch.moe and spec.layout == "trtllm":  # quantize/transform.py QuantTransform.validate
         return (f"{fmt} MoE experts are not written in the TensorRT-LLM checkpoint layout the {backend_name} backend "
                 f"loads; the {', '.join(n for n, b in BACKENDS.items() if b.layout == 'hf')} backend quantizes them "

@@ -32,6 +32,12 @@ FIELDS: dict[str, Since] = {
     "speculative_config.context_recompute_tail": Since("1.4.0rc1", "1.4.0rc1 API reference",
                                                        "prompt tokens recomputed after a prefix-cache hit"),
     "trtllm-serve --config": Since("1.2.0rc1", "#9104", "trtllm-serve's --config option"),
+    # Per-request metrics as JSONL files under the directory (the records GET /perf_metrics used to
+    # answer, which #16668 removed); merged on the 1.3.0rc24 bump day, so first in 1.3.0rc25.
+    "perf_metrics_output_dir": Since("1.3.0rc25", "#16668", "per-request metrics written as JSONL files"),
+    # A per-choice `speculative_decoding` object on OpenAI responses, server opt-in; merged after
+    # the 1.4.0rc0 bump. LlmArgs is strict: an older release refuses to start with the key.
+    "per_request_spec_decode_stats": Since("1.4.0rc1", "#19311", "per-request acceptance on each response choice"),
 }
 
 # Upstream fixes a deployment relies on.
@@ -51,15 +57,43 @@ ACCEPT_STATS_FLUSH_ENV = "TLLM_DFLASH_ACCEPT_STATS_FLUSH_EVERY"  # verify steps 
 
 
 def acceptance_source(version: str) -> str:
-    """Where a sweep reads a deployment's per-request acceptance: trtllm-serve's per-request metrics
-    ("perf_metrics") where the version fills them for DFlash (FIXES per_request_acceptance), else
-    the recorder's files ("accept_stats"), which deploy then switches on in the launch lines."""
-    return "perf_metrics" if has(version, "per_request_acceptance", FIXES) else "accept_stats"
+    """Where a sweep reads a deployment's per-request acceptance, from the version's own surface:
+    - "speculative_decoding": each response choice's object (PR #19311; deploy opts in);
+    - "perf_metrics_jsonl": the per-request metrics JSONL under perf_metrics_output_dir (PR #16668,
+      the same release as PR #17082, which filled DFlash's counts);
+    - "accept_stats": TensorRT-LLM's acceptance recorder files before those (deploy switches it on).
+    GET /perf_metrics is no source: the release that filled DFlash's counts there (#17082) is the
+    one that removed the route (#16668)."""
+    if has(version, "per_request_spec_decode_stats"):
+        return "speculative_decoding"
+    if has(version, "perf_metrics_output_dir") and has(version, "per_request_acceptance", FIXES):
+        return "perf_metrics_jsonl"
+    return "accept_stats"
 
 
-# What the shipped pytorch recipes pin: a published release carrying every fix above, whose
-# DFlashDecodingConfig the field table was read from (its API reference).
-PINNED = "1.3.0rc27"
+# TensorRT-LLM releases of the pytorch backend's lines, as main's version bumps made them (the
+# 1.3 line ended in release candidates: main went from 1.3.0rc30 to 1.4.0rc0 the same day;
+# docs/design/upstream-facts.md); 1.4.0rc4 is the newest whose API reference was read.
+RELEASES = tuple(f"1.3.0rc{n}" for n in range(20, 31)) + tuple(f"1.4.0rc{n}" for n in range(0, 5))
+
+# What the shipped pytorch recipes pin: the release NVIDIA Dynamo 1.6.1 pins (its tensorrtllm-runtime
+# image carries it; recipe/catalog/images.yaml), carrying every fix above. Its DFlashDecodingConfig
+# is taken to be 1.3.0rc27's, the newest 1.3 API reference (deploy/llmapi.py DFLASH_FIELDS).
+PINNED = "1.3.0rc29"
+
+
+def release_problem(version: str) -> tuple[str, str] | None:
+    """("error" | "warning", why) for a version that is no known release, None for a known one."""
+    v = parse(version)
+    if v is None or version in RELEASES:
+        return None
+    newest = max(RELEASES, key=Version)
+    if v > Version(newest):
+        return "warning", (f"{version} is newer than the releases this table knows (up to {newest}): the fields "
+                           "it writes are checked against the newest known")
+    line = [r for r in RELEASES if r.startswith(f"{v.major}.{v.minor}.")]
+    known = f"{line[0]}-{line[-1]}" if line else "none"
+    return "error", f"no TensorRT-LLM release {version} exists (the {v.major}.{v.minor} line's releases: {known})"
 
 
 def parse(version: str) -> Version | None:

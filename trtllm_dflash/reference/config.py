@@ -22,13 +22,18 @@ from typing import Any, Literal
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.support import (
-    DFLASH2_ARCH, DFLASH2_KEYS, FEATURES_OFF, LAGUNA_ARCH, architecture, architectures_of,
+    DFLASH2_ARCH,
+    DFLASH2_KEYS,
+    FEATURES_OFF,
+    LAGUNA_ARCH,
+    architecture,
+    architectures_of,
 )
 from trtllm_dflash.reference.fields import Fields
 from trtllm_dflash.reference.rope import RopeConfig
 
-Arch = Literal["qwen3", "llama", "qwen3_moe"]
-ARCHS: tuple[str, ...] = architectures_of("reference")  # the reference model's architectures
+ARCHS: tuple[str, ...] = architectures_of("reference")  # the reference model's architectures (the support table)
+Arch = Literal[ARCHS]
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -25,19 +25,26 @@ yields) is shared by both backends.
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.policy.decision import Drafts
 from trtllm_dflash.reference.draft import DFlashDraft
-from trtllm_dflash.reference.records import Generation, Stats, StepRecord, Trim
+from trtllm_dflash.reference.records import Generation, Stats, StepRecord
 from trtllm_dflash.reference.rounds import Batch, block_round, ddtree_round, now
-from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceDrafter, ReferenceTarget, TargetRunner
+from trtllm_dflash.reference.runners import (
+    PAD,
+    DrafterRunner,
+    ReferenceDrafter,
+    ReferenceTarget,
+    RowsFailed,
+    TargetRunner,
+)
 from trtllm_dflash.reference.target import Target
 from trtllm_dflash.reference.token_rules import TokenRules
-from trtllm_dflash.reference.verify import SamplingParams, probs, sample
+from trtllm_dflash.reference.verify import SamplingParams, probs, sample, top_ids
 
 MODES = ("ar", "dflash", "ddtree")
 
@@ -163,7 +170,8 @@ class Decoder:
         self.limits: dict[int, int] = {}
         self.stops: dict[int, set[int]] = {}
         self.generated: dict[int, list[int]] = {}
-        self.rules = TokenRules(self.generated, self.target.vocab_size, 1.0 if sampling.greedy else sampling.temperature)
+        self.rules = TokenRules(self.generated, self.target.vocab_size, 1.0 if sampling.greedy
+                                else sampling.temperature)
 
     @property
     def running(self) -> int:
@@ -174,25 +182,36 @@ class Decoder:
         """A round verifies only each request's own drafts (rows of different lengths cost less)."""
         return self.target.packed
 
-    def _commit(self, rows: list[int], new: list[list[int]]) -> tuple[list[list[int]], list[str | None]]:
-        out, done = [], []
+    def _commit(self, rows: list[int], new: list[list[int]],
+                failed: dict[int, str] | None = None) -> tuple[list[list[int]], list[str | None]]:
+        """Each row's tokens cut at its limit and its first stop token (new's lists are the round's
+        own: kept as they are when nothing is cut), and whether it ended. A row in `failed` {row
+        index: message} (its runner pass failed: RowsFailed) commits nothing and ends "error: ..."."""
+        if failed:  # their tokens are garbage: none is committed
+            new = [[] if b in failed else toks for b, toks in enumerate(new)]
+        out, done, limits, generated, stops_of = [], [], self.limits, self.generated, self.stops
         for r, toks in zip(rows, new):
-            toks = toks[: self.limits[r] - len(self.generated[r])]
-            hit = next((i for i, t in enumerate(toks) if t in self.stops[r]), None)
-            if hit is not None:
+            gen, limit, stops = generated[r], limits[r], stops_of[r]
+            if len(gen) + len(toks) > limit:
+                toks = toks[: limit - len(gen)]
+            hit = None
+            if not stops.isdisjoint(toks):
+                hit = next(i for i, t in enumerate(toks) if t in stops)
                 toks = toks[: hit + 1]
-            self.generated[r].extend(toks)
+            gen += toks
             out.append(toks)
-            done.append("stop" if hit is not None else "length" if len(self.generated[r]) >= self.limits[r] else None)
+            done.append("stop" if hit is not None else "length" if len(gen) >= limit else None)
+        for b, message in (failed or {}).items():
+            done[b] = f"error: {message}"
         return out, done
 
     def _drop(self, rows: set[int]) -> None:
-        if self.st is None or not rows:
-            return
-        keep = [b for b, r in enumerate(self.st.rows) if r not in rows]
         for r in rows:
             self.limits.pop(r, None), self.stops.pop(r, None), self.generated.pop(r, None)
             self.rules.drop(r)
+        if self.st is None or not rows:
+            return
+        keep = [b for b, r in enumerate(self.st.rows) if r not in rows]
         if len(keep) == len(self.st.rows):
             return
         for runner in (self.target, self.drafter):
@@ -216,25 +235,36 @@ class Decoder:
         _validate_prompts(self.target.vocab_size, prompts, limits)
         too_long = [i for i, (p, n) in zip(ids, zip(prompts, limits)) if len(p) + n > self.max_len]
         if too_long:
-            raise UserError(f"request {too_long[0]}: prompt + max_new_tokens exceeds the decoder's max_len {self.max_len}")
+            raise UserError(f"request {too_long[0]}: prompt + max_new_tokens exceeds the decoder's max_len "
+                            f"{self.max_len}")
         dev, sampling, B = self.target.device, self.sampling, len(prompts)
         self._register(ids, prompts, limits, stops, bad_words or [None] * B, logprobs or [False] * B)
         P = max(len(p) for p in prompts)
         plen = torch.tensor([len(p) for p in prompts], device=dev)
         t0 = now()
         self.target.full_logits = self.rules.active
-        logits, feats = self.target.prefill(prompts)  # logits at each prompt's last position [B, V]
+        try:
+            logits, feats = self.target.prefill(prompts)  # logits at each prompt's last position [B, V]
+            failed = {}
+        except RowsFailed as e:  # those requests end with their error, the others join
+            failed = e.rows
+            if e.result is None:  # none joins
+                self._drop(set(ids))  # their registrations: no row of theirs was added
+                return StepRecord(0, list(ids), [[] for _ in ids], [f"error: {failed[b]}" for b in range(B)], [0] * B,
+                                  t_verify=now() - t0)
+            logits, feats = e.result
         if self.spec:
             self.drafter.join(B)
-        logits = self.rules.mask(ids, lambda b: [[]], logits[:, None])  # [B, 1, V]
-        first = logits[:, 0].argmax(-1) if sampling.greedy else sample(probs(logits[:, 0], sampling), self.gen)
-        lps = self.rules.token_logprobs(ids, logits, [[0]] * B, [[t] for t in first.tolist()])
+        logits = self.rules.mask(ids, lambda b: [[]], logits[:, None])  # [B, 1, V] (or [B, 1] argmax ids)
+        first = top_ids(logits[:, 0]) if sampling.greedy else sample(probs(logits[:, 0], sampling), self.gen)
+        new = [[t] for t in first.tolist()]
+        lps = self.rules.token_logprobs(ids, logits, [[0]] * B, new)
         st = Batch(list(ids), first, plen, None, None)
         if self.spec:
             pos = torch.arange(P, device=dev).expand(B, -1)
             st.ctx, st.ctx_pos = feats, torch.where(pos < plen[:, None], pos, PAD)
         t1 = now()
-        toks, done = self._commit(st.rows, [[t] for t in first.tolist()])
+        toks, done = self._commit(st.rows, new, failed)
         if self.st is None:
             self.st = st
         else:
@@ -251,17 +281,13 @@ class Decoder:
             self.rules.add(i, p, bad, bool(lp))
 
     @torch.inference_mode()
-    def step(self, draft_len: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
-             tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
-        """One round for every running request. draft_len: this round's decision (a policy's
-        `Drafts`: draft lengths, tree budget and trim in one value), or as shorthand the drafts to
-        verify (0 = a plain target step, speculation off), one for all, one per running request
-        (rows in the order StepRecord.seq_ids lists them), or {request id: drafts} (a request it
-        does not name drafts block_size - 1), with tree_budget and trim beside it; None =
-        block_size - 1. A request's
-        drafts never go past the tokens it has left. Every length is lossless. In a round of
-        different lengths the batch drafts the longest; each request verifies its own (a packed
-        target runner runs only those tokens, another pads).
+    def step(self, drafts: Drafts = Drafts()) -> StepRecord:
+        """One round for every running request, as `drafts` decides (policy/decision.py: a policy's
+        decision, or Drafts.of(...) for a length for all or {request id: length}; Drafts() drafts
+        block_size - 1; 0 = a plain target step, speculation off). A request's drafts never go past
+        the tokens it has left. Every length is lossless. In a round of different lengths the
+        batch drafts the longest; each request verifies its own (a packed target runner runs only
+        those tokens, another pads).
         tree_budget, DDTree decoders only: the nodes of this round's trees (1..the decoder's
         budget; their depth is the longest draft length), 0 for a chain round (per-request
         lengths, as a DFlash decoder), None for the decoder's budget.
@@ -269,13 +295,16 @@ class Decoder:
         drafts trim chooses (lossless as any length; the record's `drafted` is what was verified,
         its `block` what was drafted). Drafters that choose their own path (DFlash2) are not
         trimmed: their slots' distributions depend on the path drawn before them."""
+        if not isinstance(drafts, Drafts):
+            raise TypeError(f"Decoder.step takes a Drafts (policy/decision.py), not {type(drafts).__name__}: "
+                            "Drafts.of(n) for n drafts a request, Drafts.of({request: n}) for one each")
         st = self.st
         assert st is not None, "nothing is running: admit requests first"
-        d = _decision(draft_len, tree_budget, trim, st.rows)
-        tree_budget, trim = d.tree_budget, d.trim
+        d, tree_budget, trim = drafts, drafts.tree_budget, drafts.trim
         budget = self.budget if tree_budget is None else tree_budget
         if self.mode != "ddtree" and tree_budget:
-            raise UserError(f"tree_budget {tree_budget}: only a ddtree decoder builds trees (this one decodes {self.mode})")
+            raise UserError(f"tree_budget {tree_budget}: only a ddtree decoder builds trees (this one decodes "
+                            f"{self.mode})")
         if self.mode == "ddtree" and not 0 <= budget <= self.budget:
             raise UserError(f"tree_budget {tree_budget}: expected 0..{self.budget} (the decoder's ddtree budget)")
         self.rounds += 1
@@ -287,31 +316,20 @@ class Decoder:
         lengths = [0 if self.mode == "ar" else max(0, min(n, longest, rest - 1)) for n, rest in zip(want, left)]
         T = max(lengths) + 1
         tree = self.mode == "ddtree" and T > 1 and budget > 0
-        chain, conf = None, None
+        chain, conf, failed = None, None, {}
         if tree:  # one tree depth for the batch
             new, drafted, chain, t1, t2, lps = ddtree_round(self.target, self.drafter, st, T, budget, self.sampling,
                                                             self.gen, self.rules)
         else:
             new, drafted, conf, t1, t2, lps = block_round(self.target, self.drafter, st, lengths, self.sampling,
-                                                          self.gen, trim, self.rules)
+                                                          self.gen, trim, self.rules, failed)
         rows = list(st.rows)
-        toks, done = self._commit(rows, new)
+        toks, done = self._commit(rows, new, failed)
+        if failed:  # nothing of theirs was verified
+            drafted = [0 if b in failed else n for b, n in enumerate(drafted)]
         self._drop({r for r, d in zip(rows, done) if d})
         return StepRecord(self.rounds, rows, toks, done, drafted, t1 - t0, t2 - t1, now() - t2,
                           budget if tree else 0, chain, T if conf is not None else 0, conf, _cut(lps, toks))
-
-
-def _decision(drafts, tree_budget: int | None, trim: Trim | None, rows: Sequence[int]) -> Drafts:
-    """Decoder.step's `drafts` as the typed decision (its shorthands: a length, one per row, or
-    {request: length}, with tree_budget and trim beside them)."""
-    if isinstance(drafts, Drafts):
-        if tree_budget is not None or trim is not None:
-            raise ValueError("Decoder.step: a Drafts decision carries its own tree_budget and trim")
-        return drafts
-    if isinstance(drafts, (list, tuple)):
-        drafts = dict(zip(rows, _per_request(list(drafts), len(rows), "draft_len", nested=False)))
-    return Drafts.of(drafts, tree_budget, trim)
-
 
 
 def _cut(lps: list[list[float] | None] | None, toks: list[list[int]]) -> list[list[float] | None] | None:

@@ -96,7 +96,8 @@ def _read_tensors(directory: Path, expected: dict[str, tuple[int, ...]], who: st
             for name in names:
                 t = f.get_tensor(name)
                 if t.dtype not in _FLOAT_DTYPES:
-                    raise UserError(f"{who} {path.name}: {name} has dtype {t.dtype}, expected float32, bfloat16 or float16")
+                    raise UserError(f"{who} {path.name}: {name} has dtype {t.dtype}, expected float32, bfloat16 or "
+                                    "float16")
                 tensors[name] = t.to(device=device, dtype=dtype)
     return tensors
 
@@ -200,7 +201,8 @@ def save_drafter(model: DFlashDraft, directory: str | Path, dtype: torch.dtype |
     """Write the z-lab layout: config.json + model.safetensors with top-level tensor names."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: (v if dtype is None else v.to(dtype)).detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {k: (v if dtype is None else v.to(dtype)).detach().contiguous().cpu() for k,
+             v in model.state_dict().items()}
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n")
     return directory

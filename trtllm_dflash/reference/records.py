@@ -6,7 +6,7 @@ serving, benches and tests can name these types without the loop's machinery."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -83,7 +83,7 @@ class DecoderProtocol(Protocol):
     """The decode loop as its callers drive it (the serving batcher, checkpoint_steps, the benches):
     generate.py's `Decoder`, whatever runners it holds (reference, emulated engine, TensorRT), and the proxy
     of a tensor-parallel rank group (runtime/sharded.py `_RemoteDecoder`). Every
-    implementation has exactly these signatures (tests/serve/test_interfaces.py)."""
+    implementation has exactly these signatures (tests/runtime/test_interfaces.py)."""
 
     @property
     def running(self) -> int:
@@ -95,14 +95,12 @@ class DecoderProtocol(Protocol):
         """Prefill new requests and add them to the batch. Per request: its bad words (token
         sequences its output never contains) and whether its records carry log-probabilities."""
 
-    def step(self, draft_len: Drafts | int | Sequence[int] | Mapping[int, int] | None = None,
-             tree_budget: int | None = None, trim: Trim | None = None) -> StepRecord:
-        """One round for every running request: draft_len, a `Drafts` (policy/decision.py), or as shorthand a
-        length for all, one per running request in batch order, or {request id: drafts}, with
-        tree_budget and trim beside it; None: block_size - 1.
-        tree_budget (DDTree decoders): this round's tree nodes, at most the decoder's budget;
-        0: a chain round; None: the decoder's budget. trim: chain rounds verify a prefix of the
-        drafts that trim(requests, lengths, confidence) chooses (see Decoder.step)."""
+    def step(self, drafts: Drafts = Drafts()) -> StepRecord:
+        """One round for every running request, as `drafts` (policy/decision.py) says: each
+        request's draft length (Drafts() drafts block_size - 1; Drafts.of(n) n for every request;
+        Drafts.of({request id: n})), the round's tree budget (DDTree decoders: at most the decoder's
+        budget, 0 a chain round, None the decoder's) and a trim (chain rounds verify the prefix of
+        the drafts trim(requests, lengths, confidence) chooses: see Decoder.step)."""
 
     def cancel(self, ids: Sequence[int]) -> None:
         """Remove requests from the batch."""

@@ -15,9 +15,9 @@ import torch
 
 from trtllm_dflash.reference.ddtree import build_tree, chain_outcome, walk
 from trtllm_dflash.reference.records import Trim
-from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceTarget, TargetRunner
+from trtllm_dflash.reference.runners import PAD, DrafterRunner, ReferenceTarget, RowsFailed, TargetRunner
 from trtllm_dflash.reference.token_rules import TokenRules
-from trtllm_dflash.reference.verify import greedy_verify, probs, rejection_verify, sample
+from trtllm_dflash.reference.verify import probs, rejection_verify, sample, top_ids
 
 
 @dataclass
@@ -91,18 +91,20 @@ def _propose(target: TargetRunner, drafter: DrafterRunner, st: Batch, T: int, sa
 
 
 def block_round(target: TargetRunner, drafter: DrafterRunner | None, st: Batch, lengths: list[int], sampling,
-                gen, trim: Trim | None = None, rules: TokenRules | None = None):
+                gen, trim: Trim | None = None, rules: TokenRules | None = None, failed: dict[int, str] | None = None):
     """dflash (a drafter block of max(lengths) + 1) or a plain AR step (every length 0). lengths:
     drafts each row verifies, or, with `trim`, at most verifies. `rules` masks bad words in the
     target's logits, slot by slot, before verification. Returns (committed tokens per row, drafts
     verified per row, per row the confidences of the slots it could verify (its length before the
-    trim) or None, t1, t2, the committed tokens' log-probabilities (TokenRules.token_logprobs))."""
+    trim) or None, t1, t2, the committed tokens' log-probabilities (TokenRules.token_logprobs)).
+    `failed`: where the rows whose verify failed go ({row: message}: their results are garbage,
+    the caller ends them); without it a failed row fails the round."""
     B, T = len(st.rows), max(lengths) + 1
     q, conf = None, None
     if T > 1:
         draft, q, top = _propose(target, drafter, st, T, sampling, gen, confidence=trim is not None)
         if top is not None:  # asked for, and the drafter gives it (a path drafter does not)
-            conf = [top[b, :L].tolist() for b, L in enumerate(lengths)]  # every slot the row may verify
+            conf = [row[:L] for row, L in zip(top.tolist(), lengths)]  # every slot the row may verify
             lengths = _trimmed(trim, list(st.rows), lengths, top)
             T = max(lengths) + 1
             draft, q = draft[:, : T - 1], None if q is None else q[:, : T - 1]
@@ -111,22 +113,52 @@ def block_round(target: TargetRunner, drafter: DrafterRunner | None, st: Batch, 
     t1 = now()
     own = None if min(lengths) == T - 1 else torch.tensor(lengths, device=st.anchor.device)
     ids = torch.cat([st.anchor[:, None], draft], dim=1)  # [B, T]
-    logits, feats = target.verify(ids, st.start, own)
+    try:
+        logits, feats = target.verify(ids, st.start, own)
+    except RowsFailed as e:
+        if failed is None:
+            raise
+        failed.update(e.rows)
+        if e.result is None:  # every row failed: nothing to verify
+            return [[] for _ in st.rows], [0] * B, None, t1, now(), None
+        logits, feats = e.result
     t2 = now()
-    if rules is not None:  # slot j follows the committed tokens + the row's drafts before it
+    if rules is not None and rules.bad:  # slot j follows the committed tokens + the row's drafts before it
         dl = draft.tolist()
         logits = rules.mask(st.rows, lambda b: [dl[b][:j] for j in range(lengths[b] + 1)], logits)
-    if sampling.greedy:
-        accepted, bonus = greedy_verify(draft, logits, own)
+    if sampling.greedy:  # greedy_verify's verdict, on the host: one read of [anchor, drafts, the target's argmax]
+        best = top_ids(logits)
+        acc, new = _greedy_accept(torch.cat([ids, best if best.dtype == ids.dtype else best.to(ids.dtype)], 1).tolist(),
+                                  T, lengths)
+        # [2, B] in one host-to-device build: each row's committed count (accepted + 1) and bonus
+        back = torch.tensor([[a + 1 for a in acc], [n[-1] for n in new]], device=ids.device)
+        advance, bonus = back[0], back[1]
     else:
         accepted, bonus = rejection_verify(draft, q, probs(logits, sampling), gen, own)
-    acc = accepted.tolist()
-    new = [ids[b, 1 : 1 + a].tolist() + [t] for b, (a, t) in enumerate(zip(acc, bonus.tolist()))]
+        # one device-to-host read for every row: [anchor, drafts..., accepted, bonus]
+        host = torch.cat([ids, accepted[:, None].to(ids.dtype), bonus[:, None].to(ids.dtype)], 1).tolist()
+        acc = [row[T] for row in host]
+        new = [row[1 : 1 + row[T]] + [row[T + 1]] for row in host]
+        advance = accepted + 1
     lps = None if rules is None else rules.token_logprobs(st.rows, logits, [range(a + 1) for a in acc], new)
     if feats is not None and drafter is not None:  # accepted positions [start, start + a] become drafter context
-        _pend(st, feats[:, : max(acc) + 1], accepted + 1)
-    st.anchor, st.start = bonus, st.start + accepted + 1
+        _pend(st, feats[:, : max(acc) + 1], advance)
+    st.anchor, st.start = bonus, st.start + advance
     return new, lengths, conf, t1, t2, lps
+
+
+def _greedy_accept(host: list[list[int]], T: int, lengths: list[int]) -> tuple[list[int], list[list[int]]]:
+    """verify.greedy_verify on the host rows [anchor, d_1..d_{T-1}, best_0..best_{T-1}]: row b keeps
+    the longest prefix of its first lengths[b] drafts equal to the target's argmax, then the
+    argmax that follows. (accepted per row, committed tokens per row.)"""
+    acc, new = [], []
+    for row, L in zip(host, lengths):
+        a = 0
+        while a < L and row[1 + a] == row[T + a]:
+            a += 1
+        acc.append(a)
+        new.append(row[1 : 1 + a] + [row[T + a]])
+    return acc, new
 
 
 
@@ -138,24 +170,42 @@ def _trimmed(trim: Trim, rows: list[int], lengths: list[int], confidence: torch.
     return got
 
 
+_POSITIONS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _positions(n: int, device: torch.device) -> torch.Tensor:
+    """arange(n)[None, :], built once per (n, device): _pend asks for it every round, at one of a
+    block's few widths."""
+    key = (n, device)
+    j = _POSITIONS.get(key)
+    if j is None:
+        j = _POSITIONS[key] = torch.arange(n, device=device)[None, :]
+    return j
+
+
 def _pend(st: Batch, feats: torch.Tensor, valid: torch.Tensor) -> None:
     """Queue context rows for the drafter: row b's first valid[b] rows of feats [B, n, F], at
     positions start_b + [0, valid_b). They follow what is already pending (a round without a
     drafter pass, draft length 0, leaves its rows pending), each row's valid entries first."""
     n = feats.shape[1]
-    j = torch.arange(n, device=feats.device)[None, :]
+    j = _positions(n, feats.device)  # [1, n]
     new_pos = torch.where(j < valid[:, None], st.start[:, None] + j, PAD)
     if st.ctx is None or st.ctx.shape[1] == 0:
         st.ctx, st.ctx_pos = feats, new_pos
         return
-    have = (st.ctx_pos != PAD).sum(1).tolist()
-    width = max(h + v for h, v in zip(have, valid.tolist()))
-    ctx = feats.new_zeros(feats.shape[0], width, feats.shape[-1])
-    pos = new_pos.new_full((feats.shape[0], width), PAD)
-    for b, (h, v) in enumerate(zip(have, valid.tolist())):
-        ctx[b, :h], pos[b, :h] = st.ctx[b, :h], st.ctx_pos[b, :h]
-        ctx[b, h : h + v], pos[b, h : h + v] = feats[b, :v], new_pos[b, :v]
-    st.ctx, st.ctx_pos = ctx, pos
+    # [old pending | new] per row, each row's valid entries first: the new rows go right after the
+    # row's `have` pending ones (a gather over the concatenation, no per-row copies)
+    have = (st.ctx_pos != PAD).sum(1)  # [B]
+    old_w = st.ctx.shape[1]
+    width = int((have + valid).max())
+    k = torch.arange(width, device=feats.device)[None, :]  # [1, W]
+    # [B, W] into the concatenation
+    src = torch.where(k < have[:, None], k, old_w + (k - have[:, None]).clamp(0, n - 1))
+    keep = k < (have + valid)[:, None]  # [B, W]
+    rows = torch.arange(src.shape[0], device=feats.device)[:, None]
+    both = torch.cat([st.ctx, feats], 1)[rows, src]  # [B, W, F]
+    st.ctx = torch.where(keep[..., None], both, 0.0)
+    st.ctx_pos = torch.where(keep, torch.cat([st.ctx_pos, new_pos], 1)[rows, src], PAD)
 
 
 def ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: Batch, T, budget, sampling, gen,
@@ -170,7 +220,8 @@ def ddtree_round(target: ReferenceTarget, drafter: DrafterRunner, st: Batch, T, 
     vis = torch.eye(n, dtype=torch.bool).repeat(B, 1, 1)  # padding nodes see only themselves
     for b, tree in enumerate(trees):
         m = len(tree)
-        tok[b, :m], depth[b, :m], vis[b, :m, :m] = torch.tensor(tree.tokens), torch.tensor(tree.depths), tree.visibility()
+        tok[b, :m], depth[b, :m] = torch.tensor(tree.tokens), torch.tensor(tree.depths)
+        vis[b, :m, :m] = tree.visibility()
     tok, depth, vis = tok.to(dev), depth.to(dev), vis.to(dev)
     t1 = now()
     logits, feats = target.verify_tree(tok, depth, vis, st.start)

@@ -30,6 +30,19 @@ from trtllm_dflash.reference.verify import SamplingParams
 PAD = -1  # position of a padding entry in ctx_pos
 
 
+class RowsFailed(Exception):
+    """A target runner's pass in which some rows failed and the others did not (an engine that
+    answers each row as a request of its own: one error response). `rows`: {row: message};
+    `result`: the pass's return value, whose other rows stand (the failed rows' values are
+    unspecified), None when every row failed (a prefill that failed whole leaves the runner's
+    rows as they were). The decoder ends the failed rows' requests with their message and goes
+    on with the rest. A pass that fails as a whole (the engine's step) raises anything else."""
+
+    def __init__(self, rows: dict[int, str], result: tuple | None) -> None:
+        super().__init__(f"{len(rows)} row(s) failed: {next(iter(rows.values()))}")
+        self.rows, self.result = rows, result
+
+
 class TargetRunner(Protocol):
     vocab_size: int
     eos_token_ids: tuple[int, ...]
@@ -51,7 +64,8 @@ class TargetRunner(Protocol):
         logits [B, T, V] and context rows [B, T, F]. Positions after the accepted ones are
         simply overwritten by the next call (nothing to trim). lengths [B]: row b's drafts are
         only its first lengths[b] (the rest is padding, its logits and rows unspecified); a
-        runner whose `packed` is True runs only the lengths[b] + 1 tokens of each row."""
+        runner whose `packed` is True runs only the lengths[b] + 1 tokens of each row.
+        prefill and verify raise RowsFailed when only some rows failed."""
 
     def keep(self, idx: list[int]) -> None:
         """Only rows idx stay, in that order (finished and cancelled rows free their state)."""
@@ -113,7 +127,8 @@ class ReferenceTarget:
 
     def __init__(self, target: Target, capture: Sequence[int], cache_len: int):
         self.model, self.capture, self.cache_len = target, tuple(capture), cache_len
-        self.vocab_size, self.eos_token_ids, self.device = target.cfg.vocab_size, target.cfg.eos_token_ids, target.device
+        self.vocab_size, self.eos_token_ids = target.cfg.vocab_size, target.cfg.eos_token_ids
+        self.device = target.device
         self.cache: KVCache | None = None
 
     def prefill(self, prompts):

@@ -53,7 +53,8 @@ class Rope(nn.Module):
     def __init__(self, rope: RopeConfig, head_dim: int, max_len: int = 4096):
         super().__init__()
         if building_on_meta():  # shapes only
-            for name, shape in (("inv_freq", [head_dim // 2]), ("cos", [max_len, head_dim]), ("sin", [max_len, head_dim])):
+            for name, shape in (("inv_freq", [head_dim // 2]), ("cos", [max_len, head_dim]),
+                                ("sin", [max_len, head_dim])):
                 self.register_buffer(name, torch.empty(shape), persistent=False)
             return
         self.register_buffer("inv_freq", rope.inv_freq(head_dim), persistent=False)  # [D/2]

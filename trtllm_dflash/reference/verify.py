@@ -62,11 +62,18 @@ def sample(p: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     return torch.multinomial(flat, 1, generator=gen).view(p.shape[:-1])
 
 
+def top_ids(scores: torch.Tensor) -> torch.Tensor:
+    """The argmax of logits [..., V]; a greedy runner that returns its argmax ids [...] (integers:
+    TargetRunner.verify) hands them over as they are."""
+    return scores.argmax(-1) if scores.is_floating_point() else scores
+
+
 def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor,
                   lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Longest prefix of drafts equal to the target's argmax, plus the target's next argmax.
-    lengths [B]: row b verifies only its first lengths[b] drafts (the rest are padding)."""
-    best = target_logits.argmax(-1)  # [B, D+1]
+    target_logits [B, D+1, V], or its argmax [B, D+1] (integers). lengths [B]: row b verifies only
+    its first lengths[b] drafts (the rest are padding)."""
+    best = top_ids(target_logits)  # [B, D+1]
     accepted = (draft == best[:, :-1]).int().cumprod(-1).sum(-1)  # [B]
     if lengths is not None:
         accepted = torch.minimum(accepted, lengths)

@@ -5,6 +5,7 @@ checkpoint.py       a convert / quantize output read into reference modules, one
 tp_layers.py        the tensor-parallel collectives and layers those modules run with
 sharded.py          one model over `tp` worker processes (torch.distributed)
 checkpoint_runner.py  `open_checkpoint` / `checkpoint_steps`: a checkpoint ready to decode
+rank_model.py       one rank's model over its shard (reference or engine runners), for both
 local_model.py      a reference target and drafter in this process
 networks.py         the drafter network and the target tap, written once over an op set;
                     ops_torch.py runs them on torch (engines/ops_trtllm.py on TensorRT-LLM)

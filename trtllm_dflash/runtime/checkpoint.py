@@ -9,7 +9,7 @@ Per rank (the checkpoint's splits, formats/weight_maps.py):
   embedding   vocab-parallel: each rank looks up its rows (others zero), then all-reduce
   LM head     vocab-parallel: local logits, all-gathered on the vocabulary axis
   drafter     the same, and fc column-parallel with its output all-gathered before hidden_norm;
-              a drafter checkpoint kept whole (engine backend, placement rank0: recipe/planner.py
+              a drafter checkpoint kept whole (engine backend, placement rank0: recipe/plan/drafter.py
               drafter_placement) is loaded whole on every rank here (the reference runners), and
               on rank 0 only by the emulated engine runners, which broadcast its drafts
   norms       replicated; row-parallel biases live on rank 0 only (summed once)
@@ -108,7 +108,8 @@ def _dequantized(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[s
         if t.dtype == torch.float8_e4m3fn:
             t = dequantize_fp8(t, tensors[f"{prefix}.weights_scaling_factor"].reshape(()), dtype)
         elif t.dtype == torch.uint8:
-            t = dequantize_nvfp4(t, tensors[f"{prefix}.weights_scaling_factor"], tensors[f"{prefix}.weights_scaling_factor_2"], dtype)
+            t = dequantize_nvfp4(t, tensors[f"{prefix}.weights_scaling_factor"],
+                                 tensors[f"{prefix}.weights_scaling_factor_2"], dtype)
         out[name] = t
     return out
 
@@ -122,7 +123,8 @@ def _read_rank(directory: Path, role: str, rank: int, dtype: torch.dtype) -> dic
     return _dequantized(load_file(path), dtype)
 
 
-def read_rank(info: CheckpointInfo, role: str, rank: int, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
+def read_rank(info: CheckpointInfo, role: str, rank: int, dtype: torch.dtype,
+              device: str = "cpu") -> dict[str, torch.Tensor]:
     """One rank's tensors of `role` under their checkpoint names, quantized weights dequantized."""
     return {k: v.to(device) for k, v in _read_rank(info.directory, role, rank, dtype).items()}
 

@@ -1,10 +1,11 @@
 """The reference backend over a converted or quantized checkpoint, tensor-parallel.
 
 `open_checkpoint(DIR)` loads the TensorRT-LLM layout `convert` / `quantize` wrote (checkpoint.py):
-in this process for tp = 1 (`local_model.LocalModel`), else in `tp` processes that each hold only
-their rank's shard (sharded.py `ShardedModel`). Either hands out reference Decoders, so the
-serving batcher serves exactly the checkpoint that was deployed, and `checkpoint_steps`
-(`generate --checkpoint`) yields the same `StepRecord`s as `reference.generate_steps`.
+in this process for tp = 1, else in `tp` processes that each hold only their rank's shard
+(sharded.py `ShardedModel`); either way each rank's model comes from rank_model.py. Either hands
+out reference Decoders, so the serving batcher serves exactly the checkpoint that was deployed,
+and `checkpoint_steps` (`generate --checkpoint`) yields the same `StepRecord`s as
+`reference.generate_steps`.
 """
 
 from __future__ import annotations
@@ -16,42 +17,10 @@ import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.runtime import CPU_RUNNERS
-from trtllm_dflash.runtime.checkpoint import CheckpointInfo, load_rank, load_target, read_checkpoint, read_rank
+from trtllm_dflash.runtime.checkpoint import read_checkpoint
+from trtllm_dflash.runtime.rank_model import rank_model
 from trtllm_dflash.runtime.sharded import ShardedModel
 from trtllm_dflash.runtime.tp_layers import Comm
-
-
-def _emulated_model(info, comm, dtype: torch.dtype | None, device: str, max_seq_len: int):
-    """The engine runners on CPU over one rank of a convert / quantize output: FakeExecutor over
-    TapEngine (this rank's target shard + its part of the drafter's fc and hidden_norm, read as
-    the target engine reads them: formats/engine_io.py tap_weights) for the target, the torch
-    drafter network for the drafter, placed as the checkpoint keeps it (recipe/planner.py
-    drafter_placement): this rank's drafter shard, or the whole drafter on rank 0 only, whose
-    drafts every rank then receives (engine_runners.Rank0Drafter)."""
-    from trtllm_dflash.formats.engine_io import tap_weights
-    from trtllm_dflash.runtime.engine_runners import EngineModel, FakeExecutor, TapEngine
-
-    dtype = dtype or info.dtype
-    target = load_target(info, comm, dtype, device)
-    d = info.drafter_cfg
-    tap = {k: v.to(device) for k, v in tap_weights(info.directory / "target", comm.rank, dtype).items()}
-    engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size, comm=comm)
-    executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
-    common = dict(vocab_size=info.target_cfg.vocab_size, eos_token_ids=info.target_cfg.eos_token_ids, device=device)
-    if not info.drafter_whole:
-        return EngineModel(executor, read_rank(info, "drafter", comm.rank, dtype, device), d, comm=comm, **common)
-    weights = read_rank(info, "drafter", 0, dtype, device) if comm.rank == 0 else None
-    return EngineModel(executor, weights, d, rank0_of=comm, draft_dtype=dtype, **common)
-
-
-def rank_model(runners: str, info: CheckpointInfo, comm: Comm, dtype, device: str, max_seq_len: int):
-    """One rank's model: the reference runners over its shard, or the engine runners (design C,
-    FakeExecutor + the torch drafter network) over it."""
-    if runners == "emulated":
-        return _emulated_model(info, comm, dtype, device, max_seq_len)
-    from trtllm_dflash.runtime.local_model import LocalModel
-
-    return LocalModel(*load_rank(info, comm, dtype, device))
 
 
 def open_checkpoint(directory: str | Path, tp: int | None = None, dtype: torch.dtype | None = None,
@@ -65,7 +34,8 @@ def open_checkpoint(directory: str | Path, tp: int | None = None, dtype: torch.d
     info = read_checkpoint(directory)
     tp = tp or info.tp
     if tp != info.tp:
-        raise UserError(f"--tp {tp}: {directory} is sharded for tp={info.tp} (mapping.tp_size); convert again for another tp")
+        raise UserError(f"--tp {tp}: {directory} is sharded for tp={info.tp} (mapping.tp_size); convert again for "
+                        "another tp")
     if device.startswith("cuda") and tp > torch.cuda.device_count():
         raise UserError(f"--tp {tp} on {device} needs {tp} GPUs, found {torch.cuda.device_count()}")
     if tp == 1:

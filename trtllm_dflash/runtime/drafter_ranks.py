@@ -1,5 +1,5 @@
 """A drafter split over the tensor-parallel ranks of a leader-mode deployment (placement split,
-recipe/planner.py drafter_placement; docs/engine-tp.md).
+recipe/plan/drafter.py drafter_placement; docs/engine-tp.md).
 
 Every rank holds its shard of the drafter engine, and the shards must run each pass together:
 the engine's collectives (two all-reduces per layer, the fc and LM-head all-gathers: TensorRT-

@@ -21,15 +21,24 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
+import time
 
 import torch
 
 from trtllm_dflash.formats.engine_io import TAP_WEIGHTS
 from trtllm_dflash.formats.weight_maps import Heads
 from trtllm_dflash.reference.generate import Decoder
-from trtllm_dflash.reference.runners import PAD, causal_mask
+from trtllm_dflash.reference.runners import PAD, RowsFailed, causal_mask
 from trtllm_dflash.reference.target import Rope, Target
-from trtllm_dflash.runtime.fake_executor import AdditionalModelOutput, FakeExecutor, OutputConfig, Request
+from trtllm_dflash.runtime.capabilities import Capabilities, of_outputs
+from trtllm_dflash.runtime.fake_executor import (
+    STEP_FAILED,
+    AdditionalModelOutput,
+    FakeExecutor,
+    OutputConfig,
+    Request,
+)
 from trtllm_dflash.runtime.networks import DrafterSpec, drafter_forward, target_tap
 from trtllm_dflash.runtime.ops_torch import Arena, SingleRank, TorchOps
 
@@ -60,7 +69,8 @@ class TapEngine:
         pos = torch.arange(L, device=dev).expand(B, -1)
         cache = self.target.new_cache(B, L)
         n = torch.tensor(lengths, device=dev)[:, None]
-        rows = (torch.arange(self.tail, device=dev)[None, :] + n - self.tail).clamp(min=0)  # [B, tail]: the last positions
+        # [B, tail]: the last positions
+        rows = (torch.arange(self.tail, device=dev)[None, :] + n - self.tail).clamp(min=0)
         logits, feats = self.target(tok, pos, cache, L, causal_mask(torch.zeros(B, dtype=torch.long, device=dev), L, L),
                                     self.capture, logits_at=rows)  # [B, tail, V], [B, L, n*H]
         ctx = target_tap(self.tap, [feats], self.eps)  # [B, L, H]
@@ -71,6 +81,67 @@ class TapEngine:
         return out
 
 
+# Steps failed in a row with none served between, over at least FATAL_SECONDS, after which the
+# Executor is taken as broken though its device answers. Steps fail on healthy GPUs too (KV
+# block-reuse assertions under load: NVIDIA/TensorRT-LLM#2708, #13123), and a client that retries
+# a failed request (the OpenAI SDK retries a 500 twice) repeats its failure within seconds.
+FATAL_STEPS, FATAL_SECONDS = 3, 60.0
+CANNOT_SERVE = "this model cannot serve any more requests; restart the server"
+
+
+class ExecutorHealth:
+    """Whether the target Executor can still serve. 1.2.1 answers a step that threw with the same
+    error to every request it held and goes on (fake_executor.STEP_FAILED). After such a step
+    `probe` asks the device (a small CUDA op on its GPU: a sticky CUDA error, such as an illegal
+    memory access, fails every later call in the process): if it fails, or if steps have failed
+    for FATAL_STEPS in a row over FATAL_SECONDS with none served between, `failed` says so and
+    the server reports that it cannot serve (health checks fail; a restart is the remedy), as for
+    a dead rank. probe None: no device to ask (the CPU stand-ins)."""
+
+    def __init__(self, probe=None, clock=time.monotonic) -> None:
+        self.failed: str | None = None
+        self.probe, self.clock = probe, clock
+        self.streak, self.since = 0, 0.0
+
+    def saw(self, errors: list[str | None]) -> None:
+        """One pass's responses: per request its error message, None where it was served."""
+        if any(e is None for e in errors):
+            self.streak = 0
+            return
+        if self.failed is not None or not all(e.startswith(STEP_FAILED) for e in errors):
+            return
+        now = self.clock()
+        if self.streak == 0:
+            self.since = now
+        self.streak += 1
+        last = errors[0].splitlines()[0]
+        broken = self._device_error()
+        if broken is not None:
+            self.failed = f"the target engine's step failed ({last}) and its GPU no longer answers ({broken}): " \
+                          f"{CANNOT_SERVE}"
+        elif self.streak >= FATAL_STEPS and now - self.since >= FATAL_SECONDS:
+            self.failed = (f"the target engine failed {self.streak} steps in a row over {now - self.since:.0f} s with "
+                           f"none served between (last: {last}): {CANNOT_SERVE}")
+
+    def _device_error(self) -> str | None:
+        if self.probe is None:
+            return None
+        try:
+            self.probe()
+        except Exception as e:  # the device's own error: what the server reports
+            return str(e).splitlines()[0] if str(e) else type(e).__name__
+        return None
+
+
+def cuda_probe(device: str):
+    """ExecutorHealth's probe on `device`: a synchronize and a one-element op, which a sticky CUDA
+    error in this process makes raise."""
+    def probe() -> None:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    return probe
+
+
 class EngineTarget:
     """TargetRunner over a 1.2.1 Executor (or FakeExecutor) serving the DFlash target engine."""
 
@@ -78,31 +149,52 @@ class EngineTarget:
     packed = True  # each row is a request of its own: verify runs only its own anchor + drafts
 
     def __init__(self, executor, *, vocab_size: int, eos_token_ids: tuple[int, ...], tail: int,
-                 greedy: bool, device: torch.device | str = "cpu"):
+                 greedy: bool, device: torch.device | str = "cpu", health: ExecutorHealth | None = None):
         self.ex, self.tail, self.greedy = executor, tail, greedy
+        self.health = health or ExecutorHealth()
         self.full_logits = False  # set by the decoder: a greedy decoder whose requests need the full logits
         self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, torch.device(device)
         self.salt: list[int] = []
-        self.committed: list[list[int]] = []  # tokens at positions [0, start) of every row
-        self.last: list[list[int]] = []  # the tokens of the row's last verify (anchor + drafts)
+        # every row's sequence: its committed tokens, then those its last verify ran (anchor + drafts),
+        # kept in place: a round cuts it at the row's new position and appends what it runs
+        self.seq: list[list[int]] = []
+        self.committed: list[int] = []  # how many of them are committed (the row's position at its last verify)
+        self.ran: list[int] = []  # how many its last verify ran
 
-    def _requests(self, inputs: list[list[int]], salts: list[int], names: list[tuple[str, bool]]) -> list[dict]:
+    def _requests(self, inputs: list[list[int]], salts: list[int],
+                  names: list[tuple[str, bool]]) -> tuple[list[dict], dict[int, str]]:
+        """One context request per row, enqueued in one call (so that the Executor's first step may
+        take them all): each row's outputs by name, and the rows whose request failed {row:
+        message} (their outputs: a row that did not fail, zeroed; the pass raises RowsFailed). A
+        pass whose every row failed raises RowsFailed without a result."""
         outputs = OutputConfig([AdditionalModelOutput(n, gather_context=g) for n, g in names])
-        ids = [self.ex.enqueue_request(Request(list(inp), 1, outputs, cache_salt_id=s)) for inp, s in zip(inputs, salts)]
-        results = []
-        for rid in ids:
-            (resp,) = self.ex.await_responses(rid)
-            if resp.has_error():
-                raise RuntimeError(f"target engine request failed: {resp.error_msg}")
-            results.append({o.name: torch.as_tensor(o.output, device=self.device) for o in resp.result.additional_outputs})
-        return results
+        ids = self.ex.enqueue_requests([Request(inp, 1, outputs, cache_salt_id=s) for inp, s in zip(inputs, salts)])
+        # Every response is awaited before a failure is raised: one left in the Executor keeps its
+        # pinned output buffers for the life of the process.
+        responses = [self.ex.await_responses(rid)[0] for rid in ids]
+        errors = [r.error_msg if r.has_error() else None for r in responses]
+        self.health.saw(errors)
+        failed = {b: _error_line(e) for b, e in enumerate(errors) if e is not None}
+        if len(failed) == len(responses):
+            raise RowsFailed(failed, None)
+        outs = [None if e is not None else {o.name: o.output for o in r.result.additional_outputs}
+                for r, e in zip(responses, errors)]
+        if failed:  # stacking needs every row: a failed row's outputs are a good row's, zeroed
+            good = next(o for o in outs if o is not None)
+            outs = [o if o is not None else {k: torch.zeros_like(torch.as_tensor(v)) for k, v in good.items()}
+                    for o in outs]
+        return outs, failed
 
-    def _scores(self, out: dict, n: int) -> torch.Tensor:
-        """The last n tail positions' logits [n, V]; greedy engines return one-hot argmax instead,
-        unless the decoder asked for the full logits (bad words or log-probabilities)."""
+    def _scores(self, outs: list[dict]) -> torch.Tensor:
+        """Every row's tail scores [B, tail, ...]: the logits [B, tail, V], or, from a greedy
+        engine, its argmax ids [B, tail] (integers: the loop takes them as its argmax) unless the
+        decoder asked for the full logits (bad words or log-probabilities)."""
         if not self._argmax_only:
-            return out["dflash_logits"][-n:].float()
-        return torch.nn.functional.one_hot(out["dflash_argmax"][-n:].long(), self.vocab_size).float()
+            return self._stacked(outs, "dflash_logits").float()
+        return self._stacked(outs, "dflash_argmax").long()
+
+    def _stacked(self, outs: list[dict], name: str) -> torch.Tensor:
+        return torch.stack([torch.as_tensor(out[name]) for out in outs]).to(self.device)
 
     def _tail(self) -> list[tuple[str, bool]]:
         return [("dflash_tail", False), ("dflash_argmax" if self._argmax_only else "dflash_logits", False)]
@@ -113,37 +205,44 @@ class EngineTarget:
 
     def prefill(self, prompts):
         salts = [next(self._salts) for _ in prompts]
-        outs = self._requests(prompts, salts, [("dflash_ctx", True), *self._tail()])
+        outs, failed = self._requests(prompts, salts, [("dflash_ctx", True), *self._tail()])
         P = max(len(p) for p in prompts)
-        feats = torch.zeros(len(prompts), P, outs[0]["dflash_ctx"].shape[-1], dtype=outs[0]["dflash_ctx"].dtype,
-                            device=self.device)
+        ctx0 = torch.as_tensor(outs[0]["dflash_ctx"])
+        feats = torch.zeros(len(prompts), P, ctx0.shape[-1], dtype=ctx0.dtype, device=self.device)
         for b, (p, out) in enumerate(zip(prompts, outs)):
-            if out["dflash_ctx"].shape[0] != len(p):  # a reused prefix has no context rows (1.2.1 rule)
-                raise RuntimeError(f"prefill returned {out['dflash_ctx'].shape[0]} context rows for a {len(p)}-token "
+            if b in failed:  # its rows stay zero: the decoder ends the row
+                continue
+            rows = torch.as_tensor(out["dflash_ctx"])
+            if rows.shape[0] != len(p):  # a reused prefix has no context rows (1.2.1 rule)
+                raise RuntimeError(f"prefill returned {rows.shape[0]} context rows for a {len(p)}-token "
                                    "prompt: KV reuse hid some (the cache salt must be new)")
-            feats[b, : len(p)] = out["dflash_ctx"]
+            feats[b, : len(p)] = rows
         self.salt += salts
-        self.committed += [list(p) for p in prompts]
-        self.last += [[] for _ in prompts]
-        return torch.stack([self._scores(out, 1)[0] for out in outs]), feats
+        self.seq += [list(p) for p in prompts]
+        self.committed += [len(p) for p in prompts]
+        self.ran += [0] * len(prompts)
+        return _partly(failed, (self._scores(outs)[:, -1], feats))
 
     def verify(self, tokens, start, lengths=None):
-        T = tokens.shape[1]
+        B, T = tokens.shape
         if T > self.tail:
             raise RuntimeError(f"verify block of {T} tokens is longer than the engine's tail of {self.tail} rows")
-        own = [T] * len(start) if lengths is None else [n + 1 for n in lengths.tolist()]  # tokens each row runs
-        inputs = []
-        for b, s in enumerate(start.tolist()):
-            have = self.committed[b]
-            have += self.last[b][: s - len(have)]  # the anchor and accepted drafts of the last round
-            assert len(have) == s, f"row {b}: {len(have)} committed tokens for position {s}"
-            self.last[b] = tokens[b, : own[b]].tolist()
-            inputs.append(have + self.last[b])
-        outs = self._requests(inputs, self.salt, self._tail())
-        pad = lambda x, n: torch.nn.functional.pad(x, (0, 0, 0, T - n))  # noqa: E731  rows past a row's own: zeros
-        logits = torch.stack([pad(self._scores(out, n), n) for out, n in zip(outs, own)])  # [B, T, V]
-        feats = torch.stack([pad(out["dflash_tail"][-n:], n) for out, n in zip(outs, own)])  # [B, T, H]
-        return logits, feats
+        own = [T] * B if lengths is None else [n + 1 for n in lengths.tolist()]  # tokens each row runs
+        for b, (s, row, seq) in enumerate(zip(start.tolist(), tokens.tolist(), self.seq)):  # one read each
+            # the anchor and accepted drafts of the last round are committed now, the rest is cut
+            assert self.committed[b] <= s <= self.committed[b] + self.ran[b], f"row {b}: position {s}"
+            del seq[s:]
+            seq += row[: own[b]]
+            self.committed[b], self.ran[b] = s, own[b]
+        outs, failed = self._requests(self.seq, self.salt, self._tail())
+        scores, rows = self._scores(outs), self._stacked(outs, "dflash_tail")  # [B, tail(, V)], [B, tail, H]
+        if lengths is None:  # every row ran T: its last T tail rows
+            return _partly(failed, (scores[:, self.tail - T :], rows[:, self.tail - T :]))
+        # row b's own tokens are the last own[b] of its tail: gather them to the front of [B, T]
+        n = torch.tensor(own, device=self.device)[:, None]
+        idx = (torch.arange(T, device=self.device)[None, :] + self.tail - n).clamp(max=self.tail - 1)  # [B, T]
+        b = torch.arange(B, device=self.device)[:, None]
+        return _partly(failed, (scores[b, idx], rows[b, idx]))  # [B, T(, V)], [B, T, H]
 
     def keep(self, idx):
         gone = set(range(len(self.salt))) - set(idx)
@@ -151,8 +250,27 @@ class EngineTarget:
             if hasattr(self.ex, "release_salt"):
                 self.ex.release_salt(self.salt[b])
         self.salt = [self.salt[i] for i in idx]
+        self.seq = [self.seq[i] for i in idx]
         self.committed = [self.committed[i] for i in idx]
-        self.last = [self.last[i] for i in idx]
+        self.ran = [self.ran[i] for i in idx]
+
+
+def _error_line(message: str) -> str:
+    """What a request's client is told of its error response: the first line. Upstream's text is
+    the exception's message with its file and line, then a C++ backtrace (cpp/tensorrt_llm/common/
+    tllmException.cpp): the whole of it goes to the server's log."""
+    first, _, rest = message.partition("\n")
+    if rest:
+        print(f"target engine request failed: {message}", file=sys.stderr, flush=True)
+    return f"target engine request failed: {first}"
+
+
+def _partly(failed: dict[int, str], result: tuple) -> tuple:
+    """A pass's result, or, when some of its rows failed, RowsFailed carrying it: one request's
+    error response ends that request alone (reference/runners.py RowsFailed)."""
+    if failed:
+        raise RowsFailed(failed, result)
+    return result
 
 
 class EngineDrafter:
@@ -222,16 +340,22 @@ class EngineModel:
     the decoders of every sampling group. With tp > 1 this is one rank's model (its shards and
     `comm`), driven by sharded.ShardedModel like the reference runners."""
 
-    failed = None  # a single process: a rank of it that dies takes the whole ShardedModel down
+    # A rank of it that dies takes the whole ShardedModel down (that model's `failed`); this one's
+    # says when its Executor is broken for good (ExecutorHealth).
+
+    @property
+    def failed(self) -> str | None:
+        return self.health.failed
 
     def __init__(self, executor, drafter_weights: dict | None, drafter_cfg, *, vocab_size: int,
                  eos_token_ids: tuple[int, ...], device: str = "cpu", comm=SingleRank(), drafter_factory=None,
-                 rank0_of=None, draft_dtype: torch.dtype | None = None):
+                 rank0_of=None, draft_dtype: torch.dtype | None = None, health: ExecutorHealth | None = None):
         # drafter_factory(max_len) -> DrafterRunner replaces EngineDrafter over drafter_weights (the
         # drafter engine's runner, runtime/trt_runners.py); None: the torch drafter network.
         # rank0_of: the tensor-parallel group whose rank 0 alone holds the whole drafter (drafter_weights
         # there, None elsewhere; drafts in draft_dtype); `comm` is then the drafter's own (world 1).
         self.executor, self.w, self.cfg, self.comm = executor, drafter_weights, drafter_cfg, comm
+        self.health = health or ExecutorHealth()  # one Executor, shared by every decoder's target runner
         self.drafter_factory, self.rank0_of, self.draft_dtype = drafter_factory, rank0_of, draft_dtype
         self._drafters: dict[int, object] = {}  # id(decoder) -> its drafter, until release
         self.vocab_size, self.eos_token_ids, self.device = vocab_size, eos_token_ids, device
@@ -241,11 +365,18 @@ class EngineModel:
         # The torch drafter network's RoPE table (a drafter engine has its own).
         self.rope = Rope(drafter_cfg.rope, drafter_cfg.head_dim).to(device) if drafter_factory is None else None
 
-    def decoder(self, *, sampling, mode: str = "dflash", block_size: int | None = None, ddtree_budget: int | None = None,
+    @property
+    def capabilities(self) -> Capabilities:
+        """Full logits only where the Executor registered dflash_logits (TrtExecutor / FakeExecutor .registered)."""
+        return of_outputs(self.executor.registered)
+
+    def decoder(self, *, sampling, mode: str = "dflash", block_size: int | None = None,
+                ddtree_budget: int | None = None,
                 max_len: int = 2048) -> Decoder:
         block = block_size or self.cfg.block_size
         target = EngineTarget(self.executor, vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
-                              tail=self.cfg.block_size, greedy=sampling.greedy, device=self.device)
+                              tail=self.cfg.block_size, greedy=sampling.greedy, device=self.device,
+                              health=self.health)
         if self.drafter_factory is not None:
             drafter = self.drafter_factory(max_len + 1 + block)
         elif self.w is not None:
@@ -287,12 +418,16 @@ def drafter_weights(target: Target, drafter) -> dict[str, torch.Tensor]:
     return out
 
 
-def engine_model_from_pair(target: Target, drafter, max_seq_len: int) -> EngineModel:
-    """The CPU engine runners over an in-memory reference pair (tests, benchmarks)."""
+def engine_model_from_pair(target: Target, drafter, max_seq_len: int, registered: tuple[str, ...] | None = None
+                           ) -> EngineModel:
+    """The CPU engine runners over an in-memory reference pair (tests, benchmarks). `registered`:
+    the Executor's additional outputs (default the deployments', which leave out dflash_logits;
+    ENGINE_OUTPUTS for runners that can sample)."""
     d = drafter.cfg
     weights = drafter_weights(target, drafter)
     tap = {k: weights[k] for k in TAP_WEIGHTS}
     engine = TapEngine(target, tap, tuple(d.target_layer_ids), d.rms_norm_eps, tail=d.block_size)
-    executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size)
+    executor = FakeExecutor(engine, max_seq_len=max_seq_len + d.block_size, max_input_len=max_seq_len + d.block_size,
+                            **({} if registered is None else {"registered": tuple(registered)}))
     return EngineModel(executor, weights, d, vocab_size=target.cfg.vocab_size, eos_token_ids=target.cfg.eos_token_ids,
                        device=str(target.device))

@@ -1,7 +1,7 @@
 """A CPU stand-in for TensorRT-LLM 1.2.1's Executor serving our DFlash target engine.
 
 It has the Python bindings' shape (`tensorrt_llm.bindings.executor`: Executor.enqueue_request /
-await_responses / cancel_request / shutdown; Request with output_config and a cache salt;
+enqueue_requests / await_responses / cancel_request / shutdown; Request with output_config and a cache salt;
 Result.additional_outputs) and models the 1.2.1 rules the engine runner depends on (upstream:
 cpp/tensorrt_llm/batch_manager/utils/inflightBatchingUtils.cpp::copyAdditionalOutputs for the
 additional-output rows, cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp for block reuse,
@@ -15,11 +15,18 @@ limits, each rule citing its file):
   - additional outputs: a `gather_context` output (one row per token, e.g. dflash_ctx)
     returns rows only for the positions that were computed, i.e. not reused; an output
     without it (one row per sequence, e.g. dflash_tail) returns that sequence's row;
-    requesting an output the engine does not have is an error;
+    requesting an output the engine does not have, or one the ExecutorConfig did not register
+    (its additional_model_outputs: `registered`, by default what runtime/trt_runners.py
+    executor_config registers, recipe/plan/engine_memory.py EXECUTOR_OUTPUTS), is an error response;
   - a prompt longer than the Executor's max input length is an error response (the server keeps
     serving); prompt + max_tokens beyond max_seq_len is not an error: max_tokens is clamped;
   - one engine step packs queued requests in order up to max_num_tokens prompt tokens; the
-    rest wait for the next step.
+    rest wait for the next step;
+  - a step whose forward pass throws answers every active request with the same error,
+    "Encountered an error in forwardAsync function: " + the exception's text, and the Executor
+    serves on (cpp/tensorrt_llm/executor/executorImpl.cpp forwardAsync, terminateActiveRequests):
+    the requests the step ran and those fetched but left for a later step, here every queued one
+    up to max_batch_size.
 Outputs come back under their plain names, as runtime/trt_runners.TrtExecutor presents the real
 executor's (`context_<name>` / `generation_<name>` in 1.2.1). Where 1.2.1 leaves reused context
 rows unwritten in a [promptLen, ...] output, the stand-in returns only the computed rows;
@@ -38,10 +45,14 @@ from typing import Protocol
 
 import torch
 
-from trtllm_dflash.recipe.engine_layout import kv_reuse_honoured, runtime_max_input_len
+from trtllm_dflash.recipe.plan.engine_layout import kv_reuse_honoured, requests_per_step, runtime_max_input_len
+from trtllm_dflash.recipe.plan.engine_memory import EXECUTOR_OUTPUTS
 
 # BuildConfig's max_num_tokens default (tensorrt_llm/builder.py), for an engine built without one.
 DEFAULT_MAX_NUM_TOKENS = 8192
+# How 1.2.1's Executor words a step that threw, to every request the step ran
+# (cpp/tensorrt_llm/executor/executorImpl.cpp forwardAsync / forwardSync), the exception's text after it.
+STEP_FAILED = ("Encountered an error in forwardAsync function: ", "Encountered an error in forwardSync function: ")
 
 
 @dataclass(frozen=True)
@@ -97,13 +108,15 @@ class EngineLimits:
     max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS
     context_fmha: bool = True
     paged_context_fmha: bool = True
+    max_batch_size: int = 2048  # BuildConfig's default (tensorrt_llm/builder.py)
 
     @classmethod
     def from_build_config(cls, cfg: dict) -> "EngineLimits":
         """From a build_config.json / the engine config.json's build_config."""
         pc = cfg.get("plugin_config", {})
         return cls(cfg["max_seq_len"], cfg["max_input_len"], cfg.get("max_num_tokens") or DEFAULT_MAX_NUM_TOKENS,
-                   bool(pc.get("context_fmha", True)), bool(pc.get("use_paged_context_fmha", True)))
+                   bool(pc.get("context_fmha", True)), bool(pc.get("use_paged_context_fmha", True)),
+                   cfg.get("max_batch_size") or 2048)
 
     @property
     def input_cap(self) -> int:
@@ -124,15 +137,9 @@ class EngineLimits:
         return None, min(max_tokens, self.max_seq_len - prompt_len)
 
     def step_size(self, prompt_lens: list[int]) -> int:
-        """How many queued context requests (in order) one step takes: MicroBatchScheduler
-        (cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp), unchunked, counts every token of
-        a request (reused ones too, in the 1.2-era copy) and stops before max_num_tokens is passed."""
-        n, total = 0, 0
-        for length in prompt_lens:
-            if total + length > self.max_num_tokens:
-                break
-            n, total = n + 1, total + length
-        return max(n, 1)  # admit() keeps any single prompt within the budget with context FMHA
+        """How many queued context requests (in order) one step takes: the scheduler's rule, one
+        definition with the cost model's (recipe/plan/engine_layout.py STEP_RULE, requests_per_step)."""
+        return requests_per_step(prompt_lens, self.max_num_tokens, self.max_batch_size)
 
 
 class TapEngine(Protocol):
@@ -170,9 +177,11 @@ class FakeExecutor:
     executor/executor.h) over a TapEngine, with the rules of the module docstring."""
 
     def __init__(self, engine: TapEngine, *, max_seq_len: int, max_input_len: int,
-                 max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS, context_fmha: bool = True, paged_context_fmha: bool = True,
-                 tokens_per_block: int = 32, enable_block_reuse: bool = True, enable_partial_reuse: bool = True):
-        self.engine = engine
+                 max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS, context_fmha: bool = True,
+                 paged_context_fmha: bool = True,
+                 tokens_per_block: int = 32, enable_block_reuse: bool = True, enable_partial_reuse: bool = True,
+                 registered: tuple[str, ...] = EXECUTOR_OUTPUTS):
+        self.engine, self.registered = engine, tuple(registered)
         self.limits = EngineLimits(max_seq_len, max_input_len, max_num_tokens, context_fmha, paged_context_fmha)
         self.tokens_per_block, self.partial = tokens_per_block, enable_partial_reuse
         self.reuse = self.limits.reuse(enable_block_reuse)
@@ -188,14 +197,26 @@ class FakeExecutor:
         rid = next(self._ids)
         names = [o.name for o in request.output_config.additional_model_outputs]
         unknown = [n for n in names if n not in self.engine.output_kinds]
+        unbound = [n for n in names if n not in self.registered]
         error, _ = self.limits.admit(len(request.input_token_ids), request.max_tokens)
         if unknown:
-            self._done[rid] = Response(rid, error_msg=f"additional output {unknown[0]!r} is not an output of the engine")
+            self._done[rid] = Response(rid,
+                                       error_msg=f"additional output {unknown[0]!r} is not an output of the engine")
+        elif unbound:
+            self._done[rid] = Response(rid,
+                                       error_msg=f"additional output {unbound[0]!r} is not in the ExecutorConfig's "
+                                                      "additional_model_outputs")
         elif error is not None:
             self._done[rid] = Response(rid, error_msg=error)
         else:
             self._queue[rid] = request
         return rid
+
+    def enqueue_requests(self, requests: list[Request]) -> list[int]:
+        """Executor.enqueue_requests(requests) -> their ids, in order (1.2.1's binding,
+        cpp/tensorrt_llm/nanobind/executor/executor.cpp): each as enqueue_request would take it, all
+        queued before the next step packs its batch."""
+        return [self.enqueue_request(r) for r in requests]
 
     def cancel_request(self, rid: int) -> None:
         self._queue.pop(rid, None)
@@ -211,7 +232,14 @@ class FakeExecutor:
         if not self._queue:
             return
         batch = take_step(self._queue, self.limits, self.steps)
-        outs = self.engine.run([r.input_token_ids for _, r in batch])
+        try:
+            outs = self.engine.run([r.input_token_ids for _, r in batch])
+        except Exception as e:  # every active request ends with it; the next step runs
+            active = [rid for rid, _ in batch] + list(self._queue)[: max(0, self.limits.max_batch_size - len(batch))]
+            for rid in active:
+                self._queue.pop(rid, None)
+                self._done[rid] = Response(rid, error_msg=f"{STEP_FAILED[0]}{e}")
+            return
         for (rid, req), out in zip(batch, outs):
             reused = self._reused(req.cache_salt_id, req.input_token_ids)
             extra = []

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from trtllm_dflash.reference.generate import Decoder
 from trtllm_dflash.reference.verify import SamplingParams
+from trtllm_dflash.runtime.capabilities import FULL
 
 
 class LocalModel:
     """A reference target and drafter in this process."""
 
     failed = None  # nothing of it can die alone
+    capabilities = FULL  # our torch target gives the full logits
 
     def __init__(self, target, drafter):
         self.target, self.drafter = target, drafter

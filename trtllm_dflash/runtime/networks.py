@@ -108,7 +108,8 @@ def drafter_hidden(ops: Ops, s: DrafterSpec, block: Tensor, blk_pos: Tensor, ctx
         p = f"transformer.layers.{i}."
         # The new context rows' keys and values join this layer's arena.
         k_ctx, v_ctx = ops.split(ops.linear(ctx, p + "attention.kv"), (kv_width, kv_width))  # [B, Tc, Hkv*D] each
-        k_ctx = ops.rope(ops.rms_norm(ops.heads(k_ctx, s.num_kv_heads, s.head_dim), p + "attention.k_layernorm", s.eps), ctx_pos)
+        k_ctx = ops.rope(ops.rms_norm(ops.heads(k_ctx, s.num_kv_heads, s.head_dim), p + "attention.k_layernorm", s.eps),
+                         ctx_pos)
         ops.inject(i, k_ctx, ops.heads(v_ctx, s.num_kv_heads, s.head_dim))
         # The block attends over [arena ; block] (DFlash2: inside its convolution).
         h = ops.rms_norm(x, p + "input_layernorm", s.eps)
@@ -117,7 +118,8 @@ def drafter_hidden(ops: Ops, s: DrafterSpec, block: Tensor, blk_pos: Tensor, ctx
         q = ops.rope(ops.rms_norm(ops.heads(ops.linear(h, p + "attention.q"), s.num_heads, s.head_dim),
                                   p + "attention.q_layernorm", s.eps), blk_pos)  # [B, T, Hq, D]
         k, v = ops.split(ops.linear(h, p + "attention.kv"), (kv_width, kv_width))
-        k = ops.rope(ops.rms_norm(ops.heads(k, s.num_kv_heads, s.head_dim), p + "attention.k_layernorm", s.eps), blk_pos)
+        k = ops.rope(ops.rms_norm(ops.heads(k, s.num_kv_heads, s.head_dim), p + "attention.k_layernorm", s.eps),
+                     blk_pos)
         o = ops.attend(i, q, k, ops.heads(v, s.num_kv_heads, s.head_dim), s.causal[i], s.window[i])  # [B, T, Hq, D]
         a = ops.linear(ops.merge_heads(o), p + "attention.dense")  # [B, T, H] (all-reduced under tp)
         if s.conv_kernel:

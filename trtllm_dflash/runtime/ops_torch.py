@@ -140,7 +140,8 @@ class TorchOps:
         return torch.tanh(x / cap) * cap
 
     def conv_prepare(self, x, name, kernel, group):
-        dyn = F.linear(x, self.w[name + ".kernel_projection.weight"]).view(*x.shape[:2], 2, kernel, -1)  # [B, T, 2, K, G]
+        # [B, T, 2, K, G]
+        dyn = F.linear(x, self.w[name + ".kernel_projection.weight"]).view(*x.shape[:2], 2, kernel, -1)
         return dynamic_conv(x, dyn[:, :, 0], self.w[name + ".base_kernel"][0], group), dyn[:, :, 1]
 
     def conv_finish(self, y, taps, name, group):

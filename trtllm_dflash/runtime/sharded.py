@@ -7,14 +7,15 @@ from __future__ import annotations
 import queue
 import socket
 import traceback
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
 from trtllm_dflash.errors import UserError
+from trtllm_dflash.policy.decision import Drafts
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
-from trtllm_dflash.reference.records import Trim
 from trtllm_dflash.runtime.checkpoint import CheckpointInfo, read_checkpoint
+from trtllm_dflash.runtime.rank_model import rank_model
 from trtllm_dflash.runtime.tp_layers import Comm
 
 
@@ -35,13 +36,11 @@ def _worker(rank: int, tp: int, port: int, directory: str, dtype, device: str, r
     torch.distributed.init_process_group(
         "nccl" if dev.startswith("cuda") else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp
     )
-    from trtllm_dflash.runtime.checkpoint_runner import rank_model  # it opens this module's ShardedModel
-
     answer = replies.put if rank == 0 else (lambda _: None)
     try:
         model = rank_model(runners, read_checkpoint(directory), Comm(rank, tp), dtype, dev, max_seq_len)
         decoders: dict = {}
-        answer(("ok", None, 0))
+        answer(("ok", model.capabilities, 0))
         while (cmd := commands[rank].get())[0] != "stop":
             op, did, *rest = cmd
             try:
@@ -95,7 +94,7 @@ class ShardedModel:
                            self._replies),
             nprocs=tp, join=False, start_method="spawn",
         )
-        self._reply()  # rank 0 loaded its shard
+        self.capabilities, _ = self._reply()  # rank 0 loaded its shard: what its runners decode
 
     @property
     def pids(self) -> list[int]:
@@ -202,11 +201,10 @@ class _RemoteDecoder:
         return self._call("admit", list(ids), [list(p) for p in prompts], list(limits), [list(s) for s in stops], bad,
                           None if logprobs is None else list(logprobs))
 
-    def step(self, draft_len: int | Sequence[int] | Mapping[int, int] | None = None, tree_budget: int | None = None,
-             trim: Trim | None = None):
-        # trim (a policy's bound method) travels pickled: every rank trims with the same state
-        # from the same drafter logits, so the ranks' rounds stay identical
-        return self._call("step", draft_len, tree_budget, trim)
+    def step(self, drafts: Drafts = Drafts()):
+        # the decision travels pickled, its trim (a policy's bound method) too: every rank trims
+        # with the same state from the same drafter logits, so the ranks' rounds stay identical
+        return self._call("step", drafts)
 
     def cancel(self, ids: Sequence[int]) -> None:
         self._call("cancel", list(ids))

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.formats import engine_io
-from trtllm_dflash.recipe.engine_layout import kv_reuse_honoured
-from trtllm_dflash.recipe.engine_memory import EXECUTOR_OUTPUTS
-from trtllm_dflash.recipe.planner import KV_CACHE_FREE_GPU_MEM_FRACTION
+from trtllm_dflash.recipe.plan.engine_layout import kv_reuse_honoured
+from trtllm_dflash.recipe.plan.engine_memory import EXECUTOR_OUTPUTS
+from trtllm_dflash.recipe.plan.rows import KV_CACHE_FREE_GPU_MEM_FRACTION
 from trtllm_dflash.runtime.fake_executor import AdditionalOutput, Response, Result
 
 
@@ -36,18 +37,36 @@ def _bindings():
     return bindings
 
 
+# What MPI launchers give each rank, in the order they are believed: Open MPI's mpirun
+# (OMPI_COMM_WORLD_RANK), PMIx (PMIX_RANK: srun --mpi=pmix, PRRTE), MPICH / Hydra (PMI_RANK,
+# PMI_ID), and Slurm's own task id last. mpirun started inside a Slurm task (an sbatch step, an
+# `srun --pty` shell) hands every child that task's SLURM_PROCID, 0 for all of them, while
+# TensorRT-LLM's Executor takes each child's real MPI rank; Slurm's id is only right when srun
+# itself starts one rank per task.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_ID", "SLURM_PROCID")
+
+
 def mpi_rank() -> int:
-    """This process's rank in the MPI world mpirun / srun started, from the launcher's environment
-    (the variables tensorrt_llm/llmapi/trtllm-llmapi-launch reads, in its order); 0 outside one."""
-    for var in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_ID"):
+    """This process's rank in the MPI world it was started in: the launcher's own variable
+    (RANK_VARIABLES, Slurm's last), else mpi4py's world communicator where MPI is already
+    initialised here; 0 outside one."""
+    for var in RANK_VARIABLES:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
+    mpi = sys.modules.get("mpi4py.MPI")  # imported, so initialised: asking it starts nothing new
+    if mpi is not None and mpi.Is_initialized():
+        return int(mpi.COMM_WORLD.Get_rank())
     return 0
 
 
 def rank_devices(world_size: int, device_ids: list[int] | None = None, num_nodes: int = 1) -> list[int]:
     """The GPU of each rank on a node (ParallelConfig.device_ids): given, or 0 .. ranks per node - 1;
-    one distinct id per rank of a node (runtime/worldConfig.cpp checks them unique)."""
+    one distinct id per rank of a node (runtime/worldConfig.cpp checks them unique). At world
+    size 1 there is no ParallelConfig and the Executor takes the first GPU it sees: ids other
+    than [0] are refused."""
+    if world_size == 1 and device_ids not in (None, [0]):
+        raise UserError(f"gpu_device_ids: {','.join(map(str, device_ids))} at tp 1: the Executor runs on the first GPU "
+                        "it sees; pick the GPU with CUDA_VISIBLE_DEVICES instead and leave gpu_device_ids unset")
     if num_nodes < 1 or world_size % num_nodes:
         raise UserError(f"num_nodes: {num_nodes} does not divide the world size {world_size} (tp x pp)")
     per_node = world_size // num_nodes
@@ -82,7 +101,7 @@ def executor_config(world_size: int, *, kv_block_reuse: bool = True,
     """ExecutorConfig(max_beam_width=1, kv_cache_config=KvCacheConfig(enable_block_reuse=kv_block_reuse,
     free_gpu_memory_fraction=...), enable_chunked_context=False, additional_model_outputs=[the
     DFlash outputs of EXECUTOR_OUTPUTS: not dflash_logits, which the Executor would pre-allocate at
-    max_num_tokens x block x vocab fp32, recipe/engine_memory.py], parallel_config=parallel_config(...)):
+    max_num_tokens x block x vocab fp32, recipe/plan/engine_memory.py], parallel_config=parallel_config(...)):
     tensorrt_llm.bindings.executor
     (cpp/tensorrt_llm/nanobind/executor/executorConfig.cpp). Chunked context stays off: a chunk
     boundary would split a verify request's tail rows across steps (docs/design/engine-path.md).
@@ -115,29 +134,47 @@ class TrtExecutor:
     allocAdditionalOutputs, inflightBatchingUtils.cpp copyAdditionalOutputs). EngineTarget gives
     every prefill a fresh cache salt, so this does not happen unless salts collide."""
 
+    registered = EXECUTOR_OUTPUTS  # what executor_config registers with the Executor
+
     def __init__(self, executor, bindings=None):
         self.ex, self.b = executor, bindings or _bindings()
         self._asked: dict[int, dict[str, bool]] = {}
 
-    def enqueue_request(self, request) -> int:
-        """Executor.enqueue_request(Request(input_token_ids, max_tokens, *, streaming,
-        output_config=OutputConfig(exclude_input_from_output, return_perf_metrics,
-        additional_model_outputs=[AdditionalModelOutput(name, gather_context)]), cache_salt_id))
+    def _binding(self, request):
+        """(the binding's Request, {output name: gather_context}) of a fake_executor.Request:
+        Request(input_token_ids, max_tokens, *, streaming, output_config=OutputConfig(
+        exclude_input_from_output, return_perf_metrics, additional_model_outputs=
+        [AdditionalModelOutput(name, gather_context)]), cache_salt_id)
         (cpp/tensorrt_llm/nanobind/executor/request.cpp: everything after max_tokens is keyword-only)."""
         b = self.b
         asked = {o.name: bool(o.gather_context) for o in request.output_config.additional_model_outputs}
         unbound = [n for n in asked if n not in EXECUTOR_OUTPUTS]
         if unbound:
             raise RuntimeError(f"{unbound[0]}: not registered with the Executor, which would pre-allocate it at "
-                               "max_num_tokens x block x vocab fp32 (recipe/engine_memory.py); the engine backend "
+                               "max_num_tokens x block x vocab fp32 (recipe/plan/engine_memory.py); the engine backend "
                                "verifies greedily on GPU (temperature 0)")
         outputs = b.OutputConfig(exclude_input_from_output=True, return_perf_metrics=any(asked.values()),
                                  additional_model_outputs=[b.AdditionalModelOutput(n, gather_context=g)
                                                            for n, g in asked.items()])
-        rid = self.ex.enqueue_request(b.Request(list(request.input_token_ids), request.max_tokens, streaming=False,
-                                                output_config=outputs, cache_salt_id=request.cache_salt_id))
+        req = b.Request(list(request.input_token_ids), request.max_tokens, streaming=False, output_config=outputs,
+                        cache_salt_id=request.cache_salt_id)
+        return req, asked
+
+    def enqueue_request(self, request) -> int:
+        """Executor.enqueue_request(request) -> its id."""
+        req, asked = self._binding(request)
+        rid = self.ex.enqueue_request(req)
         self._asked[rid] = asked
         return rid
+
+    def enqueue_requests(self, requests) -> list[int]:
+        """Executor.enqueue_requests(requests) -> their ids (cpp/tensorrt_llm/nanobind/executor/
+        executor.cpp): one call, so the Executor's next step can take every request of a round."""
+        converted = [self._binding(r) for r in requests]
+        ids = list(self.ex.enqueue_requests([req for req, _ in converted]))
+        for rid, (_, asked) in zip(ids, converted):
+            self._asked[rid] = asked
+        return ids
 
     def await_responses(self, request_id: int) -> list[Response]:
         """Executor.await_responses(id) (blocks until one is ready) -> [Response]: has_error(),
@@ -230,7 +267,11 @@ class TrtSession:
         # IpcMemory's cudaMalloc the workspace to the CURRENT device: make it this rank's first, as
         # upstream does (commands/build.py build_and_save, runtime/generation.py).
         with torch.cuda.device(self.device):
-            self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(path.read_bytes())
+            # The runtime (and its logger) outlive the engine they made, as TensorRT-LLM's own
+            # runtime/session.py keeps them.
+            self.logger = trt.Logger(trt.Logger.WARNING)
+            self.runtime = trt.Runtime(self.logger)
+            self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
             if self.engine is None:
                 raise RuntimeError(f"{path}: TensorRT could not deserialize it (TensorRT version?)")
             self.context = self.engine.create_execution_context()
@@ -302,7 +343,7 @@ def engine_kv_reuse(build_dir: Path) -> bool:
     """KV block reuse for the target Executor of a build output: what its plan settled
     (plan.json kv_block_reuse, from the recipe's build.kv_cache_reuse) where the target engine
     was built with paged context FMHA (its config.json), as the 1.2.1 Executor honours it
-    (recipe/engine_layout.py kv_reuse_honoured)."""
+    (recipe/plan/engine_layout.py kv_reuse_honoured)."""
     plan = json.loads((build_dir / "plan.json").read_text())
     build_config = json.loads((build_dir / "target" / "engines" / "config.json").read_text())["build_config"]
     pc = build_config.get("plugin_config", {})
@@ -329,7 +370,7 @@ def _engine_dirs(build_dir: Path) -> tuple[Path, Path]:
 
 def drafter_placement_of(build_dir: Path, world_size: int) -> str:
     """Where a build output's drafter runs: plan.json drafter_parallelism.placement (the rule of
-    recipe/planner.py drafter_placement when it was built); "split" for a tp > 1 plan written
+    recipe/plan/drafter.py drafter_placement when it was built); "split" for a tp > 1 plan written
     before placements were recorded (its drafter engines are per rank)."""
     plan = json.loads((build_dir / "plan.json").read_text())
     return plan.get("drafter_parallelism", {}).get("placement", "rank0" if world_size == 1 else "split")
@@ -349,7 +390,7 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
     from trtllm_dflash.runtime.checkpoint import reference_configs
     from trtllm_dflash.runtime.drafter_ranks import SplitDrafters, TorchRankGroup, serve_drafter_rank
     from trtllm_dflash.runtime.drafter_runner import ArenaDrafter
-    from trtllm_dflash.runtime.engine_runners import EngineModel
+    from trtllm_dflash.runtime.engine_runners import EngineModel, ExecutorHealth, cuda_probe
 
     build_dir = Path(build_dir)
     target_dir, drafter_dir = _engine_dirs(build_dir)
@@ -358,9 +399,9 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
     world = int(tc["mapping"].get("world_size", 1))
     split = drafter_placement_of(build_dir, world) == "split"
     rank = mpi_rank() if world > 1 else 0
+    devices = rank_devices(world, device_ids)  # refused here, before anything opens
     peers: tuple[int, ...] = ()
     if world > 1:
-        devices = rank_devices(world, device_ids)
         device = f"cuda:{devices[rank % len(devices)]}"  # this rank's GPU (runtime/worldConfig.cpp getDevice)
         torch.cuda.set_device(device)  # everything of this rank from here on (the session, NCCL, stubs' threads)
         peers = tuple(devices) if split else ()
@@ -380,4 +421,5 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
     if session is None:
         raise RuntimeError(f"MPI rank {rank}: the Executor made this process its leader, but rank 0 holds the drafter")
     return EngineModel(executor, None, d, vocab_size=tcfg.vocab_size, eos_token_ids=tcfg.eos_token_ids, device=device,
-                       drafter_factory=SplitDrafters(group, drafter) if split else drafter)
+                       drafter_factory=SplitDrafters(group, drafter) if split else drafter,
+                       health=ExecutorHealth(probe=cuda_probe(device)))

@@ -12,6 +12,9 @@ All greedy requests share one group, unless they ask for their own draft length 
 (`draft_len`, `mode`: AR, DFlash and DDTree requests on one server), which makes one group
 per (sampling, draft length, mode).
 
+Front ends submit a `Request` and receive `Update`s (serve/record.py, the response record each
+renders); the engine keeps each request's `Progress`.
+
 The model is a `ServingModel` (runtime/): local_model's `LocalModel` (target and drafter in
 this process), sharded's `ShardedModel` (tensor-parallel worker processes) or engine_runners'
 `EngineModel` (the engine backend's runners, emulated or TensorRT); its decoders are
@@ -24,68 +27,29 @@ from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol
 
-from trtllm_dflash.policy.decision import DraftPolicy, Drafts
+from trtllm_dflash.errors import UserError
+from trtllm_dflash.policy.decision import FULL_BLOCK, DraftPolicy, Drafts
 from trtllm_dflash.reference.records import DecoderProtocol, StepRecord
 from trtllm_dflash.reference.verify import SamplingParams
+from trtllm_dflash.runtime.capabilities import FULL, Capabilities
+from trtllm_dflash.serve.detok import TextStream, stream_for
+from trtllm_dflash.serve.record import Request, SpecStats, Update
+from trtllm_dflash.serve.requests import needs_full_logits
 from trtllm_dflash.serve.trace import now
 
 
 @dataclass
-class Update:
-    """What one response carries."""
+class Progress:
+    """How far the engine has got with one request (engine thread only)."""
 
-    text: str  # new text since the previous update ("" while a character's bytes are incomplete)
-    tokens: int  # tokens committed in this update
-    total_tokens: int
-    rounds: int  # target verify passes so far (the prefill is not a round)
-    drafted: int  # draft tokens verified so far
-    accepted: int  # draft tokens accepted so far
-    finish_reason: str | None  # None while running, then "stop" | "length" | "cancelled" | "error: ..."
-    ids: list[int] = field(default_factory=list)  # the tokens committed in this update
-    # [max drafts + 1] verify passes so far by the drafts they accepted: histogram[j] = passes that
-    # accepted exactly j (sum = rounds, sum of j * histogram[j] = accepted); TensorRT-LLM PR #19311's shape
-    histogram: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None  # their log-probabilities under the target (a Job with logprobs)
-    cum_logprob: float = 0.0  # the sum over every token so far
-
-    @property
-    def acceptance_length(self) -> float:
-        """tau so far: tokens committed per verify pass (the prefill's first token excluded)."""
-        return (self.total_tokens - 1) / self.rounds if self.rounds else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted so far (0 when nothing was drafted), as TensorRT-LLM reports it."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-
-@dataclass
-class Job:
-    prompt_ids: list[int]
-    max_tokens: int
-    emit: Callable[[Update], None]
-    sampling: SamplingParams = SamplingParams()
-    stop_token_ids: list[int] | None = None  # None: the target's eos ids
-    stop_words: list[str] = field(default_factory=list)
-    cancelled: Callable[[], bool] = lambda: False
-    draft_len: int | None = None  # this request's drafts per round (0 = speculation off); None: the policy's
-    mode: str | None = None  # this request's decoding: "ar" | "dflash" | "ddtree"; None: the engine's mode
-    tag: str = ""  # the front end's id of the request (timestamps of serve/trace.py name it)
-    skip_special_tokens: bool = False  # the text leaves special tokens (eos) out
-    bad_words: list[list[int]] | None = None  # token sequences the output never contains (reference/token_rules.py)
-    stop_sequences: list[list[int]] = field(default_factory=list)  # token sequences that end it, kept in the output
-    logprobs: bool = False  # updates carry the committed tokens' log-probabilities
-    skip_end_token: bool = False  # the stop token that ends it is left out of its output (TensorRT-LLM's executor)
-    # Progress, kept by the engine.
-    tokens: list[int] = field(default_factory=list)
-    sent: str = ""
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    histogram: list[int] = field(default_factory=list)  # verify passes by drafts accepted (Update.histogram)
+    request: Request
+    spec: SpecStats  # its speculative decoding so far (one value, replaced each verify pass)
+    tokens: list[int] = field(default_factory=list)  # its output so far
+    sent: str = ""  # the text handed out so far
     cum_logprob: float = 0.0
 
 
@@ -96,6 +60,12 @@ def _sequence_stop(tokens: list[int], new: int, sequences: list[list[int]]) -> i
         if any(0 < len(s) <= end and tokens[end - len(s) : end] == s for s in sequences):
             return end
     return None
+
+
+def _timed_step(decoder: DecoderProtocol, drafts: Drafts) -> tuple[StepRecord, int, int]:
+    t0 = now()
+    rec = decoder.step(drafts)
+    return rec, t0, now()
 
 
 def _stop_prefix(text: str, stop_words: list[str]) -> int:
@@ -117,18 +87,19 @@ class GroupKey(NamedTuple):
     mode: str  # "ar" | "dflash" | "ddtree"
 
 
-def _group_key(job: "Job", default_mode: str) -> GroupKey:
-    s = job.sampling
-    return GroupKey(("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed), job.draft_len,
-                    job.mode or default_mode)
+def _group_key(request: Request, default_mode: str) -> GroupKey:
+    s = request.sampling
+    return GroupKey(("greedy",) if s.greedy else (s.temperature, s.top_p, s.top_k, s.seed), request.draft_len,
+                    request.mode or default_mode)
 
 
 class ServingModel(Protocol):
     """What the serving engine decodes with (every implementation has these signatures:
-    tests/serve/test_interfaces.py)."""
+    tests/runtime/test_interfaces.py)."""
 
     eos_token_ids: tuple[int, ...]
     failed: str | None  # why the model can no longer serve (a dead rank), else None
+    capabilities: Capabilities  # what its runners can decode (runtime/capabilities.py)
 
     def decoder(self, *, sampling: SamplingParams, mode: str = "dflash", block_size: int | None = None,
                 ddtree_budget: int | None = None, max_len: int = 2048) -> DecoderProtocol:
@@ -141,16 +112,37 @@ class ServingModel(Protocol):
         """Free the model (processes, executors)."""
 
 
+@dataclass
+class Group:
+    """One decoder and the requests it decodes together (one GroupKey), with each request's text so
+    far (serve/detok.py)."""
+
+    key: GroupKey
+    decoder: DecoderProtocol
+    jobs: dict[int, Progress] = field(default_factory=dict)  # request id -> its progress
+    texts: dict[int, TextStream] = field(default_factory=dict)  # request id -> its incremental decode
+    # overlap (ServingEngine(overlap=True)): the last round, delivered while the device runs the next
+    pending: tuple[StepRecord, str] | None = None
+    stepping: bool = False  # the decoder's step runs on the device thread: cancels wait (`later`)
+    later: set[int] = field(default_factory=set)  # requests to cancel before the next step
+
+
 class ServingEngine:
     """policy: what each round's draft length is (trtllm_dflash/policy: the recipe's bands or
-    `auto`); None = block_size - 1 always. A request's own `draft_len` overrides it, and its own
-    `mode` ("ar" | "dflash" | "ddtree") replaces `mode` for it (front ends check that a ddtree
-    request has a budget: serve/requests.check_mode)."""
+    `auto`); the default, FULL_BLOCK, drafts block_size - 1 always. A request's own `draft_len`
+    overrides it, and its own `mode` ("ar" | "dflash" | "ddtree") replaces `mode` for it (front ends
+    check that a ddtree request has a budget: serve/requests.check_mode)."""
 
     def __init__(self, model, tokenizer, *, mode: str = "dflash", block_size: int | None = None,
                  ddtree_budget: int | None = None, max_seq_len: int = 2048, max_batch_size: int = 64,
-                 policy: DraftPolicy | None = None, trace=None, metrics=None, on_fatal: Callable[[str], None] | None = None):
+                 policy: DraftPolicy = FULL_BLOCK, trace=None, metrics=None,
+                 on_fatal: Callable[[str], None] | None = None, overlap: bool = False):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
+        # overlap: each round's step runs on a device thread while this one delivers the round before
+        # (detokenization, stop words, responses, metrics); it pays where the runners' calls wait
+        # without the GIL (CUDA synchronisation, the Executor's C++ loop), and costs a thread hand-off
+        # a round where they hold it. A request a stop word ends then decodes one round more, unseen.
+        self._device = ThreadPoolExecutor(1, thread_name_prefix="dflash-device") if overlap else None
         self.on_fatal = on_fatal  # called once, with the reason, when the model can no longer serve
         self.trace = trace  # serve/trace.Trace: per-round timestamps for perf/bench_serve.py, or None
         self.metrics = metrics  # serve/metrics.SpecMetrics: the server's /metrics (front ends set it), or None
@@ -158,20 +150,27 @@ class ServingEngine:
         self.decoder_args = dict(mode=mode, block_size=block_size, ddtree_budget=ddtree_budget, max_len=max_seq_len)
         self.max_batch_size = max_batch_size
         self.histogram_len = block_size or 1  # drafts accepted per pass: 0 .. block_size - 1
-        self.inbox: queue.Queue[Job] = queue.Queue()
-        self.groups: dict[GroupKey, tuple] = {}  # key -> (decoder, {request id: Job})
+        self.inbox: queue.Queue[Request] = queue.Queue()
+        self.groups: dict[GroupKey, Group] = {}
         self._next_id = 0
         self._stop = threading.Event()
         self._inbox_lock = threading.Lock()  # a submit racing stop() is answered, never left in the inbox
         self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, request: Request) -> None:
+        """Queue `request`; one these runners cannot decode is answered at once (front ends refuse it
+        earlier, naming their own field: serve/requests.check_decodable), never joining a round."""
+        can = getattr(self.model, "capabilities", FULL)
+        if not can.full_logits and needs_full_logits(request.sampling.temperature, request.bad_words, request.logprobs):
+            self._finish(self._progress(request), f"error: sampling, bad words and log-probabilities need the full "
+                                                  f"verify logits, and {can.why_not}")
+            return
         with self._inbox_lock:
             if not self._stop.is_set():
-                self.inbox.put(job)
+                self.inbox.put(request)
                 return
-        self._finish(job, self._stop_reason())
+        self._finish(self._progress(request), self._stop_reason())
 
     def _stop_reason(self) -> str:
         return f"error: {self.model.failed or 'the server is shutting down'}"
@@ -184,54 +183,104 @@ class ServingEngine:
         if self._thread.is_alive():  # a round still running: its requests are the loop's to finish
             return
         with self._inbox_lock:
-            left = [job for _, jobs in self.groups.values() for job in jobs.values()]
+            left = [job for g in self.groups.values() for job in g.jobs.values()]
             while not self.inbox.empty():
-                left.append(self.inbox.get_nowait())
+                left.append(self._progress(self.inbox.get_nowait()))
         self.groups.clear()
         for job in left:
             self._finish(job, self._stop_reason())
 
     @property
     def running(self) -> int:
-        return sum(len(jobs) for _, jobs in self.groups.values())
+        return sum(len(g.jobs) for g in self.groups.values())
 
     # ---- the loop (engine thread only below this line)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                self._admit()
-                for key, (decoder, jobs) in list(self.groups.items()):
-                    gone = [i for i, j in jobs.items() if j.cancelled()]
-                    if gone:
-                        decoder.cancel(gone)
-                        for i in gone:
-                            self._finish(self._leave(jobs, i), "cancelled")
-                    if decoder.running:
-                        t0 = now()
-                        rec = decoder.step(self._round(key, jobs))
-                        t1 = now()
-                        if self.policy is not None and key.mode in self.policy.modes:
-                            # every round teaches (requests with their own draft_len too): acceptance,
-                            # and what a round of its shape costs under this server's real load (but
-                            # for the drafter's pass after a join: AutoDraftLength.learn)
-                            self.policy.learn(rec, (t1 - t0) * 1e-9)  # now(): ns
-                        tags = [jobs[i].tag for i in rec.seq_ids] if self.trace else None
-                        self._deliver(decoder, jobs, rec, mode=key.mode)
-                        if self.trace:
-                            self.trace.add("round", tags, t0, t1, now())
-                            if any(rec.finished):
-                                self.trace.flush()
-                    if not decoder.running:
-                        self.model.release(self.groups.pop(key)[0])
-            except Exception as e:  # one failing round must not take the server down: fail its requests
-                for _, jobs in self.groups.values():
-                    for rid in list(jobs):
-                        self._finish(self._leave(jobs, rid), f"error: {type(e).__name__}: {e}")
-                for decoder, _ in self.groups.values():
-                    self.model.release(decoder)
-                self.groups.clear()
-                self._report_fatal()
+            self._admit()
+            for group in list(self.groups.values()):
+                if self.model.failed:  # a dead rank: nothing can be decoded any more
+                    break
+                try:
+                    self._round(group)
+                except Exception as e:  # one failing round must not take the server down: fail its requests
+                    self._fail(group, e)
+            if self.model.failed and self.groups:
+                for group in list(self.groups.values()):
+                    self._fail(group, RuntimeError(self.model.failed))
+            self._report_fatal()
+            if not self.groups and self.metrics is not None:  # idle: the counters it summed are current
+                self.metrics.flush()
+        for group in list(self.groups.values()):  # overlap: a round decoded but not yet delivered
+            if group.pending is not None:
+                (rec, mode), group.pending = group.pending, None
+                self._deliver(group, rec, mode=mode)
+        if self._device is not None:
+            self._device.shutdown(wait=False)
+
+    def _round(self, group: Group) -> None:
+        """One round of `group`: cancellations, the decoder's step, what it teaches, delivery."""
+        decoder, jobs, key = group.decoder, group.jobs, group.key
+        gone = [i for i, j in jobs.items() if j.request.cancelled()]
+        if gone:
+            decoder.cancel(gone)
+            for i in gone:
+                self._finish(self._leave(group, i), "cancelled")
+        if group.later:  # ended by a stop word while the device ran the group's last round
+            decoder.cancel(sorted(group.later))
+            group.later.clear()
+        if decoder.running:
+            rec, t0, t1 = self._step(group)
+            if key.mode in self.policy.modes:
+                # every round teaches (requests with their own draft_len too): acceptance, and what
+                # a round of its shape costs under this server's real load (but for the drafter's
+                # pass after a join: AutoDraftLength.learn)
+                self.policy.learn(rec, (t1 - t0) * 1e-9)  # now(): ns
+            tags = [jobs[i].request.tag for i in rec.seq_ids if i in jobs] if self.trace else None
+            if self._device is None:
+                self._deliver(group, rec, mode=key.mode)
+            else:  # delivered while the device runs the next round
+                group.pending = (rec, key.mode)
+            if self.trace:
+                self.trace.add("round", tags, t0, t1, now())
+                if any(rec.finished):
+                    self.trace.flush()
+        elif group.pending is not None:  # the last round: nothing left to overlap it with
+            rec, group.pending = group.pending[0], None
+            self._deliver(group, rec, mode=key.mode)
+        if not decoder.running and group.pending is None:
+            self.model.release(self.groups.pop(key).decoder)
+
+    def _step(self, group: Group) -> tuple[StepRecord, int, int]:
+        """(record, start, end) of the group's next step; with overlap, run on the device thread
+        while this one delivers the group's previous round."""
+        drafts = self._decide(group)
+        if group.pending is None:
+            return _timed_step(group.decoder, drafts)
+        running = self._device.submit(_timed_step, group.decoder, drafts)
+        (rec, mode), group.pending, group.stepping = group.pending, None, True
+        try:
+            self._deliver(group, rec, mode=mode)
+        finally:
+            out = running.result()  # the decoder is this thread's again
+            group.stepping = False
+        return out
+
+    def _cancel(self, group: Group, rid: int) -> None:
+        """Stop decoding `rid` (now, or before the next step while one runs on the device thread)."""
+        if group.stepping:
+            group.later.add(rid)
+        else:
+            group.decoder.cancel([rid])
+
+    def _fail(self, group: Group, e: Exception) -> None:
+        """`group`'s requests end with the error; its decoder is released (the other groups go on)."""
+        for rid in list(group.jobs):
+            self._finish(self._leave(group, rid), f"error: {type(e).__name__}: {e}")
+        if self.groups.get(group.key) is group:
+            del self.groups[group.key]
+        self.model.release(group.decoder)
 
     def _report_fatal(self) -> None:
         """Tell the front end, once, that the model can no longer serve (a dead rank)."""
@@ -239,16 +288,17 @@ class ServingEngine:
             on_fatal, self.on_fatal = self.on_fatal, None
             on_fatal(self.model.failed)
 
-    def _round(self, key: GroupKey, jobs: dict[int, Job]) -> Drafts:
+    def _decide(self, group: Group) -> Drafts:
         """This group's next round: the requests' own draft length, else the policy's decision."""
+        key = group.key
         if key.draft_len is not None:
             return Drafts(key.draft_len)
-        if self.policy is None or key.mode not in self.policy.modes:
+        if key.mode not in self.policy.modes:
             return Drafts()
-        return self.policy.decide(list(jobs), self.running, key.mode)
+        return self.policy.decide(list(group.jobs), self.running, key.mode)
 
-    def _admit(self) -> None:
-        arrivals: list[Job] = []
+    def _arrivals(self) -> list[Request]:
+        arrivals: list[Request] = []
         idle = self.running == 0
         while self.running + len(arrivals) < self.max_batch_size:
             try:
@@ -256,109 +306,145 @@ class ServingEngine:
                 arrivals.append(self.inbox.get(timeout=0.1) if idle and not arrivals else self.inbox.get_nowait())
             except queue.Empty:
                 break
-        by_key: dict[GroupKey, list[Job]] = {}
-        for job in arrivals:
-            if job.cancelled():
-                self._finish(job, "cancelled")
-            else:
-                by_key.setdefault(_group_key(job, self.mode), []).append(job)
-        for key, new in by_key.items():
-            if key not in self.groups:
-                try:
-                    decoder = self.model.decoder(sampling=new[0].sampling, **{**self.decoder_args, "mode": key.mode})
-                except Exception as e:  # e.g. a mode these runners cannot decode: fail these requests only
-                    for job in new:
-                        self._finish(job, f"error: {type(e).__name__}: {e}")
-                    self._report_fatal()
-                    continue
-                self.groups[key] = (decoder, {})
-            decoder, jobs = self.groups[key]
-            ids = list(range(self._next_id, self._next_id + len(new)))
-            self._next_id += len(new)
-            jobs.update(zip(ids, new))
-            t0 = now()
-            rec = decoder.admit(
-                ids, [j.prompt_ids for j in new], [j.max_tokens for j in new],
-                [j.stop_token_ids if j.stop_token_ids is not None else self.model.eos_token_ids for j in new],
-                [j.bad_words for j in new], [j.logprobs for j in new],
-            )
-            t1 = now()
-            self._deliver(decoder, jobs, rec)
-            if self.trace:
-                self.trace.add("admit", [j.tag for j in new], t0, t1, now())
+        return arrivals
 
-    def _deliver(self, decoder, jobs: dict[int, Job], rec: StepRecord, mode: str | None = None) -> None:
+    def _admit(self) -> None:
+        if self.model.failed:  # nothing can be decoded any more: what arrives is told why
+            for request in self._arrivals():
+                self._finish(self._progress(request), self._stop_reason())
+            return
+        by_key: dict[GroupKey, list[Progress]] = {}
+        for request in self._arrivals():
+            if request.cancelled():
+                self._finish(self._progress(request), "cancelled")
+            else:
+                by_key.setdefault(_group_key(request, self.mode), []).append(self._progress(request))
+        for key, new in by_key.items():
+            group = self.groups.get(key)
+            try:
+                if group is None:
+                    decoder = self.model.decoder(sampling=new[0].request.sampling,
+                                                 **{**self.decoder_args, "mode": key.mode})
+                    group = self.groups[key] = Group(key, decoder)
+                self._join(group, new)
+            except Exception as e:  # e.g. a mode these runners cannot decode: fail these requests
+                taken = {id(j) for j in group.jobs.values()} if group is not None else set()
+                for job in new:
+                    if id(job) not in taken:
+                        self._finish(job, f"error: {type(e).__name__}: {e}")
+                if group is not None and (taken or not isinstance(e, UserError)):  # a failed prefill: its group too
+                    self._fail(group, e)
+
+    def _join(self, group: Group, new: list[Progress]) -> None:
+        """Prefill `new` into `group`'s decoder. A UserError (a request it refuses) leaves the decoder
+        as it was (Decoder.admit checks every request first) and fails these requests only."""
+        ids = list(range(self._next_id, self._next_id + len(new)))
+        self._next_id += len(new)
+        t0 = now()
+        asked = [j.request for j in new]
+        rec = group.decoder.admit(
+            ids, [list(r.prompt_ids) for r in asked], [r.max_tokens for r in asked],
+            [list(r.stop_token_ids if r.stop_token_ids is not None else self.model.eos_token_ids) for r in asked],
+            [None if r.bad_words is None else [list(w) for w in r.bad_words] for r in asked],
+            [r.logprobs for r in asked],
+        )
+        t1 = now()
+        group.jobs.update(zip(ids, new))
+        group.texts.update((i, stream_for(self.tokenizer, r.skip_special_tokens)) for i, r in zip(ids, asked))
+        self._deliver(group, rec)
+        if self.trace:
+            self.trace.add("admit", [r.tag for r in asked], t0, t1, now())
+
+    def _deliver(self, group: Group, rec: StepRecord, mode: str | None = None) -> None:
         """Hand each request its tokens. `mode`: how a verify round was decoded (None for the prefill);
         the server's metrics count every round."""
+        # a tree of n nodes over the drafter's block_size - 1 slots is at most min(n, slots) deep
+        cap = self.histogram_len - 1 or max(rec.drafted, default=0)
+        depths = [min(d, cap) for d in rec.drafted] if mode == "ddtree" else rec.drafted
         if rec.round > 0 and self.metrics is not None:
-            # a tree of n nodes over the drafter's block_size - 1 slots is at most min(n, slots) deep
-            cap = self.histogram_len - 1 or max(rec.drafted, default=0)
-            depths = [min(d, cap) for d in rec.drafted] if mode == "ddtree" else None
-            self.metrics.round(mode, rec.drafted, [len(t) for t in rec.tokens], rec.t_draft, rec.t_verify, depths)
-        for b, (rid, toks, done, drafted) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted)):
-            job = jobs[rid]
-            job.tokens.extend(toks)
-            if rec.round > 0:
-                job.rounds += 1
-                job.drafted += drafted
-                job.accepted += max(0, len(toks) - 1)  # the last committed token is the target's bonus
-                _count(job, max(0, len(toks) - 1), self.histogram_len)
-            lps = rec.logprobs[b] if rec.logprobs is not None else None
-            if done == "stop" and job.skip_end_token:  # the decoder stopped at a stop token, the last one
+            committed = [len(t) for t in rec.tokens]
+            if 0 in committed:  # rows the engine failed (each ends with its error) verified nothing
+                ran = [b for b, n in enumerate(committed) if n]
+                drafted, depths_ran = [rec.drafted[b] for b in ran], [depths[b] for b in ran]
+                committed = [committed[b] for b in ran]
+            else:
+                drafted, depths_ran = rec.drafted, depths
+            self.metrics.round(mode, drafted, committed, rec.t_draft, rec.t_verify,
+                               depths_ran if mode == "ddtree" else None)
+        jobs, verified, all_lps, make = group.jobs, rec.round > 0, rec.logprobs, Update.of
+        for b, (rid, toks, done, drafted, depth) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted,
+                                                                  depths)):
+            job = jobs.get(rid)
+            if job is None:  # it left while this round ran (overlap: a stop word, a cancel): unseen
+                continue
+            req = job.request
+            job.tokens += toks
+            if verified and toks:  # the last committed token is the target's bonus (none: the engine failed it)
+                job.spec = job.spec.verified(drafted, len(toks) - 1 if toks else 0, depth)
+            lps = None if all_lps is None else all_lps[b]
+            if done == "stop" and req.skip_end_token:  # the decoder stopped at a stop token, the last one
                 job.tokens.pop()
                 toks, lps = toks[:-1], None if lps is None else lps[:-1]
-            toks, lps, done = self._stop_sequences(decoder, rid, job, toks, lps, done)
-            job.cum_logprob += sum(lps or ())
-            # The keyword only when asked: a tokenizer with a plain decode(ids) serves the rest.
-            text = (self.tokenizer.decode(job.tokens, skip_special_tokens=True) if job.skip_special_tokens
-                    else self.tokenizer.decode(job.tokens))
-            hits = [text.find(w) for w in job.stop_words if w in text]
-            if hits and done is None:
-                text, done = text[: min(hits)], "stop"
-                decoder.cancel([rid])
-            elif hits:
-                text = text[: min(hits)]
-            if done is None:
-                text = text.rstrip("\ufffd")  # a byte-level BPE character is still incomplete
-                text = text[: len(text) - _stop_prefix(text, job.stop_words)]  # may become a stop word
+            if req.stop_sequences:
+                toks, lps, done = self._stop_sequences(group, rid, job, toks, lps, done)
+            if lps:
+                job.cum_logprob += sum(lps)
+            delta, done = self._text(group, rid, job, toks, done)
+            req.emit(make(delta, len(job.tokens), done, job.spec, tuple(toks), None if lps is None else tuple(lps),
+                          job.cum_logprob))
+            if done is not None:
+                self._leave(group, rid)
+
+    def _text(self, group: Group, rid: int, job: Progress, toks: list[int], done: str | None) -> tuple[str, str | None]:
+        """(new text of this update, finish reason): the request's text grows by `toks` (its whole
+        decode once it ends); a stop word ends it there, and a tail that may begin one is held back."""
+        stream, words = group.texts[rid], job.request.stop_words
+        if not words and done is None and getattr(stream, "appends", False):  # the common case, as below
+            delta = stream.push(toks)  # its text grew by this, and job.sent is its text before
+            job.sent += delta
+            return delta, None
+        old = len(stream.text)
+        text = stream.add(toks)
+        if done is not None:  # the last update: exactly the whole decode (a trailing partial character too)
+            text = stream.final()
+        elif not words:  # the common case: everything decoded so far goes out
             delta = text[len(job.sent):] if text.startswith(job.sent) else ""
             job.sent += delta
-            job.emit(Update(delta, len(toks), len(job.tokens), job.rounds, job.drafted, job.accepted, done, list(toks),
-                            self._histogram(job), lps, job.cum_logprob))
-            if done is not None:
-                self._leave(jobs, rid)
+            return delta, None
+        # earlier text held no stop word: a hit begins at most len(w) - 1 characters before the new text
+        hits = [i for w in words if (i := text.find(w, max(0, old - len(w) + 1))) >= 0]
+        if hits:
+            text = text[: min(hits)]
+            if done is None:
+                done = "stop"
+                self._cancel(group, rid)
+        elif done is None:
+            text = text[: len(text) - _stop_prefix(text, words)]  # may become a stop word
+        delta = text[len(job.sent):] if text.startswith(job.sent) else ""
+        job.sent += delta
+        return delta, done
 
-    @staticmethod
-    def _stop_sequences(decoder, rid: int, job: Job, toks: list[int], lps, done):
+    def _stop_sequences(self, group: Group, rid: int, job: Progress, toks: list[int], lps, done):
         """(tokens, log-probs, finish reason) of this update once the job's stop sequences are
         applied: the output ends with the first one, kept (TensorRT-LLM's stop words)."""
-        end = _sequence_stop(job.tokens, len(toks), job.stop_sequences) if job.stop_sequences else None
+        stops = job.request.stop_sequences
+        end = _sequence_stop(job.tokens, len(toks), [list(s) for s in stops]) if stops else None
         if end is None:
             return toks, lps, done
         keep = len(toks) - (len(job.tokens) - end)
         del job.tokens[end:]
         if done is None:
-            decoder.cancel([rid])
+            self._cancel(group, rid)
         return toks[:keep], None if lps is None else lps[:keep], "stop"
 
-    def _leave(self, jobs: dict[int, Job], rid: int) -> Job:
+    def _leave(self, group: Group, rid: int) -> Progress:
         """Request `rid` leaves its group (finished, cancelled or failed): the policy forgets it."""
-        if self.policy is not None:
-            self.policy.forget(rid)
-        return jobs.pop(rid)
+        self.policy.forget(rid)
+        group.texts.pop(rid, None)
+        return group.jobs.pop(rid)
 
-    def _finish(self, job: Job, reason: str) -> None:
-        job.emit(Update("", 0, len(job.tokens), job.rounds, job.drafted, job.accepted, reason,
-                        histogram=self._histogram(job)))
+    def _progress(self, request: Request) -> Progress:
+        return Progress(request, SpecStats.start(self.histogram_len))
 
-    def _histogram(self, job: Job) -> list[int]:
-        return list(job.histogram) or [0] * self.histogram_len
-
-
-def _count(job: Job, accepted: int, size: int) -> None:
-    """One verify pass of `job` that accepted `accepted` drafts, in its histogram (at least `size` long)."""
-    if not job.histogram:
-        job.histogram = [0] * size
-    if accepted >= len(job.histogram):
-        job.histogram += [0] * (accepted + 1 - len(job.histogram))
-    job.histogram[accepted] += 1
+    def _finish(self, job: Progress, reason: str) -> None:
+        job.request.emit(Update("", len(job.tokens), reason, job.spec))

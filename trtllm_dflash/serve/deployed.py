@@ -17,7 +17,7 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtllm_dflash.deploy.settings import ModelSettings
+from trtllm_dflash.deploy.settings import ModelSettings, repository_model  # noqa: F401  (read here by every front end)
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.recipe.hardware import cpu_torch_threads
 from trtllm_dflash.serve.requests import Limits
@@ -38,13 +38,6 @@ class Deployed:
     def close(self) -> None:
         self.engine.stop()
         self.model.close()
-
-
-def _device_ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise UserError(f"gpu_device_ids: {text!r}: expected comma-separated GPU ids, e.g. 0,1") from None
 
 
 def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> Deployed | None:
@@ -87,7 +80,7 @@ def open_deployed(version_dir: Path, settings: ModelSettings, on_fatal=None) -> 
         from trtllm_dflash.runtime.trt_runners import WorkerRank, open_trt_engine
 
         model = open_trt_engine(Path(s.engine_dir), free_gpu_memory_fraction=s.kv_cache_free_gpu_mem_fraction,
-                                device_ids=_device_ids(s.gpu_device_ids) if s.gpu_device_ids else None)
+                                device_ids=s.device_ids)
         if isinstance(model, WorkerRank):  # a tp rank > 0: it serves the leader's steps until the leader stops
             model.serve()
             return None
@@ -131,10 +124,11 @@ def default_torch_threads(recipe) -> int:
 def draft_policy(recipe, model):
     """Each round's draft length: the recipe's bands, `auto` (live acceptance x the verify cost
     of chain rounds, measured here at start-up; DDTree rounds choose among tree budgets, chains
-    and plain decoding on it), or None (block_size - 1 always)."""
+    and plain decoding on it), or FULL_BLOCK (block_size - 1 always)."""
     from trtllm_dflash.policy.auto import AutoConfig, AutoDraftLength
     from trtllm_dflash.policy.bands import Bands
     from trtllm_dflash.policy.cost import measure_cost
+    from trtllm_dflash.policy.decision import FULL_BLOCK
     from trtllm_dflash.policy.trees import tree_budget_menu
     from trtllm_dflash.reference.verify import SamplingParams
 
@@ -142,7 +136,7 @@ def draft_policy(recipe, model):
     if spec.bands:
         return Bands(spec.band_pairs, spec.block_size)
     if not spec.auto:
-        return None
+        return FULL_BLOCK
     made = []
 
     def decoder(max_len):  # measure_cost is done with the previous decoder when it asks for the next
@@ -165,22 +159,3 @@ def deploy_dir_of(version_dir: Path) -> Path:
     """The deploy output of a model's version directory (DEPLOY/model_repository/NAME/1): what
     the settings' paths are relative to."""
     return Path(version_dir).resolve().parents[2]
-
-
-def repository_model(deploy_dir: Path, model_name: str) -> tuple[Path, ModelSettings]:
-    """(version directory, settings with absolute paths) of the dflash model in a deploy output."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    from trtllm_dflash.deploy.settings import REPOSITORY
-
-    model_dir = Path(deploy_dir) / REPOSITORY / model_name
-    try:
-        cfg = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
-    except (OSError, text_format.ParseError) as e:
-        raise UserError(f"{model_dir / 'config.pbtxt'}: cannot read the deployed model: {e}") from None
-    settings = ModelSettings.from_params({k: v.string_value for k, v in cfg.parameters.items()},
-                                         str(model_dir / "config.pbtxt"))
-    if settings.checkpoint is None:
-        raise UserError(f"{model_dir / 'config.pbtxt'}: no checkpoint parameter: not a reference-backend deployment")
-    return model_dir / "1", settings.resolved(deploy_dir)

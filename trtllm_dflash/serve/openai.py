@@ -21,25 +21,28 @@ Routes
                                503 with the reason once the model cannot serve (a dead tp rank)
 Both generation routes take stream (server-sent events ending with `data: [DONE]`),
 stream_options.include_usage, max_tokens (chat: also max_completion_tokens; default 16 for
-completions, the rest of build.max_seq_len for chat), temperature (default 1, as OpenAI's;
+completions, the rest of build.max_seq_len for chat), temperature (default 1, as OpenAI's,
+where the runners sample; 0 on an argmax-only engine deployment, which refuses temperature > 0;
 0 = greedy), top_p, top_k (extension), seed, stop, and the request extension
 `"dflash": {"mode": "ar" | "dflash" | "ddtree", "draft_len": N}` (both optional: this request's
 decoding and drafts per round, as the Triton model's `mode` / `draft_len` inputs; ddtree needs
 the deployment's ddtree_budget). Every response carries `usage` (streams: in a last chunk when
-include_usage is set). The request's speculative decoding is reported per choice, in the shape
-of TensorRT-LLM PR #19311 (trtllm-serve's), on a whole response's choice and on a stream's
-final chunk (the one with finish_reason):
+include_usage is set). The request's speculative decoding is reported per choice, TensorRT-LLM
+PR #19311's object with its semantics (trtllm-serve's), on a whole response's choice and on a
+stream's final chunk (the one with finish_reason), and left out where the request drafted nothing
+(AR):
   "speculative_decoding": {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
                            "num_spec_steps", "acceptance_histogram", "num_spec_tokens"}
-num_spec_steps = target verify passes (the prefill excluded); acceptance_histogram[j] = passes
-that accepted exactly j drafts ([max drafts + 1], so sum = num_spec_steps); acceptance_rate =
-accepted / drafted (0 when nothing was drafted); num_spec_tokens = the most drafts a pass of
-this request verifies: its own draft_len, 0 for AR, null while the server's draft-length policy
-chooses per pass. DDTree counts drafted tree nodes in total_draft_tokens (PR #19311 counts the
-tree's path depth), as /metrics does. The same response carries, top level, `dflash`: {"mode",
-"draft_len"}, the request extension as decoded (mode = how the request was decoded, draft_len =
-the drafts per round it asked for, null for the server's policy), so a client can tell that the
-server honoured it. A stop token ends the request with finish_reason "stop" and is not part of
+num_spec_steps = verify passes that verified drafts; total_draft_tokens counts along the draft
+path (DDTree: the tree's depth); num_spec_tokens = the server's most drafts per step (block size
+- 1), null under a draft-length policy; acceptance_histogram[j] = steps that accepted exactly j
+drafts, num_spec_tokens + 1 long (the deepest acceptance + 1 when null); every choice also carries
+`avg_decoded_tokens_per_iter` (output tokens per iteration, the prefill counting as one). The
+rules and their upstream lines: openai_responses.speculative_decoding. The same response carries,
+top level, our own `dflash`: {"mode", "draft_len", "tree_draft_tokens"}, the request extension as
+decoded (mode = how the request was decoded, draft_len = the drafts per round it asked for, null
+for the server's policy; DDTree: the tree nodes verified), so a client can tell that the server
+honoured it. A stop token ends the request with finish_reason "stop" and is not part of
 the text.
 
 Bad input gets an OpenAI error object {"error": {"message", "type", "param", "code"}} with
@@ -57,12 +60,12 @@ import asyncio
 import json
 import threading
 import time
-import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trtllm_dflash.serve.openai_bodies import Body, ChatBody, CompletionBody, OpenAIError
+from trtllm_dflash.serve.openai_responses import ModelCard, ModelList, Reply
 from trtllm_dflash.serve.openai_service import Service, Stream
 
 
@@ -89,7 +92,7 @@ def create_app(deployed, model_name: str):
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request, e: OpenAIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.response().model_dump(), status_code=e.status)
 
     @app.get("/health")
     async def health():
@@ -97,10 +100,8 @@ def create_app(deployed, model_name: str):
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": service.created, "owned_by": "trtllm_dflash",
-            "chat_template": "fallback" if service.fallback_template else "tokenizer",
-        }]}
+        return ModelList(data=[ModelCard(id=model_name, created=service.created, chat_template="fallback"
+                                         if service.fallback_template else "tokenizer")]).model_dump()
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -133,29 +134,16 @@ async def _generate(service: "Service", request: Request, kind: type[Body]):
     body = service.parse(await request.body(), kind)
     ids, prompt_field = service.prompt_ids(body)
     max_tokens = service.max_tokens(body, len(ids), prompt_field)
-    chat = kind is ChatBody
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    obj = "chat.completion" if chat else "text_completion"
     stream = Stream(asyncio.get_running_loop(), service.ended)
     service.submit(body, ids, max_tokens, stream)
+    reply = service.reply(kind is ChatBody, len(ids), stream)
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(_sse(service, stream, rid, obj + ".chunk" if chat else obj, chat, len(ids),
-                                      include_usage), media_type="text/event-stream")
-    return JSONResponse(await _whole(service, request, stream, rid, obj, chat, len(ids)))
+        return StreamingResponse(_sse(service, stream, reply, include_usage), media_type="text/event-stream")
+    return JSONResponse(await _whole(service, request, stream, reply))
 
 
-def _choice(chat: bool, text: str, reason: str | None, delta: bool, spec: dict | None = None) -> dict:
-    """One choice; `spec`: its speculative_decoding object (a whole response, a stream's final chunk)."""
-    extra = {"speculative_decoding": spec} if spec is not None else {}
-    if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, **extra}
-    key = "delta" if delta else "message"
-    message = {"content": text} if delta else {"role": "assistant", "content": text}
-    return {"index": 0, key: message, "logprobs": None, "finish_reason": reason, **extra}
-
-
-async def _whole(service: Service, request, stream: Stream, rid: str, obj: str, chat: bool, prompt_tokens: int) -> dict:
+async def _whole(service: Service, request, stream: Stream, reply: Reply) -> dict:
     parts, update = [], None
     try:
         while True:
@@ -174,50 +162,36 @@ async def _whole(service: Service, request, stream: Stream, rid: str, obj: str, 
     reason = update.finish_reason
     if reason.startswith("error"):
         raise _engine_failure(reason)
-    text = service.finish_text("".join(parts), reason)
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": service.model_name,
-            "choices": [_choice(chat, text, reason, delta=False, spec=service.speculative_decoding(update, stream))],
-            "usage": service.usage(prompt_tokens, update), "dflash": service.decoded(stream)}
+    return reply.whole(service.finish_text("".join(parts), reason), update).model_dump()
 
 
-async def _sse(service: Service, stream: Stream, rid: str, obj: str, chat: bool, prompt_tokens: int,
-               include_usage: bool):
+async def _sse(service: Service, stream: Stream, reply: Reply, include_usage: bool):
     """Server-sent events of one request; the client leaving (the task is cancelled) frees its slot."""
-    created = int(time.time())
 
-    def event(payload: dict) -> str:
-        return f"data: {json.dumps(payload)}\n\n"
-
-    def chunk(choices: list, final: bool) -> str:
-        return event({"id": rid, "object": obj, "created": created, "model": service.model_name,
-                      "choices": choices, **({"dflash": service.decoded(stream)} if final else {})})
+    def event(response) -> str:
+        return f"data: {json.dumps(response.model_dump())}\n\n"
 
     done = False
     try:
-        if chat:  # OpenAI's first chat chunk carries the role
-            yield event({"id": rid, "object": obj, "created": created, "model": service.model_name,
-                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]})
+        if reply.chat:  # OpenAI's first chat chunk carries the role
+            yield event(reply.first_chunk())
         while True:
             update = await stream.queue.get()
             reason = update.finish_reason
             if reason is not None and reason.startswith("error"):
                 done = True
-                yield event(_engine_failure(reason).body())
+                yield event(_engine_failure(reason).response())
                 break
             if reason == "cancelled":
                 done = True
                 break
             text = service.finish_text(update.text, reason)
-            if reason is not None:  # the final chunk: the request's speculative decoding, per choice
-                yield chunk([_choice(chat, text, reason, True, service.speculative_decoding(update, stream))], True)
-            elif text:
-                yield chunk([_choice(chat, text, reason, delta=True)], False)
+            if text or reason is not None:  # the final chunk: the request's speculative decoding, per choice
+                yield event(reply.chunk(text, update))
             if reason is not None:
                 done = True
                 if include_usage:  # OpenAI's usage chunk: no choices
-                    yield event({"id": rid, "object": obj, "created": created, "model": service.model_name,
-                                 "choices": [], "usage": service.usage(prompt_tokens, update)})
+                    yield event(reply.usage_chunk(update))
                 break
         yield "data: [DONE]\n\n"
     finally:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtllm_dflash.serve.openai_responses import ErrorDetail, ErrorResponse
 from trtllm_dflash.serve.requests import MODES
 
 
@@ -21,8 +22,8 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.kind = message, param, status, code, kind
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+    def response(self) -> ErrorResponse:
+        return ErrorResponse(error=ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code))
 
 
 
@@ -42,7 +43,7 @@ class Body(BaseModel):
 
     model: str
     max_tokens: int | None = Field(default=None, gt=0)
-    temperature: float = Field(default=1.0, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0)  # None: the deployment's default (openai_service)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
     n: int = Field(default=1, ge=1)

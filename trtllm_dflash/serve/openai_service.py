@@ -1,6 +1,6 @@
 """The OpenAI semantics over a deployment, apart from HTTP: a request body parsed and checked,
-its prompt token ids and max_tokens, the request submitted to the in-flight engine, and the
-pieces of a response (the stop text removed, `speculative_decoding`, `usage`). openai.py's
+its prompt token ids and max_tokens, the request submitted to the in-flight engine, the stop
+text removed, and how its responses are rendered (a `Reply`, openai_responses.py). openai.py's
 routes call it; a Stream carries one request's updates from the engine thread to the event loop.
 """
 
@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,10 +25,12 @@ from trtllm_dflash.serve.openai_bodies import (
     refuse_unsupported,
     validation_error,
 )
+from trtllm_dflash.serve.openai_responses import Reply
 from trtllm_dflash.serve.requests import (
     FALLBACK_CHAT_TEMPLATE,
     RequestError,
     chat_prompt_ids,
+    check_decodable,
     check_lengths,
     check_mode,
 )
@@ -85,6 +88,10 @@ class Service:
             raise OpenAIError(f"model: {body.model!r} does not exist; this server serves {self.model_name!r}",
                               "model", status=404, code="model_not_found")
         refuse_unsupported(body)
+        try:
+            check_decodable(self.deployed.model.capabilities, temperature=body.temperature or 0.0)
+        except RequestError as e:
+            raise OpenAIError(str(e), "temperature") from None
         if body.dflash is not None:
             try:
                 check_mode(body.dflash.mode, self.deployed.engine.ddtree_budget, "dflash.mode")
@@ -102,7 +109,8 @@ class Service:
                 if isinstance(content, list):
                     parts = [p.get("text") for p in content]
                     if any(p.get("type") != "text" or not isinstance(t, str) for p, t in zip(content, parts)):
-                        raise OpenAIError(f"messages.{i}.content: only text parts are supported", f"messages.{i}.content")
+                        raise OpenAIError(f"messages.{i}.content: only text parts are supported",
+                                          f"messages.{i}.content")
                     content = "".join(parts)
                 messages.append({"role": m.role, "content": content or ""})
             if not any(m["content"] for m in messages):
@@ -141,15 +149,22 @@ class Service:
 
     def submit(self, body: Body, ids: list[int], max_tokens: int, stream: Stream) -> None:
         from trtllm_dflash.reference.verify import SamplingParams
-        from trtllm_dflash.serve.batcher import Job
+        from trtllm_dflash.serve.record import Request
 
-        sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        sampling = SamplingParams(temperature=self.temperature(body), top_p=body.top_p, top_k=body.top_k,
                                   seed=body.seed if body.seed is not None else 0)
         stops = [body.stop] if isinstance(body.stop, str) else [w for w in body.stop or [] if w]
         ext = body.dflash or DFlashOptions()
         stream.mode, stream.draft_len = ext.mode or self.deployed.engine.mode, ext.draft_len
-        self.deployed.engine.submit(Job(ids, max_tokens, stream.emit, sampling, stop_words=stops,
-                                        cancelled=stream.gone.is_set, draft_len=ext.draft_len, mode=ext.mode))
+        self.deployed.engine.submit(Request(ids, max_tokens, stream.emit, sampling, stop_words=stops,
+                                            cancelled=stream.gone.is_set, draft_len=ext.draft_len, mode=ext.mode))
+
+    def temperature(self, body: Body) -> float:
+        """The request's temperature; unset, OpenAI's default 1 where the runners sample, else 0
+        (an argmax-only engine deployment decodes greedily: runtime/capabilities.py)."""
+        if body.temperature is not None:
+            return body.temperature
+        return 1.0 if self.deployed.model.capabilities.full_logits else 0.0
 
     def finish_text(self, text: str, reason: str | None) -> str:
         if reason == "stop":
@@ -158,30 +173,10 @@ class Service:
                     return text[: -len(s)]
         return text
 
-    def speculative_decoding(self, update, stream: Stream) -> dict:
-        """A choice's `speculative_decoding` object (TensorRT-LLM PR #19311's field names)."""
-        return {"acceptance_rate": update.acceptance_rate, "total_accepted_draft_tokens": update.accepted,
-                "total_draft_tokens": update.drafted, "num_spec_steps": update.rounds,
-                "acceptance_histogram": list(update.histogram), "num_spec_tokens": self.spec_tokens(stream)}
+    def reply(self, chat: bool, prompt_tokens: int, stream: Stream) -> Reply:
+        """How the responses of a submitted request are rendered (openai_responses.py)."""
+        from trtllm_dflash.serve.record import draft_bound
 
-    def spec_tokens(self, stream: Stream) -> int | None:
-        """The most drafts one verify pass of this request verifies; None where the server's draft
-        length policy chooses per pass."""
-        engine = self.deployed.engine
-        if stream.draft_len is not None:
-            return stream.draft_len
-        if stream.mode == "ar":
-            return 0
-        if engine.policy is not None and stream.mode in engine.policy.modes:
-            return None
-        return engine.histogram_len - 1
-
-    @staticmethod
-    def decoded(stream: Stream) -> dict:
-        """The top-level `dflash` object: the request extension as the engine decoded it."""
-        return {"mode": stream.mode, "draft_len": stream.draft_len}
-
-    @staticmethod
-    def usage(prompt_tokens: int, update) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": update.total_tokens,
-                "total_tokens": prompt_tokens + update.total_tokens}
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        return Reply(chat, rid, int(time.time()), self.model_name, prompt_tokens, stream.mode, stream.draft_len,
+                     draft_bound(self.deployed.engine, stream.mode))

@@ -215,13 +215,34 @@ def check_mode(mode: str | None, ddtree_budget: int | None, field: str = "mode")
                            "has none (use dflash or ar)")
 
 
+def check_decodable(capabilities, *, temperature: float = 0.0, bad_words: bool = False, logprobs: bool = False,
+                    fields: tuple[str, str, str] = ("temperature", "bad_words", "return_log_probs")) -> None:
+    """A request the loaded runners can decode (runtime/capabilities.py): sampling, bad words and
+    log-probabilities need the full verify logits, which an argmax-only engine does not return.
+    `fields`: the request's own names for temperature, bad words and log-probabilities."""
+    if capabilities.full_logits:
+        return
+    asks = [(temperature > 0, fields[0], f"{temperature:g} samples", f"send {fields[0]} 0 (greedy)"),
+            (bad_words, fields[1], "bad words mask the logits", f"leave {fields[1]} out"),
+            (logprobs, fields[2], "log-probabilities score the logits", f"leave {fields[2]} out")]
+    for asked, name, what, fix in asks:
+        if asked:
+            raise RequestError(f"{name}: {what}, which needs the full verify logits, and {capabilities.why_not}; {fix}")
+
+
+def needs_full_logits(temperature: float, bad_words, logprobs) -> bool:
+    """What check_decodable refuses on an argmax-only model (the serving engine asks it too)."""
+    return temperature > 0 or bool(bad_words) or bool(logprobs)
+
+
 def check_lengths(prompt_tokens: int, max_tokens: int, limits: Limits, prompt_field: str = "text_input",
                   max_tokens_field: str = "max_tokens") -> None:
     """The prompt and the output fit the build limits; messages name the request's own fields
     (the OpenAI server's are `prompt` / `messages` and `max_tokens` / `max_completion_tokens`)."""
     if prompt_tokens > limits.max_input_len:
         raise RequestError(
-            f"{prompt_field}: prompt is {prompt_tokens} tokens, longer than the build limit max_input_len {limits.max_input_len}"
+            f"{prompt_field}: prompt is {prompt_tokens} tokens, longer than the build limit max_input_len "
+            f"{limits.max_input_len}"
         )
     room = limits.max_seq_len - prompt_tokens
     if max_tokens > room:

@@ -15,12 +15,12 @@ from typing import Callable, Iterator
 
 from trtllm_dflash.deploy.settings import REPOSITORY
 from trtllm_dflash.errors import StopHere
-from trtllm_dflash.recipe import Recipe
-from trtllm_dflash.recipe.placement import placement
-from trtllm_dflash.recipe.stages import StageOptions
-from trtllm_dflash.recipe.support import backend as backend_spec
 from trtllm_dflash.launch.overlay import with_runners
 from trtllm_dflash.launch.server import Endpoints, TritonServer
+from trtllm_dflash.recipe import Recipe
+from trtllm_dflash.recipe.plan.placement import placement
+from trtllm_dflash.recipe.stages import StageOptions
+from trtllm_dflash.recipe.support import backend as backend_spec
 
 NAME = "serve"
 WRITES_OUTPUT = False
@@ -68,7 +68,8 @@ def where(recipe: Recipe, out: Path, recipe_arg: str) -> str:
     spec = backend_spec(recipe.backend.name)
     container = spec.container
     # The pytorch backend is swept through trtllm-serve's OpenAI endpoint (sweep --api openai).
-    api, port = (" --api openai", recipe.serve.http_port) if spec.serving_api == "openai" else ("", recipe.serve.grpc_port)
+    openai = spec.serving_api == "openai"
+    api, port = (" --api openai", recipe.serve.http_port) if openai else ("", recipe.serve.grpc_port)
     sweep = f"`trtllm-dflash sweep {recipe_arg}{api} --url HOST:{port} --from {out / 'deploy'} --out {out / 'sweep'}`"
     at = placement(recipe)
     nodes = at.nodes
@@ -80,5 +81,5 @@ def where(recipe: Recipe, out: Path, recipe_arg: str) -> str:
                 f"{recipe_arg} --from {out / 'deploy'}{api} --launcher srun` (or `--launcher k8s`), submit it, then "
                 f"{sweep}")
     return (f"serve: the {recipe.backend.name} backend serves on {recipe.world_size}x {recipe.gpu.name}: there, inside "
-            f"NVIDIA's {container} container, run `trtllm-dflash serve {recipe_arg} --from {out / 'deploy'} --run{api}`, "
-            f"then {sweep}")
+            f"NVIDIA's {container} container, run `trtllm-dflash serve {recipe_arg} --from {out / 'deploy'} "
+            f"--run{api}`, then {sweep}")

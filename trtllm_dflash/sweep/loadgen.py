@@ -6,13 +6,15 @@ factor x C) measured requests, C at a time, each a stream (gRPC, Triton's HTTP
 generate_stream or OpenAI's /v1/completions: how each is spoken is in sweep/protocols.py).
 Every chunk's arrival time and token count are recorded (`RequestRecord`), and the request's
 acceptance as the server reported it (drafted, accepted, histogram: `acceptance_source`
-"response"); the metrics come from trtllm_dflash/sweep/metrics.py.
+"response", or "nvext.engine_data" behind Dynamo's frontend); the metrics come from
+trtllm_dflash/sweep/metrics.py.
 
 One sweep measures several curves on the same server with the same prompts and seeds
 (`Variant`: AR, DFlash and DDTree, or DFlash at fixed draft lengths for --tune): each request
 carries the curve's per-request settings, the dflash model's optional `mode` and `draft_len`
 inputs (HTTP: the same fields; OpenAI: the request extension `"dflash": {"mode", "draft_len"}`
-of our server, which echoes the mode it decoded; a server that does not fails the request).
+of our server, which echoes the mode it decoded, or behind Dynamo's frontend the annotations
+`dflash.mode=...` of our Dynamo worker; a server that does not echo them fails the request).
 Levels run in order; inside a level, repeats, and inside a repeat the curves, interleaved.
 The files (results.jsonl, summary.csv / .json, sweep.png) are written by sweep/summary.py.
 """
@@ -96,13 +98,14 @@ def _acceptance(record: RequestRecord, event: dict) -> None:
     """The request's acceptance so far, as the server's response reported it."""
     if "total_accepted_draft_tokens" in event:
         record.accepted = int(event["total_accepted_draft_tokens"])
-        record.acceptance_source = "response"
+        record.acceptance_source = event.get("acceptance_source", "response")
     if event.get("acceptance_histogram"):
         record.acceptance_histogram = [int(n) for n in event["acceptance_histogram"]]
 
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, measured: int, warmup: int,
-                    max_tokens: int | Sequence[int], seed: int, temperature: float, on_done=None, protocol: str = "grpc",
+                    max_tokens: int | Sequence[int], seed: int, temperature: float, on_done=None,
+                    protocol: str = "grpc",
                     variant: Variant = Variant("dflash"), repeat: int = 0, io: ModelIO = ModelIO(),
                     stall_s: float = STALL_S) -> list[RequestRecord]:
     """One level of one curve: `warmup` requests (not measured), then `measured`, `concurrency` at a
@@ -118,7 +121,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             if protocol == "http":
                 events = http_events(session, url, model, prompt, max_tokens, s, temperature, settings, io.perf_metrics)
             else:
-                events = openai_events(session, url, model, prompt, max_tokens, s, temperature, settings)
+                events = openai_events(session, url, model, prompt, max_tokens, s, temperature, settings, io.dynamo)
             return await _consume(rec, events, stall_s)
 
         async def close():
@@ -175,7 +178,8 @@ class SweepResult:
 
 
 def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int, prompts: list[str],
-              max_tokens: int | Sequence[int], gpus: int, seed: int = 0, temperature: float = 0.0, protocol: str = "grpc",
+              max_tokens: int | Sequence[int], gpus: int, seed: int = 0, temperature: float = 0.0,
+              protocol: str = "grpc",
               variants: list[Variant] = (Variant("dflash"),), repeats: int = 1,
               metrics_url: str | None = None, io: ModelIO = ModelIO(), server=None) -> SweepResult:
     """Every curve at every level, `repeats` times: levels in order, inside a level the repeats,
@@ -184,14 +188,13 @@ def run_sweep(url: str, model: str, levels: list[int], requests_at, warmup: int,
     /metrics, read before and after each run for its own tau (`server_tau`). `io`: the Triton model's
     shape and what it answers (`ModelIO`). `server`: a sweep/trtllm_acceptance.py ServerAcceptance,
     read around each run for the requests' acceptance where the responses carry none."""
-    from trtllm_dflash.sweep.trtllm_acceptance import with_server_requests
-
     from dataclasses import replace
-
-    from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trtllm_dflash.sweep.server_metrics import scrape, settled, totals
+    from trtllm_dflash.sweep.trtllm_acceptance import with_server_requests
 
     per: dict[tuple[str, int], list[LevelSummary]] = {}
     all_records: list[RequestRecord] = []

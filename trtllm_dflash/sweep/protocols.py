@@ -7,11 +7,15 @@ stream of responses as dicts of the dflash model's outputs, which loadgen.py con
   that parameter is reserved there).
 - protocol "openai": POST /v1/completions with stream and stream_options.include_usage
   (server-sent events up to `data: [DONE]`). Each text chunk counts one token, the last one
-  corrected by the final `usage`; verify passes and acceptance come from the final choice's
-  `speculative_decoding` object (ours, serve/openai.py, and trtllm-serve's with TensorRT-LLM
-  PR #19311: the same fields), else verify passes from trtllm-serve's
-  `avg_decoded_tokens_per_iter` where present, else they are unknown (tau is then reported as
-  unknown, never guessed).
+  corrected by the final `usage`; verify passes from `avg_decoded_tokens_per_iter` where the
+  server sends it, acceptance from the final choice's `speculative_decoding` object (ours,
+  serve/openai.py, and trtllm-serve's with TensorRT-LLM PR #19311: the same fields; absent where
+  the request drafted nothing), else passes from the object, else they are unknown (tau is then
+  reported as unknown, never guessed).
+  Behind NVIDIA Dynamo's frontend (`is_dynamo`: its /health names dyn:// endpoints) the same
+  values come in `nvext.engine_data` (serve/dynamo.py), which each request asks for
+  (`"nvext": {"extra_fields": ["engine_data"]}`), and a curve's mode and draft length go out as
+  `nvext.annotations` (serve/dynamo_request.py): Dynamo refuses the extension `dflash`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtllm_dflash.sweep.metrics import RequestRecord
+
+ENGINE_DATA = "nvext.engine_data"  # the acceptance source of requests behind Dynamo's frontend
 
 OUTPUTS = ("text_output", "output_token_count", "rounds", "total_draft_tokens", "finish_reason",
            "total_accepted_draft_tokens", "acceptance_histogram")  # the last two: where the model has them
@@ -34,6 +40,7 @@ class ModelIO:
     batched: bool = False  # batch-first (max_batch_size > 0): [1, 1] inputs (`_inputs`)
     outputs: tuple[str, ...] = OUTPUTS  # those of OUTPUTS it has (asked for by name over gRPC)
     perf_metrics: bool = False  # it takes tensorrtllm_backend's return_perf_metrics: sent true
+    dynamo: bool = False  # OpenAI: Dynamo's frontend (nvext.annotations out, nvext.engine_data back)
 
 
 def _inputs(prompt: str, max_tokens: int, seed: int, temperature: float, settings: dict | None = None,
@@ -128,6 +135,26 @@ def openai_model(url: str, wanted: str) -> str:
     return ids[0]
 
 
+def dynamo_annotations(settings: dict) -> list[str]:
+    """A curve's settings as the nvext.annotations our Dynamo worker reads (serve/dynamo_request.py
+    decoding): "dflash.mode=ar", "dflash.draft_len=3"."""
+    return [f"dflash.{k}={settings[k]}" for k in ("mode", "draft_len") if settings.get(k) is not None]
+
+
+def is_dynamo(url: str) -> bool:
+    """Whether NVIDIA Dynamo's frontend answers at `url`: its GET /health lists the dyn:// endpoints
+    it routes to (ai-dynamo 1.6.1: {"status", "endpoints": ["dyn://NAMESPACE.COMPONENT.ENDPOINT"],
+    "instances"}); ours, trtllm-serve's and vLLM's say no such thing."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{openai_base(url)}/health", timeout=10) as r:
+            body = json.loads(r.read())
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and any(str(e).startswith("dyn://") for e in body.get("endpoints") or ())
+
+
 def _openai_rounds(tokens: int, avg_decoded_tokens_per_iter) -> int:
     """Verify passes from trtllm-serve's per-request acceptance length: it counts tokens per
     iteration with the context (prefill) iteration included, so passes = tokens / AL - 1 [I]."""
@@ -137,15 +164,18 @@ def _openai_rounds(tokens: int, avg_decoded_tokens_per_iter) -> int:
 
 
 async def openai_events(session, url: str, model: str, prompt: str, max_tokens: int, seed: int, temperature: float,
-                         settings: dict | None = None):
+                         settings: dict | None = None, dynamo: bool = False):
     """Chunks of one streamed /v1/completions request, as the dflash model's response dicts;
     the last one (finish_reason set) comes after `data: [DONE]`, with the final token count and
-    the request's acceptance from its final choice's `speculative_decoding` (`_spec_event`).
-    `settings` (mode, draft_len) go out as our server's request extension `dflash`, which it
-    echoes (top level, final chunk) as decoded."""
+    the request's acceptance (`_spec_event`). `settings` (mode, draft_len) go out as our OpenAI
+    server's request extension `dflash`, which it echoes (top level, final chunk) as decoded;
+    `dynamo`: as nvext.annotations, echoed in nvext.engine_data with the acceptance."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
             "stream": True, "stream_options": {"include_usage": True}}
-    if settings:
+    if dynamo:
+        body["nvext"] = {"extra_fields": ["engine_data"],
+                         **({"annotations": dynamo_annotations(settings)} if settings else {})}
+    elif settings:
         body["dflash"] = dict(settings)
     tokens, reason, usage, avg, spec, decoded = 0, None, None, None, None, None
     async with session.post(f"{openai_base(url)}/v1/completions", json=body) as resp:
@@ -156,7 +186,10 @@ async def openai_events(session, url: str, model: str, prompt: str, max_tokens: 
             if "error" in chunk:
                 yield {"error": chunk["error"].get("message", chunk["error"])}
                 return
-            usage, decoded = chunk.get("usage") or usage, chunk.get("dflash") or decoded
+            data = (chunk.get("nvext") or {}).get("engine_data") or {}
+            usage, decoded = chunk.get("usage") or usage, chunk.get("dflash") or data.get("dflash") or decoded
+            spec = data.get("speculative_decoding") or spec
+            avg = data.get("avg_decoded_tokens_per_iter", avg)
             for choice in chunk.get("choices") or []:
                 reason = choice.get("finish_reason") or reason
                 avg = choice.get("avg_decoded_tokens_per_iter", avg)
@@ -170,7 +203,8 @@ async def openai_events(session, url: str, model: str, prompt: str, max_tokens: 
         return
     final = (usage or {}).get("completion_tokens", tokens)
     # Tokens the chunks did not account for (a text chunk may carry several) belong to the last chunk.
-    yield {"extra_tokens": max(0, final - tokens), **_spec_event(spec, final, avg), "finish_reason": reason or "stop"}
+    yield {"extra_tokens": max(0, final - tokens), **_spec_event(spec, final, avg, decoded),
+           "finish_reason": reason or "stop", "acceptance_source": ENGINE_DATA if dynamo else "response"}
 
 
 async def _http_error(resp) -> str:
@@ -199,20 +233,25 @@ def _refused(settings: dict | None, decoded: dict | None) -> str | None:
     decoded = decoded or {}
     if settings and "mode" in settings and decoded.get("mode") != settings["mode"]:
         return (f"the server did not decode mode {settings['mode']!r} (it ignores the request extension `dflash`: "
-                "only trtllm-dflash's OpenAI server takes it); sweep it with --modes naming its own mode only")
+                "only trtllm-dflash's OpenAI server and Dynamo worker take it); sweep it with --modes naming its own "
+                "mode only")
     if settings and "draft_len" in settings and decoded.get("draft_len") != settings["draft_len"]:
         return (f"the server did not take draft_len {settings['draft_len']} (it ignores the request extension "
                 "`dflash`: only trtllm-dflash's OpenAI server takes it)")
     return None
 
 
-def _spec_event(spec: dict | None, tokens: int, avg) -> dict:
-    """A request's verify passes and acceptance: from its `speculative_decoding` object (ours, or
-    trtllm-serve's with TensorRT-LLM PR #19311: the same fields), else its passes from
-    trtllm-serve's `avg_decoded_tokens_per_iter`, else nothing (tau unknown)."""
+def _spec_event(spec: dict | None, tokens: int, avg, decoded: dict | None = None) -> dict:
+    """A request's verify passes and acceptance. Passes from `avg_decoded_tokens_per_iter` where the
+    server sends it (every pass, those that drafted nothing too), else the object's num_spec_steps.
+    Acceptance from the `speculative_decoding` object (ours, and trtllm-serve's with TensorRT-LLM
+    PR #19311: the same fields); no object, no acceptance for the request (upstream leaves it out
+    where nothing was drafted). Drafts verified: a DDTree request's tree nodes where our servers
+    say them (`dflash.tree_draft_tokens`, what /metrics counts), else the object's count."""
+    rounds = _openai_rounds(tokens, avg) if avg else int((spec or {}).get("num_spec_steps") or 0)
     if not spec or spec.get("num_spec_steps") is None:
-        return {"rounds": _openai_rounds(tokens, avg)}
-    return {"rounds": int(spec["num_spec_steps"]), "total_draft_tokens": int(spec.get("total_draft_tokens") or 0),
+        return {"rounds": rounds}
+    drafted = (decoded or {}).get("tree_draft_tokens") or spec.get("total_draft_tokens") or 0
+    return {"rounds": rounds, "total_draft_tokens": int(drafted),
             "total_accepted_draft_tokens": int(spec.get("total_accepted_draft_tokens") or 0),
             "acceptance_histogram": list(spec.get("acceptance_histogram") or [])}
-

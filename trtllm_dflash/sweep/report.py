@@ -33,7 +33,8 @@ def plot_curves(curves: dict[str, list[LevelSummary]], path: Path, title: str = 
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=label(name), zorder=2, markersize=4,
                 linewidth=1, alpha=0.6)
         for s, (x, y) in zip(rows, pts):
-            ax.annotate(f"c={s.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+            ax.annotate(f"c={s.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=color)
         fx = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
         ax.plot([p[0] for p in fx], [p[1] for p in fx], "--", color=color, linewidth=2.2, zorder=3,
                 label=f"{label(name)} Pareto front")
@@ -85,7 +86,8 @@ def summary_table(summaries: list[LevelSummary], title: str = "sweep"):
             t.add_row(*cells, end_section=i == len(rows) - 1 and n < len(curves) - 1)
     t.caption = ("times in ms (TTFT, TPOT, gap = between chunks); tau = tokens per verify pass (the level's requests "
                  "pooled; tau/req: the p10, p50 and p90 request's own); drafts/round = drafts "
-                 "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)" + _sources(summaries) + (
+                 "verified per pass; * = on the curve's Pareto front (tok/s/GPU vs tok/s/user)"
+                 + _sources(summaries) + (
                      "; from the server's /metrics (warm-up requests included): tau server, and no draft = its "
                      "request rounds without drafts (plain decoding for that request)" if server else ""))
     return t

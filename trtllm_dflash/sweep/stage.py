@@ -33,7 +33,7 @@ from trtllm_dflash.serve.stage import served_here, serving_runners
 from trtllm_dflash.sweep import summary as files
 from trtllm_dflash.sweep.loadgen import SweepResult, Variant, run_sweep
 from trtllm_dflash.sweep.metrics import LevelSummary
-from trtllm_dflash.sweep.protocols import OUTPUTS, ModelIO, openai_model
+from trtllm_dflash.sweep.protocols import ENGINE_DATA, OUTPUTS, ModelIO, is_dynamo, openai_model
 from trtllm_dflash.sweep.tune import fixed_curve
 
 NAME = "sweep"
@@ -63,16 +63,19 @@ def served_mode(recipe: Recipe) -> str:
     return "ddtree" if recipe.speculative.ddtree_budget and backend_spec(recipe.backend.name).ddtree else "dflash"
 
 
-def default_modes(recipe: Recipe, protocol: str = "grpc") -> list[str]:
+def default_modes(recipe: Recipe, protocol: str = "grpc", dynamo: bool = False) -> list[str]:
     """AR, DFlash and (with a budget) DDTree; against an OpenAI-compatible server only the
-    server's own mode (other servers know no per-request mode: name them with --modes)."""
-    if protocol == "openai":
+    server's own mode (other servers know no per-request mode: name them with --modes), except
+    behind Dynamo's frontend over our worker (serve --api dynamo off the pytorch backend), which
+    takes each request's mode; Dynamo's stock TensorRT-LLM workers (the pytorch backend) do not."""
+    ours_behind_dynamo = dynamo and backend_spec(recipe.backend.name).triton_model != "llmapi"
+    if protocol == "openai" and not ours_behind_dynamo:
         return [served_mode(recipe)]
     return ["ar", "dflash"] + (["ddtree"] if recipe.speculative.ddtree_budget else [])
 
 
 def sweep_variants(recipe: Recipe, modes: list[str] | None = None, protocol: str = "grpc",
-                   tune: list[int] | None = None) -> list[Variant]:
+                   tune: list[int] | None = None, dynamo: bool = False) -> list[Variant]:
     """The curves of a sweep. modes: see default_modes. tune: draft lengths to measure beside the
     server's policy (curves "<mode> L=<n>" and "<mode>", the server's own choice per round)."""
     if tune is not None:
@@ -83,7 +86,7 @@ def sweep_variants(recipe: Recipe, modes: list[str] | None = None, protocol: str
                             f"(block_size - 1), got {tune}")
         explicit = None if protocol == "openai" else mode  # the default needs no request extension
         return [Variant(fixed_curve(mode, n), explicit, n) for n in sorted(set(tune))] + [Variant(mode, explicit)]
-    modes = modes or default_modes(recipe, protocol)
+    modes = modes or default_modes(recipe, protocol, dynamo)
     for m in modes:
         if m not in MODES:
             raise UserError(f"--modes: {m!r} is not one of {', '.join(MODES)}")
@@ -121,7 +124,8 @@ def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -
                 inputs, outputs = {i.name for i in meta.inputs}, {o.name for o in meta.outputs}
                 batched = client.get_model_config(model).config.max_batch_size > 0
     except Exception as e:  # noqa: BLE001 - any transport or protocol failure is the same one line
-        raise UserError(f"--url {url}: no Triton server serves model {model!r} there ({str(e).splitlines()[0][:200]})") \
+        raise UserError(f"--url {url}: no Triton server serves model {model!r} there "
+                        f"({str(e).splitlines()[0][:200]})") \
             from None
     missing = [k for k in sorted({k for v in variants for k in v.settings()}) if k not in inputs]
     if missing:
@@ -135,22 +139,22 @@ def _check_model(url: str, model: str, protocol: str, variants: list[Variant]) -
 
 def server_acceptance(recipe: Recipe, url: str, protocol: str, from_dir: Path | None):
     """Where a TensorRT-LLM deployment's per-request acceptance is read (pytorch backend, swept over
-    trtllm-serve): its per-request metrics where the deployed version fills them, else TensorRT-LLM's
-    acceptance histograms, which deploy's launch lines write under DEPLOY_DIR/trtllm_serve/accept_stats
-    (sweep/trtllm_acceptance.py). None for our own servers (their responses carry it) and where the
-    histograms' directory is unknown (no --from)."""
-    from trtllm_dflash.deploy.llmapi import ACCEPT_STATS_DIR
+    trtllm-serve), by its version (recipe/trtllm_api.py acceptance_source): the per-request metrics
+    JSONL or TensorRT-LLM's acceptance histograms, which deploy points under
+    DEPLOY_DIR/trtllm_serve/ (sweep/trtllm_acceptance.py). None where the responses carry it (our
+    own servers, PR #19311's releases) and where the files' directory is unknown (no --from)."""
+    from trtllm_dflash.deploy.llmapi import ACCEPT_STATS_DIR, PERF_METRICS_DIR
     from trtllm_dflash.deploy.repository import TRTLLM_SERVE
     from trtllm_dflash.recipe.trtllm_api import acceptance_source
-    from trtllm_dflash.sweep.protocols import openai_base
     from trtllm_dflash.sweep.trtllm_acceptance import ServerAcceptance
 
-    if recipe.backend.name != "pytorch" or protocol != "openai":
+    if recipe.backend.name != "pytorch" or protocol != "openai" or from_dir is None:
         return None
     source = acceptance_source(recipe.backend.trtllm_version or backend_spec("pytorch").default_trtllm_version)
-    if source == "perf_metrics":
-        return ServerAcceptance(source, base_url=openai_base(url))
-    return ServerAcceptance(source, stats_dir=Path(from_dir) / TRTLLM_SERVE / ACCEPT_STATS_DIR) if from_dir else None
+    if source == "speculative_decoding":
+        return None
+    sub = PERF_METRICS_DIR if source == "perf_metrics_jsonl" else ACCEPT_STATS_DIR
+    return ServerAcceptance(source, Path(from_dir) / TRTLLM_SERVE / sub)
 
 
 def metrics_url_for(recipe: Recipe, url: str, protocol: str) -> str:
@@ -180,25 +184,27 @@ def sweep(recipe: Recipe, url: str, out: Path, *, levels: list[int] | None = Non
     levels = levels or sw.concurrency
     if repeats < 1:
         raise UserError(f"--repeats: {repeats}, expected >= 1")
-    variants = sweep_variants(recipe, modes, protocol, tune)
     name = model or recipe.serve.model_name
-    io = ModelIO()
+    io = ModelIO(dynamo=protocol == "openai" and is_dynamo(url))
+    variants = sweep_variants(recipe, modes, protocol, tune, io.dynamo)
     if protocol == "openai":
         name = openai_model(url, name) if model is None else name
     else:
         io = _check_model(url, name, protocol, variants)
-    prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len, sw.seed)
+    prompts = load_prompts(sw.dataset, max(sw.requests_at(c) for c in levels) + sw.warmup_requests, sw.input_len,
+                           sw.seed)
     metrics_url = metrics_url or metrics_url_for(recipe, url, protocol)
     server = server_acceptance(recipe, url, protocol, from_dir)
     manifest = Manifest.for_stage("sweep", recipe, from_dir, extra={
-        "server_acceptance": server.source if server else None,
-        "url": url, "protocol": protocol, "metrics_url": metrics_url, "levels": levels, "temperature": temperature, "model": name,
+        "server_acceptance": server.source if server else ENGINE_DATA if io.dynamo else None,
+        "url": url, "protocol": protocol, "metrics_url": metrics_url, "levels": levels, "temperature": temperature,
+        "model": name,
         "curves": [v.name for v in variants], "repeats": repeats, **(note or {})})
     gpus = 1 if recipe.gpu.is_cpu else recipe.world_size
     title = f"{recipe.name} ({recipe.hardware.count}x {recipe.hardware.gpu}, {recipe.backend.name})"
     with atomic_stage_dir(out, manifest, overwrite=True) as tmp:
-        result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_lens(len(prompts)), gpus=gpus,
-                           seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
+        result = run_sweep(url, name, levels, sw.requests_at, sw.warmup_requests, prompts, sw.output_lens(len(prompts)),
+                           gpus=gpus, seed=sw.seed, temperature=temperature, protocol=protocol, variants=variants,
                            repeats=repeats, metrics_url=metrics_url, io=io, server=server)
         tuned = None
         if tune is not None:

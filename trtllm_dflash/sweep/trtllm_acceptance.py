@@ -1,20 +1,22 @@
 """Per-request acceptance of a TensorRT-LLM (pytorch backend) deployment, read from the server.
 
-trtllm-serve's streamed responses carry no acceptance until TensorRT-LLM PR #19311 (a per-choice
-`speculative_decoding` object, which the load generator reads like ours: sweep/protocols.py). Two
-server-side sources stand in, chosen by the deployed version (recipe/trtllm_api.py FIXES):
+Each release's own surface, chosen by the deployed version (recipe/trtllm_api.py acceptance_source):
 
-- "perf_metrics": the server's per-request metrics, GET /perf_metrics (TensorRT-LLM
-  serve/openai_server.py `get_perf_metrics`): a list of {"request_id", "perf_metrics": {
-  "first_iter", "last_iter", "timing_metrics", "kv_cache_metrics", "speculative_decoding":
-  {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"}}}, the last key only
-  for requests that drafted; drained on every read, kept only with `return_perf_metrics` and
-  `perf_metrics_max_requests` > 0 (deploy/llmapi.py writes both). The one-engine DFlash path
-  fills speculative_decoding from PR #17082 on (1.3.0rc25, FIXES["per_request_acceptance"]);
-  before it the counts read 0. Verify passes per request are not reported: taken as
-  last_iter - first_iter (every iteration after the context one verifies the scheduled
-  generation requests once) [I].
-- "accept_stats": TensorRT-LLM's opt-in DFlash acceptance recorder
+- "speculative_decoding" (PR #19311, 1.4.0rc1 on): every response choice carries a
+  `speculative_decoding` object in our own OpenAI server's shape, which the load generator reads
+  from the responses (sweep/protocols.py): nothing is read here.
+- "perf_metrics_jsonl" (PR #16668, 1.3.0rc25 on): trtllm-serve appends one JSON record per finished
+  request to `perf_metrics-<server kind>-<host>-<pid>-<time>.jsonl` under perf_metrics_output_dir
+  (tensorrt_llm/serve/perf_metrics.py; deploy writes the directory). Two record shapes are read:
+  the first one, `{"request_id", "perf_metrics": {"first_iter", "last_iter", ..., "speculative_decoding":
+  {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"}}, "status"}`
+  (tensorrt_llm/serve/_perf_metrics_schema.py WorkerPerfMetricsRecord @4856bb73, the records GET
+  /perf_metrics answered before), and the later `{"schema_version": 1, "request_id", "status",
+  "phases": {"server": {the same fields}}}` (perf_metrics.py build_request_metrics_record @67f52074).
+  speculative_decoding is there only for requests that drafted. Verify passes per request are not
+  reported: taken as last_iter - first_iter (every iteration after the context one verifies the
+  scheduled generation requests once) [I].
+- "accept_stats" (before those): TensorRT-LLM's opt-in DFlash acceptance recorder
   (tensorrt_llm/_torch/speculative/accept_stats.py, TLLM_DFLASH_ACCEPT_STATS_DIR, flushed every
   TLLM_DFLASH_ACCEPT_STATS_FLUSH_EVERY verify steps): per rank, `dflash_accept_stats_rank{R}.json`
   = {"rank", "max_draft_len", "num_steps", "accepted_draft_hist", "per_request": {id: {"steps",
@@ -22,25 +24,26 @@ server-side sources stand in, chosen by the deployed version (recipe/trtllm_api.
   parallel ranks record the same requests, so rank 0's file is read (upstream: "TP-replicated
   ranks should pass a single rank's file"). The recorder copies device to host every step:
   measurement runs, not performance references (upstream's caveat). deploy writes the variables
-  into the launch lines of versions before PR #17082 (recipe/trtllm_api.py acceptance_source).
+  into the launch lines of those versions.
 
-A level's requests are the server's, not paired with the client's: both sources name requests
+A level's requests are the server's, not paired with the client's: the server names requests
 by the executor's ids, which the responses do not carry.
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from trtllm_dflash.errors import UserError
 
 ACCEPT_STATS_FILE = "dflash_accept_stats_rank0.json"
-SOURCES = {"response": "the server's responses", "perf_metrics": "trtllm-serve's per-request metrics (/perf_metrics)",
+SOURCES = {"response": "the server's responses",
+           "nvext.engine_data": "the responses' nvext.engine_data (Dynamo's frontend)",
+           "perf_metrics_jsonl": "trtllm-serve's per-request metrics JSONL (perf_metrics_output_dir)",
            "accept_stats": "TensorRT-LLM's acceptance histograms (TLLM_DFLASH_ACCEPT_STATS_DIR)"}
+JSONL_GLOB = "perf_metrics-*.jsonl"
 
 
 @dataclass(frozen=True)
@@ -57,19 +60,43 @@ class ServerRequest:
         return 1.0 + self.accepted / self.steps if self.steps > 0 else None
 
 
-def from_perf_metrics(entries: list) -> list[ServerRequest]:
-    """The requests of a /perf_metrics answer that report speculative decoding."""
-    if not isinstance(entries, list):
-        raise UserError(f"/perf_metrics: expected a JSON list, got {type(entries).__name__}")
+def from_perf_metrics(records: list) -> list[ServerRequest]:
+    """The requests among per-request metrics records (either shape) that report speculative decoding."""
     out = []
-    for e in entries:
-        metrics = (e or {}).get("perf_metrics") or {}
+    for r in records:
+        if not isinstance(r, dict):
+            continue
+        phases = r.get("phases")
+        first_phase = next(iter(phases.values()), {}) if isinstance(phases, dict) and phases else None
+        metrics = first_phase if first_phase is not None else r.get("perf_metrics") or {}
         spec = metrics.get("speculative_decoding")
         if not spec or metrics.get("first_iter") is None or metrics.get("last_iter") is None:
             continue
         out.append(ServerRequest(int(metrics["last_iter"]) - int(metrics["first_iter"]),
                                  int(spec["total_accepted_draft_tokens"]), int(spec["total_draft_tokens"])))
     return out
+
+
+def jsonl_offsets(directory: Path) -> dict[Path, int]:
+    """Where each metrics file of `directory` ends now ({} before the server wrote any)."""
+    return {f: f.stat().st_size for f in sorted(Path(directory).glob(JSONL_GLOB))}
+
+
+def read_jsonl_since(directory: Path, offsets: dict[Path, int]) -> list:
+    """The records appended to the metrics files of `directory` after `offsets` (a partly written
+    last line is left for the next read)."""
+    records = []
+    for f in sorted(Path(directory).glob(JSONL_GLOB)):
+        with f.open("rb") as fh:
+            fh.seek(offsets.get(f, 0))
+            data = fh.read()
+        for n, line in enumerate(data.split(b"\n")[:-1], 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except ValueError as e:
+                    raise UserError(f"{f}: record {n} after the level's start is not JSON ({e})") from None
+    return records
 
 
 def read_accept_stats(stats_dir: Path) -> dict:
@@ -98,33 +125,24 @@ def from_accept_stats(before: dict, after: dict) -> list[ServerRequest]:
     return out
 
 
-def fetch_perf_metrics(base_url: str, timeout: float = 30.0) -> list:
-    """GET /perf_metrics of trtllm-serve at `base_url` (http://HOST:PORT); drains its queue."""
-    try:
-        with urllib.request.urlopen(f"{base_url}/perf_metrics", timeout=timeout) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise UserError(f"{base_url}/perf_metrics: cannot read the server's per-request metrics ({e})") from None
-
-
 class ServerAcceptance:
-    """Reads one level's requests from a TensorRT-LLM server: `start()` before the level,
-    `level()` after it. `source`: "perf_metrics" (base_url) or "accept_stats" (stats_dir)."""
+    """Reads one level's requests from a TensorRT-LLM server's files in `directory`: `start()`
+    before the level, `level()` after it. `source`: "perf_metrics_jsonl" or "accept_stats"."""
 
-    def __init__(self, source: str, base_url: str | None = None, stats_dir: Path | None = None):
-        self.source, self.base_url, self.stats_dir = source, base_url, stats_dir
+    def __init__(self, source: str, directory: Path):
+        if source not in ("perf_metrics_jsonl", "accept_stats"):
+            raise ValueError(f"source {source!r}: the server's responses carry it; nothing to read from its files")
+        self.source, self.directory = source, Path(directory)
         self._before: dict = {}
 
     def start(self) -> None:
-        if self.source == "perf_metrics":
-            fetch_perf_metrics(self.base_url)  # drains what earlier requests left
-        else:
-            self._before = read_accept_stats(self.stats_dir)
+        self._before = (jsonl_offsets(self.directory) if self.source == "perf_metrics_jsonl"
+                        else read_accept_stats(self.directory))
 
     def level(self) -> list[ServerRequest]:
-        if self.source == "perf_metrics":
-            return from_perf_metrics(fetch_perf_metrics(self.base_url))
-        return from_accept_stats(self._before, read_accept_stats(self.stats_dir))
+        if self.source == "perf_metrics_jsonl":
+            return from_perf_metrics(read_jsonl_since(self.directory, self._before))
+        return from_accept_stats(self._before, read_accept_stats(self.directory))
 
 
 def with_server_requests(row, requests: list[ServerRequest], source: str):

@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description="Train a small AR draft model (HF assisted-generation baseline).")
     ap.add_argument("--target", type=Path, required=True, help="target HF directory")
-    ap.add_argument("--data", type=Path, required=True, help="drafter data directory (python -m trtllm_dflash.train.data)")
+    ap.add_argument("--data", type=Path, required=True,
+                    help="drafter data directory (python -m trtllm_dflash.train.data)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1500)

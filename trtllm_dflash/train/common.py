@@ -106,7 +106,14 @@ def progress_bar(label: str, fields: str, show: bool):
     task.fields), elapsed and remaining time. Disabled unless `show` and stderr is a
     terminal; its console (`bar.console`) still prints log lines."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(stderr=True)
     return Progress(
@@ -126,8 +133,8 @@ def atomic_dir(out_dir: Path) -> Iterator[Path]:
     """Yield OUT.tmp (not yet created) for the writer to create and fill; on success it
     replaces OUT whole (artifacts.replace_dir), so OUT is always either the old or the new
     directory. A stale OUT.tmp from an earlier crash is removed first. On an exception
-    nothing is swapped (OUT.tmp is left for inspection). Unlike a pipeline stage (artifacts.atomic_stage_dir) a training export
-    has no manifest and replaces an earlier export of any run."""
+    nothing is swapped (OUT.tmp is left for inspection). Unlike a pipeline stage (artifacts.atomic_stage_dir) a training
+    export has no manifest and replaces an earlier export of any run."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(out_dir.name + ".tmp")

@@ -75,7 +75,8 @@ def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
     from safetensors.torch import save_file
 
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={k: str(v) for k, v in metadata.items()})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+              metadata={k: str(v) for k, v in metadata.items()})
     os.replace(tmp, path)
 
 
@@ -89,7 +90,8 @@ def load_continuations(data_dir: str | Path) -> dict:
             raise UserError(f"{data_dir} has no {name}; generate it with `python -m trtllm_dflash.train.data`")
     meta = json.loads((data_dir / "meta.json").read_text())
     if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{data_dir / 'meta.json'}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
+        raise UserError(f"{data_dir / 'meta.json'}: format_version {meta.get('format_version')!r}, expected "
+                        f"{FORMAT_VERSION}")
     out = load_file(str(data_dir / "continuations.safetensors"))
     out.update(load_file(str(data_dir / "heldout_prompts.safetensors")))
     out["meta"] = meta
@@ -116,22 +118,25 @@ def generate_data(
 ) -> dict:
     """Sample prompts, decode greedily with `model` (in its own dtype) and write the three
     files of the module docstring into `out_dir`. Returns the metadata."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    import rich.progress as rp
 
-    for name, v in (("num_seqs", num_seqs), ("prompt_len", prompt_len), ("gen_len", gen_len), ("batch_size", batch_size),
-                    ("eval_prompts", eval_prompts), ("eval_prompt_len", eval_prompt_len), ("eval_gen_len", eval_gen_len)):
+    for name, v in (("num_seqs", num_seqs), ("prompt_len", prompt_len), ("gen_len", gen_len),
+                    ("batch_size", batch_size),
+                    ("eval_prompts", eval_prompts), ("eval_prompt_len", eval_prompt_len),
+                    ("eval_gen_len", eval_gen_len)):
         if v < 1:
             raise UserError(f"--{name.replace('_', '-')}={v} must be >= 1")
     n_pos = model.config.max_position_embeddings
     for p, g, what in ((prompt_len, gen_len, ""), (eval_prompt_len, eval_gen_len, "eval-")):
         if p + g > n_pos:
-            raise UserError(f"--{what}prompt-len + --{what}gen-len = {p + g} exceeds the target's max_position_embeddings {n_pos}")
+            raise UserError(f"--{what}prompt-len + --{what}gen-len = {p + g} exceeds the target's "
+                            f"max_position_embeddings {n_pos}")
     prompts = sample_train_prompts(train_tokens, num_seqs, prompt_len, seed, eos_token_id)  # [N, P]
     held_prompts = sample_eval_prompts(heldout_tokens, eval_prompts, eval_prompt_len, eos_token_id)  # [M, P_eval]
 
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), transient=True) as bar:
+    with rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                     rp.TimeElapsedColumn(), rp.TimeRemainingColumn(), transient=True) as bar:
         task = bar.add_task("held-out greedy", total=eval_prompts)
         held_greedy = greedy_continue(model, held_prompts, eval_gen_len, batch_size,
                                       on_batch=lambda n: bar.advance(task, n))  # [M, G_eval]
@@ -178,8 +183,8 @@ def generate_data(
 
 def main(argv: list[str] | None = None) -> int:
     from trtllm_dflash.prompts.corpus import load_corpus
-    from trtllm_dflash.train.target import load_target
     from trtllm_dflash.prompts.sources import encode_files
+    from trtllm_dflash.train.target import load_target
     from trtllm_dflash.train.tokenizer import load_tokenizer
 
     ap = argparse.ArgumentParser(description="Generate the drafter's training data: target greedy continuations.")

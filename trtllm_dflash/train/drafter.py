@@ -20,6 +20,8 @@ from trtllm_dflash.reference.config import DraftConfig
 from trtllm_dflash.reference.draft import DFlashDraft
 from trtllm_dflash.reference.target import Target
 from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, check_resume, load_checkpoint, optimizer_step
+
+# isort: split
 from trtllm_dflash.train.common import progress_bar, restore, save_checkpoint, set_lr
 from trtllm_dflash.train.drafter_config import (
     RESUME_FREE,
@@ -170,12 +172,14 @@ def train(
     # Features come from a bf16 copy of the target (its KV cache is in the weights' dtype);
     # the fp32 target serves the embedding, the LM head and the in-loop evaluation.
     feature_target = freeze(copy.deepcopy(target).to(torch.bfloat16)) if cfg.bf16 else target
-    bar = progress_bar("drafter", "loss {task.fields[loss]:.3f} acc1 {task.fields[acc1]:.2f} tau~ {task.fields[tf]:.2f} "
+    bar = progress_bar("drafter",
+                       "loss {task.fields[loss]:.3f} acc1 {task.fields[acc1]:.2f} tau~ {task.fields[tf]:.2f} "
                        "tau {task.fields[tau]:.2f} {task.fields[sps]:.2f}s/step", progress)
     last_tau = history[-1]["eval_tau"] if history and "eval_tau" in history[-1] else float("nan")
     ema = None
     with bar:
-        task = bar.add_task("train", total=cfg.steps, completed=step, loss=float("nan"), acc1=0.0, tf=0.0, tau=last_tau, sps=0.0)
+        task = bar.add_task("train", total=cfg.steps, completed=step, loss=float("nan"), acc1=0.0, tf=0.0, tau=last_tau,
+                            sps=0.0)
         while step < cfg.steps:
             if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
                 save()

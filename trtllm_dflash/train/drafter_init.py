@@ -33,7 +33,8 @@ def draft_config(tcfg: TargetConfig, shape: DrafterShape, mask_token_id: int) ->
     ids = shape.target_layer_ids or default_layer_ids(tcfg.num_layers)
     bad = [i for i in ids if not 0 <= i < tcfg.num_layers]
     if bad:
-        raise UserError(f"target_layer_ids {list(ids)}: {bad[0]} is outside the target's layers 0..{tcfg.num_layers - 1}")
+        raise UserError(f"target_layer_ids {list(ids)}: {bad[0]} is outside the target's layers "
+                        f"0..{tcfg.num_layers - 1}")
     if len(set(ids)) != len(ids):
         raise UserError(f"target_layer_ids {list(ids)} has repeated layers")
     if shape.num_layers < 1:
@@ -53,7 +54,8 @@ def draft_config(tcfg: TargetConfig, shape: DrafterShape, mask_token_id: int) ->
                 raise UserError(f"{name} is {getattr(shape, name)}, expected >= 1")
             extra[name] = getattr(shape, name)
         if tcfg.hidden_size % shape.conv_group_size:
-            raise UserError(f"conv_group_size {shape.conv_group_size} does not divide the hidden size {tcfg.hidden_size}")
+            raise UserError(f"conv_group_size {shape.conv_group_size} does not divide the hidden size "
+                            f"{tcfg.hidden_size}")
         if shape.selector_top_k > tcfg.vocab_size:
             raise UserError(f"selector_top_k {shape.selector_top_k} exceeds the vocabulary ({tcfg.vocab_size})")
     decoder = {f.name: getattr(tcfg, f.name) for f in fields(DecoderConfig)}  # the target's widths, heads, norms, RoPE

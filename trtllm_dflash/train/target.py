@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 from trtllm_dflash.errors import UserError
 from trtllm_dflash.train.common import adamw_decay_groups, atomic_dir, check_resume, load_checkpoint, optimizer_step
+
+# isort: split
 from trtllm_dflash.train.common import progress_bar, restore, save_checkpoint
 
 
@@ -187,7 +189,8 @@ def train(
     in total, saving a checkpoint first (an interruption that can be resumed). `progress`
     shows a live bar (only on a terminal); `log` prints a line every `log_every` steps."""
     if train_tokens.numel() <= cfg.seq_len + 1:
-        raise UserError(f"train split has {train_tokens.numel()} tokens, need more than seq_len + 1 = {cfg.seq_len + 1}")
+        raise UserError(f"train split has {train_tokens.numel()} tokens, need more than seq_len + 1 = "
+                        f"{cfg.seq_len + 1}")
     if int(train_tokens.max()) >= model_cfg.vocab_size:
         raise UserError(f"token id {int(train_tokens.max())} >= vocab_size {model_cfg.vocab_size}")
     ckpt_dir = Path(ckpt_dir)
@@ -226,7 +229,8 @@ def train(
     losses: dict[int, float] = {}
     t_start = time.perf_counter()
 
-    bar = progress_bar("target", "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:.0f} tok/s", progress)
+    bar = progress_bar("target", "loss {task.fields[loss]:.3f} lr {task.fields[lr]:.2e} {task.fields[tps]:.0f} tok/s",
+                       progress)
     console = bar.console
     with bar:
         task = bar.add_task("train", total=cfg.steps, completed=step, loss=float("nan"), lr=0.0, tps=0.0)
@@ -259,7 +263,8 @@ def train(
     return TrainResult(model, step, losses, history, elapsed_before + time.perf_counter() - t_start)
 
 
-def export(model, tokenizer, out_dir: Path, dtype: torch.dtype = torch.bfloat16, extra_files: dict | None = None) -> None:
+def export(model, tokenizer, out_dir: Path, dtype: torch.dtype = torch.bfloat16,
+           extra_files: dict | None = None) -> None:
     """save_pretrained (safetensors) + tokenizer + generation config, written atomically."""
     import copy
 
@@ -325,19 +330,21 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _from_args(TrainConfig, args)
     tok = load_tokenizer(args.tokenizer)
     if len(tok) != model_cfg.vocab_size:
-        raise UserError(f"tokenizer {args.tokenizer} has {len(tok)} tokens but --model-vocab-size is {model_cfg.vocab_size}")
+        raise UserError(f"tokenizer {args.tokenizer} has {len(tok)} tokens but --model-vocab-size is "
+                        f"{model_cfg.vocab_size}")
     corpus = load_corpus(heldout_fraction=args.heldout_fraction)
     train_tokens = torch.tensor(encode_files(tok, [f.text for f in corpus.train]), dtype=torch.long)
     heldout_tokens = torch.tensor(encode_files(tok, [f.text for f in corpus.heldout]), dtype=torch.long)
     n_params = sum(p.numel() for p in build_model(model_cfg, 0, tok.eos_token_id).parameters())
-    print(f"corpus: Python {corpus.info.python_full_version}, {corpus.info.num_files} files, train {train_tokens.numel()} "
-          f"tokens, held-out {heldout_tokens.numel()} tokens; model {n_params:,} params; "
+    print(f"corpus: Python {corpus.info.python_full_version}, {corpus.info.num_files} files, train "
+          f"{train_tokens.numel()} tokens, held-out {heldout_tokens.numel()} tokens; model {n_params:,} params; "
           f"{cfg.steps} steps x {cfg.batch_size * cfg.seq_len} tokens", file=sys.stderr, flush=True)
     ckpt_dir = args.ckpt_dir or args.out.with_name(args.out.name + ".ckpt")
     res = train(model_cfg, cfg, train_tokens, heldout_tokens, ckpt_dir, resume=args.resume,
                 stop_after=args.stop_after, eos_token_id=tok.eos_token_id, progress=not args.no_progress)
     if res.step < cfg.steps:
-        print(f"stopped at step {res.step}/{cfg.steps}; checkpoint in {ckpt_dir} (rerun with --resume)", file=sys.stderr)
+        print(f"stopped at step {res.step}/{cfg.steps}; checkpoint in {ckpt_dir} (rerun with --resume)",
+              file=sys.stderr)
         return 0
 
     export(res.model, tok, args.out)
@@ -371,7 +378,8 @@ def _write_summary(out: Path, ckpt_dir: Path, model_cfg, cfg, res, n_params: int
     }
     summary_path = ckpt_dir / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"train loss {train_loss:.3f}, held-out loss {heldout_loss:.3f} (bf16 weights, fp32 compute)", file=sys.stderr)
+    print(f"train loss {train_loss:.3f}, held-out loss {heldout_loss:.3f} (bf16 weights, fp32 compute)",
+          file=sys.stderr)
     return summary_path
 
 

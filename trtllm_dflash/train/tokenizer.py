@@ -44,7 +44,7 @@ def train_tokenizer(texts, vocab_size: int = 4096, min_frequency: int = 2):
     tok.train_from_iterator(texts, trainer=trainer)
     for i, s in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(s) == i, f"special token {s} got id {tok.token_to_id(s)}, expected {i}"
-    # (alike only in form to recipe/planner.py's MemoryPlan(...) keyword list: unrelated, not merged)
+    # (alike only in form to recipe/plan/fit.py's MemoryPlan(...) keyword list: unrelated, not merged)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=EOS_TOKEN,
@@ -75,7 +75,8 @@ def load_tokenizer(path: str | Path):
 
     path = Path(path)
     if not (path / "tokenizer.json").is_file():
-        raise UserError(f"{path} has no tokenizer.json; train one with `python -m trtllm_dflash.train.tokenizer --out {path}`")
+        raise UserError(f"{path} has no tokenizer.json; train one with `python -m trtllm_dflash.train.tokenizer --out "
+                        f"{path}`")
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     from trtllm_dflash.prompts.corpus import load_corpus
     from trtllm_dflash.prompts.sources import encode_files
 
-    ap = argparse.ArgumentParser(description="Train the byte-level BPE tokenizer on the train split of the stdlib corpus.")
+    ap = argparse.ArgumentParser(description="Train the byte-level BPE tokenizer on the train split of the stdlib "
+                                             "corpus.")
     ap.add_argument("--out", type=Path, required=True, help="directory for tokenizer.json + tokenizer_config.json")
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--min-frequency", type=int, default=2)
