@@ -12,7 +12,7 @@ from trtllm_dflash.deploy.settings import DFLASH_OUTPUTS
 from trtllm_dflash.policy.decision import FULL_BLOCK
 from trtllm_dflash.serve.openai_responses import Reply, speculative_decoding
 from trtllm_dflash.serve.record import Request, SpecStats, Update, draft_bound
-from trtllm_dflash.serve.triton_outputs import DTYPES, LOG_PROBS, VALUES, output_names, tensors
+from trtllm_dflash.serve.triton_outputs import DTYPES, LOG_PROBS, PERF_OUTPUTS, VALUES, output_names, tensors
 
 SPEC = SpecStats.start(4).verified(3, 2).verified(3, 0).verified(1, 1, path=1)  # 3 passes, 3 of 7 accepted
 FINAL = Update("end", 7, "length", SPEC, (5, 6))
@@ -85,6 +85,17 @@ def test_stream_chunks_carry_statistics_on_the_final_one_only():
     plain = reply(False).chunk("ab", running).model_dump()
     assert plain["object"] == "text_completion" and plain["choices"][0] == {
         "index": 0, "text": "ab", "logprobs": None, "finish_reason": None, "avg_decoded_tokens_per_iter": 0.75}
+
+
+def test_a_request_naming_outputs_gets_those_alone_even_with_return_perf_metrics():
+    """The sweep names its outputs and sets return_perf_metrics: anything more would be dropped by
+    the bundled stub off the GIL (python_backend PR #390), so the model sends nothing more."""
+    named = ["text_output", "rounds", "acceptance_histogram", "output_log_probs", "not_an_output"]
+    assert output_names(named, True, False) == ["text_output", "rounds", "acceptance_histogram"]
+    assert output_names(named, False, True) == ["text_output", "rounds", "acceptance_histogram", "output_log_probs"]
+    unnamed = output_names([], True, False)
+    assert set(PERF_OUTPUTS) <= set(unnamed) and "output_ids" not in unnamed and not set(LOG_PROBS) & set(unnamed)
+    assert not set(PERF_OUTPUTS) & set(output_names([], False, False))
 
 
 def test_every_declared_dflash_output_has_its_value_in_the_record():

@@ -222,7 +222,7 @@ def test_sweep_command_against_the_server(served, tmp_path, http, capsys):
     rc = main(["sweep", str(recipe.file), "--url", url, "--out", str(tmp_path), "--levels", "1,2", "--json"]
               + (["--http", "--modes", "dflash"] if http else []))
     out, err = capsys.readouterr()
-    assert rc == 0, err[-2000:]
+    assert rc == 0, (err + out)[-2000:] + f"\nserver log: {server.failure_reason()}"
     grew = totals(settled(metrics, "dflash"), "dflash").minus(before)
     summary = json.loads(out[out.index("{"):])
     curves = {}
@@ -295,7 +295,7 @@ def test_metrics_port_counts_drafted_and_accepted_tokens(served):
     rounds = 0
     for max_tokens in (12, 16):
         _, last, error = asyncio.run(stream(server.endpoints.grpc_url, request(max_tokens=max_tokens)))
-        assert error is None
+        assert error is None, f"{error}\nserver log: {server.failure_reason()}"
         rounds += int(last["rounds"])
     deadline = time.monotonic() + 10  # the model hands updates to Triton from a thread of its own
     while True:

@@ -41,13 +41,21 @@ DEFAULT_OUTPUTS = tuple(n for n in OUTPUTS if n not in ON_REQUEST)
 
 
 def output_names(requested: list[str], perf_metrics: bool, log_probs: bool) -> list[str]:
-    """What a request's responses carry: the outputs it named (ours), else the default ones, and
-    with tensorrtllm_backend's `return_perf_metrics` the per-request acceptance too. Log-probs go
-    only to a request with return_log_probs: a client that names no output is asked every declared one."""
-    names = [n for n in requested if n in DTYPES] or list(DEFAULT_OUTPUTS)
-    if perf_metrics:
-        names += [n for n in ("total_draft_tokens", "total_accepted_draft_tokens", "rounds", *PERF_OUTPUTS)
-                  if n not in names]
+    """What a request's responses carry: the outputs it named, and no other; a request naming none
+    (Triton names every declared one for it) gets the defaults, with tensorrtllm_backend's
+    `return_perf_metrics` the per-request acceptance too. Log-probs go only to a request with
+    return_log_probs.
+
+    Never more than it named: Triton hands the client only what it named, and the Python stub of
+    the tritonserver nvidia-pytriton 0.7.0 bundles (python_backend r24.10) drops the rest with the
+    GIL released (response_sender.cc Send, PruneOutputTensors), a data race that can kill the stub
+    (fixed by triton-inference-server/python_backend PR #390, r25.01). The sweep names its outputs
+    and sets return_perf_metrics, so every response used to carry an acceptance_rate to drop."""
+    names = [n for n in requested if n in DTYPES]
+    if not names:
+        names = list(DEFAULT_OUTPUTS)
+        if perf_metrics:
+            names += [n for n in PERF_OUTPUTS if n not in names]
     return [n for n in names if log_probs or n not in LOG_PROBS]
 
 
