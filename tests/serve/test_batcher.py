@@ -313,6 +313,33 @@ def test_the_engine_reports_each_verify_round(pair):
     assert 0 <= t.accepted <= t.drafted and t.rounds >= 1
 
 
+def test_a_requests_rounds_are_counted_when_its_client_hears_its_end(pair):
+    """Counters are handed to /metrics every flush_s; a request that ends flushes them first, so a
+    client that scrapes on its answer sees its rounds (not only once the engine goes idle)."""
+    pytest.importorskip("prometheus_client", reason="needs prometheus_client (the serve extra)")
+    from trtllm_dflash.serve.metrics import PrometheusInstruments, SpecMetrics
+    from trtllm_dflash.sweep.server_metrics import parse, totals
+
+    target, drafter, tok = pair
+    ins = PrometheusInstruments()
+    engine = ServingEngine(LocalModel(target, drafter), tok, block_size=4,
+                           metrics=SpecMetrics(ins, "x", flush_s=3600))  # no hand-over falls due by itself
+    done, seen = threading.Event(), []
+
+    def emit(u):
+        if u.finish_reason is not None:  # what a scrape on the client's answer would read
+            seen.append((u.spec, totals(parse(ins.exposition()[0].decode()), "x", "dflash")))
+            done.set()
+
+    try:
+        engine.submit(Request(tok("def f(x):")["input_ids"], 12, emit))
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    spec, t = seen[0]
+    assert spec.rounds >= 1 and (t.rounds, t.drafted, t.accepted) == (spec.rounds, spec.drafted, spec.accepted)
+
+
 def test_the_policy_learns_round_times_in_seconds(pair):
     """The engine times rounds with serve/trace.now (nanoseconds); the policy's cost model is in
     seconds. Passing nanoseconds made every observed round shape look 1e9 times dearer than the

@@ -372,6 +372,7 @@ class ServingEngine:
             self.metrics.round(mode, drafted, committed, rec.t_draft, rec.t_verify,
                                depths_ran if mode == "ddtree" else None)
         jobs, verified, all_lps, make = group.jobs, rec.round > 0, rec.logprobs, Update.of
+        counted = self.metrics is None  # a request's end reaches its client after its rounds reach the counters
         for b, (rid, toks, done, drafted, depth) in enumerate(zip(rec.seq_ids, rec.tokens, rec.finished, rec.drafted,
                                                                   depths)):
             job = jobs.get(rid)
@@ -390,6 +391,9 @@ class ServingEngine:
             if lps:
                 job.cum_logprob += sum(lps)
             delta, done = self._text(group, rid, job, toks, done)
+            if done is not None and not counted:  # a client that scrapes /metrics on its answer sees its rounds
+                self.metrics.flush()
+                counted = True
             req.emit(make(delta, len(job.tokens), done, job.spec, tuple(toks), None if lps is None else tuple(lps),
                           job.cum_logprob))
             if done is not None:

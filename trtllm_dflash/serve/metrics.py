@@ -70,9 +70,10 @@ class SpecMetrics:
     """Turns the engine's rounds into metric updates. One per server; called on the engine thread.
     A round costs O(requests + positions): counts are taken once per round, label sets are built
     once per server (`_labels`), and counter increments are summed here and handed to the
-    instruments every `flush_s` seconds (and whenever the engine goes idle or stops: `flush`), so
-    a round makes a handful of instrument calls, not one per series (a scrape sees counters at
-    most flush_s old). Histograms get every observation as it comes."""
+    instruments every `flush_s` seconds (and whenever the engine goes idle or stops, and before a
+    request's last update: `flush`), so a round makes a handful of instrument calls, not one per
+    series (a scrape sees counters at most flush_s old, and a finished request's rounds in them).
+    Histograms get every observation as it comes."""
 
     def __init__(self, instruments: Instruments, model: str, flush_s: float = 0.05):
         self.instruments, self.model, self.flush_s = instruments, model, flush_s
