@@ -39,6 +39,7 @@ from trtllm_dflash.runtime.capabilities import FULL, Capabilities
 from trtllm_dflash.serve.detok import TextStream, stream_for
 from trtllm_dflash.serve.record import Request, SpecStats, Update
 from trtllm_dflash.serve.requests import needs_full_logits
+from trtllm_dflash.serve.stops import sequence_stop, stop_prefix
 from trtllm_dflash.serve.trace import now
 
 
@@ -53,30 +54,10 @@ class Progress:
     cum_logprob: float = 0.0
 
 
-def _sequence_stop(tokens: list[int], new: int, sequences: list[list[int]]) -> int | None:
-    """How many tokens to keep when a stop sequence ends among the last `new` of `tokens` (the
-    first such end), None when none does."""
-    for end in range(len(tokens) - new + 1, len(tokens) + 1):
-        if any(0 < len(s) <= end and tokens[end - len(s) : end] == s for s in sequences):
-            return end
-    return None
-
-
 def _timed_step(decoder: DecoderProtocol, drafts: Drafts) -> tuple[StepRecord, int, int]:
     t0 = now()
     rec = decoder.step(drafts)
     return rec, t0, now()
-
-
-def _stop_prefix(text: str, stop_words: list[str]) -> int:
-    """Length of the longest tail of `text` that begins a stop word: held back while streaming."""
-    best = 0
-    for w in stop_words:
-        for n in range(min(len(w) - 1, len(text)), best, -1):
-            if text.endswith(w[:n]):
-                best = n
-                break
-    return best
 
 
 class GroupKey(NamedTuple):
@@ -423,7 +404,7 @@ class ServingEngine:
                 done = "stop"
                 self._cancel(group, rid)
         elif done is None:
-            text = text[: len(text) - _stop_prefix(text, words)]  # may become a stop word
+            text = text[: len(text) - stop_prefix(text, words)]  # may become a stop word
         delta = text[len(job.sent):] if text.startswith(job.sent) else ""
         job.sent += delta
         return delta, done
@@ -432,7 +413,7 @@ class ServingEngine:
         """(tokens, log-probs, finish reason) of this update once the job's stop sequences are
         applied: the output ends with the first one, kept (TensorRT-LLM's stop words)."""
         stops = job.request.stop_sequences
-        end = _sequence_stop(job.tokens, len(toks), [list(s) for s in stops]) if stops else None
+        end = sequence_stop(job.tokens, len(toks), [list(s) for s in stops]) if stops else None
         if end is None:
             return toks, lps, done
         keep = len(toks) - (len(job.tokens) - end)
