@@ -139,7 +139,7 @@ class InstantExecutor:
     def enqueue_requests(self, requests) -> list[int]:
         return [self.enqueue_request(r) for r in requests]
 
-    def await_responses(self, rid: int) -> list[Response]:
+    def await_responses(self, rid: int, timeout_s: float | None = None) -> list[Response]:
         key = self._asked.pop(rid)
         if key not in self._made:  # one response of each shape, handed out again (the caller only reads it)
             n, names = key

@@ -26,6 +26,7 @@ The engine is a runtime/engine_runners.py TapEngine (full-sequence outputs by na
 
 from __future__ import annotations
 
+import datetime
 import enum
 import itertools
 from types import SimpleNamespace
@@ -176,6 +177,10 @@ class Executor:
                                               else None))
 
     def await_responses(self, request_id, timeout=None):
+        # executor.cpp: timeout is a std::optional<std::chrono::milliseconds> (nanobind/stl/chrono.h
+        # takes a datetime.timedelta: what runtime/trt_runners.py passes); it times out with [].
+        if timeout is not None and not isinstance(timeout, datetime.timedelta):
+            raise TypeError(f"await_responses(): incompatible function arguments: timeout={timeout!r}")
         while request_id not in self._done and request_id in self._queue:
             self._step()
         return [self._done.pop(request_id)]

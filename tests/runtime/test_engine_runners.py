@@ -347,30 +347,35 @@ def test_executor_health_condemns_a_broken_device_not_a_bad_minute():
     assert healthy.failed is None
 
 
-def test_a_broken_device_is_reported_and_later_requests_are_told_why(pair):
-    """Served: the step that meets a sticky CUDA error fails its requests, the probe finds the
-    device broken, the server reports it once (health checks then fail) and answers what comes
-    next with the reason."""
+@pytest.mark.parametrize("fault", ["sticky CUDA error", "step that never ends"])
+def test_a_model_that_cannot_serve_is_reported_and_later_requests_are_told_why(pair, fault):
+    """Served: the step that meets a sticky CUDA error fails its requests and the probe finds the
+    device broken; a step that never ends (at tp > 1, a rank whose step threw alone leaves the
+    leader in the all-reduce) leaves a request unanswered for hung_s. Either way the server
+    reports it once (health checks then fail) and answers what comes next with the reason."""
     import threading
 
     from trtllm_dflash.runtime.engine_runners import ExecutorHealth
+    from trtllm_dflash.runtime.fake_executor import StepNeverEnds
     from trtllm_dflash.serve.batcher import ServingEngine
     from trtllm_dflash.serve.record import Request
 
     target, drafter = pair
     model = engine_model_from_pair(target, drafter, max_seq_len=64)
     real, broken = model.executor.engine.run, [False]
+    hangs = fault == "step that never ends"
 
     def run(sequences):
         if broken[0]:
-            raise RuntimeError("[TensorRT-LLM][ERROR] CUDA runtime error in cudaMemcpyAsync: an illegal memory access")
+            raise StepNeverEnds() if hangs else RuntimeError(
+                "[TensorRT-LLM][ERROR] CUDA runtime error in cudaMemcpyAsync: an illegal memory access")
         return real(sequences)
 
     def probe():
-        if broken[0]:
+        if broken[0] and not hangs:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    model.executor.engine.run, model.health = run, ExecutorHealth(probe=probe)
+    model.executor.engine.run, model.health = run, ExecutorHealth(probe=probe, hung_s=0.05)
     fatal = []
 
     class Tok:
@@ -393,15 +398,42 @@ def test_a_broken_device_is_reported_and_later_requests_are_told_why(pair):
     try:
         assert one([1, 2, 3]) == "length" and not fatal
         broken[0] = True
-        assert one([4, 5]).startswith("error: target engine request failed: Encountered an error in forwardAsync")
+        first = one([4, 5])
         deadline = time.monotonic() + 10
         while not fatal and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert fatal == [model.failed] and "its GPU no longer answers (CUDA error: an illegal memory access" \
-            in model.failed and model.failed.endswith("this model cannot serve any more requests; restart the server")
+        assert fatal == [model.failed] and model.failed.endswith(
+            "this model cannot serve any more requests; restart the server")
+        if hangs:
+            assert first == f"error: RuntimeError: {model.failed}" and model.failed.startswith(
+                "the target engine answered no request for 0.05 s (a step that never ends: at tp > 1, a rank whose "
+                "step failed alone)")
+        else:
+            assert first.startswith("error: target engine request failed: Encountered an error in forwardAsync")
+            assert "its GPU no longer answers (CUDA error: an illegal memory access" in model.failed
         assert one([6, 7]) == f"error: {model.failed}"
     finally:
         eng.stop()
+
+
+def test_awaiting_a_step_that_never_ends_needs_a_timeout():
+    """The stand-in refuses a wait without a timeout on a step that never ends (1.2.1's would wait
+    for good), and with one answers [] once it has passed, as executorImpl.cpp awaitResponses."""
+    from trtllm_dflash.runtime.fake_executor import StepNeverEnds
+
+    class Stuck:
+        output_kinds = {}
+
+        def run(self, sequences):
+            raise StepNeverEnds()
+
+    ex = FakeExecutor(Stuck(), max_seq_len=16, max_input_len=16)
+    rid = ex.enqueue_request(Request([1, 2, 3], 1, OutputConfig([])))
+    with pytest.raises(RuntimeError, match="without a timeout would wait for good"):
+        ex.await_responses(rid)
+    t0 = time.monotonic()
+    assert ex.await_responses(rid, timeout_s=0.05) == [] and time.monotonic() - t0 >= 0.05
+    assert ex.await_responses(ex.enqueue_request(Request([4], 1, OutputConfig([]))), timeout_s=0.01) == []
 
 
 def test_a_failed_engine_step_fails_the_requests_it_ran(pair):

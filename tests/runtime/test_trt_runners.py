@@ -82,7 +82,7 @@ def test_adapter_translates_requests_and_outputs(pair):
     (sent,) = ex.ex.requests
     assert sent.output_config.return_perf_metrics and sent.output_config.exclude_input_from_output
     assert sent.cache_salt_id == 7 and sent.max_tokens == 1
-    (resp,) = ex.await_responses(rid)
+    (resp,) = ex.await_responses(rid, timeout_s=60.0)  # EngineTarget's wait: the binding takes a timedelta
     got = {o.name: o.output for o in resp.result.additional_outputs}
     assert got["dflash_ctx"].shape == (5, target.cfg.hidden_size)
     assert got["dflash_tail"].shape == (8, target.cfg.hidden_size)

@@ -86,6 +86,10 @@ class TapEngine:
 # block-reuse assertions under load: NVIDIA/TensorRT-LLM#2708, #13123), and a client that retries
 # a failed request (the OpenAI SDK retries a 500 twice) repeats its failure within seconds.
 FATAL_STEPS, FATAL_SECONDS = 3, 60.0
+# How long a request may go unanswered before the Executor is taken as hung. At tp > 1 a step that
+# throws on one rank alone leaves the others in that step's all-reduce for good, and 1.2.1's
+# await_responses waits without end unless given a timeout; a step of ours takes well under a second.
+HUNG_SECONDS = 300.0
 CANNOT_SERVE = "this model cannot serve any more requests; restart the server"
 
 
@@ -96,11 +100,12 @@ class ExecutorHealth:
     memory access, fails every later call in the process): if it fails, or if steps have failed
     for FATAL_STEPS in a row over FATAL_SECONDS with none served between, `failed` says so and
     the server reports that it cannot serve (health checks fail; a restart is the remedy), as for
-    a dead rank. probe None: no device to ask (the CPU stand-ins)."""
+    a dead rank; so too when a request goes unanswered for hung_s (`hung`). probe None: no device
+    to ask (the CPU stand-ins)."""
 
-    def __init__(self, probe=None, clock=time.monotonic) -> None:
+    def __init__(self, probe=None, clock=time.monotonic, hung_s: float = HUNG_SECONDS) -> None:
         self.failed: str | None = None
-        self.probe, self.clock = probe, clock
+        self.probe, self.clock, self.hung_s = probe, clock, hung_s
         self.streak, self.since = 0, 0.0
 
     def saw(self, errors: list[str | None]) -> None:
@@ -122,6 +127,12 @@ class ExecutorHealth:
         elif self.streak >= FATAL_STEPS and now - self.since >= FATAL_SECONDS:
             self.failed = (f"the target engine failed {self.streak} steps in a row over {now - self.since:.0f} s with "
                            f"none served between (last: {last}): {CANNOT_SERVE}")
+
+    def hung(self) -> str:
+        """A request went unanswered for hung_s: the Executor is stuck in a step."""
+        self.failed = self.failed or (f"the target engine answered no request for {self.hung_s:g} s (a step that "
+                                      f"never ends: at tp > 1, a rank whose step failed alone): {CANNOT_SERVE}")
+        return self.failed
 
     def _device_error(self) -> str | None:
         if self.probe is None:
@@ -171,7 +182,12 @@ class EngineTarget:
         ids = self.ex.enqueue_requests([Request(inp, 1, outputs, cache_salt_id=s) for inp, s in zip(inputs, salts)])
         # Every response is awaited before a failure is raised: one left in the Executor keeps its
         # pinned output buffers for the life of the process.
-        responses = [self.ex.await_responses(rid)[0] for rid in ids]
+        responses = []
+        for rid in ids:
+            got = self.ex.await_responses(rid, timeout_s=self.health.hung_s)  # [] once it ran out
+            if not got:
+                raise RuntimeError(self.health.hung())
+            responses.append(got[0])
         errors = [r.error_msg if r.has_error() else None for r in responses]
         self.health.saw(errors)
         failed = {b: _error_line(e) for b, e in enumerate(errors) if e is not None}

@@ -26,7 +26,12 @@ limits, each rule citing its file):
     "Encountered an error in forwardAsync function: " + the exception's text, and the Executor
     serves on (cpp/tensorrt_llm/executor/executorImpl.cpp forwardAsync, terminateActiveRequests):
     the requests the step ran and those fetched but left for a later step, here every queued one
-    up to max_batch_size.
+    up to max_batch_size;
+  - a step that never ends (at tp > 1, the ranks whose step did not throw wait in its all-reduce
+    for the one whose did: a stand-in engine raises StepNeverEnds) answers nothing, then or
+    later: await_responses returns [] once its timeout has passed
+    (cpp/tensorrt_llm/executor/executorImpl.cpp awaitResponses: a wait_for that times out),
+    and without a timeout would wait for good (the stand-in refuses to).
 Outputs come back under their plain names, as runtime/trt_runners.TrtExecutor presents the real
 executor's (`context_<name>` / `generation_<name>` in 1.2.1). Where 1.2.1 leaves reused context
 rows unwritten in a [promptLen, ...] output, the stand-in returns only the computed rows;
@@ -40,6 +45,7 @@ reuse rules above). Tensor-parallel ranks are an engine concern (ShardedTapEngin
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,6 +59,10 @@ DEFAULT_MAX_NUM_TOKENS = 8192
 # How 1.2.1's Executor words a step that threw, to every request the step ran
 # (cpp/tensorrt_llm/executor/executorImpl.cpp forwardAsync / forwardSync), the exception's text after it.
 STEP_FAILED = ("Encountered an error in forwardAsync function: ", "Encountered an error in forwardSync function: ")
+
+
+class StepNeverEnds(Exception):
+    """Raised by a stand-in engine whose step would never return."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +200,7 @@ class FakeExecutor:
         self._done: dict[int, Response] = {}
         self._cached: dict[int | None, list[list[int]]] = {}  # cache salt -> token sequences with KV blocks
         self.requests = 0  # requests served (for tests and stats)
+        self.stuck = False  # a step never ended (StepNeverEnds): nothing is answered any more
         self.reused_tokens = 0  # prompt tokens that KV reuse saved
         self.steps: list[int] = []  # prompt tokens of each engine step
 
@@ -234,6 +245,9 @@ class FakeExecutor:
         batch = take_step(self._queue, self.limits, self.steps)
         try:
             outs = self.engine.run([r.input_token_ids for _, r in batch])
+        except StepNeverEnds:
+            self.stuck = True
+            return
         except Exception as e:  # every active request ends with it; the next step runs
             active = [rid for rid, _ in batch] + list(self._queue)[: max(0, self.limits.max_batch_size - len(batch))]
             for rid in active:
@@ -255,9 +269,15 @@ class FakeExecutor:
             self.reused_tokens += reused
             self._done[rid] = Response(rid, Result([[token]], True, extra))
 
-    def await_responses(self, request_id: int) -> list[Response]:
-        while request_id not in self._done and request_id in self._queue:
+    def await_responses(self, request_id: int, timeout_s: float | None = None) -> list[Response]:
+        while request_id not in self._done and request_id in self._queue and not self.stuck:
             self._step()
+        if request_id not in self._done and self.stuck:
+            if timeout_s is None:
+                raise RuntimeError("await_responses without a timeout would wait for good: the Executor's step never "
+                                   "ends")
+            time.sleep(timeout_s)
+            return []
         return [self._done.pop(request_id)]
 
     def release_salt(self, salt: int) -> None:

@@ -15,6 +15,7 @@ functions, so this module imports on CPU and its logic is tested there with stan
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -176,12 +177,15 @@ class TrtExecutor:
             self._asked[rid] = asked
         return ids
 
-    def await_responses(self, request_id: int) -> list[Response]:
-        """Executor.await_responses(id) (blocks until one is ready) -> [Response]: has_error(),
-        error_msg, result.{output_token_ids, is_final, additional_outputs, request_perf_metrics}."""
+    def await_responses(self, request_id: int, timeout_s: float | None = None) -> list[Response]:
+        """Executor.await_responses(id, timeout) (blocks until one is ready, or, given a timeout,
+        at most that long: then []) -> [Response]: has_error(), error_msg, result.{output_token_ids,
+        is_final, additional_outputs, request_perf_metrics}. The binding's timeout is a
+        std::chrono::milliseconds (nanobind/executor/executor.cpp), passed as a timedelta."""
         asked = self._asked.get(request_id, {})
         out = []
-        for resp in self.ex.await_responses(request_id):
+        wait = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        for resp in self.ex.await_responses(request_id, timeout=wait):
             if resp.has_error():
                 out.append(Response(request_id, error_msg=resp.error_msg))
                 continue
