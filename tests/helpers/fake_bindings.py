@@ -176,14 +176,15 @@ class Executor:
                                               request_perf_metrics=metrics if req.output_config.return_perf_metrics
                                               else None))
 
-    def await_responses(self, request_id, timeout=None):
-        # executor.cpp: timeout is a std::optional<std::chrono::milliseconds> (nanobind/stl/chrono.h
-        # takes a datetime.timedelta: what runtime/trt_runners.py passes); it times out with [].
-        if timeout is not None and not isinstance(timeout, datetime.timedelta):
+    def await_responses(self, id, timeout=None):  # the binding's argument names
+        # executor.cpp: timeout is a std::optional<std::chrono::milliseconds>; nanobind/stl/chrono.h
+        # takes a datetime.timedelta (what runtime/trt_runners.py passes) or a float of seconds, not an
+        # int. It times out with [].
+        if timeout is not None and not isinstance(timeout, (datetime.timedelta, float)):
             raise TypeError(f"await_responses(): incompatible function arguments: timeout={timeout!r}")
-        while request_id not in self._done and request_id in self._queue:
+        while id not in self._done and id in self._queue:
             self._step()
-        return [self._done.pop(request_id)]
+        return [self._done.pop(id)]
 
     def cancel_request(self, request_id):
         self._queue.pop(request_id, None)

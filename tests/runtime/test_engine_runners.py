@@ -313,7 +313,7 @@ def test_executor_health_condemns_a_broken_device_not_a_bad_minute():
     FATAL_STEPS failed steps in a row over FATAL_SECONDS: a client retrying one failing request
     (three failures within seconds) does not condemn it; a served step resets the count; errors
     other than a failed step count for nothing."""
-    from trtllm_dflash.runtime.engine_runners import FATAL_SECONDS, FATAL_STEPS, ExecutorHealth
+    from trtllm_dflash.runtime.executor_health import FATAL_SECONDS, FATAL_STEPS, ExecutorHealth
     from trtllm_dflash.runtime.fake_executor import STEP_FAILED
 
     step = [f"{STEP_FAILED[0]}[TensorRT-LLM][ERROR] Assertion failed: mNextBlocks.empty()\n(backtrace)"] * 2
@@ -355,7 +355,7 @@ def test_a_model_that_cannot_serve_is_reported_and_later_requests_are_told_why(p
     reports it once (health checks then fail) and answers what comes next with the reason."""
     import threading
 
-    from trtllm_dflash.runtime.engine_runners import ExecutorHealth
+    from trtllm_dflash.runtime.executor_health import ExecutorHealth
     from trtllm_dflash.runtime.fake_executor import StepNeverEnds
     from trtllm_dflash.serve.batcher import ServingEngine
     from trtllm_dflash.serve.record import Request
@@ -414,6 +414,7 @@ def test_a_model_that_cannot_serve_is_reported_and_later_requests_are_told_why(p
         assert one([6, 7]) == f"error: {model.failed}"
     finally:
         eng.stop()
+    model.close()  # the front end's unload: a stuck Executor is left alone (its shutdown would never return)
 
 
 def test_awaiting_a_step_that_never_ends_needs_a_timeout():
@@ -434,6 +435,8 @@ def test_awaiting_a_step_that_never_ends_needs_a_timeout():
     t0 = time.monotonic()
     assert ex.await_responses(rid, timeout_s=0.05) == [] and time.monotonic() - t0 >= 0.05
     assert ex.await_responses(ex.enqueue_request(Request([4], 1, OutputConfig([]))), timeout_s=0.01) == []
+    with pytest.raises(RuntimeError, match="shutdown would wait for good"):
+        ex.shutdown()
 
 
 def test_a_failed_engine_step_fails_the_requests_it_ran(pair):

@@ -31,7 +31,8 @@ limits, each rule citing its file):
     for the one whose did: a stand-in engine raises StepNeverEnds) answers nothing, then or
     later: await_responses returns [] once its timeout has passed
     (cpp/tensorrt_llm/executor/executorImpl.cpp awaitResponses: a wait_for that times out),
-    and without a timeout would wait for good (the stand-in refuses to).
+    and without a timeout would wait for good, as would shutdown(), which joins the execution
+    thread (the stand-in refuses both).
 Outputs come back under their plain names, as runtime/trt_runners.TrtExecutor presents the real
 executor's (`context_<name>` / `generation_<name>` in 1.2.1). Where 1.2.1 leaves reused context
 rows unwritten in a [promptLen, ...] output, the stand-in returns only the computed rows;
@@ -285,4 +286,6 @@ class FakeExecutor:
         self._cached.pop(salt, None)
 
     def shutdown(self) -> None:
+        if self.stuck:  # executorImpl.cpp shutdown joins the execution thread, which is in the stuck step
+            raise RuntimeError("Executor.shutdown would wait for good: its execution thread never leaves the step")
         self._queue.clear()

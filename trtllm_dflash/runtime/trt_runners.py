@@ -394,7 +394,8 @@ def open_trt_engine(build_dir: str | Path, *, device: str = "cuda",
     from trtllm_dflash.runtime.checkpoint import reference_configs
     from trtllm_dflash.runtime.drafter_ranks import SplitDrafters, TorchRankGroup, serve_drafter_rank
     from trtllm_dflash.runtime.drafter_runner import ArenaDrafter
-    from trtllm_dflash.runtime.engine_runners import EngineModel, ExecutorHealth, cuda_probe
+    from trtllm_dflash.runtime.engine_runners import EngineModel
+    from trtllm_dflash.runtime.executor_health import ExecutorHealth, cuda_probe
 
     build_dir = Path(build_dir)
     target_dir, drafter_dir = _engine_dirs(build_dir)
