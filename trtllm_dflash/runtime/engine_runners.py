@@ -108,7 +108,7 @@ class EngineTarget:
         outputs = OutputConfig([AdditionalModelOutput(n, gather_context=g) for n, g in names])
         ids = self.ex.enqueue_requests([Request(inp, 1, outputs, cache_salt_id=s) for inp, s in zip(inputs, salts)])
         # Every response is awaited before a failure is raised: one left in the Executor keeps its
-        # pinned output buffers for the life of the process.
+        # pinned output buffers for the life of the process (a hung Executor, condemned, excepted).
         responses = []
         for rid in ids:
             got = self.ex.await_responses(rid, timeout_s=self.health.hung_s)  # [] once it ran out

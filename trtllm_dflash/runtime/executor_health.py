@@ -17,7 +17,7 @@ from trtllm_dflash.runtime.fake_executor import STEP_FAILED
 FATAL_STEPS, FATAL_SECONDS = 3, 60.0
 # How long a request may go unanswered before the Executor is taken as hung. At tp > 1 a step that
 # throws on one rank alone leaves the others in that step's all-reduce for good, and 1.2.1's
-# await_responses waits without end unless given a timeout; a step of ours takes well under a second.
+# await_responses waits without end unless given a timeout; a step of ours takes seconds at most.
 HUNG_SECONDS = 300.0
 CANNOT_SERVE = "this model cannot serve any more requests; restart the server"
 
