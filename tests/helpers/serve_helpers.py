@@ -79,7 +79,7 @@ def write_recipe(root: Path, ports: tuple[int, int, int] = (8000, 8001, 8002), *
         name="serve-test", hardware={"gpu": "cpu"}, backend="reference",
         target={"source": "target"}, drafter={"source": "drafter"},
         quantization={"target_weights": "fp32", "activations": "fp32", "kv_cache": "fp32", "drafter": "fp32"},
-        build={"max_batch_size": 16, "max_input_len": 96, "max_seq_len": 160, "max_num_tokens": 512},
+        build={"max_batch_size": 16, "max_input_len": 96, "max_seq_len": 512, "max_num_tokens": 512},
         speculative={"block_size": 8},
         serve={"model_name": "dflash", "http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2]},
         sweep={"concurrency": [1, 2], "input_len": 24, "output_len": 24, "requests_factor": 5, "min_requests": 4,

@@ -193,14 +193,18 @@ def test_sweep_drives_the_ensemble_model(served, tmp_path):
 
 def test_a_cancelled_stream_stops_its_dflash_request(served):
     """The bundled Triton's BLS cannot cancel what it forwarded (no ResponseIterator.cancel before
-    python_backend PR #398): the model stops it with a `stop` request to dflash instead."""
+    python_backend PR #398): the model stops it with a `stop` request to dflash instead.
+
+    The request is as long as the deployment allows (480 of max_seq_len 512: 2.6 s here): a
+    cancel that reaches the model after the last token has nothing to stop, and 120 tokens (0.7 s)
+    once finished before a loaded CI machine's cancel arrived."""
     recipe, server = served
 
     async def cancel_after_first():
         client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
 
         async def requests():
-            yield {"model_name": "ensemble", "inputs": text_request(max_tokens=120)}
+            yield {"model_name": "ensemble", "inputs": text_request(max_tokens=480)}
 
         it = client.stream_infer(inputs_iterator=requests())
         async for _ in it:
