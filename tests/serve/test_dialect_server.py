@@ -195,9 +195,9 @@ def test_a_cancelled_stream_stops_its_dflash_request(served):
     """The bundled Triton's BLS cannot cancel what it forwarded (no ResponseIterator.cancel before
     python_backend PR #398): the model stops it with a `stop` request to dflash instead.
 
-    The request is as long as the deployment allows (480 of max_seq_len 512: 2.6 s here): a
-    cancel that reaches the model after the last token has nothing to stop, and 120 tokens (0.7 s)
-    once finished before a loaded CI machine's cancel arrived."""
+    The request is as long as the deployment allows (480 of max_seq_len 512): a cancel that
+    reaches the model after the last token has nothing to stop, so the decode must outlast a
+    loaded machine's cancel (docs/results/suite-time.md)."""
     recipe, server = served
 
     async def cancel_after_first():
