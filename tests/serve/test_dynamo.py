@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 PROMPT = "def parse_args(argv):\n    "
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def main():"}]
 ENGINE_DATA = {"extra_fields": ["engine_data", "worker_id"]}
-LONG = 480  # tokens of a request still running when the test acts (as many as the deployment's max_seq_len, 512, allows)
+LONG = 480  # tokens of a request still running when the test acts (the deployment's max_seq_len, 512, allows it)
 
 
 @pytest.fixture(scope="module")
