@@ -107,13 +107,14 @@ def measured_vs_projected(proj: Projection, measured: list[LevelSummary], curve:
         if p is None or pooled is None:
             continue
         pu = p.tok_s_user.p50
+        user_error = pu / pooled - 1
         gpu_error = p.output_tok_s_per_gpu / m.output_tok_s_per_gpu - 1 if m.output_tok_s_per_gpu else None
         out.append({"concurrency": m.concurrency, "measured_tok_s_user": pooled, "projected_tok_s_user": pu,
-                    "tok_s_user_error": pu / pooled - 1,
+                    "tok_s_user_error": user_error,
                     "measured_tok_s_user_p50": m.tok_s_user.p50 if m.tok_s_user else None,
                     "measured_tok_s_gpu": m.output_tok_s_per_gpu, "projected_tok_s_gpu": p.output_tok_s_per_gpu,
                     "tok_s_gpu_error": gpu_error, "measured_tau": m.tau, "projected_tau": p.tau,
-                    "tok_s_user_error_at_measured_tau": _at_tau(pu / pooled - 1, m.tau, p.tau),
+                    "tok_s_user_error_at_measured_tau": _at_tau(user_error, m.tau, p.tau),
                     "tok_s_gpu_error_at_measured_tau": _at_tau(gpu_error, m.tau, p.tau)})
     return out
 
